@@ -1,0 +1,54 @@
+"""tiletune: autotuning for NVIDIA cuTile (``cuda.tile``) kernels.
+
+Wrap a launch plan once; the first call with a new problem key tunes (parallel compilation,
+correctness gate, cold-L2 adaptive timing), stores the winner in a persistent SQLite database, and
+every later call, in this process or another, launches the cached kernel directly::
+
+    import tiletune as tt
+
+    space = tt.Space(TM=[64, 128, 256], TN=[64, 128, 256], TK=[32, 64], occupancy=[1, 2],
+                     baseline=dict(TM=128, TN=128, TK=64, occupancy=1))
+
+    @tt.autotune(space, reference=lambda a, b, c: a @ b, writes=["c"])
+    def matmul(cfg, a, b, c):
+        grid = (ct.cdiv(a.shape[0], cfg.TM) * ct.cdiv(b.shape[1], cfg.TN),)
+        return tt.Launch(matmul_kernel, grid, (a, b, c, cfg.TM, cfg.TN, cfg.TK))
+"""
+
+from __future__ import annotations
+
+from .backends.base import Launch
+from .dispatch import TunedOp, autotune
+from .errors import AllCandidatesFailed, DatabaseError, NoBackendError, SpaceError, TiletuneError
+from .records import DeviceInfo, Measurement, Status, TuneResult, TuningIdentity
+from .space import Config, PerArch, Space, per_arch
+from .stats import StoppingRule
+from .store import TuningDB, default_db_path
+from .tuner import TunerOptions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllCandidatesFailed",
+    "Config",
+    "DatabaseError",
+    "DeviceInfo",
+    "Launch",
+    "Measurement",
+    "NoBackendError",
+    "PerArch",
+    "Space",
+    "SpaceError",
+    "Status",
+    "StoppingRule",
+    "TiletuneError",
+    "TuneResult",
+    "TunedOp",
+    "TunerOptions",
+    "TuningDB",
+    "TuningIdentity",
+    "autotune",
+    "default_db_path",
+    "per_arch",
+    "__version__",
+]

@@ -1,0 +1,246 @@
+"""The live backend: cuTile kernels on an NVIDIA GPU through PyTorch tensors."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from ..compile_pool import CompileJob, CompilePool
+from ..errors import NoBackendError
+from ..identity import function_source
+from ..measure import ColdL2Timer
+from ..records import DeviceInfo, Status
+from ..space import Config
+from ..verify import ArgGuard, Checker
+from .base import Candidate, CheckOutcome, CompileOutcome, Launch
+
+
+def _import_cutile() -> tuple[Any, Any]:
+    try:
+        import torch
+        import cuda.tile as ct
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise NoBackendError(
+            f"the cuTile backend needs torch and cuda-tile ({exc}); install with `pip install tiletune[cutile]`"
+        ) from exc
+    if not torch.cuda.is_available():
+        raise NoBackendError("the cuTile backend needs an NVIDIA GPU, and torch sees none")
+    return torch, ct
+
+
+class HintedKernels:
+    """``base kernel -> kernel.replace_hints(**hints)``, built once per (kernel, hints).
+
+    ``replace_hints`` returns a new kernel object with an empty in-memory compile cache, so it must
+    never run on the hot path: every tuned op keeps the hinted objects made here.
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, tuple], Any] = {}
+        self._keep: list[Any] = []  # keep base kernels alive so their id() stays unique
+
+    def get(self, kernel: Any, hints: Mapping[str, Any]) -> Any:
+        key = (id(kernel), tuple(sorted(hints.items())))
+        k = self._made.get(key)
+        if k is None:
+            k = kernel.replace_hints(**hints) if hints else kernel
+            self._made[key] = k
+            self._keep.append(kernel)
+        return k
+
+
+class CutileBackend:
+    """Compiles in parallel, verifies and times cuTile kernels on the GPU; launches tuned ones."""
+
+    name = "cutile"
+
+    def __init__(self, workers: int | None = None, compile_timeout_s: float | None = 300.0) -> None:
+        self.torch, self.ct = _import_cutile()
+        self.hinted = HintedKernels()
+        self.workers = workers
+        self.compile_timeout_s = compile_timeout_s
+        self._raw_stream = self.torch._C._cuda_getCurrentRawStream
+
+    @functools.lru_cache(maxsize=None)
+    def device_info(self, device_index: int) -> DeviceInfo:
+        p = self.torch.cuda.get_device_properties(device_index)
+        return DeviceInfo(name=p.name, arch=f"sm_{p.major}{p.minor}", sm_count=int(p.multi_processor_count))
+
+    @functools.lru_cache(maxsize=None)
+    def versions(self) -> Mapping[str, str]:
+        return software_versions()
+
+    def arg_device(self, args: Sequence[Any]) -> int:
+        for a in args:
+            get = getattr(a, "get_device", None)
+            if get is not None:
+                d = get()
+                if d < 0:
+                    raise ValueError("tiletune: a tensor argument is on the CPU; cuTile kernels need CUDA tensors")
+                return d
+        return self.torch.cuda.current_device()
+
+    def kernel_sources(self, kernel: Any) -> str:
+        fn = getattr(kernel, "_pyfunc", kernel)
+        opts = getattr(kernel, "_compiler_options", None)
+        return function_source(fn) + f"\n#options {opts!r}"
+
+    def make_launcher(self, config: Config, spec: Launch, device_index: int) -> Callable[[Launch], None]:
+        hints = config.hints
+        hinted = self.hinted
+        first = spec.kernel
+        first_hinted = hinted.get(first, hints)
+        raw_stream = self._raw_stream
+        launch = self.ct.launch
+
+        def launcher(s: Launch) -> None:
+            k = s[0]
+            launch(raw_stream(device_index), s[1], first_hinted if k is first else hinted.get(k, hints), s[2])
+
+        return launcher
+
+    def open_session(
+        self,
+        plan: Callable[..., Launch],
+        args: tuple[Any, ...],
+        *,
+        device_index: int,
+        writes: Sequence[int],
+        inplace: Sequence[int] = (),
+        reference: Callable[..., Any] | None,
+        tolerance: Mapping[str, tuple[float, float]] | None,
+        name: str,
+    ) -> "CutileSession":
+        return CutileSession(self, plan, args, device_index, writes, inplace, reference, tolerance)
+
+
+class CutileSession:
+    """One tuning problem on one GPU (see :class:`tiletune.backends.base.TuningSession`)."""
+
+    def __init__(
+        self,
+        backend: CutileBackend,
+        plan: Callable[..., Launch],
+        args: tuple[Any, ...],
+        device_index: int,
+        writes: Sequence[int],
+        inplace: Sequence[int],
+        reference: Callable[..., Any] | None,
+        tolerance: Mapping[str, tuple[float, float]] | None,
+    ) -> None:
+        self.t0 = time.perf_counter()
+        self.backend = backend
+        self.torch = backend.torch
+        self.plan = plan
+        self.args = args
+        self.dev = device_index
+        self._devctx = self.torch.cuda.device(device_index)
+        self._devctx.__enter__()
+        self.guard = ArgGuard(args, writes, inplace) if (writes or inplace) else None
+        self.checker = Checker(reference, self.guard, tolerance) if self.guard is not None else None
+        self.timer = ColdL2Timer(device_index)
+        self.pool = CompilePool(backend.workers, backend.compile_timeout_s)
+        self._launchers: dict[int, Callable[[], None]] = {}
+        self._warm: set[int] = set()
+        self.stats: dict[str, Any] = {"parallel_compile": self.pool.parallel, "why_serial": self.pool.why_serial}
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _launcher(self, cand: Candidate) -> Callable[[], None]:
+        fn = self._launchers.get(cand.order)
+        if fn is None:
+            spec = self.plan(cand.config, *self.args)
+            kernel = self.backend.hinted.get(spec.kernel, cand.config.hints)
+            stream = self.backend._raw_stream
+            launch, dev, grid, kargs = self.backend.ct.launch, self.dev, tuple(spec.grid), tuple(spec.args)
+
+            def fn() -> None:
+                launch(stream(dev), grid, kernel, kargs)
+
+            self._launchers[cand.order] = fn
+        return fn
+
+    def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+        jobs = []
+        by_order = {c.order: c for c in candidates}
+        for c in candidates:
+            try:
+                spec = self.plan(c.config, *self.args)
+                kernel = self.backend.hinted.get(spec.kernel, c.config.hints)
+            except Exception as exc:  # a plan that rejects a config is a failed candidate
+                yield CompileOutcome(c, Status.COMPILE_ERROR, 0.0, f"launch plan failed: {type(exc).__name__}: {exc}")
+                continue
+            jobs.append(CompileJob(c.order, kernel, tuple(spec.args), self.backend.device_info(self.dev).arch))
+        for r in self.pool.compile_all(jobs):
+            c = by_order[r.tag]  # type: ignore[index]
+            if r.error is None:
+                yield CompileOutcome(c, Status.OK, r.seconds)
+            else:
+                yield CompileOutcome(c, Status.TIMEOUT if r.timed_out else Status.COMPILE_ERROR, r.seconds, r.error)
+
+    def check(self, candidate: Candidate) -> CheckOutcome:
+        fn = self._launcher(candidate)
+        if self.guard is not None:
+            self.guard.prepare_checked_run()
+        t = time.perf_counter()
+        try:
+            fn()  # first launch: loads the cubin (compiles here if the pool could not)
+            self.torch.cuda.synchronize(self.dev)
+        except Exception as exc:
+            name = type(exc).__name__
+            status = Status.COMPILE_ERROR if "Compil" in name or "TileCompiler" in name else Status.LAUNCH_ERROR
+            return CheckOutcome(status, f"{name}: {exc}")
+        self.stats.setdefault("first_launch_s", []).append(round(time.perf_counter() - t, 4))
+        if self.checker is not None:
+            reason = self.checker.compare()
+            if reason is not None:
+                return CheckOutcome(Status.MISMATCH, reason)
+        return CheckOutcome(Status.OK)
+
+    def sample(self, candidate: Candidate, n: int) -> list[float]:
+        fn = self._launcher(candidate)
+        if candidate.order not in self._warm:
+            self._warm.add(candidate.order)
+            self.timer.time(fn, 2)  # warm-up samples are discarded
+        return self.timer.time(fn, n)
+
+    def finish(self, winner: Candidate | None) -> None:
+        try:
+            if self.guard is not None:
+                self.guard.restore()
+            if winner is not None:
+                self._launcher(winner)()
+            self.torch.cuda.synchronize(self.dev)
+        finally:
+            self.timer.close()
+            self._launchers.clear()
+            self._devctx.__exit__(None, None, None)
+
+
+def software_versions() -> dict[str, str]:
+    """Versions of cuda-tile, the tileiras assembler and the NVIDIA driver (``"unknown"`` if unreadable)."""
+    out = {"cuda_tile": "unknown", "tileiras": "unknown", "driver": "unknown"}
+    try:
+        import cuda.tile as ct
+
+        out["cuda_tile"] = str(ct.__version__)
+    except Exception:
+        pass
+    try:
+        from cuda.tile._compile import _get_compiler_version_string
+
+        v = _get_compiler_version_string()
+        if v:
+            line = [s for s in v.strip().splitlines() if s.strip()]
+            out["tileiras"] = line[-1].strip() if line else v.strip()
+    except Exception:
+        pass
+    try:
+        from cuda.tile._cext import get_driver_version
+
+        out["driver"] = str(get_driver_version())
+    except Exception:
+        pass
+    return out

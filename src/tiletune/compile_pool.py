@@ -1,0 +1,205 @@
+"""Parallel compilation of cuTile candidates on every CPU core.
+
+cuTile compiles under one process-wide lock that is held while its TileIR assembler (``tileiras``,
+a subprocess, ~0.8 s per matmul config) runs, so threads in one process compile serially. The
+assembler step itself needs no lock. This pool therefore splits compilation:
+
+1. a producer thread turns each candidate into TileIR bytecode with cuTile's own front end
+   (under cuTile's lock; ~15-50 ms each),
+2. up to ``workers`` threads run ``tileiras`` on that bytecode concurrently (subprocesses, so the GIL
+   is free), and store the cubin in cuTile's on-disk cache under the key cuTile itself computes,
+3. candidates are yielded as they finish; the first ``ct.launch`` of each then finds its cubin in
+   the disk cache and only loads it.
+
+No worker process imports torch or initialises CUDA. If the installed cuda-tile lacks the internals
+used here, or its disk cache is disabled, the pool reports ``parallel=False`` and yields candidates
+at once: cuTile then compiles each at its first launch (serially), which is slower but correct.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Hashable, Iterator, Sequence
+
+
+def cpu_count() -> int:
+    """CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One kernel object (hints applied) to compile for the given launch arguments."""
+
+    tag: Hashable
+    kernel: Any
+    args: tuple[Any, ...]
+    arch: str  # "sm_90"
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """Outcome of a job: ``error`` is None on success; ``timed_out`` marks assembler time-outs."""
+
+    tag: Hashable
+    seconds: float
+    error: str | None = None
+    timed_out: bool = False
+    cached: bool = False  # the cubin was already in cuTile's disk cache
+    deferred: bool = False  # nothing was compiled ahead; the first launch will compile
+
+
+class _Internals:
+    """The cuda-tile internals the pool relies on, looked up once (None when unavailable)."""
+
+    def __init__(self) -> None:
+        from cuda.tile import _compile as comp
+        from cuda.tile._cext import default_tile_context
+        from cuda.tile.compilation import CallingConvention, KernelSignature
+        from cutile_cache import _cache as cache
+
+        self.comp = comp
+        self.cache = cache
+        self.context = default_tile_context
+        self.KernelSignature = KernelSignature
+        self.convention = CallingConvention.cutile_python_v1()
+        self.compiler_version = comp._get_compiler_version_string()
+        for name in ("compile_tile", "compile_cubin", "_tileiras_effective_opt_and_device_debug"):
+            if not hasattr(comp, name):
+                raise AttributeError(name)
+        for name in ("cache_key", "cache_lookup", "cache_store", "MetadataV1"):
+            if not hasattr(cache, name):
+                raise AttributeError(name)
+
+    @property
+    def cache_dir(self) -> str | None:
+        return self.context.config.cache_dir
+
+
+_internals: _Internals | None = None
+_internals_error: str | None = None
+
+
+def _get_internals() -> _Internals | None:
+    global _internals, _internals_error
+    if _internals is None and _internals_error is None:
+        try:
+            _internals = _Internals()
+        except Exception as exc:  # pragma: no cover - depends on the installed cuda-tile
+            _internals_error = f"{type(exc).__name__}: {exc}"
+    return _internals
+
+
+class CompilePool:
+    """Compiles jobs ahead of their first launch, ``workers`` assembler processes at a time."""
+
+    def __init__(self, workers: int | None = None, timeout_s: float | None = 300.0) -> None:
+        self.workers = workers or cpu_count()
+        self.timeout_s = timeout_s
+        ints = _get_internals()
+        self.parallel = ints is not None and ints.cache_dir is not None and ints.compiler_version is not None
+        self.why_serial = (
+            ""
+            if self.parallel
+            else (_internals_error or "cuTile's disk cache is disabled or tileiras' version is unknown")
+        )
+
+    def compile_all(self, jobs: Sequence[CompileJob]) -> Iterator[CompileResult]:
+        """Yield one result per job, in completion order."""
+        if not self.parallel:
+            for job in jobs:
+                yield CompileResult(job.tag, 0.0, deferred=True)
+            return
+        results: "queue.Queue[CompileResult]" = queue.Queue()
+        executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tiletune-tileiras")
+        producer = threading.Thread(
+            target=self._produce, args=(jobs, executor, results), name="tiletune-bytecode", daemon=True
+        )
+        producer.start()
+        try:
+            for _ in range(len(jobs)):
+                yield results.get()
+        finally:
+            producer.join()
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    # -- internals -------------------------------------------------------------------------
+    def _produce(self, jobs: Sequence[CompileJob], executor: ThreadPoolExecutor, out: "queue.Queue[CompileResult]") -> None:
+        ints = _get_internals()
+        assert ints is not None
+        for job in jobs:
+            t0 = time.perf_counter()
+            try:
+                key, bytecode = self._bytecode(ints, job)
+            except Exception as exc:  # front-end errors: bad tile shapes, type errors, ...
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc)))
+                continue
+            if ints.cache.cache_lookup(ints.cache_dir, key) is not None:
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True))
+                continue
+            executor.submit(self._assemble, ints, job, key, bytecode, t0, out)
+
+    def _bytecode(self, ints: _Internals, job: CompileJob) -> tuple[str, bytes]:
+        kernel = job.kernel
+        sig = ints.KernelSignature.from_kernel_args(kernel, job.args, ints.convention)
+        res = ints.comp.compile_tile(
+            kernel._annotated_function,
+            [sig],
+            sm_arch=job.arch,
+            compiler_options=kernel._compiler_options,
+            context=ints.context,
+            return_bytecode=True,
+            return_cubin=False,
+        )
+        bytecode = bytes(res.bytecode)
+        opt, debug = ints.comp._tileiras_effective_opt_and_device_debug(kernel._compiler_options, job.arch)
+        key = ints.cache.cache_key(ints.compiler_version, job.arch, opt, bytecode, debug)
+        return key, bytecode
+
+    def _assemble(
+        self,
+        ints: _Internals,
+        job: CompileJob,
+        key: str,
+        bytecode: bytes,
+        t0: float,
+        out: "queue.Queue[CompileResult]",
+    ) -> None:
+        try:
+            tmp_dir = ints.context.config.temp_dir
+            with tempfile.TemporaryDirectory(dir=tmp_dir, prefix="tiletune-") as d:
+                src = Path(d) / "kernel.bytecode"
+                src.write_bytes(bytecode)
+                t_asm = time.perf_counter()
+                cubin_path = ints.comp.compile_cubin(
+                    str(src), job.kernel._compiler_options, job.arch, timeout_sec=self.timeout_s
+                )
+                asm_s = time.perf_counter() - t_asm
+                cubin = Path(cubin_path).read_bytes()
+            meta = ints.cache.MetadataV1(
+                kernel_names=[],
+                compiler_version=ints.compiler_version.strip(),
+                compilation_timestamp=time.time(),
+                compilation_time_seconds=asm_s,
+                remarks="",
+            )
+            ints.cache.cache_store(ints.cache_dir, key, cubin, meta.to_dict())
+            out.put(CompileResult(job.tag, time.perf_counter() - t0))
+        except Exception as exc:
+            timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
+            out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out))
+
+
+def _describe(exc: BaseException) -> str:
+    msg = str(exc).strip()
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__

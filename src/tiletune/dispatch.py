@@ -1,0 +1,309 @@
+"""The ``@autotune`` decorator and the tuned op's hot path.
+
+A tuned op wraps a *launch plan*: ``plan(config, *args) -> Launch(kernel, grid, kernel_args)``.
+On a call with a new problem key the op looks the key up in the tuning database, or tunes; then it
+caches the winning config with a launcher that holds the hinted kernel object, so every later call
+with that key costs the key lookup, the plan and one ``ct.launch``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from .backends.base import Backend, Candidate, Launch
+from .errors import AllCandidatesFailed, TiletuneError
+from .identity import kernel_identity
+from .keys import default_key, key_to_json
+from .progress import configure_logging_from_env, tuning_progress
+from .records import TuneResult, TuningIdentity, canonical_json
+from .space import Config, Space
+from .store import TuningDB
+from .tuner import TunerOptions, run_loop
+
+logger = logging.getLogger("tiletune")
+
+Plan = Callable[..., Any]
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+class TunedOp:
+    """A cuTile launch plan made into an autotuned op. Create it with :func:`autotune`."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        space: Space,
+        *,
+        reference: Callable[..., Any] | None = None,
+        writes: Sequence[str | int] = (),
+        inplace: Sequence[str | int] = (),
+        key: Callable[..., Any] | None = None,
+        name: str | None = None,
+        db: TuningDB | str | os.PathLike | bool | None = None,
+        backend: Backend | None = None,
+        tolerance: Mapping[str, tuple[float, float]] | None = None,
+        options: TunerOptions | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        if not isinstance(space, Space):
+            raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
+        self.plan = plan
+        self.space = space
+        self.reference = reference
+        self.name = name or getattr(plan, "__qualname__", "op")
+        self.key_fn = key
+        self.tolerance = dict(tolerance) if tolerance else None
+        self.options = options or TunerOptions()
+        self.progress = progress
+        self._backend = backend
+        self._db_arg = db
+        self._db: TuningDB | None = None
+        self._params = list(inspect.signature(plan).parameters)[1:]
+        self.inplace = self._resolve_positions(inplace, "inplace")
+        self.writes = tuple(p for p in self._resolve_positions(writes, "writes") if p not in self.inplace)
+        self._cache: dict[Any, tuple[Config, Callable[[Any], None]]] = {}
+        self._lock = threading.RLock()
+        self.results: dict[Any, TuneResult] = {}
+        self.tuning_count = 0
+        functools.update_wrapper(self, plan)
+
+    # ------------------------------------------------------------------ hot path
+    def __call__(self, *args: Any) -> None:
+        key = default_key(args) if self.key_fn is None else self.key_fn(*args)
+        entry = self._cache.get(key)
+        if entry is None:
+            return self._miss(args, key)
+        cfg, launcher = entry
+        launcher(self.plan(cfg, *args))
+        return None
+
+    # ------------------------------------------------------------------ public helpers
+    def config_for(self, *args: Any) -> Config:
+        """The config this op uses for these arguments (tunes if the key is new, without launching twice)."""
+        key = default_key(args) if self.key_fn is None else self.key_fn(*args)
+        if key not in self._cache:
+            self._miss(args, key)
+        return self._cache[key][0]
+
+    def cache_clear(self) -> None:
+        """Forget in-memory choices (the database keeps its records)."""
+        with self._lock:
+            self._cache.clear()
+
+    @property
+    def db(self) -> TuningDB | None:
+        """The tuning database this op reads and writes (None when persistence is off)."""
+        if self._db is None and self._db_arg is not False:
+            arg = self._db_arg
+            self._db = arg if isinstance(arg, TuningDB) else TuningDB(None if arg in (None, True) else arg)  # type: ignore[arg-type]
+        return self._db
+
+    @property
+    def backend(self) -> Backend:
+        """The backend that compiles, measures and launches (the live cuTile one by default)."""
+        if self._backend is None:
+            from .backends import default_backend
+
+            self._backend = default_backend()
+        return self._backend
+
+    # ------------------------------------------------------------------ slow path
+    def _resolve_positions(self, names: Sequence[str | int] | str | int, what: str) -> tuple[int, ...]:
+        if isinstance(names, (str, int)):
+            names = (names,)
+        variadic = any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(self.plan).parameters.values())
+        out: list[int] = []
+        for w in names:
+            if isinstance(w, int) and not isinstance(w, bool):
+                if w < 0 or (w >= len(self._params) and not variadic):
+                    raise ValueError(f"{what}: position {w} is out of range for the plan's arguments {self._params}")
+                pos = w
+            elif isinstance(w, str) and w in self._params:
+                pos = self._params.index(w)
+            else:
+                raise ValueError(
+                    f"{what}: {w!r} is not an argument of the launch plan (after the config): {self._params}"
+                )
+            if pos not in out:
+                out.append(pos)
+        return tuple(out)
+
+    def _launch_spec(self, cfg: Config, args: tuple[Any, ...]) -> Launch:
+        spec = self.plan(cfg, *args)
+        if not isinstance(spec, Launch):
+            try:
+                spec = Launch(*spec)
+            except TypeError as exc:
+                raise TiletuneError(
+                    f"{self.name}: the launch plan must return tiletune.Launch(kernel, grid, args), got {spec!r}"
+                ) from exc
+        return spec
+
+    def _identity(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> TuningIdentity:
+        sources = []
+        seen: set[int] = set()
+        for cfg in self.space.candidates(arch):
+            k = self._launch_spec(cfg, args).kernel
+            if id(k) not in seen:
+                seen.add(id(k))
+                sources.append(backend.kernel_sources(k))
+        try:
+            key_json = canonical_json(key_to_json(key))
+        except TypeError as exc:
+            raise TiletuneError(f"{self.name}: {exc}") from exc
+        return TuningIdentity(
+            kernel_id=kernel_identity(self.plan, sources),
+            space_hash=self.space.hash,
+            key=key_json,
+            device=backend.device_info(dev),
+            versions=canonical_json(dict(backend.versions())),
+            name=self.name,
+        )
+
+    def _miss(self, args: tuple[Any, ...], key: Any) -> None:
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:  # another thread finished first
+                entry[1](self.plan(entry[0], *args))
+                return None
+            configure_logging_from_env()
+            backend = self.backend
+            dev = backend.arg_device(args)
+            arch = backend.device_info(dev).arch
+            launched = False
+            if _env_flag("TILETUNE_DISABLE"):
+                cfg = self.space.baseline(arch) or self.space.candidates(arch)[0]
+            else:
+                identity = self._identity(args, key, backend, dev, arch)
+                db = self.db
+                record = db.lookup(identity) if db is not None else None
+                cfg = self._config_from_record(record.config, arch) if record is not None else None
+                if cfg is not None:
+                    logger.info("%s: database hit for %s -> %s", self.name, identity.key, cfg)
+                else:
+                    result = self._tune(args, identity, backend, dev, arch)
+                    self.results[key] = result
+                    cfg = self.space.config(**dict(result.winner))
+                    launched = True  # the session left exactly one launch of the winner
+            spec = self._launch_spec(cfg, args)
+            launcher = backend.make_launcher(cfg, spec, dev)
+            self._cache[key] = (cfg, launcher)
+            if not launched:
+                launcher(spec)
+            return None
+
+    def _config_from_record(self, values: Mapping[str, Any], arch: str) -> Config | None:
+        try:
+            cfg = self.space.config(**dict(values))
+        except TiletuneError:
+            return None
+        return cfg if cfg in set(self.space.candidates(arch)) else None
+
+    def _tune(self, args: tuple[Any, ...], identity: TuningIdentity, backend: Backend, dev: int, arch: str) -> TuneResult:
+        candidates = self._candidates(arch)
+        t0 = time.perf_counter()
+        session = backend.open_session(
+            self._launch_spec_plan(),
+            args,
+            device_index=dev,
+            writes=self.writes,
+            inplace=self.inplace,
+            reference=self.reference,
+            tolerance=self.tolerance,
+            name=self.name,
+        )
+        winner = None
+        try:
+            with tuning_progress(self.name, len(candidates), self.progress) as progress:
+                loop = run_loop(session, candidates, self.options, progress, self.name)
+            winner = loop.winner
+        finally:
+            session.finish(winner)
+        self.tuning_count += 1
+        if winner is None:
+            raise AllCandidatesFailed(self.name, loop.measurements)
+        result = TuneResult(
+            identity=identity,
+            winner=winner.config.as_dict(),
+            winner_median_us=float(loop.winner_median_us or 0.0),
+            measurements=loop.measurements,
+            tied=tuple(c.config.as_dict() for c in loop.tied),
+            wall_s=time.perf_counter() - t0,
+            stats={"samples": loop.samples_taken, "session_clock_s": loop.wall_s},
+        )
+        db = self.db
+        if db is not None:
+            db.record_session(identity, result.measurements, result.winner, result.winner_median_us, result.tied)
+        logger.info("%s: tuned %s\n%s", self.name, identity.key, result.summary())
+        return result
+
+    def _candidates(self, arch: str) -> list[Candidate]:
+        cfgs = self.space.candidates(arch)
+        base = self.space.baseline(arch)
+        return [Candidate(c, i, is_baseline=(base is not None and c == base)) for i, c in enumerate(cfgs)]
+
+    def _launch_spec_plan(self) -> Callable[..., Launch]:
+        return lambda cfg, *a: self._launch_spec(cfg, a)
+
+
+def autotune(
+    space: Space,
+    *,
+    reference: Callable[..., Any] | None = None,
+    writes: Sequence[str | int] | str = (),
+    inplace: Sequence[str | int] | str = (),
+    key: Callable[..., Any] | None = None,
+    name: str | None = None,
+    db: TuningDB | str | os.PathLike | bool | None = None,
+    backend: Backend | None = None,
+    tolerance: Mapping[str, tuple[float, float]] | None = None,
+    options: TunerOptions | None = None,
+    progress: bool | None = None,
+) -> Callable[[Plan], TunedOp]:
+    """Make a cuTile launch plan an autotuned op.
+
+    Args:
+        space: the configurations to choose from (:class:`tiletune.Space`).
+        reference: optional ``reference(*args)`` returning the expected contents of the written
+            arguments (one tensor, or a tuple in ``writes`` order). Candidates that disagree fail.
+        writes: names (or positions) of the plan's arguments the kernel only writes (outputs).
+            They are saved before tuning and restored afterwards, and poisoned with NaN before each
+            correctness check. After tuning they hold exactly one launch of the winner.
+        inplace: arguments the kernel reads *and* writes (e.g. RoPE on q and k). They are saved and
+            restored before every candidate's checked run, so each candidate sees the caller's data.
+        key: ``key(*args)`` returning a hashable, JSON-able problem key. Default: shapes, dtypes,
+            contiguity of tensors (+ device), ints/strings by value, floats by type.
+        name: op name in logs and the database (default: the plan's name).
+        db: a :class:`TuningDB`, a path, ``None`` for the default database, ``False`` for none.
+        backend: where to run (default: the live cuTile backend).
+        tolerance: ``{"bfloat16": (rtol, atol), ...}`` overriding the per-dtype defaults.
+        options: :class:`TunerOptions` for the measurement loop.
+        progress: force the progress bar on or off (default: on interactive terminals).
+    """
+
+    def wrap(plan: Plan) -> TunedOp:
+        return TunedOp(
+            plan,
+            space,
+            reference=reference,
+            writes=writes,  # type: ignore[arg-type]
+            inplace=inplace,  # type: ignore[arg-type]
+            key=key,
+            name=name,
+            db=db,
+            backend=backend,
+            tolerance=tolerance,
+            options=options,
+            progress=progress,
+        )
+
+    return wrap

@@ -1,0 +1,149 @@
+"""Tiled matrix multiplication ``C = A @ B`` written in cuTile, plus its tuning space.
+
+The kernel is the classic "one output tile per block" GEMM:
+
+* ``A`` is ``M x K``, ``B`` is ``K x N``, ``C`` is ``M x N``, all row-major (C-contiguous).
+  Inputs are bfloat16 or float16 (float32 inputs also work: they are rounded to tf32 for the
+  tensor cores).  Accumulation is float32 with :func:`cuda.tile.mma`; the result is cast to
+  ``C``'s dtype on the final store.
+* Each block computes a ``TM x TN`` tile of ``C`` and walks the K dimension in ``TK`` steps.
+  ``A`` and ``B`` are read through :meth:`cuda.tile.Array.tiled_view` with tile-index loads,
+  which lowers to TMA on sm_90+; partial edge tiles are zero padded, so ``M``, ``N`` and ``K``
+  need not be multiples of the tile sizes (zero rows/columns add nothing to the dot products),
+  and the store drops the out-of-bounds part of edge tiles.
+* The grid is 1D with ``cdiv(M, TM) * cdiv(N, TN)`` blocks.  Block ids are remapped with a
+  ``GROUP_M`` swizzle: consecutive blocks sweep a band of ``GROUP_M`` tile-rows column by
+  column, so blocks that run concurrently share ``A`` row-panels and ``B`` column-panels in L2.
+
+Tuning space: ``TM``/``TN``/``TK`` are kernel constants (kernel arguments), ``occupancy`` is a
+compiler hint (``kernel.replace_hints(occupancy=...)``) and is not a kernel argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cuda.tile as ct
+
+__all__ = [
+    "MATMUL_BASELINE",
+    "MATMUL_GROUP_M",
+    "MATMUL_SPACE_PARAMS",
+    "matmul_args",
+    "matmul_grid",
+    "matmul_kernel",
+    "matmul_reference",
+    "tile_fits",
+]
+
+ConstInt = ct.Constant[int]
+
+#: Default width (in tile-rows) of the L2 swizzle band; used when the config has no ``GROUP_M``.
+MATMUL_GROUP_M = 8
+
+#: Tuning parameters and their candidate values (``occupancy`` is a compiler hint).
+MATMUL_SPACE_PARAMS = dict(TM=[64, 128, 256], TN=[64, 128, 256], TK=[32, 64], occupancy=[1, 2])
+
+#: A sensible hand-picked config; the tuner's result should be compared against it.
+MATMUL_BASELINE = dict(TM=128, TN=128, TK=64, occupancy=1)
+
+
+def tile_fits(cfg) -> bool:
+    """Constraint on the matmul space: the fp32 accumulator tile has at most 256*128 elements.
+
+    ``TM * TN <= 32768`` keeps the accumulator within one block's register budget
+    (128 KiB of fp32); with :data:`MATMUL_SPACE_PARAMS` this leaves 32 configurations.
+    """
+    return cfg.TM * cfg.TN <= 256 * 128
+
+
+def _swizzle_2d(bid, num_bid_m, num_bid_n, GROUP_M):
+    """Map a linear block id to ``(tile_row, tile_col)`` of ``C`` with grouped ordering.
+
+    Blocks are laid out in bands of ``GROUP_M`` tile-rows; inside a band the id runs down a
+    column of tiles first, then to the next column.  The last band may be narrower when the
+    number of tile-rows is not a multiple of ``GROUP_M``.  (Device-side helper, inlined into
+    the kernel by cuTile.)
+    """
+    num_bid_in_group = GROUP_M * num_bid_n
+    group_id = bid // num_bid_in_group
+    first_bid_m = group_id * GROUP_M
+    group_size_m = min(num_bid_m - first_bid_m, GROUP_M)
+    bid_m = first_bid_m + (bid % group_size_m)
+    bid_n = (bid % num_bid_in_group) // group_size_m
+    return bid_m, bid_n
+
+
+@ct.kernel
+def matmul_kernel(A, B, C,
+                  TM: ConstInt,
+                  TN: ConstInt,
+                  TK: ConstInt,
+                  GROUP_M: ConstInt):
+    """Compute one ``TM x TN`` tile of ``C = A @ B`` per block (1D grid, grouped order).
+
+    Args:
+        A: ``M x K`` row-major array (bfloat16 / float16; float32 runs as tf32).
+        B: ``K x N`` row-major array, same dtype as ``A``.
+        C: ``M x N`` row-major output array; receives the fp32 accumulator cast to its dtype.
+        TM, TN, TK (constant int, powers of two): tile sizes along M, N and K.
+        GROUP_M (constant int): number of tile-rows per L2 swizzle band.
+
+    Launch with a 1D grid of ``cdiv(M, TM) * cdiv(N, TN)`` blocks (see :func:`matmul_grid`).
+    """
+    M = A.shape[0]
+    N = B.shape[1]
+    num_bid_m = ct.cdiv(M, TM)
+    num_bid_n = ct.cdiv(N, TN)
+    bid_m, bid_n = _swizzle_2d(ct.bid(0), num_bid_m, num_bid_n, GROUP_M)
+
+    # Tiled views: loads take tile indices, edge tiles are zero padded (TMA on sm_90+).
+    a_tiles = A.tiled_view((TM, TK), padding_mode=ct.PaddingMode.ZERO)
+    b_tiles = B.tiled_view((TK, TN), padding_mode=ct.PaddingMode.ZERO)
+
+    # fp32 inputs go through the tensor cores as tf32; bf16/fp16 are used as they are.
+    mma_dtype = ct.tfloat32 if A.dtype == ct.float32 else A.dtype
+
+    acc = ct.zeros((TM, TN), dtype=ct.float32)
+    for k in range(a_tiles.num_tiles(1)):
+        a = a_tiles.load((bid_m, k)).astype(mma_dtype)
+        b = b_tiles.load((k, bid_n)).astype(mma_dtype)
+        acc = ct.mma(a, b, acc)
+
+    # Out-of-bounds rows/columns of edge tiles are dropped by the store.
+    ct.store(C, (bid_m, bid_n), acc.astype(C.dtype))
+
+
+def _param(cfg, name: str, default: Any = None) -> Any:
+    """Read ``name`` from a config object (attribute) or mapping; ``default`` if absent."""
+    if hasattr(cfg, name):
+        return getattr(cfg, name)
+    if isinstance(cfg, dict):
+        return cfg.get(name, default)
+    return default
+
+
+def matmul_grid(cfg, M: int, N: int) -> tuple[int]:
+    """1D launch grid for ``matmul_kernel``: one block per ``TM x TN`` tile of ``C``."""
+    tm, tn = _param(cfg, "TM"), _param(cfg, "TN")
+    return (max(1, -(-M // tm) * -(-N // tn)),)
+
+
+def matmul_args(cfg, a, b, c) -> tuple:
+    """Kernel arguments for ``matmul_kernel``, in order: ``(a, b, c, TM, TN, TK, GROUP_M)``.
+
+    ``GROUP_M`` comes from the config when it has one, else :data:`MATMUL_GROUP_M`.
+    ``occupancy`` is not a kernel argument (it is a hint, see ``replace_hints``).
+    """
+    return (a, b, c,
+            int(_param(cfg, "TM")), int(_param(cfg, "TN")), int(_param(cfg, "TK")),
+            int(_param(cfg, "GROUP_M", MATMUL_GROUP_M)))
+
+
+def matmul_reference(a, b, c=None):
+    """Reference ``a @ b`` with torch: fp32 matmul, result cast to ``a.dtype``.
+
+    ``c`` is accepted (and ignored, never written) so the reference can be called with the
+    same tensors as the kernel.
+    """
+    return (a.float() @ b.float()).to(a.dtype)

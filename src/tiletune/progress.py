@@ -1,0 +1,61 @@
+"""Progress display for tuning sessions and the ``TILETUNE_LOG`` switch."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from typing import Iterator
+
+from .tuner import ProgressFn
+
+_log_configured = False
+
+
+def configure_logging_from_env() -> None:
+    """With ``TILETUNE_LOG=1``, send the ``tiletune`` logger's INFO lines to stderr (once)."""
+    global _log_configured
+    if _log_configured or os.environ.get("TILETUNE_LOG", "") in ("", "0"):
+        return
+    _log_configured = True
+    log = logging.getLogger("tiletune")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[tiletune] %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stderr.isatty() and os.environ.get("TILETUNE_PROGRESS", "1") != "0"
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def tuning_progress(name: str, total: int, enabled: bool | None = None) -> Iterator[ProgressFn | None]:
+    """A progress bar on interactive terminals (``rich``); ``None`` elsewhere."""
+    if enabled is None:
+        enabled = _interactive()
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn(f"[bold]tiletune[/] {name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        transient=True,
+        console=None,
+    ) as bar:
+        task = bar.add_task("", total=total)
+
+        def update(message: str, done: int, total_: int) -> None:
+            bar.update(task, completed=done, total=total_, description=message[:60])
+
+        yield update

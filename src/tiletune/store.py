@@ -1,0 +1,897 @@
+"""The persistent tuning database: SQLite (stdlib :mod:`sqlite3`), no server, no pickle.
+
+One file holds every tuning session ever recorded on a machine:
+
+* ``sessions``: one row per tuning session (its identity, its winner, how many measurements it has);
+* ``measurements``: one row per measured (or failed) candidate of a session;
+* ``winners``: one row per :attr:`TuningIdentity.digest`, the winner of the newest session.
+
+Every value is stored as plain SQL scalars or canonical JSON text, so the file can be inspected with
+any SQLite tool and exported to / imported from a JSON document (:meth:`TuningDB.export_json`,
+:meth:`TuningDB.import_json`).
+
+Concurrency: the file is opened in WAL mode with a 30 s busy timeout; every write is one
+``BEGIN IMMEDIATE`` transaction, so any number of threads and processes may record sessions into the
+same file at once. A :class:`TuningDB` object keeps one connection per thread and reopens its
+connections in a forked child (an SQLite connection must never cross a fork).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import pathlib
+import sqlite3
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import IO, Any, Iterator, Mapping, Sequence, Union
+
+from .errors import DatabaseError
+from .records import DeviceInfo, Measurement, Status, TuningIdentity, canonical_json, stable_hash
+
+__all__ = [
+    "EXPORT_FORMAT",
+    "EXPORT_VERSION",
+    "SCHEMA_VERSION",
+    "TuningDB",
+    "WinnerRecord",
+    "default_db_path",
+]
+
+#: Version of the SQL schema, stored in ``PRAGMA user_version``.
+SCHEMA_VERSION = 1
+#: ``PRAGMA application_id`` that marks a file as a tiletune database ("ttDB").
+APPLICATION_ID = 0x74744442
+#: ``format`` field of an export document.
+EXPORT_FORMAT = "tiletune-db"
+#: ``version`` field of an export document.
+EXPORT_VERSION = 1
+#: How long a writer waits for another writer's lock, in milliseconds.
+BUSY_TIMEOUT_MS = 30_000
+
+PathArg = Union[str, "os.PathLike[str]"]
+
+# Inherited connections of a forked child are kept referenced here and never closed: closing (or
+# garbage-collecting) an SQLite connection that crossed a fork is unsafe for the parent's file.
+_FORK_ORPHANS: list[sqlite3.Connection] = []
+
+_IDENTITY_COLUMNS = ('kernel_id', 'space_hash', '"key"', 'device', 'versions', 'digest', 'name')
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS sessions (
+        session_id       TEXT PRIMARY KEY,
+        created          REAL NOT NULL,
+        kernel_id        TEXT NOT NULL,
+        space_hash       TEXT NOT NULL,
+        "key"            TEXT NOT NULL,
+        device           TEXT NOT NULL,
+        versions         TEXT NOT NULL,
+        digest           TEXT NOT NULL,
+        name             TEXT NOT NULL,
+        winner           TEXT,
+        winner_median_us REAL,
+        tied             TEXT NOT NULL,
+        n_measurements   INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS measurements (
+        id           INTEGER PRIMARY KEY,
+        session_id   TEXT NOT NULL,
+        created      REAL NOT NULL,
+        kernel_id    TEXT NOT NULL,
+        space_hash   TEXT NOT NULL,
+        "key"        TEXT NOT NULL,
+        device       TEXT NOT NULL,
+        versions     TEXT NOT NULL,
+        digest       TEXT NOT NULL,
+        name         TEXT NOT NULL,
+        config       TEXT NOT NULL,
+        config_hash  TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        reason       TEXT NOT NULL,
+        samples_us   TEXT NOT NULL,
+        median_us    REAL,
+        compile_s    REAL,
+        ord          INTEGER NOT NULL,
+        is_baseline  INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS winners (
+        digest       TEXT PRIMARY KEY,
+        kernel_id    TEXT NOT NULL,
+        space_hash   TEXT NOT NULL,
+        "key"        TEXT NOT NULL,
+        device       TEXT NOT NULL,
+        versions     TEXT NOT NULL,
+        name         TEXT NOT NULL,
+        config       TEXT NOT NULL,
+        config_hash  TEXT NOT NULL,
+        median_us    REAL NOT NULL,
+        session_id   TEXT NOT NULL,
+        created      REAL NOT NULL,
+        tied         TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS measurements_digest ON measurements(digest)",
+    "CREATE INDEX IF NOT EXISTS measurements_kernel ON measurements(kernel_id)",
+    "CREATE INDEX IF NOT EXISTS measurements_session ON measurements(session_id)",
+    "CREATE INDEX IF NOT EXISTS sessions_digest ON sessions(digest)",
+    "CREATE INDEX IF NOT EXISTS sessions_kernel ON sessions(kernel_id)",
+    "CREATE INDEX IF NOT EXISTS winners_kernel ON winners(kernel_id)",
+)
+
+
+def default_db_path() -> pathlib.Path:
+    """Where the tuning database lives when no path is given.
+
+    Precedence: ``$TILETUNE_DB`` (a file path), then ``$TILETUNE_CACHE_DIR/tuning.db``, then
+    ``$XDG_CACHE_HOME/tiletune/tuning.db``, then ``~/.cache/tiletune/tuning.db``. Empty variables
+    count as unset.
+    """
+    env = os.environ
+    if env.get("TILETUNE_DB"):
+        return pathlib.Path(env["TILETUNE_DB"]).expanduser()
+    if env.get("TILETUNE_CACHE_DIR"):
+        return pathlib.Path(env["TILETUNE_CACHE_DIR"]).expanduser() / "tuning.db"
+    if env.get("XDG_CACHE_HOME"):
+        return pathlib.Path(env["XDG_CACHE_HOME"]).expanduser() / "tiletune" / "tuning.db"
+    return pathlib.Path.home() / ".cache" / "tiletune" / "tuning.db"
+
+
+@dataclass(frozen=True)
+class WinnerRecord:
+    """The stored winner of the newest session of one tuning identity."""
+
+    identity: TuningIdentity
+    config: dict[str, Any]
+    median_us: float
+    session_id: str
+    created: float  # unix time of the session
+    tied: tuple[dict[str, Any], ...] = ()  # configs inside the winner's noise band
+
+
+@dataclass(frozen=True)
+class _Session:
+    """One session as read from an export document (validated)."""
+
+    session_id: str
+    created: float
+    identity: TuningIdentity
+    winner: dict[str, Any] | None
+    winner_median_us: float | None
+    tied: tuple[dict[str, Any], ...]
+    measurements: tuple[Measurement, ...]
+
+
+class TuningDB:
+    """The tuning database in one SQLite file.
+
+    ``path`` is a file path, ``":memory:"`` (a private in-memory database, for tests) or ``None``
+    (:func:`default_db_path`). The file and its parent folders are created on first use. Every error
+    is raised as :class:`~tiletune.errors.DatabaseError`, naming the file.
+    """
+
+    def __init__(self, path: PathArg | None = None) -> None:
+        self._memory = path is not None and os.fspath(path) == ":memory:"
+        self.path: pathlib.Path | None = (
+            None if self._memory else pathlib.Path(os.fspath(path) if path is not None else default_db_path())
+        )
+        self._lock = threading.RLock()
+        self._conns: dict[int, sqlite3.Connection] = {}
+        self._pid = os.getpid()
+
+    # ------------------------------------------------------------------ connections
+
+    @property
+    def where(self) -> str:
+        """The database file as text (``":memory:"`` for an in-memory database)."""
+        return ":memory:" if self.path is None else str(self.path)
+
+    def __repr__(self) -> str:
+        return f"TuningDB({self.where!r})"
+
+    def __enter__(self) -> "TuningDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close this object's connections (it reopens lazily if used again)."""
+        self._check_fork()
+        with self._lock:
+            conns = list(self._conns.values())
+            self._conns.clear()
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def _check_fork(self) -> None:
+        pid = os.getpid()
+        if pid != self._pid:
+            # A forked child: the parent's connections (and a lock a parent thread may have held)
+            # must not be used here. Keep the old connections referenced so they are never closed.
+            _FORK_ORPHANS.extend(self._conns.values())
+            self._conns = {}
+            self._lock = threading.RLock()
+            self._pid = pid
+
+    @contextlib.contextmanager
+    def _translate(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise DatabaseError(f"tuning database {self.where}: {e}") from e
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        self._check_fork()
+        if self._memory:
+            # One shared connection (each connection to ":memory:" is a separate database).
+            with self._lock:
+                conn = self._conns.get(0)
+                if conn is None:
+                    conn = self._conns[0] = self._connect()
+                with self._translate():
+                    yield conn
+            return
+        key = threading.get_ident()
+        with self._lock:
+            conn = self._conns.get(key)
+        if conn is None:
+            conn = self._connect()
+            with self._lock:
+                self._conns[key] = conn
+        with self._translate():
+            yield conn
+
+    @contextlib.contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        with self._connection() as conn:
+            conn.execute(begin)
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+
+    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return self._transaction("BEGIN IMMEDIATE")
+
+    def _read(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return self._transaction("BEGIN")
+
+    def _connect(self) -> sqlite3.Connection:
+        target = ":memory:"
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise DatabaseError(f"tuning database {self.where}: cannot create its folder: {e}") from e
+            if self.path.is_dir():
+                raise DatabaseError(f"tuning database {self.where}: is a directory, not a file")
+            target = str(self.path)
+        with self._translate():
+            conn = sqlite3.connect(
+                target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+            )
+        try:
+            with self._translate():
+                conn.row_factory = sqlite3.Row
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                fresh = self._classify(conn)
+                if not self._memory:
+                    self._enable_wal(conn)
+                conn.execute("PRAGMA synchronous = NORMAL")
+                if fresh:
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        if self._classify(conn):  # another process may have initialised it meanwhile
+                            for statement in _SCHEMA:
+                                conn.execute(statement)
+                            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        if conn.in_transaction:
+                            with contextlib.suppress(sqlite3.Error):
+                                conn.execute("ROLLBACK")
+                        raise
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            raise
+        return conn
+
+    def _classify(self, conn: sqlite3.Connection) -> bool:
+        """True for an empty file (to be initialised), False for a current tiletune database.
+
+        Raises DatabaseError for anything else, before the file is modified in any way.
+        """
+        own_txn = not conn.in_transaction
+        try:
+            if own_txn:  # read the three values from one snapshot
+                conn.execute("BEGIN")
+            try:
+                app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                n_objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            finally:
+                if own_txn and conn.in_transaction:
+                    conn.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            raise DatabaseError(
+                f"{self.where} is not a tiletune tuning database (SQLite cannot read it: {e}); "
+                f"move it away or choose another path"
+            ) from e
+        if app_id == 0 and version == 0 and n_objects == 0:
+            return True
+        if app_id != APPLICATION_ID:
+            raise DatabaseError(
+                f"{self.where} is an SQLite file but not a tiletune tuning database "
+                f"(application_id {app_id}); refusing to modify it"
+            )
+        if version > SCHEMA_VERSION:
+            raise DatabaseError(
+                f"tuning database {self.where} has schema version {version}, newer than this "
+                f"tiletune supports ({SCHEMA_VERSION}); upgrade tiletune or use another file"
+            )
+        if version < 1:
+            raise DatabaseError(f"tuning database {self.where} has invalid schema version {version}")
+        return False
+
+    @staticmethod
+    def _enable_wal(conn: sqlite3.Connection) -> None:
+        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+            return
+        # Switching the journal mode can report "database is locked" without waiting for the busy
+        # handler when several processes open a new file at once, so retry for a while.
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e).lower() and "busy" not in str(e).lower():
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    # ------------------------------------------------------------------ writing
+
+    def record_session(
+        self,
+        identity: TuningIdentity,
+        measurements: Sequence[Measurement],
+        winner: Mapping[str, Any] | None,
+        winner_median_us: float | None,
+        tied: Sequence[Mapping[str, Any]] = (),
+    ) -> str:
+        """Store one tuning session in one transaction and return its new session id (uuid4 hex).
+
+        ``winner`` (with ``winner_median_us``) becomes the identity's stored winner unless a newer
+        session already holds it; ``winner=None`` records measurements only.
+        """
+        if winner is not None and winner_median_us is None:
+            raise ValueError("record_session: winner_median_us is required when a winner is given")
+        session = _Session(
+            session_id=uuid.uuid4().hex,
+            created=time.time(),
+            identity=identity,
+            winner=None if winner is None else dict(winner),
+            winner_median_us=None if winner is None else float(winner_median_us),  # type: ignore[arg-type]
+            tied=tuple(dict(t) for t in tied),
+            measurements=tuple(measurements),
+        )
+        rows = _session_rows(session)  # serialise before taking the write lock
+        with self._write() as conn:
+            _insert_rows(conn, *rows)
+        return session.session_id
+
+    def delete(
+        self,
+        identity: TuningIdentity | None = None,
+        kernel_id: str | None = None,
+        name: str | None = None,
+    ) -> int:
+        """Remove the sessions, measurements and winners matching every given filter.
+
+        Returns the number of winner and measurement rows removed. At least one filter is required
+        (use :meth:`clear` to empty the database).
+        """
+        if identity is None and kernel_id is None and name is None:
+            raise ValueError("delete() needs identity, kernel_id or name; use clear() to remove everything")
+        where, params = _where(identity=identity, kernel_id=kernel_id, name=name)
+        with self._write() as conn:
+            n = conn.execute(f"DELETE FROM winners WHERE {where}", params).rowcount
+            n += conn.execute(f"DELETE FROM measurements WHERE {where}", params).rowcount
+            conn.execute(f"DELETE FROM sessions WHERE {where}", params)
+        return n
+
+    def clear(self) -> int:
+        """Remove everything; returns the number of winner and measurement rows removed."""
+        with self._write() as conn:
+            n = conn.execute("DELETE FROM winners").rowcount
+            n += conn.execute("DELETE FROM measurements").rowcount
+            conn.execute("DELETE FROM sessions")
+        return n
+
+    # ------------------------------------------------------------------ reading
+
+    def lookup(self, identity: TuningIdentity) -> WinnerRecord | None:
+        """The stored winner for ``identity`` (all identity fields but ``name`` must match), or None."""
+        where, params = _where(identity=identity)
+        with self._connection() as conn:
+            row = conn.execute(f"SELECT * FROM winners WHERE {where}", params).fetchone()
+        return None if row is None else _winner_from_row(row)
+
+    def winners(self, kernel_id: str | None = None, name: str | None = None) -> list[WinnerRecord]:
+        """All stored winners matching the given filters, oldest first."""
+        where, params = _where(kernel_id=kernel_id, name=name)
+        with self._connection() as conn:
+            rows = conn.execute(
+                f"SELECT * FROM winners WHERE {where} ORDER BY created, digest", params
+            ).fetchall()
+        return [_winner_from_row(r) for r in rows]
+
+    def measurements(
+        self,
+        identity: TuningIdentity | None = None,
+        *,
+        kernel_id: str | None = None,
+        session_id: str | None = None,
+    ) -> list[Measurement]:
+        """Stored measurements matching every given filter, in insertion order."""
+        where, params = _where(identity=identity, kernel_id=kernel_id, session_id=session_id)
+        with self._connection() as conn:
+            rows = conn.execute(f"SELECT * FROM measurements WHERE {where} ORDER BY id", params).fetchall()
+        return [_measurement_from_row(r) for r in rows]
+
+    def sessions(self, kernel_id: str | None = None, name: str | None = None) -> list[str]:
+        """Ids of the stored sessions matching the given filters, oldest first."""
+        where, params = _where(kernel_id=kernel_id, name=name)
+        with self._connection() as conn:
+            rows = conn.execute(
+                f"SELECT session_id FROM sessions WHERE {where} ORDER BY created, rowid", params
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of sessions, measurements and winners, and the size of the file(s) in bytes."""
+        with self._read() as conn:
+            counts = {
+                table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("sessions", "measurements", "winners")
+            }
+        size = 0
+        if self.path is not None:
+            for suffix in ("", "-wal"):
+                with contextlib.suppress(OSError):
+                    size += os.path.getsize(str(self.path) + suffix)
+        return {"path": self.where, "schema_version": SCHEMA_VERSION, **counts, "size_bytes": size}
+
+    # ------------------------------------------------------------------ export / import
+
+    def export_json(
+        self,
+        dest: PathArg | IO[str],
+        *,
+        name: str | None = None,
+        kernel_id: str | None = None,
+    ) -> int:
+        """Write the matching sessions (identity, winner, measurements) as a JSON document.
+
+        The document is ``{"format": "tiletune-db", "version": 1, "exported": <ISO time>,
+        "sessions": [...]}``. ``dest`` is a path (written atomically) or a text stream. Returns the
+        number of sessions written.
+        """
+        where, params = _where(kernel_id=kernel_id, name=name)
+        with self._read() as conn:
+            srows = conn.execute(
+                f"SELECT * FROM sessions WHERE {where} ORDER BY created, rowid", params
+            ).fetchall()
+            mrows = conn.execute(f"SELECT * FROM measurements WHERE {where} ORDER BY id", params).fetchall()
+        by_session: dict[str, list[dict[str, Any]]] = {r["session_id"]: [] for r in srows}
+        for r in mrows:
+            if r["session_id"] in by_session:
+                by_session[r["session_id"]].append(_measurement_from_row(r).as_dict())
+        sessions = []
+        for r in srows:
+            ident = _identity_from_row(r)
+            sessions.append(
+                {
+                    "session_id": r["session_id"],
+                    "created": r["created"],
+                    "identity": {
+                        "kernel_id": ident.kernel_id,
+                        "space_hash": ident.space_hash,
+                        "key": ident.key,
+                        "device": ident.device.as_dict(),
+                        "versions": ident.versions,
+                        "name": ident.name,
+                    },
+                    "winner": None if r["winner"] is None else json.loads(r["winner"]),
+                    "winner_median_us": r["winner_median_us"],
+                    "tied": json.loads(r["tied"]),
+                    "measurements": by_session[r["session_id"]],
+                }
+            )
+        doc = {
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "sessions": sessions,
+        }
+        text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        if hasattr(dest, "write"):
+            dest.write(text)  # type: ignore[union-attr]
+        else:
+            _atomic_write(pathlib.Path(os.fspath(dest)), text)  # type: ignore[arg-type]
+        return len(sessions)
+
+    def import_json(self, src: PathArg | IO[str]) -> int:
+        """Read an export document and insert its sessions; returns how many were inserted.
+
+        The whole document is validated before anything is written (a malformed document raises
+        DatabaseError naming the problem and changes nothing). Sessions whose id is already present
+        are skipped, so importing the same file twice is harmless. An imported winner replaces the
+        stored one only if its session is newer.
+        """
+        if hasattr(src, "read"):
+            origin = str(getattr(src, "name", "<stream>"))
+            try:
+                text = src.read()  # type: ignore[union-attr]
+            except OSError as e:
+                raise DatabaseError(f"import file {origin}: cannot read it: {e}") from e
+        else:
+            origin = os.fspath(src)  # type: ignore[arg-type]
+            try:
+                text = pathlib.Path(origin).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise DatabaseError(f"import file {origin}: cannot read it: {e}") from e
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatabaseError(f"import file {origin}: not UTF-8 text: {e}") from e
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise DatabaseError(f"import file {origin}: not valid JSON: {e}") from e
+        sessions = _parse_document(doc, origin)
+        prepared = [(s.session_id, _session_rows(s)) for s in sessions]
+        inserted = 0
+        with self._write() as conn:
+            for session_id, rows in prepared:
+                if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone():
+                    continue
+                _insert_rows(conn, *rows)
+                inserted += 1
+        return inserted
+
+
+# ---------------------------------------------------------------------- row helpers
+
+
+def _identity_values(identity: TuningIdentity) -> tuple[Any, ...]:
+    """Values of the identity columns, in the order of ``_IDENTITY_COLUMNS``."""
+    return (
+        identity.kernel_id,
+        identity.space_hash,
+        identity.key,
+        canonical_json(identity.device.as_dict()),
+        identity.versions,
+        identity.digest,
+        identity.name,
+    )
+
+
+def _where(
+    *,
+    identity: TuningIdentity | None = None,
+    kernel_id: str | None = None,
+    name: str | None = None,
+    session_id: str | None = None,
+) -> tuple[str, list[Any]]:
+    """An SQL condition (AND of the given filters; ``1`` for none) and its parameters."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if identity is not None:
+        # The digest uses the index; the explicit columns make a digest collision harmless.
+        values = _identity_values(identity)
+        for column, value in zip(_IDENTITY_COLUMNS[:-1], values[:-1]):
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if kernel_id is not None:
+        clauses.append("kernel_id = ?")
+        params.append(kernel_id)
+    if name is not None:
+        clauses.append("name = ?")
+        params.append(name)
+    if session_id is not None:
+        clauses.append("session_id = ?")
+        params.append(session_id)
+    return (" AND ".join(clauses) or "1"), params
+
+
+_SessionRows = tuple[tuple[Any, ...], list[tuple[Any, ...]], Union[tuple[Any, ...], None]]
+
+
+def _session_rows(s: _Session) -> _SessionRows:
+    """The sessions row, the measurement rows and the winners row (or None) of one session."""
+    ident = _identity_values(s.identity)
+    session_row = (
+        s.session_id,
+        s.created,
+        *ident,
+        None if s.winner is None else canonical_json(s.winner),
+        s.winner_median_us,
+        canonical_json([dict(t) for t in s.tied]),
+        len(s.measurements),
+    )
+    mrows = []
+    for m in s.measurements:
+        config = dict(m.config)
+        mrows.append(
+            (
+                s.session_id,
+                s.created,
+                *ident,
+                canonical_json(config),
+                stable_hash(config),
+                Status(m.status).value,
+                str(m.reason),
+                canonical_json([float(x) for x in m.samples_us]),
+                m.median_us,
+                None if m.compile_s is None else float(m.compile_s),
+                int(m.order),
+                1 if m.is_baseline else 0,
+            )
+        )
+    winner_row = None
+    if s.winner is not None:
+        winner_row = (
+            ident[5],  # digest
+            *ident[:5],
+            ident[6],  # name
+            canonical_json(s.winner),
+            stable_hash(s.winner),
+            s.winner_median_us,
+            s.session_id,
+            s.created,
+            canonical_json([dict(t) for t in s.tied]),
+        )
+    return session_row, mrows, winner_row
+
+
+def _insert_rows(
+    conn: sqlite3.Connection,
+    session_row: tuple[Any, ...],
+    mrows: list[tuple[Any, ...]],
+    winner_row: tuple[Any, ...] | None,
+) -> None:
+    conn.execute(
+        'INSERT INTO sessions (session_id, created, kernel_id, space_hash, "key", device, versions, '
+        "digest, name, winner, winner_median_us, tied, n_measurements) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        session_row,
+    )
+    conn.executemany(
+        'INSERT INTO measurements (session_id, created, kernel_id, space_hash, "key", device, versions, '
+        "digest, name, config, config_hash, status, reason, samples_us, median_us, compile_s, ord, "
+        "is_baseline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        mrows,
+    )
+    if winner_row is not None:
+        # Newest session wins: an older (e.g. imported) session never replaces a newer winner.
+        conn.execute(
+            'INSERT INTO winners (digest, kernel_id, space_hash, "key", device, versions, name, config, '
+            "config_hash, median_us, session_id, created, tied) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(digest) DO UPDATE SET kernel_id = excluded.kernel_id, "
+            'space_hash = excluded.space_hash, "key" = excluded."key", device = excluded.device, '
+            "versions = excluded.versions, name = excluded.name, config = excluded.config, "
+            "config_hash = excluded.config_hash, median_us = excluded.median_us, "
+            "session_id = excluded.session_id, created = excluded.created, tied = excluded.tied "
+            "WHERE excluded.created >= winners.created",
+            winner_row,
+        )
+
+
+def _identity_from_row(row: sqlite3.Row) -> TuningIdentity:
+    return TuningIdentity(
+        kernel_id=row["kernel_id"],
+        space_hash=row["space_hash"],
+        key=row["key"],
+        device=DeviceInfo.from_dict(json.loads(row["device"])),
+        versions=row["versions"],
+        name=row["name"],
+    )
+
+
+def _winner_from_row(row: sqlite3.Row) -> WinnerRecord:
+    return WinnerRecord(
+        identity=_identity_from_row(row),
+        config=json.loads(row["config"]),
+        median_us=float(row["median_us"]),
+        session_id=row["session_id"],
+        created=float(row["created"]),
+        tied=tuple(json.loads(row["tied"])),
+    )
+
+
+def _measurement_from_row(row: sqlite3.Row) -> Measurement:
+    return Measurement(
+        config=json.loads(row["config"]),
+        status=Status(row["status"]),
+        reason=row["reason"],
+        samples_us=tuple(float(x) for x in json.loads(row["samples_us"])),
+        compile_s=None if row["compile_s"] is None else float(row["compile_s"]),
+        order=int(row["ord"]),
+        is_baseline=bool(row["is_baseline"]),
+    )
+
+
+def _atomic_write(path: pathlib.Path, text: str) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent) or ".")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise DatabaseError(f"cannot write export file {path}: {e}") from e
+
+
+# ---------------------------------------------------------------------- import validation
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise _Invalid(f"{where}: missing field {key!r}")
+    return d[key]
+
+
+def _as_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"{where}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Invalid(f"{where}: expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _as_number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Invalid(f"{where}: expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _as_dict(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Invalid(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _as_list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Invalid(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _parse_document(doc: Any, origin: str) -> list[_Session]:
+    """Validate a whole export document; raise DatabaseError naming the first problem."""
+    try:
+        top = _as_dict(doc, "document")
+        fmt = _need(top, "format", "document")
+        if fmt != EXPORT_FORMAT:
+            raise _Invalid(f"format is {fmt!r}, expected {EXPORT_FORMAT!r}")
+        version = _need(top, "version", "document")
+        if isinstance(version, bool) or version != EXPORT_VERSION:
+            raise _Invalid(f"unsupported version {version!r} (this tiletune reads version {EXPORT_VERSION})")
+        raw_sessions = _as_list(_need(top, "sessions", "document"), "sessions")
+        return [_parse_session(s, f"sessions[{i}]") for i, s in enumerate(raw_sessions)]
+    except _Invalid as e:
+        raise DatabaseError(f"import file {origin}: {e}") from None
+
+
+def _parse_session(raw: Any, where: str) -> _Session:
+    s = _as_dict(raw, where)
+    session_id = _as_str(_need(s, "session_id", where), f"{where}.session_id")
+    if not session_id or len(session_id) > 128:
+        raise _Invalid(f"{where}.session_id: must be a non-empty string of at most 128 characters")
+    created = _as_number(_need(s, "created", where), f"{where}.created")
+    if not math.isfinite(created):
+        raise _Invalid(f"{where}.created: must be finite")
+    ident_where = f"{where}.identity"
+    ident = _as_dict(_need(s, "identity", where), ident_where)
+    dev_where = f"{ident_where}.device"
+    dev = _as_dict(_need(ident, "device", ident_where), dev_where)
+    identity = TuningIdentity(
+        kernel_id=_as_str(_need(ident, "kernel_id", ident_where), f"{ident_where}.kernel_id"),
+        space_hash=_as_str(_need(ident, "space_hash", ident_where), f"{ident_where}.space_hash"),
+        key=_as_str(_need(ident, "key", ident_where), f"{ident_where}.key"),
+        device=DeviceInfo(
+            name=_as_str(_need(dev, "name", dev_where), f"{dev_where}.name"),
+            arch=_as_str(_need(dev, "arch", dev_where), f"{dev_where}.arch"),
+            sm_count=_as_int(_need(dev, "sm_count", dev_where), f"{dev_where}.sm_count"),
+        ),
+        versions=_as_str(_need(ident, "versions", ident_where), f"{ident_where}.versions"),
+        name=_as_str(ident.get("name", ""), f"{ident_where}.name"),
+    )
+    raw_winner = _need(s, "winner", where)
+    winner = None if raw_winner is None else _as_config(raw_winner, f"{where}.winner")
+    raw_median = s.get("winner_median_us")
+    if winner is None:
+        if raw_median is not None:
+            raise _Invalid(f"{where}.winner_median_us: given without a winner")
+        median = None
+    else:
+        if raw_median is None:
+            raise _Invalid(f"{where}.winner_median_us: missing for the winner")
+        median = _as_number(raw_median, f"{where}.winner_median_us")
+    tied = tuple(
+        _as_config(t, f"{where}.tied[{j}]") for j, t in enumerate(_as_list(_need(s, "tied", where), f"{where}.tied"))
+    )
+    ms = tuple(
+        _parse_measurement(m, f"{where}.measurements[{j}]")
+        for j, m in enumerate(_as_list(_need(s, "measurements", where), f"{where}.measurements"))
+    )
+    return _Session(session_id, created, identity, winner, median, tied, ms)
+
+
+def _as_config(value: Any, where: str) -> dict[str, Any]:
+    config = _as_dict(value, where)
+    for k in config:
+        if not isinstance(k, str):  # pragma: no cover - JSON object keys are always strings
+            raise _Invalid(f"{where}: parameter names must be strings")
+    return config
+
+
+_STATUSES = {s.value: s for s in Status}
+
+
+def _parse_measurement(raw: Any, where: str) -> Measurement:
+    m = _as_dict(raw, where)
+    config = _as_config(_need(m, "config", where), f"{where}.config")
+    status_text = _as_str(_need(m, "status", where), f"{where}.status")
+    if status_text not in _STATUSES:
+        raise _Invalid(f"{where}.status: {status_text!r} is not one of {sorted(_STATUSES)}")
+    reason = _as_str(_need(m, "reason", where), f"{where}.reason")
+    samples = tuple(
+        _as_number(x, f"{where}.samples_us[{k}]")
+        for k, x in enumerate(_as_list(_need(m, "samples_us", where), f"{where}.samples_us"))
+    )
+    raw_compile = _need(m, "compile_s", where)
+    compile_s = None if raw_compile is None else _as_number(raw_compile, f"{where}.compile_s")
+    order = _as_int(_need(m, "order", where), f"{where}.order")
+    is_baseline = _need(m, "is_baseline", where)
+    if not isinstance(is_baseline, bool):
+        raise _Invalid(f"{where}.is_baseline: expected true or false, got {type(is_baseline).__name__}")
+    return Measurement(
+        config=config,
+        status=_STATUSES[status_text],
+        reason=reason,
+        samples_us=samples,
+        compile_s=compile_s,
+        order=order,
+        is_baseline=is_baseline,
+    )

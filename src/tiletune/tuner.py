@@ -1,0 +1,211 @@
+"""The tuning loop: one piece of code for live GPU tuning and for simulated (fake, replay) tuning.
+
+Flow for one session: candidates are compiled by the backend (in parallel where it can) and handed
+over as they finish; each compiled candidate is checked against the reference, then measured in
+batches. While compilation continues the GPU already measures whatever is ready. Candidates that
+clearly cannot win are raced out; contenders get samples until their confidence interval is tight.
+The winner is picked by :func:`tiletune.stats.rank`: the fastest median, with candidates inside the
+noise band tied and the tie broken deterministically (baseline first, then candidate order).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .backends.base import Candidate, TuningSession
+from .records import Measurement, Status
+from .stats import Entry, SampleSummary, StoppingRule, hopeless, raced_out, rank, summarize
+
+logger = logging.getLogger("tiletune")
+
+
+@dataclass(frozen=True)
+class TunerOptions:
+    """Knobs of the tuning loop. The defaults suit kernels from a few microseconds to a few ms."""
+
+    stopping: StoppingRule = field(default_factory=StoppingRule)
+    batch: int = 10  # samples per measurement batch
+    race_margin: float = 0.02  # raced out when its CI lies this far above the best's
+    hopeless_factor: float = 3.0  # raced out when its median is this many times the best's
+    min_tie_band: float = 0.005
+    max_tie_band: float = 0.03
+    max_seconds: float | None = None  # wall-clock budget of the whole session (compile included)
+
+
+@dataclass
+class _State:
+    cand: Candidate
+    status: Status = Status.OK
+    reason: str = ""
+    compile_s: float | None = None
+    samples: list[float] = field(default_factory=list)
+    spent_s: float = 0.0
+    done: str | None = None  # why measuring stopped ("converged", "raced_out", ...)
+    summary: SampleSummary | None = None
+
+    def add(self, samples: Sequence[float]) -> None:
+        self.samples.extend(samples)
+        self.spent_s += sum(samples) * 1e-6
+        self.summary = summarize(self.samples)
+
+    def measurement(self) -> Measurement:
+        reason = self.reason or (self.done or "")
+        return Measurement(
+            config=self.cand.config.as_dict(),
+            status=self.status,
+            reason=reason,
+            samples_us=tuple(self.samples),
+            compile_s=self.compile_s,
+            order=self.cand.order,
+            is_baseline=self.cand.is_baseline,
+        )
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """What the loop decided: every candidate's measurement, the winner and its tied set."""
+
+    measurements: tuple[Measurement, ...]
+    winner: Candidate | None
+    winner_median_us: float | None
+    tied: tuple[Candidate, ...]
+    wall_s: float
+    samples_taken: int
+
+
+ProgressFn = Callable[[str, int, int], None]  # (message, done, total)
+
+
+def run_loop(
+    session: TuningSession,
+    candidates: Sequence[Candidate],
+    options: TunerOptions = TunerOptions(),
+    progress: ProgressFn | None = None,
+    name: str = "op",
+) -> LoopResult:
+    """Compile, check and measure ``candidates`` in ``session``; return the ranked result."""
+    states = {c.order: _State(c) for c in candidates}
+    total = len(candidates)
+    finished = 0
+
+    def report(msg: str) -> None:
+        if progress is not None:
+            progress(msg, finished, total)
+
+    def out_of_time() -> bool:
+        return options.max_seconds is not None and session.clock() > options.max_seconds
+
+    def best_state() -> _State | None:
+        live = [s for s in states.values() if s.status is Status.OK and s.summary is not None]
+        if not live:
+            return None
+        return min(live, key=lambda s: (s.summary.median, s.cand.order))  # type: ignore[union-attr]
+
+    def measure_batch(st: _State) -> None:
+        try:
+            st.add(session.sample(st.cand, options.batch))
+        except Exception as exc:  # a launch failing mid-measurement is a failed candidate
+            st.status, st.reason = Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
+            st.done = "failed"
+
+    def judge(st: _State) -> None:
+        """Decide whether ``st`` stops: raced out against the best, or converged."""
+        if st.done is not None or st.summary is None:
+            return
+        best = best_state()
+        if best is not None and best is not st and best.summary is not None:
+            if hopeless(st.summary, best.summary, options.hopeless_factor) or raced_out(
+                st.summary, best.summary, options.race_margin
+            ):
+                st.done = "raced_out"
+                return
+        verdict = options.stopping.decide(st.summary, st.spent_s)
+        if verdict is not None:
+            st.done = verdict
+
+    # Phase 1: as candidates finish compiling, check them and take a first batch.
+    for outcome in session.compile(candidates):
+        st = states[outcome.candidate.order]
+        st.compile_s = outcome.seconds
+        finished += 1
+        if outcome.status is not Status.OK:
+            st.status, st.reason, st.done = outcome.status, outcome.reason, "failed"
+            _log_candidate(name, st)
+            report(f"{st.cand.config} {outcome.status.value}")
+            continue
+        if out_of_time() and best_state() is not None:
+            st.status, st.reason, st.done = Status.TIMEOUT, "tuning time budget exhausted", "failed"
+            continue
+        check = session.check(st.cand)
+        if check.status is not Status.OK:
+            st.status, st.reason, st.done = check.status, check.reason, "failed"
+            _log_candidate(name, st)
+            report(f"{st.cand.config} {check.status.value}")
+            continue
+        measure_batch(st)
+        judge(st)
+        report(f"{st.cand.config} {st.summary.median:.2f} us" if st.summary else str(st.cand.config))
+
+    # Phase 2: race. Contenders get batches, fastest first, until every one has stopped.
+    while not out_of_time():
+        active = [s for s in states.values() if s.status is Status.OK and s.done is None]
+        if not active:
+            break
+        active.sort(key=lambda s: (s.summary.median if s.summary else float("inf"), s.cand.order))
+        for st in active:
+            judge(st)
+            if st.done is None:
+                measure_batch(st)
+                judge(st)
+
+    for st in states.values():
+        if st.status is Status.OK and st.done is None:
+            st.done = "time_budget"
+        if st.status is Status.OK:
+            _log_candidate(name, st)
+
+    ok = [s for s in states.values() if s.status is Status.OK and s.summary is not None]
+    winner: Candidate | None = None
+    winner_median: float | None = None
+    tied: tuple[Candidate, ...] = ()
+    if ok:
+        contenders = [s for s in ok if s.done != "raced_out"] or ok
+        ranking = rank(
+            [Entry(s.cand.order, s.cand.is_baseline, s.summary) for s in contenders],  # type: ignore[arg-type]
+            min_band=options.min_tie_band,
+            max_band=options.max_tie_band,
+        )
+        winner = states[ranking.winner.ident].cand
+        winner_median = ranking.winner.summary.median
+        tied = tuple(states[e.ident].cand for e in ranking.tied)
+
+    measurements = tuple(states[c.order].measurement() for c in candidates)
+    return LoopResult(
+        measurements=measurements,
+        winner=winner,
+        winner_median_us=winner_median,
+        tied=tied,
+        wall_s=session.clock(),
+        samples_taken=sum(len(s.samples) for s in states.values()),
+    )
+
+
+def _log_candidate(name: str, st: _State) -> None:
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    if st.status is not Status.OK:
+        first = st.reason.strip().splitlines()[0][:200] if st.reason.strip() else ""
+        logger.info("%s %s: %s %s", name, st.cand.config, st.status.value, first)
+    elif st.summary is not None:
+        logger.info(
+            "%s %s: median %.3f us  ci +-%.2f%%  n=%d  (%s)%s",
+            name,
+            st.cand.config,
+            st.summary.median,
+            100 * st.summary.rel_halfwidth,
+            st.summary.n,
+            st.done,
+            "  [baseline]" if st.cand.is_baseline else "",
+        )

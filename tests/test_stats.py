@@ -1,0 +1,353 @@
+"""Tests for tiletune.stats (pure statistics; no GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from tiletune.stats import (
+    EXACT_BINOMIAL_MAX_N,
+    Entry,
+    SampleSummary,
+    StoppingRule,
+    hopeless,
+    median_ci_ranks,
+    raced_out,
+    rank,
+    summarize,
+)
+
+
+def make_summary(
+    median: float,
+    rel_halfwidth: float = 0.0,
+    n: int = 50,
+) -> SampleSummary:
+    """A synthetic summary with a symmetric CI of the given relative half-width."""
+    hw = median * rel_halfwidth
+    return SampleSummary(
+        n=n,
+        median=median,
+        mean=median,
+        minimum=median - hw,
+        mad=hw,
+        ci_low=median - hw,
+        ci_high=median + hw,
+        rel_halfwidth=rel_halfwidth,
+    )
+
+
+# ----------------------------------------------------------------------------- summarize
+
+
+def test_summarize_basic_fields():
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0, 100.0])
+    assert s.n == 6
+    assert s.median == pytest.approx(3.5)
+    assert s.mean == pytest.approx(115.0 / 6)
+    assert s.minimum == 1.0
+    # |x - 3.5| = 1.5, 2.5, 0.5, 1.5, 0.5, 96.5 -> median 1.5
+    assert s.mad == pytest.approx(1.5 * 1.4826)
+
+
+def test_summarize_empty_raises():
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+@pytest.mark.parametrize("bad", [[1.0, float("nan")], [1.0, float("inf")]])
+def test_summarize_nonfinite_raises(bad):
+    with pytest.raises(ValueError):
+        summarize(bad)
+
+
+@pytest.mark.parametrize("conf", [0.0, 1.0, -0.5, 1.5])
+def test_summarize_bad_confidence_raises(conf):
+    with pytest.raises(ValueError):
+        summarize([1.0, 2.0, 3.0], confidence=conf)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_tiny_n_infinite_ci(n):
+    s = summarize([10.0 + i for i in range(n)])
+    assert s.ci_low == -math.inf and s.ci_high == math.inf
+    assert s.rel_halfwidth == math.inf
+    assert s.halfwidth == math.inf
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_small_n_falls_back_to_min_max(n):
+    xs = [float(v) for v in (7, 3, 9, 5, 1)[:n]]
+    s = summarize(xs)
+    assert (s.ci_low, s.ci_high) == (min(xs), max(xs))
+    assert math.isfinite(s.rel_halfwidth)
+
+
+def test_known_order_statistic_ranks():
+    # Textbook values for a 95% median CI: n=6 -> (1, 6), n=10 -> (2, 9), n=20 -> (6, 15)
+    assert median_ci_ranks(5, 0.95) is None
+    assert median_ci_ranks(6, 0.95) == (1, 6)
+    assert median_ci_ranks(10, 0.95) == (2, 9)
+    assert median_ci_ranks(20, 0.95) == (6, 15)
+    s = summarize([float(v) for v in range(1, 11)])  # 1..10
+    assert (s.ci_low, s.ci_high) == (2.0, 9.0)
+
+
+def _exact_ranks(n: int, confidence: float) -> tuple[int, int] | None:
+    tail = Fraction(1) - Fraction(confidence)
+    tail /= 2
+    best = 0
+    cdf = Fraction(0)
+    for k in range(0, (n + 1) // 2):
+        cdf += Fraction(math.comb(n, k), 2**n)
+        if cdf > tail:
+            break
+        best = k + 1
+    return None if best < 1 else (best, n - best + 1)
+
+
+@pytest.mark.parametrize("n", [3, 7, 11, 25, 60, 137, 400, 999])
+@pytest.mark.parametrize("conf", [0.9, 0.95, 0.99])
+def test_ranks_match_independent_exact_binomial(n, conf):
+    assert median_ci_ranks(n, conf) == _exact_ranks(n, conf)
+
+
+@pytest.mark.parametrize("n", [EXACT_BINOMIAL_MAX_N + 1, 2000, 5000])
+def test_normal_approximation_close_to_exact(n):
+    lo, hi = median_ci_ranks(n, 0.95)
+    exact_lo, _ = _exact_ranks(n, 0.95)
+    assert hi == n - lo + 1
+    assert abs(lo - exact_lo) <= 1
+
+
+@pytest.mark.parametrize("n", [50, 2000])
+def test_ci_coverage_lognormal(n):
+    # Lognormal(mu, sigma) has median exp(mu); 95% CI should cover it ~95% of the time.
+    rng = np.random.default_rng(12345 + n)
+    true_median = math.exp(math.log(20.0))
+    trials = 400
+    covered = 0
+    for _ in range(trials):
+        xs = rng.lognormal(mean=math.log(20.0), sigma=0.5, size=n)
+        s = summarize(xs)
+        covered += s.ci_low <= true_median <= s.ci_high
+    assert 0.90 * trials <= covered <= 0.99 * trials
+
+
+def test_ci_contains_median_and_ordered():
+    rng = np.random.default_rng(0)
+    xs = rng.lognormal(3.0, 0.3, size=101)
+    s = summarize(xs)
+    assert s.minimum <= s.ci_low <= s.median <= s.ci_high <= xs.max()
+    assert s.halfwidth == pytest.approx((s.ci_high - s.ci_low) / 2)
+    assert s.rel_halfwidth == pytest.approx(s.halfwidth / s.median)
+
+
+def test_rel_halfwidth_shrinks_with_n():
+    rng = np.random.default_rng(7)
+    widths = []
+    for n in (10, 40, 160, 640, 2560):
+        # average over a few draws so the monotonic trend is not luck
+        widths.append(np.mean([summarize(rng.lognormal(3.0, 0.4, size=n)).rel_halfwidth for _ in range(20)]))
+    assert all(a > b for a, b in zip(widths, widths[1:]))
+    # roughly 1/sqrt(n): 256x more samples -> ~16x narrower
+    assert widths[0] / widths[-1] > 8
+
+
+def test_rel_halfwidth_inf_for_nonpositive_median():
+    s = summarize([0.0] * 10)
+    assert s.rel_halfwidth == math.inf
+    assert s.halfwidth == 0.0
+
+
+def test_summarize_is_fast_for_thousands():
+    xs = np.random.default_rng(1).lognormal(3.0, 0.3, size=4000).tolist()
+    summarize(xs)  # warm the rank cache
+    t0 = time.perf_counter()
+    for _ in range(50):
+        summarize(xs)
+    assert (time.perf_counter() - t0) / 50 < 0.02
+
+
+# ----------------------------------------------------------------------------- StoppingRule
+
+
+def test_stopping_continue_below_min_samples_even_if_converged():
+    rule = StoppingRule(min_samples=10)
+    assert rule.decide(make_summary(100.0, 0.0, n=9), spent_s=0.01) is None
+
+
+def test_stopping_max_seconds_overrides_min_samples():
+    rule = StoppingRule(min_samples=10, max_seconds=1.0)
+    assert rule.decide(make_summary(100.0, 0.5, n=2), spent_s=1.0) == "max_seconds"
+    assert rule.decide(make_summary(100.0, 0.5, n=2), spent_s=0.99) is None
+
+
+def test_stopping_converged():
+    rule = StoppingRule(rel_ci=0.01, abs_ci_us=0.0)
+    assert rule.decide(make_summary(100.0, 0.009, n=20), spent_s=0.1) == "converged"
+    assert rule.decide(make_summary(100.0, 0.011, n=20), spent_s=0.1) is None
+
+
+def test_stopping_abs_converged():
+    rule = StoppingRule(rel_ci=0.01, abs_ci_us=0.25)
+    # 5 us kernel, 4% relative half-width = 0.2 us absolute
+    assert rule.decide(make_summary(5.0, 0.04, n=20), spent_s=0.1) == "abs_converged"
+    # 10 us kernel, 4% = 0.4 us -> keep going
+    assert rule.decide(make_summary(10.0, 0.04, n=20), spent_s=0.1) is None
+
+
+def test_stopping_max_samples():
+    rule = StoppingRule(max_samples=400)
+    assert rule.decide(make_summary(100.0, 0.05, n=400), spent_s=0.1) == "max_samples"
+    assert rule.decide(make_summary(100.0, 0.05, n=399), spent_s=0.1) is None
+
+
+def test_stopping_with_real_summary_infinite_ci_does_not_converge():
+    rule = StoppingRule(min_samples=1)
+    s = summarize([3.0, 3.0])  # n < 3 -> infinite CI
+    assert rule.decide(s, spent_s=0.0) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(min_samples=0), dict(min_samples=20, max_samples=10), dict(rel_ci=-0.1), dict(max_seconds=0.0)],
+)
+def test_stopping_rule_validation(kwargs):
+    with pytest.raises(ValueError):
+        StoppingRule(**kwargs)
+
+
+# ----------------------------------------------------------------------------- racing
+
+
+def test_raced_out_clear_loser():
+    best = make_summary(100.0, 0.01, n=20)  # CI [99, 101]
+    cand = make_summary(110.0, 0.01, n=20)  # CI [108.9, 111.1]
+    assert raced_out(cand, best)
+
+
+def test_raced_out_overlapping_or_within_margin():
+    best = make_summary(100.0, 0.01, n=20)  # ci_high 101 -> threshold 103.02
+    assert not raced_out(make_summary(103.0, 0.0, n=20), best)
+    assert raced_out(make_summary(103.1, 0.0, n=20), best)
+    assert not raced_out(make_summary(104.0, 0.05, n=20), best)  # ci_low 98.8 overlaps
+
+
+def test_raced_out_requires_five_samples():
+    best = make_summary(100.0, 0.01, n=20)
+    cand = make_summary(200.0, 0.01, n=20)
+    assert raced_out(cand, best)
+    assert not raced_out(make_summary(200.0, 0.01, n=4), best)
+    assert not raced_out(cand, make_summary(100.0, 0.01, n=4))
+
+
+def test_hopeless():
+    best = make_summary(10.0, n=3)
+    assert hopeless(make_summary(31.0, n=3), best)
+    assert not hopeless(make_summary(29.0, n=3), best)
+    assert not hopeless(make_summary(31.0, n=2), best)
+    assert not hopeless(make_summary(31.0, n=3), make_summary(10.0, n=2))
+    assert hopeless(make_summary(21.0, n=3), best, factor=2.0)
+
+
+# ----------------------------------------------------------------------------- rank
+
+
+def test_rank_clear_winner():
+    entries = [
+        Entry(0, True, make_summary(100.0, 0.002)),
+        Entry(1, False, make_summary(80.0, 0.002)),
+        Entry(2, False, make_summary(90.0, 0.002)),
+    ]
+    r = rank(entries)
+    assert r.winner.ident == 1
+    assert r.fastest.ident == 1
+    assert [e.ident for e in r.tied] == [1]
+    assert [e.ident for e in r.ordered] == [1, 2, 0]
+
+
+def test_rank_tie_prefers_baseline():
+    entries = [
+        Entry(0, False, make_summary(100.0, 0.01)),
+        Entry(1, False, make_summary(99.0, 0.01)),
+        Entry(2, True, make_summary(100.5, 0.01)),  # band 2%: 99 * 1.02 = 100.98
+    ]
+    r = rank(entries)
+    assert r.fastest.ident == 1
+    assert {e.ident for e in r.tied} == {0, 1, 2}
+    assert r.winner.ident == 2
+
+
+def test_rank_tie_without_baseline_picks_smallest_ident():
+    entries = [
+        Entry(3, False, make_summary(99.0, 0.01)),
+        Entry(5, False, make_summary(100.0, 0.01)),
+        Entry(1, False, make_summary(100.5, 0.01)),
+        Entry(2, False, make_summary(101.5, 0.01)),  # just outside 99 * 1.02 = 100.98
+        Entry(0, True, make_summary(120.0, 0.01)),  # baseline, but clearly slower
+    ]
+    r = rank(entries)
+    assert r.fastest.ident == 3
+    assert {e.ident for e in r.tied} == {1, 3, 5}
+    assert r.winner.ident == 1
+
+
+def test_rank_min_band_applies_to_noiseless_entries():
+    entries = [Entry(0, True, make_summary(100.4, 0.0)), Entry(1, False, make_summary(100.0, 0.0))]
+    assert rank(entries).winner.ident == 0  # 0.4% < min_band 0.5%
+    entries = [Entry(0, True, make_summary(100.6, 0.0)), Entry(1, False, make_summary(100.0, 0.0))]
+    assert rank(entries).winner.ident == 1  # 0.6% > min_band
+
+
+def test_rank_band_clamped_by_max_band():
+    # Baseline 5% slower with huge noise: unclamped band (0.5 + 0.002) would tie it.
+    entries = [
+        Entry(0, True, make_summary(105.0, 0.5)),
+        Entry(1, False, make_summary(100.0, 0.002)),
+    ]
+    r = rank(entries)
+    assert r.winner.ident == 1
+    assert [e.ident for e in r.tied] == [1]
+    # ...but 2.9% slower is still within max_band 3%
+    entries[0] = Entry(0, True, make_summary(102.9, 0.5))
+    assert rank(entries).winner.ident == 0
+    # and an infinite half-width also clamps to max_band
+    entries[0] = Entry(0, True, dataclasses.replace(make_summary(102.9), rel_halfwidth=math.inf))
+    assert rank(entries).winner.ident == 0
+    entries[0] = Entry(0, True, dataclasses.replace(make_summary(105.0), rel_halfwidth=math.inf))
+    assert rank(entries).winner.ident == 1
+
+
+def test_rank_equal_medians_fastest_by_ident():
+    entries = [Entry(4, False, make_summary(50.0)), Entry(2, False, make_summary(50.0))]
+    r = rank(entries)
+    assert r.fastest.ident == 2
+    assert [e.ident for e in r.ordered] == [2, 4]
+
+
+def test_rank_deterministic_under_permutation():
+    rng = np.random.default_rng(3)
+    entries = []
+    for i in range(6):
+        xs = rng.lognormal(math.log(100.0 + 0.3 * i), 0.02, size=60)
+        entries.append(Entry(i, i == 4, summarize(xs)))
+    reference = rank(entries)
+    assert len(reference.tied) >= 2  # the scenario actually exercises the tie-break
+    for perm in itertools.permutations(entries):
+        assert rank(list(perm)) == reference
+
+
+def test_rank_errors():
+    with pytest.raises(ValueError):
+        rank([])
+    with pytest.raises(ValueError):
+        rank([Entry(0, False, make_summary(1.0)), Entry(0, True, make_summary(2.0))])
+    with pytest.raises(ValueError):
+        rank([Entry(0, False, make_summary(1.0))], min_band=0.05, max_band=0.01)

@@ -1,0 +1,678 @@
+"""Tests of the persistent tuning database (tiletune.store)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import multiprocessing
+import os
+import pathlib
+import sqlite3
+import sys
+import threading
+import time
+
+import pytest
+
+from tiletune.errors import DatabaseError
+from tiletune.records import DeviceInfo, Measurement, Status, TuningIdentity, canonical_json
+from tiletune.store import (
+    EXPORT_FORMAT,
+    SCHEMA_VERSION,
+    TuningDB,
+    WinnerRecord,
+    default_db_path,
+)
+
+H100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
+VERSIONS = canonical_json({"cuda_tile": "1.7.0", "tileiras": "13.1", "driver": "580.1"})
+
+
+def ident(kernel_id: str = "k0", *, key: object = None, name: str = "matmul", **over: object) -> TuningIdentity:
+    base = dict(
+        kernel_id=kernel_id,
+        space_hash="s0",
+        key=canonical_json(key if key is not None else {"M": 1024, "N": 1024, "dtype": "float16"}),
+        device=H100,
+        versions=VERSIONS,
+        name=name,
+    )
+    base.update(over)
+    return TuningIdentity(**base)  # type: ignore[arg-type]
+
+
+def sample_measurements() -> list[Measurement]:
+    return [
+        Measurement(
+            config={"TM": 64, "TN": 64, "swizzle": True},
+            status=Status.OK,
+            samples_us=(12.5, 12.25, 13.0),
+            compile_s=0.75,
+            order=0,
+            is_baseline=True,
+        ),
+        Measurement(
+            config={"TM": 128, "TN": 64, "swizzle": False},
+            status=Status.OK,
+            samples_us=(9.5, 9.75, 9.625, 10.0),
+            compile_s=None,
+            order=1,
+        ),
+        Measurement(
+            config={"TM": 256, "TN": 256, "swizzle": True},
+            status=Status.COMPILE_ERROR,
+            reason="tileiras: error: tile too large\n  (shared memory 300 KB > 228 KB)\n",
+            compile_s=1.5,
+            order=2,
+        ),
+        Measurement(
+            config={"TM": 32, "TN": 32, "swizzle": False},
+            status=Status.MISMATCH,
+            reason="max abs error 0.5 > tolerance 0.01 — ünïcode",
+            samples_us=(30.0,),
+            order=3,
+        ),
+        Measurement(config={"TM": 16, "TN": 16, "swizzle": False}, status=Status.TIMEOUT, reason="timed out", order=4),
+    ]
+
+
+WINNER = {"TM": 128, "TN": 64, "swizzle": False}
+TIED = ({"TM": 64, "TN": 64, "swizzle": True},)
+
+
+@pytest.fixture
+def db(tmp_path: pathlib.Path):
+    with TuningDB(tmp_path / "sub" / "dir" / "tuning.db") as d:
+        yield d
+
+
+# ---------------------------------------------------------------------- default path
+
+
+def test_default_path_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    for var in ("TILETUNE_DB", "TILETUNE_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_db_path() == tmp_path / "home" / ".cache" / "tiletune" / "tuning.db"
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_db_path() == tmp_path / "xdg" / "tiletune" / "tuning.db"
+
+    monkeypatch.setenv("TILETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    assert default_db_path() == tmp_path / "cache" / "tuning.db"
+
+    monkeypatch.setenv("TILETUNE_DB", str(tmp_path / "exact.sqlite"))
+    assert default_db_path() == tmp_path / "exact.sqlite"
+
+    # Empty variables count as unset.
+    monkeypatch.setenv("TILETUNE_DB", "")
+    assert default_db_path() == tmp_path / "cache" / "tuning.db"
+    monkeypatch.setenv("TILETUNE_CACHE_DIR", "")
+    assert default_db_path() == tmp_path / "xdg" / "tiletune" / "tuning.db"
+
+
+def test_none_path_uses_default_and_creates_parents(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "a" / "b" / "t.db"
+    monkeypatch.setenv("TILETUNE_DB", str(target))
+    with TuningDB() as d:
+        assert d.path == target
+        assert not target.exists()  # opened lazily
+        d.record_session(ident(), sample_measurements(), WINNER, 9.6875)
+    assert target.is_file()
+    with sqlite3.connect(target) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+# ---------------------------------------------------------------------- record / lookup
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_record_lookup_round_trip(where: str, tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db" if where == "file" else ":memory:"
+    ms = sample_measurements()
+    with TuningDB(path) as d:
+        assert d.lookup(ident()) is None
+        t0 = time.time()
+        sid = d.record_session(ident(), ms, WINNER, 9.6875, tied=TIED)
+        assert isinstance(sid, str) and len(sid) == 32 and int(sid, 16) >= 0
+
+        rec = d.lookup(ident())
+        assert isinstance(rec, WinnerRecord)
+        assert rec.config == WINNER
+        assert rec.median_us == 9.6875
+        assert rec.session_id == sid
+        assert rec.tied == TIED
+        assert t0 - 1 <= rec.created <= time.time() + 1
+        assert rec.identity == ident()
+
+        got = d.measurements(ident())
+        assert got == ms  # every field: config, status, reason, samples, compile_s (incl. None), order, baseline
+        assert [m.as_dict() for m in got] == [m.as_dict() for m in ms]
+        assert [Measurement.from_dict(m.as_dict()) for m in got] == ms
+        assert got[1].compile_s is None and got[0].compile_s == 0.75
+        assert got[2].reason == ms[2].reason and got[2].samples_us == ()
+        assert got[0].is_baseline and not got[1].is_baseline
+        assert d.measurements(session_id=sid) == ms
+        assert d.measurements(kernel_id="k0") == ms
+        assert d.measurements(kernel_id="other") == []
+
+        st = d.stats()
+        assert (st["sessions"], st["measurements"], st["winners"]) == (1, len(ms), 1)
+        if where == "file":
+            assert st["size_bytes"] > 0
+
+
+def test_record_without_winner(db: TuningDB) -> None:
+    ms = [Measurement(config={"TM": 1}, status=Status.LAUNCH_ERROR, reason="boom")]
+    sid = db.record_session(ident(), ms, None, None)
+    assert db.lookup(ident()) is None
+    assert db.measurements(session_id=sid) == ms
+    assert db.stats()["sessions"] == 1
+    with pytest.raises(ValueError):
+        db.record_session(ident(), ms, {"TM": 1}, None)
+
+
+def test_reopen_persists(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    with TuningDB(path) as d:
+        sid = d.record_session(ident(), sample_measurements(), WINNER, 9.6875, tied=TIED)
+    with TuningDB(str(path)) as d:
+        rec = d.lookup(ident())
+        assert rec is not None and rec.session_id == sid and rec.config == WINNER
+        assert d.measurements(ident()) == sample_measurements()
+
+
+MISMATCHES = {
+    "kernel_id (kernel edited)": dict(kernel_id="k1"),
+    "space_hash": dict(space_hash="s1"),
+    "key": dict(key=canonical_json({"M": 2048, "N": 1024, "dtype": "float16"})),
+    "device name": dict(device=dataclasses.replace(H100, name="NVIDIA H200")),
+    "device arch": dict(device=dataclasses.replace(H100, arch="sm_100")),
+    "device sm_count": dict(device=dataclasses.replace(H100, sm_count=114)),
+    "versions": dict(versions=canonical_json({"cuda_tile": "1.7.1", "tileiras": "13.1", "driver": "580.1"})),
+}
+
+
+@pytest.mark.parametrize("field", list(MISMATCHES))
+def test_identity_mismatch_misses(db: TuningDB, field: str) -> None:
+    db.record_session(ident(), sample_measurements(), WINNER, 9.6875)
+    other = dataclasses.replace(ident(), **MISMATCHES[field])
+    assert other.digest != ident().digest
+    assert db.lookup(other) is None
+    assert db.measurements(other) == []
+    assert db.lookup(ident()) is not None  # the original still hits
+
+
+def test_name_is_informational(db: TuningDB) -> None:
+    db.record_session(ident(name="matmul"), sample_measurements(), WINNER, 9.6875)
+    rec = db.lookup(ident(name="renamed"))
+    assert rec is not None and rec.identity.name == "matmul"
+
+
+def test_newest_session_wins(db: TuningDB) -> None:
+    s1 = db.record_session(ident(), sample_measurements(), WINNER, 9.6875)
+    second = [Measurement(config={"TM": 64, "TN": 128, "swizzle": True}, status=Status.OK, samples_us=(8.0,))]
+    s2 = db.record_session(ident(name="matmul_v2"), second, {"TM": 64, "TN": 128, "swizzle": True}, 8.0)
+    rec = db.lookup(ident())
+    assert rec is not None
+    expected = (s2, {"TM": 64, "TN": 128, "swizzle": True}, 8.0, ())
+    assert (rec.session_id, rec.config, rec.median_us, rec.tied) == expected
+    assert rec.identity.name == "matmul_v2"
+    # Measurements of both sessions are kept, in insertion order.
+    assert db.measurements(ident()) == sample_measurements() + second
+    assert db.measurements(session_id=s1) == sample_measurements()
+    assert len(db.winners()) == 1
+    assert db.sessions() == [s1, s2]
+    # A later, slower session still wins: newest, not fastest.
+    s3 = db.record_session(ident(), second, WINNER, 50.0)
+    rec = db.lookup(ident())
+    assert rec is not None and (rec.session_id, rec.median_us) == (s3, 50.0)
+
+
+def test_winners_filters_delete_clear(db: TuningDB) -> None:
+    a, b, c = ident("ka", name="matmul"), ident("kb", name="softmax"), ident("ka", name="matmul", space_hash="s9")
+    for i in (a, b, c):
+        db.record_session(i, sample_measurements(), WINNER, 9.6875)
+    assert len(db.winners()) == 3
+    assert {w.identity.space_hash for w in db.winners(kernel_id="ka")} == {"s0", "s9"}
+    assert [w.identity.kernel_id for w in db.winners(name="softmax")] == ["kb"]
+    assert db.winners(kernel_id="kb", name="matmul") == []
+    n = len(sample_measurements())
+
+    assert db.delete(identity=c) == 1 + n
+    assert db.lookup(c) is None and db.lookup(a) is not None
+    assert db.delete(name="nothing-called-this") == 0
+    assert db.delete(name="softmax") == 1 + n
+    assert db.lookup(b) is None
+    with pytest.raises(ValueError):
+        db.delete()
+    st = db.stats()
+    assert (st["sessions"], st["measurements"], st["winners"]) == (1, n, 1)
+    assert db.delete(kernel_id="ka") == 1 + n
+    db.record_session(a, sample_measurements(), WINNER, 9.6875)
+    assert db.clear() == 1 + n
+    st = db.stats()
+    assert (st["sessions"], st["measurements"], st["winners"]) == (0, 0, 0)
+
+
+# ---------------------------------------------------------------------- export / import
+
+
+def _fill(d: TuningDB) -> list[str]:
+    sids = [
+        d.record_session(ident("ka"), sample_measurements(), WINNER, 9.6875, tied=TIED),
+        d.record_session(ident("ka"), sample_measurements()[:2], {"TM": 64, "TN": 64, "swizzle": True}, 12.5),
+        d.record_session(ident("kb", name="softmax"), sample_measurements()[2:], None, None),
+        d.record_session(ident("kc", key={"M": 7}), [], None, None),
+    ]
+    return sids
+
+
+def _snapshot(d: TuningDB) -> dict:
+    return {
+        "sessions": d.sessions(),
+        "winners": sorted(
+            ((w.identity.digest, w.identity, w.config, w.median_us, w.session_id, w.created, w.tied) for w in d.winners()),
+            key=lambda row: row[0],
+        ),
+        "measurements": {sid: d.measurements(session_id=sid) for sid in d.sessions()},
+        "all": d.measurements(),
+    }
+
+
+def test_export_import_round_trip(tmp_path: pathlib.Path) -> None:
+    src = TuningDB(tmp_path / "src.db")
+    sids = _fill(src)
+    out = tmp_path / "export.json"
+    assert src.export_json(out) == 4
+    doc = json.loads(out.read_text())
+    assert doc["format"] == EXPORT_FORMAT and doc["version"] == 1 and isinstance(doc["exported"], str)
+    assert [s["session_id"] for s in doc["sessions"]] == sids
+    assert doc["sessions"][2]["winner"] is None and doc["sessions"][3]["measurements"] == []
+
+    dst = TuningDB(tmp_path / "dst.db")
+    assert dst.import_json(out) == 4
+    assert _snapshot(dst) == _snapshot(src)
+    for i in (ident("ka"), ident("kb"), ident("kc", key={"M": 7})):
+        assert dst.lookup(i) == src.lookup(i)
+    assert dst.lookup(ident("ka")).config == {"TM": 64, "TN": 64, "swizzle": True}  # the newer session's
+    assert dst.stats()["measurements"] == src.stats()["measurements"]
+
+    # Idempotent: importing again (file or stream) inserts nothing and changes nothing.
+    assert dst.import_json(out) == 0
+    assert dst.import_json(io.StringIO(out.read_text())) == 0
+    assert _snapshot(dst) == _snapshot(src)
+
+    # Export through a stream, filtered.
+    buf = io.StringIO()
+    assert src.export_json(buf, kernel_id="ka") == 2
+    part = json.loads(buf.getvalue())
+    assert [s["session_id"] for s in part["sessions"]] == sids[:2]
+    buf = io.StringIO()
+    assert src.export_json(buf, name="softmax") == 1
+    mem = TuningDB(":memory:")
+    assert mem.import_json(io.StringIO(buf.getvalue())) == 1
+    assert mem.measurements() == sample_measurements()[2:]
+    assert mem.winners() == []
+    src.close(), dst.close(), mem.close()
+
+
+def test_import_of_older_session_keeps_newer_winner(tmp_path: pathlib.Path) -> None:
+    old = TuningDB(":memory:")
+    old.record_session(ident(), sample_measurements(), {"TM": 1}, 99.0)
+    buf = io.StringIO()
+    old.export_json(buf)
+    new = TuningDB(":memory:")
+    sid = new.record_session(ident(), sample_measurements(), WINNER, 9.6875)
+    assert new.import_json(io.StringIO(buf.getvalue())) == 1
+    rec = new.lookup(ident())
+    assert rec is not None and rec.session_id == sid and rec.config == WINNER
+    assert new.stats()["sessions"] == 2
+
+
+def _good_doc() -> dict:
+    d = TuningDB(":memory:")
+    _fill(d)
+    buf = io.StringIO()
+    d.export_json(buf)
+    return json.loads(buf.getvalue())
+
+
+def _mutate(path: str, value: object):
+    def apply(doc: dict) -> dict:
+        *parents, last = path.split(".")
+        node = doc
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        if value is _DELETE:
+            del node[last]
+        elif isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+        return doc
+
+    return apply
+
+
+_DELETE = object()
+
+MALFORMED = {
+    "top level not an object": (lambda doc: [doc], "expected an object"),
+    "wrong format": (_mutate("format", "pickle"), "format"),
+    "missing format": (_mutate("format", _DELETE), "format"),
+    "newer version": (_mutate("version", 2), "version"),
+    "version as text": (_mutate("version", "1"), "version"),
+    "missing sessions": (_mutate("sessions", _DELETE), "sessions"),
+    "sessions not a list": (_mutate("sessions", {}), "sessions"),
+    "session not an object": (_mutate("sessions.1", "x"), "sessions[1]"),
+    "missing session_id": (_mutate("sessions.0.session_id", _DELETE), "session_id"),
+    "empty session_id": (_mutate("sessions.0.session_id", ""), "session_id"),
+    "created as text": (_mutate("sessions.0.created", "yesterday"), "created"),
+    "missing identity": (_mutate("sessions.0.identity", _DELETE), "identity"),
+    "missing kernel_id": (_mutate("sessions.0.identity.kernel_id", _DELETE), "kernel_id"),
+    "key not a string": (_mutate("sessions.0.identity.key", {"M": 1}), "key"),
+    "device missing arch": (_mutate("sessions.0.identity.device.arch", _DELETE), "arch"),
+    "sm_count as float": (_mutate("sessions.0.identity.device.sm_count", 132.5), "sm_count"),
+    "winner not an object": (_mutate("sessions.0.winner", [1, 2]), "winner"),
+    "winner without median": (_mutate("sessions.0.winner_median_us", None), "winner_median_us"),
+    "missing tied": (_mutate("sessions.0.tied", _DELETE), "tied"),
+    "missing measurements": (_mutate("sessions.3.measurements", _DELETE), "sessions[3]"),
+    "bad status": (_mutate("sessions.0.measurements.2.status", "exploded"), "measurements[2].status"),
+    "config not an object": (_mutate("sessions.0.measurements.0.config", "TM=64"), "config"),
+    "sample not a number": (_mutate("sessions.0.measurements.1.samples_us", [1.0, "2"]), "samples_us[1]"),
+    "compile_s as text": (_mutate("sessions.0.measurements.1.compile_s", "fast"), "compile_s"),
+    "order as bool": (_mutate("sessions.0.measurements.1.order", True), "order"),
+    "baseline as int": (_mutate("sessions.0.measurements.0.is_baseline", 1), "is_baseline"),
+    "missing reason": (_mutate("sessions.0.measurements.0.reason", _DELETE), "reason"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_import_rejected(tmp_path: pathlib.Path, case: str) -> None:
+    mutate, fragment = MALFORMED[case]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(mutate(_good_doc())))
+    with TuningDB(tmp_path / "t.db") as d:
+        with pytest.raises(DatabaseError) as info:
+            d.import_json(bad)
+        assert fragment in str(info.value)
+        assert str(bad) in str(info.value)
+        # All or nothing: the valid sessions before the broken one were not inserted either.
+        assert d.stats()["sessions"] == 0
+
+
+def test_good_doc_imports(tmp_path: pathlib.Path) -> None:
+    # Control for the malformed cases: the unmodified document imports fine.
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good_doc()))
+    with TuningDB(":memory:") as d:
+        assert d.import_json(good) == 4
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("", "not valid JSON"),
+        ("{'format': 'tiletune-db'}", "not valid JSON"),
+        ("__import__('os').system('false')", "not valid JSON"),
+        ("[1, 2", "not valid JSON"),
+    ],
+)
+def test_import_non_json_rejected(text: str, fragment: str) -> None:
+    with TuningDB(":memory:") as d:
+        with pytest.raises(DatabaseError, match=fragment):
+            d.import_json(io.StringIO(text))
+
+
+def test_import_missing_file(tmp_path: pathlib.Path) -> None:
+    with TuningDB(":memory:") as d:
+        with pytest.raises(DatabaseError, match="nope.json"):
+            d.import_json(tmp_path / "nope.json")
+
+
+# ---------------------------------------------------------------------- foreign files
+
+
+def test_non_database_file_rejected(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "notes.db"
+    content = "this is not a database, it is a text file with some words in it\n" * 100
+    path.write_text(content)
+    d = TuningDB(path)
+    with pytest.raises(DatabaseError) as info:
+        d.lookup(ident())
+    assert str(path) in str(info.value) and "not a tiletune" in str(info.value)
+    with pytest.raises(DatabaseError):
+        d.record_session(ident(), sample_measurements(), WINNER, 1.0)
+    assert path.read_text() == content  # untouched
+
+
+def test_foreign_sqlite_database_rejected(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "other.sqlite"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        raw.execute("INSERT INTO users (name) VALUES ('ada')")
+    raw.close()
+    before = path.read_bytes()
+    with pytest.raises(DatabaseError, match="not a tiletune"):
+        TuningDB(path).stats()
+    assert path.read_bytes() == before  # not switched to WAL, no tables added
+
+
+def test_newer_schema_rejected(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    with TuningDB(path) as d:
+        d.record_session(ident(), sample_measurements(), WINNER, 9.6875)
+    raw = sqlite3.connect(path)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.close()
+    with pytest.raises(DatabaseError, match="newer") as info:
+        TuningDB(path).lookup(ident())
+    assert str(path) in str(info.value)
+
+
+# ---------------------------------------------------------------------- concurrency
+
+N_PROCS = 4
+SESSIONS_PER_PROC = 25
+MEAS_PER_SESSION = 10
+
+
+def _writer_process(path: str, worker: int, go) -> None:  # runs in a spawned child
+    go.wait(30)
+    d = TuningDB(path)
+    for s in range(SESSIONS_PER_PROC):
+        i = ident(f"w{worker}", key={"s": s % 5}, name=f"op{worker}")
+        ms = [
+            Measurement(
+                config={"w": worker, "s": s, "j": j}, status=Status.OK, samples_us=(float(j + 1), float(j + 2)), order=j
+            )
+            for j in range(MEAS_PER_SESSION)
+        ]
+        d.record_session(i, ms, {"w": worker, "s": s, "j": 0}, 1.5)
+        assert d.lookup(i) is not None
+    d.close()
+
+
+def _check_complete(path: pathlib.Path, n_sessions: int) -> None:
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert raw.execute("SELECT count(*) FROM sessions").fetchone()[0] == n_sessions
+        assert raw.execute("SELECT count(*) FROM measurements").fetchone()[0] == n_sessions * MEAS_PER_SESSION
+        per_session = raw.execute(
+            "SELECT s.session_id, s.n_measurements, count(m.id), min(m.ord), max(m.ord), count(DISTINCT m.ord) "
+            "FROM sessions s LEFT JOIN measurements m USING (session_id) GROUP BY s.session_id"
+        ).fetchall()
+        assert len(per_session) == n_sessions
+        for _sid, declared, count, lo, hi, distinct in per_session:
+            n = MEAS_PER_SESSION
+            assert (declared, count, lo, hi, distinct) == (n, n, 0, n - 1, n)
+        # Each measurement belongs to exactly the session that wrote it (no interleaving).
+        mixed = raw.execute(
+            "SELECT count(*) FROM (SELECT session_id FROM measurements "
+            "GROUP BY session_id HAVING count(DISTINCT json_extract(config, '$.s')) != 1 "
+            "OR count(DISTINCT json_extract(config, '$.w')) != 1)"
+        ).fetchone()[0]
+        assert mixed == 0
+    finally:
+        raw.close()
+
+
+_TORN_SESSIONS = (
+    "SELECT count(*) FROM sessions s WHERE s.n_measurements != "
+    "(SELECT count(*) FROM measurements m WHERE m.session_id = s.session_id)"
+)
+
+
+def _torn_sessions(path: pathlib.Path) -> int:
+    """Sessions visible without all their measurements (one statement, so one snapshot)."""
+    raw = sqlite3.connect(path, timeout=30)
+    try:
+        return raw.execute(_TORN_SESSIONS).fetchone()[0]
+    except sqlite3.OperationalError:  # tables not created yet
+        return 0
+    finally:
+        raw.close()
+
+
+def test_concurrent_writer_processes(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "shared" / "tuning.db"  # fresh file: the processes also race to create it
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    procs = [ctx.Process(target=_writer_process, args=(str(path), w, go)) for w in range(N_PROCS)]
+    for p in procs:
+        p.start()
+    go.set()
+    # While they write, a reader must never see a half-written session.
+    deadline = time.monotonic() + 60
+    torn = 0
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        if path.exists():
+            torn += _torn_sessions(path)
+        time.sleep(0.002)
+    for p in procs:
+        p.join(60)
+    assert torn == 0
+    assert [p.exitcode for p in procs] == [0] * N_PROCS
+
+    _check_complete(path, N_PROCS * SESSIONS_PER_PROC)
+    with TuningDB(path) as d:
+        # 5 distinct keys per worker -> 5 winners each; every winner is the newest session of its identity.
+        assert len(d.winners()) == N_PROCS * 5
+        for w in range(N_PROCS):
+            for k in range(5):
+                rec = d.lookup(ident(f"w{w}", key={"s": k}))
+                assert rec is not None and rec.config == {"w": w, "s": SESSIONS_PER_PROC - 5 + k, "j": 0}
+                assert len(d.measurements(ident(f"w{w}", key={"s": k}))) == (SESSIONS_PER_PROC // 5) * MEAS_PER_SESSION
+
+
+def test_threads_share_one_object(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    d = TuningDB(path)
+    n_threads, per_thread = 8, 15
+    errors: list[BaseException] = []
+    torn: list[int] = []
+    barrier = threading.Barrier(n_threads + 1)
+
+    def writer(t: int) -> None:
+        try:
+            barrier.wait()
+            for s in range(per_thread):
+                i = ident(f"t{t}", key={"s": s})
+                ms = [
+                    Measurement(config={"w": t, "s": s, "j": j}, status=Status.OK, samples_us=(1.0,), order=j)
+                    for j in range(MEAS_PER_SESSION)
+                ]
+                d.record_session(i, ms, {"w": t, "s": s, "j": 0}, 1.0)
+                assert d.lookup(i) is not None
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    def reader() -> None:
+        try:
+            barrier.wait()
+            for _ in range(50):
+                d.stats()
+                d.winners()
+                torn.append(_torn_sessions(path))
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(n_threads)] + [threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert len(torn) == 50 and sum(torn) == 0
+    d.close()
+    _check_complete(path, n_threads * per_thread)
+    with TuningDB(path) as again:
+        assert len(again.winners()) == n_threads * per_thread
+
+
+def test_threads_share_memory_db() -> None:
+    d = TuningDB(":memory:")
+    errors: list[BaseException] = []
+
+    def writer(t: int) -> None:
+        try:
+            for s in range(10):
+                d.record_session(ident(f"t{t}", key={"s": s}), sample_measurements(), WINNER, 1.0)
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert d.stats()["sessions"] == 40  # one shared in-memory database, not one per thread
+    assert d.stats()["measurements"] == 40 * len(sample_measurements())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="needs fork")
+def test_reopens_after_fork(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    d = TuningDB(path)
+    d.record_session(ident("parent"), sample_measurements(), WINNER, 1.0)
+    with d._connection() as parent_conn:
+        pass
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            with d._connection() as child_conn:
+                fresh = child_conn is not parent_conn
+            d.record_session(ident("child"), sample_measurements(), WINNER, 2.0)
+            code = 0 if fresh and d.lookup(ident("parent")) is not None else 2
+        finally:
+            os.write(w, bytes([code]))
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    code = os.read(r, 1)
+    os.close(r)
+    assert code == b"\x00" and os.waitstatus_to_exitcode(status) == 0
+    # The parent's connection still works and sees the child's session.
+    rec = d.lookup(ident("child"))
+    assert rec is not None and rec.median_us == 2.0
+    d.record_session(ident("parent2"), sample_measurements(), WINNER, 3.0)
+    assert d.stats()["sessions"] == 3
+    d.close()
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    raw.close()
+
+
+def test_no_pickle_in_store() -> None:
+    import tiletune.store as store
+
+    source = pathlib.Path(store.__file__).read_text()
+    for forbidden in ("import pickle", "pickle.load", "marshal", "eval(", "exec("):
+        assert forbidden not in source
