@@ -192,7 +192,7 @@ class TunedOp:
                 else:
                     result = self._tune(args, identity, backend, dev, arch)
                     self.results[key] = result
-                    cfg = self.space.config(**dict(result.winner))
+                    cfg = self.space.config(arch, **dict(result.winner))
                     launched = True  # the session left exactly one launch of the winner
             spec = self._launch_spec(cfg, args)
             launcher = backend.make_launcher(cfg, spec, dev)
@@ -203,7 +203,7 @@ class TunedOp:
 
     def _config_from_record(self, values: Mapping[str, Any], arch: str) -> Config | None:
         try:
-            cfg = self.space.config(**dict(values))
+            cfg = self.space.config(arch, **dict(values))
         except TiletuneError:
             return None
         return cfg if cfg in set(self.space.candidates(arch)) else None
@@ -238,7 +238,7 @@ class TunedOp:
             measurements=loop.measurements,
             tied=tuple(c.config.as_dict() for c in loop.tied),
             wall_s=time.perf_counter() - t0,
-            stats={"samples": loop.samples_taken, "session_clock_s": loop.wall_s},
+            stats={"samples": loop.samples_taken, "session_clock_s": loop.wall_s, **getattr(session, "stats", {})},
         )
         db = self.db
         if db is not None:

@@ -233,8 +233,10 @@ def software_versions() -> dict[str, str]:
 
         v = _get_compiler_version_string()
         if v:
-            line = [s for s in v.strip().splitlines() if s.strip()]
-            out["tileiras"] = line[-1].strip() if line else v.strip()
+            import re
+
+            m = re.search(r"V(\d+\.\d+\.\d+)", v)
+            out["tileiras"] = m.group(1) if m else v.strip().splitlines()[-1].strip()
     except Exception:
         pass
     try:
