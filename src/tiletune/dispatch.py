@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping, Sequence
 from .backends.base import Backend, Candidate, Launch
 from .errors import AllCandidatesFailed, TiletuneError
 from .identity import kernel_identity
-from .keys import default_key, key_to_json
+from .hotpath import Entry, build_entry
+from .keys import args_key_json, default_key, key_to_json
 from .progress import configure_logging_from_env, tuning_progress
 from .records import TuneResult, TuningIdentity, canonical_json
 from .space import Config, Space
@@ -53,6 +54,7 @@ class TunedOp:
         tolerance: Mapping[str, tuple[float, float]] | None = None,
         options: TunerOptions | None = None,
         progress: bool | None = None,
+        cache_plan: bool = True,
     ) -> None:
         if not isinstance(space, Space):
             raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
@@ -70,7 +72,11 @@ class TunedOp:
         self._params = list(inspect.signature(plan).parameters)[1:]
         self.inplace = self._resolve_positions(inplace, "inplace")
         self.writes = tuple(p for p in self._resolve_positions(writes, "writes") if p not in self.inplace)
-        self._cache: dict[Any, tuple[Config, Callable[[Any], None]]] = {}
+        self.cache_plan = cache_plan and key is None  # a user key may omit what the plan reads
+        self._key: Callable[[tuple[Any, ...]], Any] = default_key if key is None else (lambda a: key(*a))
+        self._cache: dict[Any, Entry] = {}
+        self._configs: dict[Any, Config] = {}
+        self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
         self._lock = threading.RLock()
         self.results: dict[Any, TuneResult] = {}
         self.tuning_count = 0
@@ -78,26 +84,27 @@ class TunedOp:
 
     # ------------------------------------------------------------------ hot path
     def __call__(self, *args: Any) -> None:
-        key = default_key(args) if self.key_fn is None else self.key_fn(*args)
+        key = self._key(args)
         entry = self._cache.get(key)
         if entry is None:
             return self._miss(args, key)
-        cfg, launcher = entry
-        launcher(self.plan(cfg, *args))
+        entry(args)
         return None
 
     # ------------------------------------------------------------------ public helpers
     def config_for(self, *args: Any) -> Config:
         """The config this op uses for these arguments (tunes if the key is new, without launching twice)."""
-        key = default_key(args) if self.key_fn is None else self.key_fn(*args)
-        if key not in self._cache:
+        key = self._key(args)
+        if key not in self._configs:
             self._miss(args, key)
-        return self._cache[key][0]
+        return self._configs[key]
 
     def cache_clear(self) -> None:
         """Forget in-memory choices (the database keeps its records)."""
         with self._lock:
             self._cache.clear()
+            self._configs.clear()
+            self.recipe_keys.clear()
 
     @property
     def db(self) -> TuningDB | None:
@@ -157,7 +164,7 @@ class TunedOp:
                 seen.add(id(k))
                 sources.append(backend.kernel_sources(k))
         try:
-            key_json = canonical_json(key_to_json(key))
+            key_json = canonical_json(args_key_json(args) if self.key_fn is None else key_to_json(key))
         except TypeError as exc:
             raise TiletuneError(f"{self.name}: {exc}") from exc
         return TuningIdentity(
@@ -173,7 +180,7 @@ class TunedOp:
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None:  # another thread finished first
-                entry[1](self.plan(entry[0], *args))
+                entry(args)
                 return None
             configure_logging_from_env()
             backend = self.backend
@@ -195,10 +202,15 @@ class TunedOp:
                     cfg = self.space.config(arch, **dict(result.winner))
                     launched = True  # the session left exactly one launch of the winner
             spec = self._launch_spec(cfg, args)
-            launcher = backend.make_launcher(cfg, spec, dev)
-            self._cache[key] = (cfg, launcher)
+            entry, replays = build_entry(
+                self.plan, cfg, spec, args, lambda k: backend.make_launcher(cfg, k, dev), self.cache_plan
+            )
+            self._configs[key] = cfg
+            self._cache[key] = entry
+            if replays:
+                self.recipe_keys.add(key)
             if not launched:
-                launcher(spec)
+                entry(args)
             return None
 
     def _config_from_record(self, values: Mapping[str, Any], arch: str) -> Config | None:
@@ -268,6 +280,7 @@ def autotune(
     tolerance: Mapping[str, tuple[float, float]] | None = None,
     options: TunerOptions | None = None,
     progress: bool | None = None,
+    cache_plan: bool = True,
 ) -> Callable[[Plan], TunedOp]:
     """Make a cuTile launch plan an autotuned op.
 
@@ -288,6 +301,10 @@ def autotune(
         tolerance: ``{"bfloat16": (rtol, atol), ...}`` overriding the per-dtype defaults.
         options: :class:`TunerOptions` for the measurement loop.
         progress: force the progress bar on or off (default: on interactive terminals).
+        cache_plan: with the default key, record the plan's output once per key and replay it on
+            later calls instead of calling the plan (see :mod:`tiletune.hotpath` for what is
+            checked). Set False if the plan reads anything besides the config, shapes, strides,
+            dtypes and int arguments.
     """
 
     def wrap(plan: Plan) -> TunedOp:
@@ -304,6 +321,7 @@ def autotune(
             tolerance=tolerance,
             options=options,
             progress=progress,
+            cache_plan=cache_plan,
         )
 
     return wrap

@@ -1,17 +1,15 @@
 """Problem keys: what makes two calls of a tuned op the "same problem".
 
-The default key of a call holds, for each tensor argument, its shape, dtype, contiguity and device
+The default key of a call holds, for each tensor argument, its shape, strides, dtype and device
 index; ints, bools, strings and None by value; floats and other objects by type only (a learning
-rate or an epsilon must not trigger a re-tune). The in-memory key is a tuple built for speed; the
-stored key is its JSON form (:func:`key_to_json`), with the device recorded separately by name and
-compute capability.
+rate or an epsilon must not trigger a re-tune). The in-memory key is a tuple built for speed on
+every call; the stored key (:func:`args_key_json`) is its JSON form, built only on a cache miss,
+with the device recorded separately by name and compute capability.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
-
-KeyFn = Callable[..., Any]
+from typing import Any, Sequence
 
 _SCALARS = (int, bool, str, type(None))
 _tensor_types: set[type] = set()
@@ -19,43 +17,33 @@ _other_types: set[type] = set()
 
 
 def is_tensor(a: Any) -> bool:
-    """True for torch tensors and any object with ``shape``, ``dtype``, ``stride`` and ``is_contiguous``."""
+    """True for torch tensors and any object with ``shape``, ``dtype``, ``stride`` and ``get_device``."""
     t = type(a)
     if t in _tensor_types:
         return True
     if t in _other_types:
         return False
-    ok = all(hasattr(a, n) for n in ("shape", "dtype", "stride", "is_contiguous", "get_device"))
+    ok = all(hasattr(a, n) for n in ("shape", "dtype", "stride", "get_device"))
     (_tensor_types if ok else _other_types).add(t)
     return ok
 
 
-class TensorKey(tuple):
-    """Key part of one tensor argument: ``(shape, dtype, contiguous, device_index)``."""
-
-    __slots__ = ()
-
-
 def default_key(args: Sequence[Any]) -> tuple:
-    """The default problem key of a call's arguments (fast; hashable)."""
+    """The default problem key of a call's arguments (hashable; cheap enough for every call)."""
     out = []
+    append = out.append
+    tensor_types = _tensor_types
     for a in args:
         t = type(a)
-        if t in _tensor_types or (t not in _SCALARS and t is not float and is_tensor(a)):
-            out.append(TensorKey((a.shape, a.dtype, a.is_contiguous(), a.get_device())))
+        if t in tensor_types:
+            append((a.shape, a.stride(), a.dtype, a.get_device()))
         elif t in _SCALARS:
-            out.append(a)
+            append(a)
+        elif t is not float and is_tensor(a):
+            append((a.shape, a.stride(), a.dtype, a.get_device()))
         else:
-            out.append(t)
+            append(t)
     return tuple(out)
-
-
-def key_device_index(key: tuple) -> int:
-    """Device index of the first tensor in a default key (0 when there is none)."""
-    for part in key:
-        if type(part) is TensorKey:
-            return max(int(part[3]), 0)
-    return 0
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -63,11 +51,41 @@ def _dtype_name(dtype: Any) -> str:
     return s[6:] if s.startswith("torch.") else s
 
 
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(out))
+
+
+def tensor_json(a: Any) -> dict[str, Any]:
+    """Stored form of one tensor argument: shape, dtype, contiguity (and strides when not contiguous)."""
+    shape = tuple(int(x) for x in a.shape)
+    strides = tuple(int(x) for x in a.stride())
+    d: dict[str, Any] = {"shape": list(shape), "dtype": _dtype_name(a.dtype)}
+    contiguous = all(st == ex for st, ex, n in zip(strides, _contiguous_strides(shape), shape) if n > 1)
+    d["contiguous"] = contiguous
+    if not contiguous:
+        d["strides"] = list(strides)
+    return d
+
+
+def args_key_json(args: Sequence[Any]) -> list[Any]:
+    """JSON form of the default key of these arguments."""
+    out: list[Any] = []
+    for a in args:
+        if type(a) in _SCALARS:
+            out.append(a)
+        elif type(a) is not float and is_tensor(a):
+            out.append(tensor_json(a))
+        else:
+            out.append({"type": type(a).__name__})
+    return out
+
+
 def key_to_json(key: Any) -> Any:
-    """A JSON-able form of a key (default or user-made). Raises TypeError for unsupported parts."""
-    if type(key) is TensorKey:
-        shape, dtype, contiguous, _device = key
-        return {"shape": [int(x) for x in shape], "dtype": _dtype_name(dtype), "contiguous": bool(contiguous)}
+    """JSON form of a user key. Raises TypeError for parts that cannot be stored."""
     if isinstance(key, type):
         return {"type": key.__name__}
     if isinstance(key, (tuple, list)):
@@ -76,8 +94,8 @@ def key_to_json(key: Any) -> Any:
         return {str(k): key_to_json(v) for k, v in key.items()}
     if key is None or isinstance(key, (bool, int, float, str)):
         return key
-    if hasattr(key, "shape") and hasattr(key, "dtype"):
-        return {"shape": [int(x) for x in key.shape], "dtype": _dtype_name(key.dtype)}
+    if is_tensor(key):
+        return tensor_json(key)
     s = str(key)
     if s.startswith("torch."):  # a dtype returned by a user key function
         return _dtype_name(key)

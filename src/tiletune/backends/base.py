@@ -88,8 +88,8 @@ class Backend(Protocol):
     def arg_device(self, args: Sequence[Any]) -> int:
         """The device index the call's arguments live on."""
 
-    def make_launcher(self, config: Config, spec: Launch, device_index: int) -> Callable[[Launch], None]:
-        """A callable that launches specs of this config with its prepared (hinted) kernel."""
+    def make_launcher(self, config: Config, kernel: Any, device_index: int) -> Callable[[tuple[int, ...], tuple[Any, ...]], None]:
+        """``launch(grid, kernel_args)`` for ``kernel`` with this config's hints applied once, up front."""
 
     def kernel_sources(self, kernel: Any) -> str:
         """The source text that identifies a kernel (for the tuning database's kernel id)."""

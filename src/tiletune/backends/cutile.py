@@ -86,17 +86,13 @@ class CutileBackend:
         opts = getattr(kernel, "_compiler_options", None)
         return function_source(fn) + f"\n#options {opts!r}"
 
-    def make_launcher(self, config: Config, spec: Launch, device_index: int) -> Callable[[Launch], None]:
-        hints = config.hints
-        hinted = self.hinted
-        first = spec.kernel
-        first_hinted = hinted.get(first, hints)
+    def make_launcher(self, config: Config, kernel: Any, device_index: int) -> Callable[[tuple[int, ...], tuple[Any, ...]], None]:
+        hinted = self.hinted.get(kernel, config.hints)  # once, never on the hot path
         raw_stream = self._raw_stream
         launch = self.ct.launch
 
-        def launcher(s: Launch) -> None:
-            k = s[0]
-            launch(raw_stream(device_index), s[1], first_hinted if k is first else hinted.get(k, hints), s[2])
+        def launcher(grid: tuple[int, ...], kargs: tuple[Any, ...]) -> None:
+            launch(raw_stream(device_index), grid, hinted, kargs)
 
         return launcher
 

@@ -144,9 +144,9 @@ class ReplayBackend:
 
         return function_source(getattr(kernel, "_pyfunc", kernel)) if callable(kernel) else repr(kernel)
 
-    def make_launcher(self, config: Config, spec: Launch, device_index: int) -> Callable[[Launch], None]:
-        def launch(s: Launch) -> None:
-            self.launches.append((config, tuple(s[1])))
+    def make_launcher(self, config: Config, kernel: Any, device_index: int) -> Callable[[tuple[int, ...], tuple[Any, ...]], None]:
+        def launch(grid: tuple[int, ...], kargs: tuple[Any, ...]) -> None:
+            self.launches.append((config, tuple(grid)))
 
         return launch
 

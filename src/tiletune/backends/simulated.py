@@ -190,9 +190,9 @@ class FakeBackend:
         if callable(spec.kernel):
             spec.kernel(*spec.args)
 
-    def make_launcher(self, config: Config, spec: Launch, device_index: int) -> Callable[[Launch], None]:
-        def launch(s: Launch) -> None:
-            self._execute(config, s)
+    def make_launcher(self, config: Config, kernel: Any, device_index: int) -> Callable[[tuple[int, ...], tuple[Any, ...]], None]:
+        def launch(grid: tuple[int, ...], kargs: tuple[Any, ...]) -> None:
+            self._execute(config, Launch(kernel, grid, kargs))
 
         return launch
 
