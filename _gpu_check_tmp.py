@@ -1,67 +1,64 @@
-# Temporary helper script (not part of the repo): correctness + rough timing on the GPU.
-import itertools, time, sys
+# Temporary helper script (not part of the repo): num_worker_warps / TMA experiments on the GPU.
+import itertools, time
 from types import SimpleNamespace as NS
 import torch, cuda.tile as ct
 from tiletune.kernels.matmul_kernels import *
 from tiletune.kernels.rmsnorm_kernels import *
-from tiletune.kernels import matmul_kernels as mk
 dev = "cuda"; torch.manual_seed(0)
 NUM_SMS = torch.cuda.get_device_properties(0).multi_processor_count
 stream = torch.cuda.current_stream()
-def bench(fn, warm=3, reps=20):
+def bench(fn, warm=3, reps=30):
     for _ in range(warm): fn()
-    torch.cuda.synchronize()
-    ts = []
+    torch.cuda.synchronize(); ts = []
     for _ in range(reps):
         s, e = torch.cuda.Event(True), torch.cuda.Event(True)
         s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
-    ts.sort(); return ts[len(ts)//2] * 1e3  # us median
-kcache = {}
-def hinted(k, occ):
-    key = (id(k), occ)
-    if key not in kcache: kcache[key] = k.replace_hints(occupancy=occ)
-    return kcache[key]
-mm_space = [NS(**dict(zip(MATMUL_SPACE_PARAMS, v))) for v in itertools.product(*MATMUL_SPACE_PARAMS.values())]
-mm_space = [c for c in mm_space if tile_fits(c)]
-print("matmul configs", len(mm_space))
-# --- correctness, odd sizes
-for dt in (torch.bfloat16, torch.float16):
-    for (M, N, K) in [(1000, 520, 700), (4096, 4096, 4096), (77, 1100, 33)]:
-        a = torch.randn(M, K, device=dev, dtype=dt); b = torch.randn(K, N, device=dev, dtype=dt)
-        ref = matmul_reference(a, b).float()
-        worst = 0
-        for cfg in mm_space:
-            c = torch.full((M, N), float('nan'), device=dev, dtype=dt)
-            ct.launch(stream, matmul_grid(cfg, M, N), hinted(matmul_kernel, cfg.occupancy), matmul_args(cfg, a, b, c))
-            torch.cuda.synchronize()
-            err = ((c.float() - ref).abs().max() / ref.abs().max()).item()
-            if not err < 2e-2: print("  BAD", dt, M, N, K, vars(cfg), err)
-            worst = max(worst, err) if err == err else float('inf')
-        print(f"matmul {dt} {M}x{N}x{K}: worst rel err over {len(mm_space)} cfgs {worst:.2e}")
-# --- perf 4096^3 bf16
+    ts.sort(); return ts[len(ts)//2] * 1e3
 M = N = K = 4096
 a = torch.randn(M, K, device=dev, dtype=torch.bfloat16); b = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
 c = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
-res = []
-t0 = time.time()
-for cfg in mm_space:
-    k = hinted(matmul_kernel, cfg.occupancy); g = matmul_grid(cfg, M, N); args = matmul_args(cfg, a, b, c)
-    us = bench(lambda: ct.launch(stream, g, k, args))
-    res.append((us, vars(cfg)))
-print(f"compile+bench {time.time()-t0:.1f}s")
-for us, cfg in sorted(res, key=lambda r: r[0]):
-    print(f"  {cfg}  {us:8.1f} us  {2*M*N*K/us/1e6:6.1f} TFLOP/s")
+ref = matmul_reference(a, b).float()
+a2 = torch.randn(1000, 700, device=dev, dtype=torch.bfloat16); b2 = torch.randn(700, 520, device=dev, dtype=torch.bfloat16)
+ref2 = matmul_reference(a2, b2).float()
+rows = []
+for TM, TN, TK in [(128,256,64),(256,128,64),(128,256,32),(256,128,32),(128,128,64),(64,256,64)]:
+    for nww in ((8,) if TM*TN == 32768 else (None, 8)):
+        for gm in ((8,) if (TM,TN,TK)!=(128,128,64) or nww else (1, 8, 16)):
+            cfg = NS(TM=TM, TN=TN, TK=TK, occupancy=1, GROUP_M=gm)
+            h = dict(occupancy=1) if nww is None else dict(occupancy=1, num_worker_warps=nww)
+            k = matmul_kernel.replace_hints(**h)
+            try:
+                args = matmul_args(cfg, a, b, c); g = matmul_grid(cfg, M, N)
+                c.fill_(float('nan')); ct.launch(stream, g, k, args); torch.cuda.synchronize()
+                err = ((c.float()-ref).abs().max()/ref.abs().max()).item()
+                c2 = torch.full((1000, 520), float('nan'), device=dev, dtype=torch.bfloat16)
+                ct.launch(stream, matmul_grid(cfg, 1000, 520), k, matmul_args(cfg, a2, b2, c2)); torch.cuda.synchronize()
+                err2 = ((c2.float()-ref2).abs().max()/ref2.abs().max()).item()
+                us = bench(lambda: ct.launch(stream, g, k, args))
+                rows.append((us, f"TM={TM} TN={TN} TK={TK} GM={gm} nww={nww}", err, err2))
+            except Exception as e:
+                print("FAIL", TM, TN, TK, nww, type(e).__name__, str(e)[:200])
+for us, lab, err, err2 in sorted(rows):
+    print(f"  {lab:36} {us:8.1f} us {2*M*N*K/us/1e6:6.1f} TFLOP/s  err {err:.1e} odd {err2:.1e}")
 us = bench(lambda: torch.matmul(a, b, out=c)); print(f"  torch.matmul {us:.1f} us {2*M*N*K/us/1e6:.1f} TFLOP/s")
-# --- rmsnorm
-for dt, (M, N) in [(torch.bfloat16, (16384, 4096)), (torch.bfloat16, (4096, 8192)), (torch.bfloat16, (65536, 1024)),
-                   (torch.float16, (1000, 1000)), (torch.float32, (3000, 5000)), (torch.bfloat16, (7, 4096))]:
-    x = torch.randn(M, N, device=dev, dtype=dt); w = torch.randn(N, device=dev, dtype=dt)
-    ref = rmsnorm_reference(x, w, 1e-6).float()
-    for occ in RMSNORM_SPACE_PARAMS["occupancy"]:
-        cfg = NS(occupancy=occ); y = torch.full_like(x, float('nan'))
-        k = hinted(rmsnorm_kernel, occ); g = rmsnorm_grid(cfg, M, NUM_SMS); args = rmsnorm_args(cfg, x, w, y, 1e-6)
-        ct.launch(stream, g, k, args); torch.cuda.synchronize()
-        err = (y.float() - ref).abs().max().item()
-        us = bench(lambda: ct.launch(stream, g, k, args))
-        print(f"rmsnorm {dt} {M}x{N} occ={occ}: maxabs err {err:.3e}  {us:7.1f} us  {2*x.numel()*x.element_size()/us/1e3:7.1f} GB/s")
-    us = bench(lambda: torch.nn.functional.rms_norm(x, (N,), w, 1e-6)); print(f"  torch rms_norm {us:.1f} us")
+
+@ct.kernel
+def rms_notma(X, W, Y, eps, TILE_N: ct.Constant[int]):
+    M = X.shape[0]; N = X.shape[1]; inv_n = 1.0 / N
+    w = ct.load(W, (0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO).astype(ct.float32).reshape((1, TILE_N))
+    for row in range(ct.bid(0), M, ct.num_blocks(0)):
+        x = ct.load(X, (row, 0), shape=(1, TILE_N), padding_mode=ct.PaddingMode.ZERO, allow_tma=False).astype(ct.float32)
+        r = ct.rsqrt(ct.sum(x * x, axis=1, keepdims=True) * inv_n + eps)
+        ct.store(Y, (row, 0), (x * r * w).astype(Y.dtype), allow_tma=False)
+for dt, (Mr, Nr) in [(torch.bfloat16, (16384, 4096))]:
+    x = torch.randn(Mr, Nr, device=dev, dtype=dt); w = torch.randn(Nr, device=dev, dtype=dt)
+    refr = rmsnorm_reference(x, w, 1e-6).float()
+    for name, kern in [("tma", rmsnorm_kernel), ("notma", rms_notma)]:
+        for occ in (2, 4):
+            cfg = NS(occupancy=occ); y = torch.full_like(x, float('nan'))
+            k = kern.replace_hints(occupancy=occ); g = rmsnorm_grid(cfg, Mr, NUM_SMS); args = rmsnorm_args(cfg, x, w, y, 1e-6)
+            ct.launch(stream, g, k, args); torch.cuda.synchronize()
+            err = (y.float() - refr).abs().max().item()
+            us = bench(lambda: ct.launch(stream, g, k, args))
+            print(f"rms {name:5} {Mr}x{Nr} occ={occ}: err {err:.2e} {us:7.1f} us {2*x.numel()*x.element_size()/us/1e3:7.1f} GB/s")
+    y = torch.empty_like(x); us = bench(lambda: y.copy_(x)); print(f"  copy {us:.1f} us {2*x.numel()*x.element_size()/us/1e3:7.1f} GB/s")

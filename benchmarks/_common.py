@@ -1,0 +1,97 @@
+"""Shared helpers of the benchmark scripts: environment metadata, result files, subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "h200"
+
+
+def environment() -> dict[str, Any]:
+    """GPU, driver, software versions and the date, for every result file."""
+    env: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            env["gpu"] = p.name
+            env["arch"] = f"sm_{p.major}{p.minor}"
+            env["sm_count"] = p.multi_processor_count
+    except Exception as exc:  # pragma: no cover
+        env["torch"] = f"unavailable: {exc}"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        env["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
+    except Exception:
+        env["driver"] = "unknown"
+    from tiletune.backends.cutile import software_versions
+
+    env["versions"] = {**software_versions(), "python": sys.version.split()[0]}
+    import tiletune
+
+    env["versions"]["tiletune"] = tiletune.__version__
+    env["cpus"] = os.cpu_count()
+    return env
+
+
+def write_result(name: str, data: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path:
+    """Write ``<out_dir>/<name>.json`` with the environment merged in; print it."""
+    out = Path(out_dir or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": name, **environment(), **data}
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(json.dumps({k: v for k, v in doc.items() if not isinstance(v, (list, dict)) or k in ("picks",)},
+                     default=str))
+    return path
+
+
+def fresh_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process with an empty cuTile cache and an empty tuning database."""
+    tmp = Path(tempfile.mkdtemp(prefix="tiletune-bench-"))
+    env = dict(os.environ)
+    env["CUDA_TILE_CACHE_DIR"] = str(tmp / "cutile-cache")
+    env["TILETUNE_DB"] = str(tmp / "tuning.db")
+    env["PYTHONPATH"] = f"{ROOT / 'src'}{os.pathsep}{ROOT / 'benchmarks'}{os.pathsep}" + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def run_child(code: str, env: dict[str, str], timeout: float = 600) -> dict[str, Any]:
+    """Run Python ``code`` in a fresh process; it must print one line ``RESULT <json>``."""
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"child printed no RESULT line:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def interleaved_ab(launch_a: Any, launch_b: Any, rounds: int = 30, per_round: int = 10) -> dict[str, float]:
+    """Time two launch functions alternately (cold L2); medians and relative gap (b - a) / a."""
+    import statistics
+
+    from tiletune.measure import ColdL2Timer
+
+    timer = ColdL2Timer(0)
+    timer.time(launch_a, 3)
+    timer.time(launch_b, 3)
+    sa: list[float] = []
+    sb: list[float] = []
+    for _ in range(rounds):
+        sa += timer.time(launch_a, per_round)
+        sb += timer.time(launch_b, per_round)
+    ma, mb = statistics.median(sa), statistics.median(sb)
+    return {"a_us": ma, "b_us": mb, "gap": (mb - ma) / ma, "samples_each": len(sa)}
