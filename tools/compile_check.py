@@ -2,9 +2,10 @@
 """Compile every config of the tiletune matmul and rmsnorm spaces to sm_90 cubins, no GPU needed.
 
 For each config this builds the :class:`~cuda.tile.compilation.KernelSignature` that
-``ct.launch`` would build for typical launch arguments, applies the config's hints with
-``kernel.replace_hints(...)`` and runs :func:`~cuda.tile.compilation.export_kernel` (Python ->
-TileIR bytecode -> ``tileiras`` -> cubin), printing compile time, cubin size and success.
+``ct.launch`` would build for typical launch arguments, applies the config's hints
+(``kernel.replace_hints(**matmul_hints(cfg))`` or ``**rmsnorm_hints(cfg)``) and runs
+:func:`~cuda.tile.compilation.export_kernel` (Python -> TileIR bytecode -> ``tileiras`` ->
+cubin), printing compile time, cubin size and success.
 
 Typical launch arguments modelled:
 
@@ -18,7 +19,8 @@ Usage::
 
     python tools/compile_check.py [--arch sm_90] [--only matmul|rmsnorm] [--opt-level N]
 
-Exit status: 0 if every config compiled, 1 otherwise.
+Exit status: 0 if every config compiled, 1 otherwise.  cuTile's disk cache is used; for cold
+compile times point ``CUDA_TILE_CACHE_DIR`` at an empty directory.
 """
 
 from __future__ import annotations
@@ -46,12 +48,14 @@ from cuda.tile.compilation import (  # noqa: E402
 from tiletune.kernels.matmul_kernels import (  # noqa: E402
     MATMUL_GROUP_M,
     MATMUL_SPACE_PARAMS,
+    matmul_hints,
     matmul_kernel,
     tile_fits,
 )
 from tiletune.kernels.rmsnorm_kernels import (  # noqa: E402
     RMSNORM_SPACE_PARAMS,
     next_power_of_2,
+    rmsnorm_hints,
     rmsnorm_kernel,
 )
 
@@ -89,7 +93,8 @@ def contiguous_array(dtype, shape) -> ArrayConstraint:
 def space(params: dict, constraint=None) -> list[SimpleNamespace]:
     """Cartesian product of ``params`` as attribute objects, filtered by ``constraint``."""
     keys = list(params)
-    cfgs = [SimpleNamespace(**dict(zip(keys, vals))) for vals in itertools.product(*params.values())]
+    cfgs = [SimpleNamespace(**dict(zip(keys, vals)))
+            for vals in itertools.product(*params.values())]
     return [c for c in cfgs if constraint is None or constraint(c)]
 
 
@@ -110,9 +115,9 @@ def rmsnorm_signature(cfg, M=16384, N=4096, dtype=ct.bfloat16) -> KernelSignatur
         CallingConvention.cutile_python_v1())
 
 
-def compile_one(kernel, cfg, signature, arch: str, opt_level: int | None):
-    """Compile one config; returns ``(ok, seconds, cubin_bytes, error_text)``."""
-    hints = {"occupancy": cfg.occupancy}
+def compile_one(kernel, cfg, signature, hints: dict, arch: str, opt_level: int | None):
+    """Compile one config with its hints; returns ``(ok, seconds, cubin_bytes, error_text)``."""
+    hints = dict(hints)
     if opt_level is not None:
         hints["opt_level"] = opt_level
     k = kernel.replace_hints(**hints)
@@ -129,15 +134,18 @@ def compile_one(kernel, cfg, signature, arch: str, opt_level: int | None):
     return True, time.perf_counter() - t0, len(buf.getvalue()), ""
 
 
-def run(name: str, kernel, cfgs, make_sig, arch: str, opt_level: int | None) -> list:
+def run(name: str, kernel, cfgs, make_sig, make_hints, arch: str, opt_level: int | None) -> list:
     print(f"== {name}: {len(cfgs)} configs, {arch}")
     results = []
     t_all = time.perf_counter()
     for cfg in cfgs:
-        ok, dt, size, err = compile_one(kernel, cfg, make_sig(cfg), arch, opt_level)
+        hints = make_hints(cfg)
+        ok, dt, size, err = compile_one(kernel, cfg, make_sig(cfg), hints, arch, opt_level)
         label = " ".join(f"{k}={v}" for k, v in vars(cfg).items())
+        if "num_worker_warps" in hints:
+            label += f" (num_worker_warps={hints['num_worker_warps']})"
         status = f"ok   {size / 1024:7.1f} KiB" if ok else "FAIL"
-        print(f"  {label:<40} {dt:6.2f} s  {status}", flush=True)
+        print(f"  {label:<62} {dt:6.2f} s  {status}", flush=True)
         if not ok:
             print("      " + err.replace("\n", "\n      "), flush=True)
         results.append((cfg, ok, dt, err))
@@ -153,17 +161,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="sm_90", help="gpu_code for export_kernel (default sm_90)")
     ap.add_argument("--only", choices=["matmul", "rmsnorm"], default=None)
-    ap.add_argument("--opt-level", type=int, default=None, help="opt_level hint (default: cuTile's)")
+    ap.add_argument("--opt-level", type=int, default=None,
+                    help="opt_level hint (default: cuTile's)")
     args = ap.parse_args(argv)
 
     results = []
     if args.only in (None, "matmul"):
         results += run("matmul bf16 4096^3", matmul_kernel,
-                       space(MATMUL_SPACE_PARAMS, tile_fits), matmul_signature,
+                       space(MATMUL_SPACE_PARAMS, tile_fits), matmul_signature, matmul_hints,
                        args.arch, args.opt_level)
     if args.only in (None, "rmsnorm"):
         results += run("rmsnorm bf16 16384x4096", rmsnorm_kernel,
-                       space(RMSNORM_SPACE_PARAMS), rmsnorm_signature,
+                       space(RMSNORM_SPACE_PARAMS), rmsnorm_signature, rmsnorm_hints,
                        args.arch, args.opt_level)
     failed = [r for r in results if not r[1]]
     print(f"TOTAL: {len(results) - len(failed)}/{len(results)} configs compiled")

@@ -25,6 +25,7 @@ __all__ = [
     "next_power_of_2",
     "rmsnorm_args",
     "rmsnorm_grid",
+    "rmsnorm_hints",
     "rmsnorm_kernel",
     "rmsnorm_reference",
 ]
@@ -86,6 +87,15 @@ def rmsnorm_grid(cfg, M: int, num_sms: int) -> tuple[int]:
     """Persistent grid: ``min(M, num_sms * occupancy)`` blocks (at least 1)."""
     occupancy = int(_param(cfg, "occupancy", 1))
     return (max(1, min(int(M), int(num_sms) * occupancy)),)
+
+
+def rmsnorm_hints(cfg) -> dict:
+    """Compiler hints for a config: ``{"occupancy": cfg.occupancy}``.
+
+    Use ``rmsnorm_kernel.replace_hints(**rmsnorm_hints(cfg))`` (and cache the result), with the
+    same ``occupancy`` that :func:`rmsnorm_grid` used to size the grid.
+    """
+    return {"occupancy": int(_param(cfg, "occupancy", 1))}
 
 
 def rmsnorm_args(cfg, x, w, y, eps) -> tuple:
