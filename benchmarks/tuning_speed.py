@@ -14,9 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
-from _common import fresh_env, interleaved_ab, run_child, write_result
+from _common import fresh_env, run_child, write_result
 
 SETUP = {
     "matmul": """

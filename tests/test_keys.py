@@ -24,9 +24,12 @@ class Opaque:
 
 def test_tensor_part_is_shape_strides_dtype_device():
     x = torch.zeros(2, 3, dtype=torch.float16)
-    assert default_key((x,)) == ((torch.Size([2, 3]), (3, 1), torch.float16, -1),)
+    assert default_key((x,)) == (torch.Size([2, 3]), (3, 1), torch.float16, -1)
     t = torch.zeros(3, 2).t()
-    assert default_key((t,)) == ((torch.Size([2, 3]), (1, 2), torch.float32, -1),)
+    assert default_key((t,)) == (torch.Size([2, 3]), (1, 2), torch.float32, -1)
+    # several tensors: the device index of the first one closes the key
+    assert default_key((x, t)) == (torch.Size([2, 3]), (3, 1), torch.float16, torch.Size([2, 3]), (1, 2),
+                                   torch.float32, -1)
 
 
 def test_tensor_key_ignores_data_but_not_shape_strides_or_dtype():
@@ -39,7 +42,8 @@ def test_tensor_key_ignores_data_but_not_shape_strides_or_dtype():
 
 
 def test_ints_strings_bools_none_by_value():
-    assert default_key((3, "rows", True, None)) == (3, "rows", True, None)
+    assert default_key((3, "rows", True, None)) == (3, "rows", True, None, None)
+    assert default_key((torch.float16,)) != default_key((torch.bfloat16,))
     assert default_key((3,)) != default_key((4,))
     assert default_key(("rows",)) != default_key(("cols",))
     assert type(default_key((True,))[0]) is bool
@@ -47,16 +51,16 @@ def test_ints_strings_bools_none_by_value():
 
 def test_floats_and_other_objects_by_type_only():
     x = torch.zeros(4)
-    assert default_key((x, 1e-6)) == (default_key((x,))[0], float)
+    assert default_key((x, 1e-6)) == (*default_key((x,))[:3], float, -1)
     assert default_key((x, 1e-6)) == default_key((torch.ones(4), 1e-5))  # an eps change is the same key
-    assert default_key((Opaque(),)) == (Opaque,)
-    assert default_key(([1, 2],)) == default_key(([3],)) == (list,)
+    assert default_key((Opaque(),)) == (Opaque, None)
+    assert default_key(([1, 2],)) == default_key(([3],)) == (list, None)
 
 
 def test_duck_typed_tensor_is_keyed_like_a_tensor():
     s = ShapeOnly((4, 8), "bfloat16")
     assert is_tensor(s) and not is_tensor(1.0) and not is_tensor(Opaque())
-    assert default_key((s,)) == (((4, 8), (8, 1), "bfloat16", 0),)
+    assert default_key((s,)) == ((4, 8), (8, 1), "bfloat16", 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -166,7 +166,6 @@ def test_a_file_that_is_not_a_recording_is_a_tiletune_error(tmp_path):
         ReplayBackend(other)
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: Recording.load lets JSONDecodeError / AttributeError escape")
 @pytest.mark.parametrize("text", ["not json at all", "[1, 2]"], ids=["text", "json-list"])
 def test_a_non_json_file_is_a_tiletune_error(tmp_path, text):
     path = tmp_path / "junk.json"

@@ -1,5 +1,5 @@
 """Quick checks of cuTile assumptions on the GPU host (prints a report; writes $OUT/smoke.json)."""
-import json, os, sys, time, subprocess, tempfile
+import json, time
 
 out = {}
 import torch

@@ -203,7 +203,7 @@ class TunedOp:
                     launched = True  # the session left exactly one launch of the winner
             spec = self._launch_spec(cfg, args)
             entry, replays = build_entry(
-                self.plan, cfg, spec, args, lambda k: backend.make_launcher(cfg, k, dev), self.cache_plan
+                self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev), self.cache_plan
             )
             self._configs[key] = cfg
             self._cache[key] = entry

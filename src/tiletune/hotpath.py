@@ -1,16 +1,21 @@
 """The per-call path of a tuned op: turn a cached decision into one ``ct.launch``.
 
-For each problem key the op keeps an *entry*: a closure that launches the chosen config with its
-hinted kernel. When the launch plan is a pure function of the config and the key (the default key
-holds shapes, strides, dtypes and ints), the entry does not even call the plan: the plan's output
-for this key is recorded once as a *recipe* (grid, kernel, which call arguments go where, which
-values are constants) and replayed with a C-level tuple operation. Anything the recipe cannot
-prove safe falls back to calling the plan on every call:
+For each problem key the op keeps an *entry*: one closure that launches the chosen config's hinted
+kernel. When the launch plan is a pure function of the config and the key (the default key holds
+shapes, strides, dtypes, the device and by-value scalars), the entry does not call the plan at all:
+the plan's output for this key is recorded once as a *recipe* (kernel, grid, which call arguments go
+where, which values are constants) and replayed with one C-level tuple operation. A recipe is only
+used when it is provably a function of the key:
 
-* a kernel argument that is a tensor but not one of the call's arguments (a view or scratch buffer
-  made by the plan),
-* a float that is not passed straight through (floats are not part of the key),
-* any value of a type other than int, bool, str or None that is not a call argument.
+* every kernel argument is either one of the call's arguments passed straight through (matched by
+  identity, and not ambiguously: two call arguments that are the same object refuse the recipe), or
+  an int/bool/str/None constant;
+* every call argument is a tensor or keyed by value, except floats; and the plan's grid, kernel and
+  constants do not move when the float arguments are changed (checked once by calling the plan with
+  perturbed floats).
+
+Otherwise the entry calls the plan on every call. What the recipe cannot see, and the plan must not
+read when ``cache_plan`` is on: tensor data pointers and storage offsets.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any, Callable
 
-from .keys import is_tensor
+from .backends.base import LaunchParts
+from .keys import _BY_VALUE, is_tensor
 
-LaunchFn = Callable[[tuple[int, ...], tuple[Any, ...]], None]
 Entry = Callable[[tuple[Any, ...]], None]
 
 _CONST_TYPES = (int, bool, str, type(None))
@@ -32,16 +37,43 @@ def plan_recipe(kargs: tuple[Any, ...], args: tuple[Any, ...]) -> tuple[tuple[in
     consts: list[Any] = []
     indices: list[int] = []
     for v in kargs:
-        for i, a in enumerate(args):
-            if v is a:
-                indices.append(i)
-                break
-        else:
-            if type(v) not in _CONST_TYPES or is_tensor(v):
-                return None
-            indices.append(n + len(consts))
-            consts.append(v)
+        hits = [i for i, a in enumerate(args) if v is a]
+        if len(hits) > 1 and type(v) not in _CONST_TYPES:
+            return None  # op(a, a): positions are ambiguous, a later op(b, c) must not launch (b, b)
+        if hits:
+            indices.append(hits[0])
+            continue
+        if type(v) not in _CONST_TYPES:
+            return None
+        indices.append(n + len(consts))
+        consts.append(v)
     return tuple(indices), tuple(consts)
+
+
+def _args_allow_recipe(args: tuple[Any, ...]) -> bool:
+    for a in args:
+        t = type(a)
+        if t is float or t in _BY_VALUE:
+            continue
+        if not is_tensor(a):
+            return False  # keyed by type only: the plan could read anything from it
+    return True
+
+
+def _floats_are_pass_through(plan: Callable[..., Any], cfg: Any, args: tuple[Any, ...], spec: Any,
+                             recipe: tuple[tuple[int, ...], tuple[Any, ...]]) -> bool:
+    """Call the plan once more with every float argument changed: the recipe must not change."""
+    pos = [i for i, a in enumerate(args) if type(a) is float]
+    if not pos:
+        return True
+    moved = tuple(a * 1.5 + 1.0 if i in pos else a for i, a in enumerate(args))
+    try:
+        k2, g2, ka2 = plan(cfg, *moved)
+    except Exception:
+        return False
+    if k2 is not spec[0] or tuple(g2) != tuple(spec[1]):
+        return False
+    return plan_recipe(tuple(ka2), moved) == recipe
 
 
 def build_entry(
@@ -49,44 +81,52 @@ def build_entry(
     cfg: Any,
     spec: Any,
     args: tuple[Any, ...],
-    make_launcher: Callable[[Any], LaunchFn],
+    parts_for: Callable[[Any], LaunchParts],
     use_recipe: bool,
 ) -> tuple[Entry, bool]:
     """The per-call closure for one key, and whether it replays a recipe (True) or calls the plan."""
     kernel, grid, kargs = spec[0], tuple(spec[1]), tuple(spec[2])
-    launch = make_launcher(kernel)
-    recipe = plan_recipe(kargs, args) if use_recipe else None
+    launch, stream, hinted, dev = parts_for(kernel)
+    recipe = None
+    if use_recipe and _args_allow_recipe(args):
+        recipe = plan_recipe(kargs, args)
+        if recipe is not None and not _floats_are_pass_through(plan, cfg, args, spec, recipe):
+            recipe = None
     if recipe is not None:
         indices, consts = recipe
-        n = len(args)
-        if indices == tuple(range(n + len(consts))):
+        if not indices:
+
+            def entry(a: tuple[Any, ...]) -> None:
+                launch(stream(dev), grid, hinted, ())
+
+        elif indices == tuple(range(len(args) + len(consts))):
             if not consts:
 
                 def entry(a: tuple[Any, ...]) -> None:
-                    launch(grid, a)
+                    launch(stream(dev), grid, hinted, a)
 
             else:
 
                 def entry(a: tuple[Any, ...]) -> None:
-                    launch(grid, a + consts)
+                    launch(stream(dev), grid, hinted, a + consts)
 
         else:
             pick = itemgetter(*indices) if len(indices) > 1 else (lambda t, _i=indices[0]: (t[_i],))
 
             def entry(a: tuple[Any, ...]) -> None:
-                launch(grid, pick(a + consts))
+                launch(stream(dev), grid, hinted, pick(a + consts))
 
         return entry, True
 
-    launchers: dict[int, LaunchFn] = {id(kernel): launch}
-    keep = [kernel]
+    known: dict[int, LaunchParts] = {id(kernel): LaunchParts(launch, stream, hinted, dev)}
+    keep = [kernel]  # keeps id() of the plan's kernels unique while they are cached
 
     def entry(a: tuple[Any, ...]) -> None:
         k, g, ka = plan(cfg, *a)
-        fn = launchers.get(id(k))
-        if fn is None:
-            fn = launchers[id(k)] = make_launcher(k)
+        p = known.get(id(k))
+        if p is None:
+            p = known[id(k)] = parts_for(k)
             keep.append(k)
-        fn(g, ka)
+        p[0](p[1](p[3]), g, p[2], ka)
 
     return entry, False

@@ -1,7 +1,8 @@
 """Problem keys: what makes two calls of a tuned op the "same problem".
 
-The default key of a call holds, for each tensor argument, its shape, strides, dtype and device
-index; ints, bools, strings and None by value; floats and other objects by type only (a learning
+The default key of a call holds, for each tensor argument, its shape, strides and dtype, plus the
+device index; ints (numpy ints too), bools, strings, None and dtypes by value; floats and other
+objects by type only (a learning
 rate or an epsilon must not trigger a re-tune). The in-memory key is a tuple built for speed on
 every call; the stored key (:func:`args_key_json`) is its JSON form, built only on a cache miss,
 with the device recorded separately by name and compute capability.
@@ -14,6 +15,29 @@ from typing import Any, Sequence
 _SCALARS = (int, bool, str, type(None))
 _tensor_types: set[type] = set()
 _other_types: set[type] = set()
+#: Argument types keyed by value (dtypes too, registered when torch is importable). Floats and
+#: any other object are keyed by type only.
+_BY_VALUE: set[type] = set(_SCALARS)
+try:  # pragma: no branch
+    import numpy as _np
+
+    _BY_VALUE.update({_np.int8, _np.int16, _np.int32, _np.int64, _np.uint8, _np.uint16, _np.uint32, _np.uint64,
+                      _np.bool_})
+except ImportError:  # pragma: no cover
+    pass
+
+
+def register_by_value(t: type) -> None:
+    """Key arguments of type ``t`` by value (``t`` must be hashable and JSON-representable via str)."""
+    _BY_VALUE.add(t)
+
+
+def _register_torch() -> None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _BY_VALUE.add(torch.dtype)
 
 
 def is_tensor(a: Any) -> bool:
@@ -23,26 +47,31 @@ def is_tensor(a: Any) -> bool:
         return True
     if t in _other_types:
         return False
+    _register_torch()
     ok = all(hasattr(a, n) for n in ("shape", "dtype", "stride", "get_device"))
     (_tensor_types if ok else _other_types).add(t)
     return ok
 
 
 def default_key(args: Sequence[Any]) -> tuple:
-    """The default problem key of a call's arguments (hashable; cheap enough for every call)."""
-    out = []
-    append = out.append
-    tensor_types = _tensor_types
+    """The default problem key of a call's arguments (hashable; cheap enough for every call).
+
+    A flat tuple: for each tensor its shape, strides and dtype; scalars by value (or type); and last
+    the device index of the first tensor (the arguments of one launch share a device).
+    """
+    out: list[Any] = []
+    device = None
     for a in args:
         t = type(a)
-        if t in tensor_types:
-            append((a.shape, a.stride(), a.dtype, a.get_device()))
-        elif t in _SCALARS:
-            append(a)
-        elif t is not float and is_tensor(a):
-            append((a.shape, a.stride(), a.dtype, a.get_device()))
+        if t in _tensor_types or (t not in _BY_VALUE and t is not float and is_tensor(a)):
+            out += (a.shape, a.stride(), a.dtype)
+            if device is None:
+                device = a.get_device()
+        elif t in _BY_VALUE:
+            out.append(a)
         else:
-            append(t)
+            out.append(t)
+    out.append(device)
     return tuple(out)
 
 
@@ -75,12 +104,15 @@ def args_key_json(args: Sequence[Any]) -> list[Any]:
     """JSON form of the default key of these arguments."""
     out: list[Any] = []
     for a in args:
-        if type(a) in _SCALARS:
+        t = type(a)
+        if t in _SCALARS:
             out.append(a)
-        elif type(a) is not float and is_tensor(a):
+        elif t is not float and t not in _BY_VALUE and is_tensor(a):
             out.append(tensor_json(a))
+        elif t in _BY_VALUE:
+            out.append({"value": a.item() if hasattr(a, "item") else _dtype_name(a), "type": t.__name__})
         else:
-            out.append({"type": type(a).__name__})
+            out.append({"type": t.__name__})
     return out
 
 

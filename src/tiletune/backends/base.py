@@ -55,6 +55,18 @@ class Launch(NamedTuple):
     args: tuple[Any, ...]
 
 
+class LaunchParts(NamedTuple):
+    """How to launch one hinted kernel: ``launch(stream(device), grid, kernel, kernel_args)``.
+
+    Handed out in pieces so the hot path composes them into a single closure.
+    """
+
+    launch: Callable[[Any, tuple[int, ...], Any, tuple[Any, ...]], None]
+    stream: Callable[[int], Any]
+    kernel: Any
+    device: int
+
+
 class TuningSession(Protocol):
     """One tuning problem on one device. Created by :meth:`Backend.open_session`."""
 
@@ -88,8 +100,8 @@ class Backend(Protocol):
     def arg_device(self, args: Sequence[Any]) -> int:
         """The device index the call's arguments live on."""
 
-    def make_launcher(self, config: Config, kernel: Any, device_index: int) -> Callable[[tuple[int, ...], tuple[Any, ...]], None]:
-        """``launch(grid, kernel_args)`` for ``kernel`` with this config's hints applied once, up front."""
+    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
+        """How to launch ``kernel`` with this config's hints (applied once, up front)."""
 
     def kernel_sources(self, kernel: Any) -> str:
         """The source text that identifies a kernel (for the tuning database's kernel id)."""

@@ -13,7 +13,7 @@ from ..measure import ColdL2Timer
 from ..records import DeviceInfo, Status
 from ..space import Config
 from ..verify import ArgGuard, Checker
-from .base import Candidate, CheckOutcome, CompileOutcome, Launch
+from .base import Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
 
 
 def _import_cutile() -> tuple[Any, Any]:
@@ -86,15 +86,9 @@ class CutileBackend:
         opts = getattr(kernel, "_compiler_options", None)
         return function_source(fn) + f"\n#options {opts!r}"
 
-    def make_launcher(self, config: Config, kernel: Any, device_index: int) -> Callable[[tuple[int, ...], tuple[Any, ...]], None]:
-        hinted = self.hinted.get(kernel, config.hints)  # once, never on the hot path
-        raw_stream = self._raw_stream
-        launch = self.ct.launch
-
-        def launcher(grid: tuple[int, ...], kargs: tuple[Any, ...]) -> None:
-            launch(raw_stream(device_index), grid, hinted, kargs)
-
-        return launcher
+    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
+        # replace_hints runs here, once per (kernel, hints), never on the hot path
+        return LaunchParts(self.ct.launch, self._raw_stream, self.hinted.get(kernel, config.hints), device_index)
 
     def open_session(
         self,

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import TiletuneError
 from ..records import DeviceInfo, Measurement, Status, canonical_json
 from ..space import Config
-from .base import Launch
+from .base import Launch, LaunchParts
 from .simulated import SimulatedCandidate, SimulatedSession, TimingSource
 
 FORMAT = "tiletune-recording"
@@ -71,8 +71,15 @@ class Recording:
     """A loaded recording: configs -> recorded measurement."""
 
     def __init__(self, doc: Mapping[str, Any], source: str = "<memory>") -> None:
-        if doc.get("format") != FORMAT or doc.get("version") != 1:
-            raise TiletuneError(f"{source}: not a tiletune recording (format {doc.get('format')!r})")
+        if not isinstance(doc, Mapping) or doc.get("format") != FORMAT or doc.get("version") != 1:
+            fmt = doc.get("format") if isinstance(doc, Mapping) else type(doc).__name__
+            raise TiletuneError(f"{source}: not a tiletune recording (format {fmt!r}, version 1 expected)")
+        try:
+            self._load(doc, source)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TiletuneError(f"{source}: malformed tiletune recording: {type(exc).__name__}: {exc}") from exc
+
+    def _load(self, doc: Mapping[str, Any], source: str) -> None:
         self.source = source
         self.name = str(doc.get("name", ""))
         self.key = doc.get("key")
@@ -88,9 +95,13 @@ class Recording:
     def load(path: str | os.PathLike) -> "Recording":
         """Read a recording file (plain or gzip JSON)."""
         raw = Path(path).read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        return Recording(json.loads(raw), str(path))
+        try:
+            if raw[:2] == b"\x1f\x8b":
+                raw = gzip.decompress(raw)
+            doc = json.loads(raw)
+        except (OSError, ValueError, EOFError) as exc:
+            raise TiletuneError(f"{path}: not a tiletune recording ({type(exc).__name__}: {exc})") from exc
+        return Recording(doc, str(path))
 
     def get(self, config: Config | Mapping[str, Any]) -> Measurement | None:
         """The recorded measurement of a config, or None."""
@@ -144,11 +155,11 @@ class ReplayBackend:
 
         return function_source(getattr(kernel, "_pyfunc", kernel)) if callable(kernel) else repr(kernel)
 
-    def make_launcher(self, config: Config, kernel: Any, device_index: int) -> Callable[[tuple[int, ...], tuple[Any, ...]], None]:
-        def launch(grid: tuple[int, ...], kargs: tuple[Any, ...]) -> None:
+    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
+        def launch(stream: Any, grid: tuple[int, ...], k: Any, kargs: tuple[Any, ...]) -> None:
             self.launches.append((config, tuple(grid)))
 
-        return launch
+        return LaunchParts(launch, lambda d: None, kernel, device_index)
 
     def open_session(
         self,

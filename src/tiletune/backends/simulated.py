@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from ..records import DeviceInfo, Status
 from ..space import Config
 from ..verify import ArgGuard, Checker
-from .base import Candidate, CheckOutcome, CompileOutcome, Launch
+from .base import Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
 
 
 @dataclass(frozen=True)
@@ -190,11 +190,11 @@ class FakeBackend:
         if callable(spec.kernel):
             spec.kernel(*spec.args)
 
-    def make_launcher(self, config: Config, kernel: Any, device_index: int) -> Callable[[tuple[int, ...], tuple[Any, ...]], None]:
-        def launch(grid: tuple[int, ...], kargs: tuple[Any, ...]) -> None:
-            self._execute(config, Launch(kernel, grid, kargs))
+    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
+        def launch(stream: Any, grid: tuple[int, ...], k: Any, kargs: tuple[Any, ...]) -> None:
+            self._execute(config, Launch(k, grid, kargs))
 
-        return launch
+        return LaunchParts(launch, lambda d: None, kernel, device_index)
 
     def open_session(
         self,
