@@ -229,10 +229,24 @@ def software_versions() -> dict[str, str]:
             out["tileiras"] = m.group(1) if m else v.strip().splitlines()[-1].strip()
     except Exception:
         pass
+    out["driver"] = driver_version()
+    return out
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version (e.g. ``580.159.04``), read without starting any process."""
+    import re
+
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module(?: for [\w-]+)?\s+(\d+\.\d+(?:\.\d+)?)", f.read())
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
     try:
         from cuda.tile._cext import get_driver_version
 
-        out["driver"] = str(get_driver_version())
+        return "cuda " + ".".join(str(x) for x in get_driver_version())
     except Exception:
-        pass
-    return out
+        return "unknown"
