@@ -1,19 +1,23 @@
 """Parallel compilation of cuTile candidates on every CPU core.
 
 cuTile compiles under one process-wide lock that is held while its TileIR assembler (``tileiras``,
-a subprocess, ~0.8 s per matmul config) runs, so threads in one process compile serially. The
+a subprocess, ~0.3-1 s per matmul config) runs, so threads in one process compile serially. The
 assembler step itself needs no lock. This pool therefore splits compilation:
 
 1. a producer thread turns each candidate into TileIR bytecode with cuTile's own front end
-   (under cuTile's lock; ~15-50 ms each),
+   (under cuTile's lock; tens of milliseconds each) and computes the signature cuTile's launcher
+   will ask for,
 2. up to ``workers`` threads run ``tileiras`` on that bytecode concurrently (subprocesses, so the GIL
-   is free), and store the cubin in cuTile's on-disk cache under the key cuTile itself computes,
-3. candidates are yielded as they finish; the first ``ct.launch`` of each then finds its cubin in
-   the disk cache and only loads it.
+   is free),
+3. each cubin is handed to the candidate's :class:`~tiletune.prefetch_kernel.PrefetchKernel`, which
+   answers cuTile's first-launch compile request with it (no second front-end run), and one writer
+   thread stores it in cuTile's on-disk cache under cuTile's own key, so later processes load it
+   without compiling,
+4. candidates are yielded as they finish, so the GPU measures while the rest compile.
 
 No worker process imports torch or initialises CUDA. If the installed cuda-tile lacks the internals
-used here, or its disk cache is disabled, the pool reports ``parallel=False`` and yields candidates
-at once: cuTile then compiles each at its first launch (serially), which is slower but correct.
+used here, the pool reports ``parallel=False`` and yields candidates at once: cuTile then compiles
+each at its first launch (serially), which is slower but correct.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def cpu_count() -> int:
 
 @dataclass(frozen=True)
 class CompileJob:
-    """One kernel object (hints applied) to compile for the given launch arguments."""
+    """One kernel object (a PrefetchKernel, hints applied) to compile for the given launch arguments."""
 
     tag: Hashable
     kernel: Any
@@ -107,49 +111,58 @@ class CompilePool:
         self.workers = workers or cpu_count()
         self.timeout_s = timeout_s
         ints = _get_internals()
-        self.parallel = ints is not None and ints.cache_dir is not None and ints.compiler_version is not None
-        self.why_serial = (
-            ""
-            if self.parallel
-            else (_internals_error or "cuTile's disk cache is disabled or tileiras' version is unknown")
-        )
+        self.parallel = ints is not None and ints.compiler_version is not None
+        self.why_serial = "" if self.parallel else (_internals_error or "tileiras' version is unknown")
 
     def compile_all(self, jobs: Sequence[CompileJob]) -> Iterator[CompileResult]:
         """Yield one result per job, in completion order."""
-        if not self.parallel:
+        if not self.parallel or not all(hasattr(j.kernel, "offer") for j in jobs):
             for job in jobs:
                 yield CompileResult(job.tag, 0.0, deferred=True)
             return
         results: "queue.Queue[CompileResult]" = queue.Queue()
+        to_disk: "queue.Queue[tuple[str, bytes, float] | None]" = queue.Queue()
         executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tiletune-tileiras")
         producer = threading.Thread(
-            target=self._produce, args=(jobs, executor, results), name="tiletune-bytecode", daemon=True
+            target=self._produce, args=(jobs, executor, results, to_disk), name="tiletune-bytecode", daemon=True
         )
+        writer = threading.Thread(target=self._write_disk, args=(to_disk,), name="tiletune-cache-writer", daemon=True)
         producer.start()
+        writer.start()
         try:
             for _ in range(len(jobs)):
                 yield results.get()
         finally:
             producer.join()
             executor.shutdown(wait=True, cancel_futures=True)
+            to_disk.put(None)
+            writer.join()
 
     # -- internals -------------------------------------------------------------------------
-    def _produce(self, jobs: Sequence[CompileJob], executor: ThreadPoolExecutor, out: "queue.Queue[CompileResult]") -> None:
+    def _produce(
+        self,
+        jobs: Sequence[CompileJob],
+        executor: ThreadPoolExecutor,
+        out: "queue.Queue[CompileResult]",
+        to_disk: "queue.Queue[tuple[str, bytes, float] | None]",
+    ) -> None:
         ints = _get_internals()
         assert ints is not None
         for job in jobs:
             t0 = time.perf_counter()
             try:
-                key, bytecode = self._bytecode(ints, job)
+                sig, key, bytecode = self._bytecode(ints, job)
             except Exception as exc:  # front-end errors: bad tile shapes, type errors, ...
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc)))
                 continue
-            if ints.cache.cache_lookup(ints.cache_dir, key) is not None:
+            cubin = ints.cache.cache_lookup(ints.cache_dir, key) if ints.cache_dir else None
+            if cubin is not None:
+                job.kernel.offer(sig, cubin, job.arch)
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True))
                 continue
-            executor.submit(self._assemble, ints, job, key, bytecode, t0, out)
+            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, to_disk)
 
-    def _bytecode(self, ints: _Internals, job: CompileJob) -> tuple[str, bytes]:
+    def _bytecode(self, ints: _Internals, job: CompileJob) -> tuple[Any, str, bytes]:
         kernel = job.kernel
         sig = ints.KernelSignature.from_kernel_args(kernel, job.args, ints.convention)
         res = ints.comp.compile_tile(
@@ -164,16 +177,18 @@ class CompilePool:
         bytecode = bytes(res.bytecode)
         opt, debug = ints.comp._tileiras_effective_opt_and_device_debug(kernel._compiler_options, job.arch)
         key = ints.cache.cache_key(ints.compiler_version, job.arch, opt, bytecode, debug)
-        return key, bytecode
+        return sig, key, bytecode
 
     def _assemble(
         self,
         ints: _Internals,
         job: CompileJob,
+        sig: Any,
         key: str,
         bytecode: bytes,
         t0: float,
         out: "queue.Queue[CompileResult]",
+        to_disk: "queue.Queue[tuple[str, bytes, float] | None]",
     ) -> None:
         try:
             tmp_dir = ints.context.config.temp_dir
@@ -186,18 +201,31 @@ class CompilePool:
                 )
                 asm_s = time.perf_counter() - t_asm
                 cubin = Path(cubin_path).read_bytes()
+            job.kernel.offer(sig, cubin, job.arch)
+            if ints.cache_dir:
+                to_disk.put((key, cubin, asm_s))
+            out.put(CompileResult(job.tag, time.perf_counter() - t0))
+        except Exception as exc:
+            timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
+            out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out))
+
+    @staticmethod
+    def _write_disk(to_disk: "queue.Queue[tuple[str, bytes, float] | None]") -> None:
+        """Store cubins in cuTile's disk cache one at a time (its SQLite file serialises writers)."""
+        ints = _get_internals()
+        while True:
+            item = to_disk.get()
+            if item is None or ints is None:
+                return
+            key, cubin, asm_s = item
             meta = ints.cache.MetadataV1(
                 kernel_names=[],
-                compiler_version=ints.compiler_version.strip(),
+                compiler_version=(ints.compiler_version or "").strip(),
                 compilation_timestamp=time.time(),
                 compilation_time_seconds=asm_s,
                 remarks="",
             )
             ints.cache.cache_store(ints.cache_dir, key, cubin, meta.to_dict())
-            out.put(CompileResult(job.tag, time.perf_counter() - t0))
-        except Exception as exc:
-            timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
-            out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out))
 
 
 def _describe(exc: BaseException) -> str:

@@ -81,6 +81,10 @@ class TunedOp:
         self.results: dict[Any, TuneResult] = {}
         self.tuning_count = 0
         functools.update_wrapper(self, plan)
+        if backend is None:
+            from .backends import prewarm_default
+
+            prewarm_default()
 
     # ------------------------------------------------------------------ hot path
     def __call__(self, *args: Any) -> None:

@@ -44,6 +44,7 @@ class _State:
     spent_s: float = 0.0
     done: str | None = None  # why measuring stopped ("converged", "raced_out", ...)
     summary: SampleSummary | None = None
+    known_at_s: float | None = None  # session clock when its first result (median or failure) was known
 
     def add(self, samples: Sequence[float]) -> None:
         self.samples.extend(samples)
@@ -73,6 +74,9 @@ class LoopResult:
     tied: tuple[Candidate, ...]
     wall_s: float
     samples_taken: int
+    #: Per candidate, in candidate order: the session clock (s) when its first result was known
+    #: (first median, or its failure). ``None`` for a candidate that never got that far.
+    known_at_s: tuple[float | None, ...] = ()
 
 
 ProgressFn = Callable[[str, int, int], None]  # (message, done, total)
@@ -84,8 +88,14 @@ def run_loop(
     options: TunerOptions = TunerOptions(),
     progress: ProgressFn | None = None,
     name: str = "op",
+    incumbent: SampleSummary | None = None,
 ) -> LoopResult:
-    """Compile, check and measure ``candidates`` in ``session``; return the ranked result."""
+    """Compile, check and measure ``candidates`` in ``session``; return the ranked result.
+
+    ``incumbent`` is the best candidate measured *before* this call (by :func:`tiletune.search.run_search`,
+    which calls the loop once per batch a strategy proposes): candidates that clearly cannot beat it are
+    raced out as if it were part of this batch. The ranking covers ``candidates`` only.
+    """
     states = {c.order: _State(c) for c in candidates}
     total = len(candidates)
     finished = 0
@@ -103,6 +113,14 @@ def run_loop(
             return None
         return min(live, key=lambda s: (s.summary.median, s.cand.order))  # type: ignore[union-attr]
 
+    def best_summary(st: _State) -> SampleSummary | None:
+        """The summary ``st`` is raced against: the best of this batch (not ``st``) or the incumbent."""
+        best = best_state()
+        own = best.summary if best is not None and best is not st else None
+        if incumbent is not None and (own is None or incumbent.median < own.median):
+            return incumbent
+        return own
+
     def measure_batch(st: _State) -> None:
         try:
             st.add(session.sample(st.cand, options.batch))
@@ -114,10 +132,10 @@ def run_loop(
         """Decide whether ``st`` stops: raced out against the best, or converged."""
         if st.done is not None or st.summary is None:
             return
-        best = best_state()
-        if best is not None and best is not st and best.summary is not None:
-            if hopeless(st.summary, best.summary, options.hopeless_factor) or raced_out(
-                st.summary, best.summary, options.race_margin
+        best = best_summary(st)
+        if best is not None:
+            if hopeless(st.summary, best, options.hopeless_factor) or raced_out(
+                st.summary, best, options.race_margin
             ):
                 st.done = "raced_out"
                 return
@@ -132,19 +150,22 @@ def run_loop(
         finished += 1
         if outcome.status is not Status.OK:
             st.status, st.reason, st.done = outcome.status, outcome.reason, "failed"
+            st.known_at_s = session.clock()
             _log_candidate(name, st)
             report(f"{st.cand.config} {outcome.status.value}")
             continue
-        if out_of_time() and best_state() is not None:
+        if out_of_time() and (best_state() is not None or incumbent is not None):
             st.status, st.reason, st.done = Status.TIMEOUT, "tuning time budget exhausted", "failed"
             continue
         check = session.check(st.cand)
         if check.status is not Status.OK:
             st.status, st.reason, st.done = check.status, check.reason, "failed"
+            st.known_at_s = session.clock()
             _log_candidate(name, st)
             report(f"{st.cand.config} {check.status.value}")
             continue
         measure_batch(st)
+        st.known_at_s = session.clock()
         judge(st)
         report(f"{st.cand.config} {st.summary.median:.2f} us" if st.summary else str(st.cand.config))
 
@@ -189,6 +210,7 @@ def run_loop(
         tied=tied,
         wall_s=session.clock(),
         samples_taken=sum(len(s.samples) for s in states.values()),
+        known_at_s=tuple(states[c.order].known_at_s for c in candidates),
     )
 
 

@@ -8,6 +8,16 @@ from .simulated import FakeBackend, ModelTiming, SimulatedCandidate, SimulatedSe
 _default: Backend | None = None
 
 
+def prewarm_default() -> None:
+    """Warm up the default (cuTile) backend's one-off costs in the background, if cuTile is here."""
+    import importlib.util
+
+    if importlib.util.find_spec("cuda.tile") is not None:
+        from .cutile import prewarm
+
+        prewarm()
+
+
 def default_backend() -> Backend:
     """The live cuTile backend (created once per process). Raises NoBackendError without a GPU."""
     global _default
@@ -31,4 +41,5 @@ __all__ = [
     "TimingSource",
     "TuningSession",
     "default_backend",
+    "prewarm_default",
 ]

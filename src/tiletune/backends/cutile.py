@@ -44,7 +44,12 @@ class HintedKernels:
         key = (id(kernel), tuple(sorted(hints.items())))
         k = self._made.get(key)
         if k is None:
-            k = kernel.replace_hints(**hints) if hints else kernel
+            from ..prefetch_kernel import PrefetchKernel
+
+            try:
+                k = PrefetchKernel.with_hints(kernel, hints)
+            except (AttributeError, TypeError):  # not a plain ct.kernel: use cuTile's own API
+                k = kernel.replace_hints(**hints) if hints else kernel
             self._made[key] = k
             self._keep.append(kernel)
         return k
@@ -67,7 +72,6 @@ class CutileBackend:
         p = self.torch.cuda.get_device_properties(device_index)
         return DeviceInfo(name=p.name, arch=f"sm_{p.major}{p.minor}", sm_count=int(p.multi_processor_count))
 
-    @functools.lru_cache(maxsize=None)
     def versions(self) -> Mapping[str, str]:
         return software_versions()
 
@@ -209,6 +213,38 @@ class CutileSession:
             self._devctx.__exit__(None, None, None)
 
 
+_prewarm_started = False
+
+
+def prewarm() -> None:
+    """Start, once per process, a daemon thread that loads cuTile's compiler and asks ``tileiras``
+    its version and bytecode level (subprocesses cuTile needs before any first launch).
+
+    Called when a tuned op is defined, so this one-off cost overlaps with whatever the program does
+    before its first call instead of landing on that call. ``TILETUNE_PREWARM=0`` turns it off.
+    """
+    global _prewarm_started
+    import os
+    import threading
+
+    if _prewarm_started or os.environ.get("TILETUNE_PREWARM", "1") == "0":
+        return
+    _prewarm_started = True
+
+    def work() -> None:
+        try:
+            from cuda.tile import _compile as comp
+            from cuda.tile._cext import default_tile_context
+
+            software_versions()
+            comp._get_max_supported_bytecode_version(default_tile_context.config.temp_dir)
+        except Exception:  # best effort: the first call does this itself otherwise
+            pass
+
+    threading.Thread(target=work, name="tiletune-prewarm", daemon=True).start()
+
+
+@functools.lru_cache(maxsize=1)
 def software_versions() -> dict[str, str]:
     """Versions of cuda-tile, the tileiras assembler and the NVIDIA driver (``"unknown"`` if unreadable)."""
     out = {"cuda_tile": "unknown", "tileiras": "unknown", "driver": "unknown"}

@@ -93,7 +93,9 @@ class SimulatedSession:
         return self._clock
 
     def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
-        free = [0.0] * max(1, self.workers)  # list scheduling, candidates started in order
+        # List scheduling, candidates started in order, from the moment compile() is asked (a search
+        # asks once per batch: the compilers of a later batch start when it is proposed, not at 0).
+        free = [self._clock] * max(1, self.workers)
         heapq.heapify(free)
         done: list[tuple[float, int, Candidate, SimulatedCandidate]] = []
         for c in candidates:

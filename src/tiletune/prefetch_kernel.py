@@ -1,0 +1,57 @@
+"""A cuTile kernel object whose first compilation can be answered by a cubin compiled ahead.
+
+cuTile's launcher compiles a kernel on its first launch for a specialisation by calling the kernel
+object's ``_compile(signature, context, compute_capability)``; the stock implementation runs the
+front end again (AST -> IR -> bytecode, under cuTile's process-wide lock) and then looks the cubin
+up in the disk cache. During tuning, :mod:`tiletune.compile_pool` has already produced the cubin for
+exactly that signature, so :class:`PrefetchKernel` hands it over directly: no second front-end run,
+no lock, no disk access on the GPU thread. Signatures are matched by equality of all parameter
+constraints (constants included) and the calling convention, i.e. only when the bytecode would be
+identical; anything else falls through to cuTile's own path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Mapping
+
+import cuda.tile as ct
+
+
+class PrefetchKernel(ct.kernel):
+    """``kernel.replace_hints(**hints)`` that also accepts cubins compiled ahead of time."""
+
+    def __init__(self, function: Any = None, /, **options: Any) -> None:
+        super().__init__(function, **options)
+        self._ahead: list[tuple[Any, bytes, str, str]] = []  # (signature, cubin, symbol, arch)
+        self._ahead_lock = threading.Lock()
+        self.prefetch_hits = 0
+
+    @staticmethod
+    def with_hints(kernel: Any, hints: Mapping[str, Any]) -> "PrefetchKernel":
+        """The equivalent of ``kernel.replace_hints(**hints)`` as a PrefetchKernel."""
+        options = dataclasses.replace(kernel._compiler_options, **dict(hints))
+        return PrefetchKernel(kernel._pyfunc, **dataclasses.asdict(options))
+
+    def offer(self, signature: Any, cubin: bytes, arch: str) -> None:
+        """Register a cubin compiled for ``signature`` on ``arch`` (e.g. ``"sm_90"``)."""
+        with self._ahead_lock:
+            self._ahead.append((signature, cubin, signature.symbol, arch))
+
+    def _compile(self, signature: Any, context: Any, compute_capability: Any = None) -> Any:
+        from cuda.tile._cext import get_compute_capability
+
+        cc = compute_capability or get_compute_capability()
+        arch = f"sm_{cc[0]}{cc[1]}"
+        with self._ahead_lock:
+            for i, (sig, cubin, symbol, sig_arch) in enumerate(self._ahead):
+                if (
+                    sig_arch == arch
+                    and sig.calling_convention.code == signature.calling_convention.code
+                    and sig.parameters == signature.parameters
+                ):
+                    del self._ahead[i]
+                    self.prefetch_hits += 1
+                    return cubin, symbol, None, ()
+        return super()._compile(signature, context, compute_capability)

@@ -1,0 +1,155 @@
+"""A model-based strategy: a tree-ensemble surrogate (scikit-learn) trained during the search.
+
+Every configuration is a feature vector (``space.encode``: log2 of numeric parameters, the value's
+index otherwise). The search starts with a small space-filling design (the baseline, then greedy
+maximin picks over the standardised features). After that, each batch refits an
+``ExtraTreesRegressor`` on log(median) of everything measured so far (failed configs are imputed
+with the worst measured value, so the model steers away from them) and scores every configuration
+not yet proposed. The spread of the trees' predictions is the model's uncertainty. A batch of ``n``:
+
+* the first ``ceil(n * exploit)`` are the lowest predicted times (exploitation, most promising
+  first: the order in which they are proposed matters to a tight budget);
+* the rest maximise expected improvement over the best measured time (exploration).
+
+The candidate sets are a few hundred to a few thousand configs, so a refit plus a full scan costs
+tens of milliseconds. scikit-learn is an optional dependency (``pip install 'tiletune[search]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import TiletuneError
+from ..space import Config, Space
+from .base import Strategy, register
+
+__all__ = ["ModelStrategy"]
+
+
+def _require_sklearn() -> Any:
+    try:
+        from sklearn.ensemble import ExtraTreesRegressor
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise TiletuneError(
+            "the model-based strategy ('model') needs scikit-learn: pip install 'tiletune[search]' "
+            f"(or pip install scikit-learn) ({exc})"
+        ) from exc
+    return ExtraTreesRegressor
+
+
+def _normal_cdf_pdf(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    erf = np.vectorize(math.erf, otypes=[float])
+    cdf = 0.5 * (1.0 + erf(z / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return cdf, pdf
+
+
+@register("model")
+class ModelStrategy(Strategy):
+    """Surrogate-model search with an extra-trees ensemble (see the module docstring).
+
+    Args:
+        n_init: size of the initial design, baseline included (the first batch is no larger).
+        n_trees: trees in the ensemble.
+        exploit: fraction of each batch chosen by lowest predicted time (the rest by expected
+            improvement).
+        xi: expected-improvement margin, in log-time units.
+        min_samples_leaf: leaf size of the trees.
+    """
+
+    def __init__(
+        self,
+        space: Space,
+        arch: str | None = None,
+        seed: int = 0,
+        *,
+        n_init: int = 10,
+        n_trees: int = 48,
+        exploit: float = 0.5,
+        xi: float = 0.01,
+        min_samples_leaf: int = 1,
+    ) -> None:
+        self._Regressor = _require_sklearn()
+        super().__init__(space, arch, seed)
+        if n_init < 1:
+            raise ValueError(f"n_init must be >= 1, got {n_init!r}")
+        if not 0.0 <= exploit <= 1.0:
+            raise ValueError(f"exploit must be in [0, 1], got {exploit!r}")
+        self.n_init = n_init
+        self.n_trees = n_trees
+        self.exploit = exploit
+        self.xi = xi
+        self.min_samples_leaf = min_samples_leaf
+        self.X = np.asarray([space.encode(c, arch) for c in self.pool], dtype=np.float64)
+        span = self.X.max(axis=0) - self.X.min(axis=0)
+        self._Xs = (self.X - self.X.min(axis=0)) / np.where(span > 0, span, 1.0)  # scaled to [0, 1]
+        self._row = {c: i for i, c in enumerate(self.pool)}
+        self.fits = 0
+
+    # ------------------------------------------------------------------ initial design
+    def _design(self, n: int) -> list[Config]:
+        """Greedy maximin picks (seeded): each new point is far from everything proposed so far."""
+        chosen = [self._row[c] for c in self.seen]
+        unseen = [i for i, c in enumerate(self.pool) if c not in self.seen]
+        out: list[Config] = []
+        for _ in range(min(n, len(unseen))):
+            cands = unseen if len(unseen) <= 256 else self.rng.sample(unseen, 256)
+            if not chosen:
+                pick = self.rng.choice(cands)
+            else:
+                d = np.min(
+                    np.linalg.norm(self._Xs[cands][:, None, :] - self._Xs[chosen][None, :, :], axis=2), axis=1
+                )
+                pick = cands[int(np.argmax(d))]
+            chosen.append(pick)
+            unseen.remove(pick)
+            out.append(self.pool[pick])
+        return out
+
+    # ------------------------------------------------------------------ strategy
+    def _propose(self, n: int) -> list[Config]:
+        told = [(c, v) for c, v in self.results.items()]
+        ok = [v for _, v in told if v is not None]
+        if len(self.seen) < self.n_init or len(ok) < 2:
+            k = min(n, max(self.n_init - len(self.seen), 0)) or n
+            return self._design(k)
+        rows = np.asarray([self._row[c] for c, _ in told])
+        worst = math.log(max(ok))
+        y = np.asarray([math.log(v) if v is not None else worst for _, v in told])
+        model = self._Regressor(
+            n_estimators=self.n_trees,
+            min_samples_leaf=self.min_samples_leaf,
+            max_features=1.0,
+            random_state=self.seed * 1_000_003 + self.fits,
+            n_jobs=1,
+        )
+        model.fit(self.X[rows], y)
+        self.fits += 1
+        unseen = np.asarray([i for i, c in enumerate(self.pool) if c not in self.seen])
+        if unseen.size == 0:
+            return []
+        per_tree = np.stack([t.predict(self.X[unseen]) for t in model.estimators_])
+        mu = per_tree.mean(axis=0)
+        sigma = per_tree.std(axis=0)
+        n = min(n, unseen.size)
+        n_exploit = min(n, math.ceil(n * self.exploit))
+        order = np.lexsort((unseen, mu))  # lowest predicted time first, ties by space order
+        picks = [int(i) for i in order[:n_exploit]]
+        if len(picks) < n:
+            best = float(np.min(y[[v is not None for _, v in told]]))
+            imp = best - mu - self.xi
+            with np.errstate(divide="ignore", invalid="ignore"):
+                z = np.where(sigma > 0, imp / np.where(sigma > 0, sigma, 1.0), 0.0)
+            cdf, pdf = _normal_cdf_pdf(z)
+            ei = np.where(sigma > 0, imp * cdf + sigma * pdf, np.maximum(imp, 0.0))
+            taken = set(picks)
+            for i in np.lexsort((unseen, -ei)):
+                if len(picks) >= n:
+                    break
+                if int(i) not in taken:
+                    picks.append(int(i))
+                    taken.add(int(i))
+        return [self.pool[int(unseen[i])] for i in picks]

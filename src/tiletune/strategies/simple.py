@@ -1,0 +1,50 @@
+"""The two reference strategies: exhaustive (space order) and random (without replacement)."""
+
+from __future__ import annotations
+
+from ..space import Config, Space
+from .base import Strategy, register
+
+__all__ = ["ExhaustiveStrategy", "RandomStrategy"]
+
+
+@register("exhaustive")
+class ExhaustiveStrategy(Strategy):
+    """Every valid configuration, baseline first, then in space order.
+
+    The racing that makes exhaustive search affordable lives in the tuning loop (candidates that
+    clearly cannot win stop being measured), so this strategy only fixes the order.
+    """
+
+    def __init__(self, space: Space, arch: str | None = None, seed: int = 0) -> None:
+        super().__init__(space, arch, seed)
+        self._next = 0
+
+    def _propose(self, n: int) -> list[Config]:
+        out: list[Config] = []
+        while len(out) < n and self._next < len(self.pool):
+            cfg = self.pool[self._next]
+            self._next += 1
+            if cfg not in self.seen:
+                out.append(cfg)
+        return out
+
+
+@register("random")
+class RandomStrategy(Strategy):
+    """Uniform random sampling without replacement (baseline first); the yardstick for the others."""
+
+    def __init__(self, space: Space, arch: str | None = None, seed: int = 0) -> None:
+        super().__init__(space, arch, seed)
+        self._order = [c for c in self.pool if c != self.baseline]
+        self.rng.shuffle(self._order)
+        self._next = 0
+
+    def _propose(self, n: int) -> list[Config]:
+        out: list[Config] = []
+        while len(out) < n and self._next < len(self._order):
+            cfg = self._order[self._next]
+            self._next += 1
+            if cfg not in self.seen:
+                out.append(cfg)
+        return out

@@ -1,0 +1,139 @@
+"""The compile pool's threading, error handling and hand-over, with cuTile's internals faked.
+
+The real pool drives cuTile's front end and ``tileiras``; here those are replaced by a fake with the
+same shape (signature, bytecode, assembler with a delay, disk cache) so the pool's logic runs on a CPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tiletune import compile_pool
+from tiletune.compile_pool import CompileJob, CompilePool
+
+
+class FakeKernel:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._annotated_function = name
+        self._compiler_options = SimpleNamespace()
+        self.offers: list[tuple[object, bytes, str]] = []
+
+    def offer(self, sig, cubin, arch):
+        self.offers.append((sig, cubin, arch))
+
+
+def make_internals(tmp_path: Path, *, delay=0.05, fail=(), frontend_fail=(), timeout=(), cached=()):
+    disk: dict[str, bytes] = {k: b"cached-" + k.encode() for k in cached}
+    active = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+    stores: list[str] = []
+
+    def compile_tile(name, sigs, **kw):
+        if name in frontend_fail:
+            raise TypeError(f"tile shape of {name} is not a power of two")
+        return SimpleNamespace(bytecode=name.encode())
+
+    def compile_cubin(path, opts, arch, timeout_sec):
+        name = Path(path).read_bytes().decode()
+        with lock:
+            active["now"] += 1
+            active["peak"] = max(active["peak"], active["now"])
+        try:
+            time.sleep(delay)
+            if name in fail:
+                raise RuntimeError(f"tileiras failed on {name}")
+            if name in timeout:
+                raise type("TileCompilerTimeoutError", (Exception,), {})(f"exceeded timeout {timeout_sec}s")
+            out = Path(path).with_suffix(".cubin")
+            out.write_bytes(b"cubin-" + name.encode())
+            return out
+        finally:
+            with lock:
+                active["now"] -= 1
+
+    def cache_store(cache_dir, key, cubin, meta):
+        stores.append(key)
+        disk[key] = cubin
+
+    ints = SimpleNamespace(
+        KernelSignature=SimpleNamespace(from_kernel_args=lambda k, args, conv: ("sig", k.name, args)),
+        convention="v1",
+        compiler_version="tileiras 13.4",
+        comp=SimpleNamespace(
+            compile_tile=compile_tile,
+            compile_cubin=compile_cubin,
+            _tileiras_effective_opt_and_device_debug=lambda opts, arch: (3, False),
+        ),
+        cache=SimpleNamespace(
+            cache_key=lambda ver, arch, opt, bc, dbg: bc.decode(),
+            cache_lookup=lambda d, key: disk.get(key),
+            cache_store=cache_store,
+            MetadataV1=lambda **kw: SimpleNamespace(to_dict=lambda: kw),
+        ),
+        context=SimpleNamespace(config=SimpleNamespace(temp_dir=str(tmp_path))),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    return ints, active, stores, disk
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    def install(**kw):
+        ints, active, stores, disk = make_internals(tmp_path, **kw)
+        monkeypatch.setattr(compile_pool, "_internals", ints)
+        monkeypatch.setattr(compile_pool, "_internals_error", None)
+        return ints, active, stores, disk
+
+    return install
+
+
+def jobs(names):
+    return [CompileJob(i, FakeKernel(n), (i,), "sm_90") for i, n in enumerate(names)]
+
+
+def test_compiles_in_parallel_and_hands_cubins_over(fake):
+    _, active, stores, disk = fake(delay=0.1)
+    js = jobs([f"k{i}" for i in range(8)])
+    t = time.perf_counter()
+    results = list(CompilePool(workers=4).compile_all(js))
+    wall = time.perf_counter() - t
+    assert sorted(r.tag for r in results) == list(range(8))
+    assert all(r.error is None for r in results)
+    assert active["peak"] == 4  # four assemblers at once, never more
+    assert wall < 0.8 * 8 * 0.1  # well under the serial time
+    for j in js:  # each kernel got exactly its own cubin for its own signature
+        assert j.kernel.offers == [(("sig", j.kernel.name, j.args), b"cubin-" + j.kernel.name.encode(), "sm_90")]
+    assert sorted(stores) == sorted(f"k{i}" for i in range(8))  # and it reached the disk cache
+
+
+def test_failures_and_timeouts_are_results_not_exceptions(fake):
+    fake(fail={"bad"}, frontend_fail={"front"}, timeout={"slow"})
+    results = {r.tag: r for r in CompilePool(workers=2).compile_all(jobs(["ok", "bad", "front", "slow"]))}
+    assert results[0].error is None
+    assert "tileiras failed on bad" in results[1].error and not results[1].timed_out
+    assert "power of two" in results[2].error
+    assert results[3].timed_out and "timeout" in results[3].error
+
+
+def test_disk_cache_hit_skips_the_assembler(fake):
+    _, active, stores, _ = fake(cached={"k0"})
+    js = jobs(["k0", "k1"])
+    results = {r.tag: r for r in CompilePool(workers=2).compile_all(js)}
+    assert results[0].cached and not results[1].cached
+    assert js[0].kernel.offers[0][1] == b"cached-k0"
+    assert stores == ["k1"]
+
+
+def test_without_internals_the_pool_defers_to_cutile(monkeypatch):
+    monkeypatch.setattr(compile_pool, "_internals", None)
+    monkeypatch.setattr(compile_pool, "_internals_error", "AttributeError: compile_cubin")
+    pool = CompilePool(workers=2)
+    assert not pool.parallel and "compile_cubin" in pool.why_serial
+    results = list(pool.compile_all(jobs(["a", "b"])))
+    assert [r.deferred for r in results] == [True, True]
