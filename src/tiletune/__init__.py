@@ -23,6 +23,7 @@ from .errors import AllCandidatesFailed, DatabaseError, NoBackendError, SpaceErr
 from .records import DeviceInfo, Measurement, Status, TuneResult, TuningIdentity
 from .space import Config, PerArch, Space, per_arch
 from .stats import StoppingRule
+from .strategies import Budget
 from .store import TuningDB, default_db_path
 from .tuner import TunerOptions
 
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllCandidatesFailed",
+    "Budget",
     "Config",
     "DatabaseError",
     "DeviceInfo",

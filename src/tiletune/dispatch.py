@@ -8,6 +8,7 @@ with that key costs the key lookup, the plan and one ``ct.launch``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -25,11 +26,19 @@ from .progress import configure_logging_from_env, tuning_progress
 from .records import TuneResult, TuningIdentity, canonical_json
 from .space import Config, Space
 from .store import TuningDB
+from .strategies.base import Budget, Strategy, make_strategy
 from .tuner import TunerOptions, run_loop
 
 logger = logging.getLogger("tiletune")
 
 Plan = Callable[..., Any]
+
+
+def _check_strategy_name(name: str) -> None:
+    from .strategies import STRATEGY_NAMES
+
+    if name not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}")
 
 
 def _env_flag(name: str) -> bool:
@@ -55,9 +64,17 @@ class TunedOp:
         options: TunerOptions | None = None,
         progress: bool | None = None,
         cache_plan: bool = True,
+        strategy: str | None = None,
+        budget: Budget | None = None,
+        seed: int = 0,
+        strategy_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(space, Space):
             raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a tiletune.Budget, got {type(budget).__name__}")
+        if strategy is not None:
+            _check_strategy_name(strategy)
         self.plan = plan
         self.space = space
         self.reference = reference
@@ -66,6 +83,10 @@ class TunedOp:
         self.tolerance = dict(tolerance) if tolerance else None
         self.options = options or TunerOptions()
         self.progress = progress
+        self.strategy = strategy
+        self.budget = budget
+        self.seed = seed
+        self.strategy_options = dict(strategy_options or {})
         self._backend = backend
         self._db_arg = db
         self._db: TuningDB | None = None
@@ -224,8 +245,27 @@ class TunedOp:
             return None
         return cfg if cfg in set(self.space.candidates(arch)) else None
 
+    def _uses_search(self) -> bool:
+        """Whether tuning goes through a strategy (:func:`tiletune.search.run_search`).
+
+        Exhaustive search without an evaluation budget keeps the one-shot loop over every candidate
+        (the compile pool sees the whole space at once); anything else asks a strategy batch by batch.
+        """
+        if self.strategy not in (None, "exhaustive"):
+            return True
+        return self.budget is not None and self.budget.max_evals is not None
+
+    def _make_strategy(self, arch: str) -> Strategy:
+        return make_strategy(self.strategy or "exhaustive", self.space, arch, self.seed, **self.strategy_options)
+
     def _tune(self, args: tuple[Any, ...], identity: TuningIdentity, backend: Backend, dev: int, arch: str) -> TuneResult:
         candidates = self._candidates(arch)
+        searching = self._uses_search()
+        strategy = self._make_strategy(arch) if searching else None
+        options = self.options
+        if not searching and self.budget is not None and self.budget.max_seconds is not None:
+            limits = [x for x in (options.max_seconds, self.budget.max_seconds) if x is not None]
+            options = dataclasses.replace(options, max_seconds=min(limits))
         t0 = time.perf_counter()
         session = backend.open_session(
             self._launch_spec_plan(),
@@ -238,9 +278,21 @@ class TunedOp:
             name=self.name,
         )
         winner = None
+        extra: dict[str, Any] = {}
         try:
-            with tuning_progress(self.name, len(candidates), self.progress) as progress:
-                loop = run_loop(session, candidates, self.options, progress, self.name)
+            if strategy is not None:
+                from .search import run_search
+
+                budget = self.budget or Budget()
+                total = budget.max_evals if budget.max_evals is not None else len(candidates)
+                with tuning_progress(self.name, min(total, len(candidates)), self.progress) as progress:
+                    loop = run_search(session, strategy, budget, options, progress=progress, name=self.name)
+                extra = {"strategy": loop.strategy, "evaluations": len(loop.evaluations), "stopped": loop.stopped,
+                         "space_size": len(candidates)}
+            else:
+                with tuning_progress(self.name, len(candidates), self.progress) as progress:
+                    loop = run_loop(session, candidates, options, progress, self.name)
+                extra = {"strategy": "exhaustive", "evaluations": len(candidates)}
             winner = loop.winner
         finally:
             session.finish(winner)
@@ -254,7 +306,8 @@ class TunedOp:
             measurements=loop.measurements,
             tied=tuple(c.config.as_dict() for c in loop.tied),
             wall_s=time.perf_counter() - t0,
-            stats={"samples": loop.samples_taken, "session_clock_s": loop.wall_s, **getattr(session, "stats", {})},
+            stats={"samples": loop.samples_taken, "session_clock_s": loop.wall_s, **extra,
+                   **getattr(session, "stats", {})},
         )
         db = self.db
         if db is not None:
@@ -285,6 +338,10 @@ def autotune(
     options: TunerOptions | None = None,
     progress: bool | None = None,
     cache_plan: bool = True,
+    strategy: str | None = None,
+    budget: Budget | None = None,
+    seed: int = 0,
+    strategy_options: Mapping[str, Any] | None = None,
 ) -> Callable[[Plan], TunedOp]:
     """Make a cuTile launch plan an autotuned op.
 
@@ -309,6 +366,11 @@ def autotune(
             later calls instead of calling the plan (see :mod:`tiletune.hotpath` for what is
             checked). Set False if the plan reads anything besides the config, shapes, strides,
             dtypes and int arguments.
+        strategy: how to search the space: ``None`` or ``"exhaustive"`` (every config, raced),
+            ``"random"``, ``"evolutionary"`` or ``"model"`` (see :mod:`tiletune.strategies`).
+        budget: a :class:`tiletune.Budget` limiting evaluations and/or seconds (compile included).
+        seed: seeds the strategy (same seed, same proposals).
+        strategy_options: keyword options of the strategy (e.g. ``{"population": 12}``).
     """
 
     def wrap(plan: Plan) -> TunedOp:
@@ -326,6 +388,10 @@ def autotune(
             options=options,
             progress=progress,
             cache_plan=cache_plan,
+            strategy=strategy,
+            budget=budget,
+            seed=seed,
+            strategy_options=strategy_options,
         )
 
     return wrap

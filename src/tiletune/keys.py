@@ -59,7 +59,7 @@ def default_key(args: Sequence[Any]) -> tuple:
     A flat tuple: for each tensor its shape, strides and dtype; scalars by value (or type); and last
     the device index of the first tensor (the arguments of one launch share a device).
     """
-    out: list[Any] = []
+    out: tuple = ()
     device = None
     for a in args:
         t = type(a)
@@ -68,11 +68,10 @@ def default_key(args: Sequence[Any]) -> tuple:
             if device is None:
                 device = a.get_device()
         elif t in _BY_VALUE:
-            out.append(a)
+            out += (a,)
         else:
-            out.append(t)
-    out.append(device)
-    return tuple(out)
+            out += (t,)
+    return out + (device,)
 
 
 def _dtype_name(dtype: Any) -> str:
