@@ -71,6 +71,7 @@ wall = time.perf_counter() - t0
 print("RESULT " + json.dumps({"wall_s": wall, "winner": dict(r.winner), "winner_us": r.winner_median_us,
                               "ok": len(r.successes), "failed": len(r.failures), "samples": r.stats.get("samples"),
                               "parallel_compile": r.stats.get("parallel_compile"),
+                              "prefetch_hits": r.stats.get("prefetch_hits"),
                               "max_first_launch_s": max(r.stats.get("first_launch_s") or [0])}))
 """
 

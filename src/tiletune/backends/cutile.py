@@ -136,6 +136,7 @@ class CutileSession:
         self.timer = ColdL2Timer(device_index)
         self.pool = CompilePool(backend.workers, backend.compile_timeout_s)
         self._launchers: dict[int, Callable[[], None]] = {}
+        self._kernels: dict[int, Any] = {}
         self._warm: set[int] = set()
         self.stats: dict[str, Any] = {"parallel_compile": self.pool.parallel, "why_serial": self.pool.why_serial}
 
@@ -147,6 +148,7 @@ class CutileSession:
         if fn is None:
             spec = self.plan(cand.config, *self.args)
             kernel = self.backend.hinted.get(spec.kernel, cand.config.hints)
+            self._kernels[id(kernel)] = kernel
             stream = self.backend._raw_stream
             launch, dev, grid, kargs = self.backend.ct.launch, self.dev, tuple(spec.grid), tuple(spec.args)
 
@@ -201,6 +203,7 @@ class CutileSession:
         return self.timer.time(fn, n)
 
     def finish(self, winner: Candidate | None) -> None:
+        self.stats["prefetch_hits"] = sum(getattr(k, "prefetch_hits", 0) for k in self._kernels.values())
         try:
             if self.guard is not None:
                 self.guard.restore()

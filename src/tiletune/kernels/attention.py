@@ -1,0 +1,110 @@
+"""``tiletune.kernels.attention``: autotuned fused attention forward (FlashAttention-style).
+
+``attention(q, k, v, causal=False, scale=None)`` computes
+``softmax(scale * q @ k^T [+ causal mask]) @ v`` like
+``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``,
+for ``q`` of shape ``(B, H, Sq, D)`` and ``k``, ``v`` of shape ``(B, Hkv, Sk, D)`` with
+``H % Hkv == 0`` (grouped-query attention), bfloat16 or float16, ``D`` in {64, 128}.  The tile
+sizes, load latency hint, occupancy and worker warps are tuned per problem
+(:data:`ATTENTION_SPACE`, see :mod:`tiletune.kernels.attention_kernels`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..backends.base import Launch
+from ..dispatch import autotune
+from ..space import Space
+from .attention_kernels import (
+    ATTENTION_BASELINE,
+    ATTENTION_CONSTRAINTS,
+    ATTENTION_HEAD_DIMS,
+    ATTENTION_SPACE_PARAMS,
+    LOG2E,
+    attention_grid,
+    attention_kernel,
+    attention_reference,
+)
+
+__all__ = ["ATTENTION_SPACE", "attention", "attention_into"]
+
+#: BLOCK_M x BLOCK_N (score tile <= 128*256) x KV_LATENCY x occupancy x num_worker_warps.
+ATTENTION_SPACE = Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_CONSTRAINTS, baseline=ATTENTION_BASELINE)
+
+
+def _reference(q: Any, k: Any, v: Any, o: Any, causal: bool, qk_scale_log2: float) -> Any:
+    return attention_reference(q, k, v, causal, qk_scale_log2 / LOG2E)
+
+
+@autotune(ATTENTION_SPACE, reference=_reference, writes=["o"], name="tiletune.attention")
+def attention_into(cfg: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, qk_scale_log2: float) -> Launch:
+    """Launch plan: ``o = attention(q, k, v)``; ``qk_scale_log2 = scale * log2(e)`` (> 0).
+
+    The plan only passes its arguments through (plus int/bool constants), so the tuned op's hot
+    path replays it without calling it.
+    """
+    return Launch(attention_kernel, attention_grid(cfg, q),
+                  (q, k, v, o, qk_scale_log2, q.shape[-1], cfg.BLOCK_M, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
+
+
+def _strided_ok(t: Any) -> Any:
+    """``t`` itself if its last dim is unit-stride and other strides are 16-byte multiples, else a copy."""
+    if t.stride(-1) == 1 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]):
+        return t
+    return t.contiguous()
+
+
+def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
+    """Scaled dot-product attention of ``(B, H, S, D)`` CUDA tensors, autotuned.
+
+    Args:
+        q: ``(B, H, Sq, D)`` queries, bfloat16 or float16, ``D`` in {64, 128}.
+        k, v: ``(B, Hkv, Sk, D)`` keys and values, same dtype and device; ``H % Hkv == 0``.
+        causal: top-left aligned causal mask (query ``i`` attends to keys ``0..i``), like
+            ``scaled_dot_product_attention(is_causal=True)``.
+        scale: softmax scale, default ``1 / sqrt(D)``; must be a positive finite number.
+
+    Returns:
+        A new ``(B, H, Sq, D)`` tensor of ``q``'s dtype.
+    """
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention: {name} must be a torch tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"attention supports bfloat16 and float16, got q of dtype {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.is_cuda or k.device != q.device or v.device != q.device:
+        raise ValueError(f"attention expects q, k, v on one CUDA device, got {q.device}, {k.device}, {v.device}")
+    bsz, h, sq, d = q.shape
+    if d not in ATTENTION_HEAD_DIMS:
+        raise ValueError(f"attention: head dim {d} is not supported (supported: {ATTENTION_HEAD_DIMS})")
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if k.shape[0] != bsz or k.shape[3] != d:
+        raise ValueError(
+            f"attention: k/v of shape {tuple(k.shape)} do not match q of shape {tuple(q.shape)} "
+            "(batch and head dim must agree)"
+        )
+    hkv, sk = k.shape[1], k.shape[2]
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"attention: query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    if sq < 1 or sk < 1:
+        raise ValueError(f"attention: empty sequence (Sq={sq}, Sk={sk})")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0.0):
+        raise ValueError(f"attention: scale must be a positive finite number, got {scale}")
+    q, k, v = _strided_ok(q), _strided_ok(k), _strided_ok(v)
+    o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
+    if bsz == 0 or h == 0:
+        return o
+    attention_into(q, k, v, o, bool(causal), scale * LOG2E)
+    return o
