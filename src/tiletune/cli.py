@@ -15,6 +15,8 @@ from rich.table import Table
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Autotuning for NVIDIA cuTile kernels.")
 db_app = typer.Typer(no_args_is_help=True, help="Inspect, export and import the tuning database.")
 app.add_typer(db_app, name="db")
+recording_app = typer.Typer(no_args_is_help=True, help="Recorded spaces: import Kernel Tuner / T4 files.")
+app.add_typer(recording_app, name="recording")
 console = Console()
 
 
@@ -33,8 +35,13 @@ def demo(
     replay: bool = typer.Option(False, help="Replay recorded H200 measurements even when a GPU is present."),
     record: Optional[Path] = typer.Option(None, help="Directory to write recordings of live tuning sessions to."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the rows as JSON to this file."),
+    strategy: Optional[str] = typer.Option(
+        None, help="Search strategy when replaying: exhaustive (default), random, evolutionary or model."),
+    budget_evals: Optional[int] = typer.Option(None, help="With --strategy: at most this many configs per op."),
+    seed: int = typer.Option(0, help="Seed of the replay and of the strategy."),
 ) -> None:
     """Tune the library's matmul (32 configs) and RMSNorm (4 configs) end to end."""
+    budget = _budget(strategy, budget_evals)
     if fresh:
         tmp = Path(tempfile.mkdtemp(prefix="tiletune-demo-"))
         os.environ["TILETUNE_DB"] = str(tmp / "tuning.db")
@@ -56,7 +63,7 @@ def demo(
             r = Recording.load(p)
             console.print(f"  {p.name}: {r.device.name} ({r.device.arch}), recorded {r.recorded}, "
                           f"cuda-tile {r.versions.get('cuda_tile')}, {len(r.measurements)} configs")
-        rows = d.run_replay(recs)
+        rows = d.run_replay(recs, seed=seed, strategy=strategy, budget=budget)
     table = Table(title="tiletune demo" + (" (replay)" if not live else ""))
     for col in ("op", "problem", "configs", "ok", "failed", "winner", "time", "vs baseline", "throughput", "tuning"):
         table.add_column(col)
@@ -68,6 +75,78 @@ def demo(
     console.print(table)
     if json_out is not None:
         json_out.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+
+
+def _budget(strategy: Optional[str], budget_evals: Optional[int]) -> object:
+    from .strategies import STRATEGY_NAMES, Budget
+
+    if strategy is not None and strategy not in STRATEGY_NAMES:
+        raise typer.BadParameter(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}",
+                                 param_hint="--strategy")
+    if budget_evals is not None and budget_evals < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--budget-evals")
+    return Budget(max_evals=budget_evals) if budget_evals is not None else None
+
+
+@app.command("strategies")
+def strategies_cmd(
+    recordings: list[Path] = typer.Argument(..., help="Recorded spaces: tiletune recordings (.json/.json.gz), "
+                                                      "Kernel Tuner cache files or T4 results files."),
+    strategy: list[str] = typer.Option(["exhaustive", "random", "evolutionary", "model"], "--strategy", "-s",
+                                       help="Strategy to evaluate (repeat the option for several)."),
+    seeds: int = typer.Option(100, help="Seeds per strategy and space."),
+    exhaustive_seeds: int = typer.Option(10, help="Seeds for exhaustive search (its order does not depend on the seed)."),
+    workers: int = typer.Option(16, help="Simulated compile workers."),
+    batch: Optional[int] = typer.Option(None, help="Configs per ask (default: the compile workers)."),
+    out: Optional[Path] = typer.Option(None, help="Write strategies.json and one PNG per space to this directory."),
+) -> None:
+    """Evaluate search strategies on recorded spaces (replayed, simulated clock, no GPU).
+
+    For each space and strategy: evaluations and simulated seconds to get within 5% and 1% of the
+    recorded optimum (median and 95% interval over seeds), against random search's expected count.
+    """
+    from .strategies import STRATEGY_NAMES
+    from .strategy_eval import evaluate, plot_space, write_results
+
+    for s in strategy:
+        if s not in STRATEGY_NAMES:
+            raise typer.BadParameter(f"unknown strategy {s!r}; choose from {', '.join(STRATEGY_NAMES)}",
+                                     param_hint="--strategy")
+    rows, runs, truths = evaluate(recordings, strategy, seeds, workers=workers, batch=batch,
+                                  exhaustive_seeds=exhaustive_seeds, progress=lambda m: console.print(m))
+    table = Table(title="search strategies on recorded spaces (evaluations: median [95% interval])")
+    for col in ("space", "configs", "strategy", "to 5%", "random expects", "ratio", "to 1%", "seconds to 5%"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["space"], f"{r['n_configs']} ({r['n_valid']} ok)", r["strategy"],
+                      f"{r['median_evals_to_5pct']} {r['evals_to_5pct_ci95']}",
+                      f"{r['random_expected_evals_to_5pct']:.1f}", str(r["ratio_to_random_5pct"]),
+                      f"{r['median_evals_to_1pct']} {r['evals_to_1pct_ci95']}", str(r["median_seconds_to_5pct"]))
+    console.print(table)
+    if out is not None:
+        path = write_results(rows, out, {"seeds": seeds, "workers": workers, "batch": batch})
+        console.print(f"wrote {path}")
+        for t in truths:
+            png = plot_space(t, {s: runs[(t.name, s)] for s in strategy}, Path(out) / f"strategies_{t.name}.png")
+            console.print(f"wrote {png}")
+
+
+@recording_app.command("import")
+def recording_import(
+    src: Path = typer.Argument(..., help="A Kernel Tuner cache file or a T4 results file (or a tiletune recording)."),
+    dest: Path = typer.Argument(..., help="The tiletune recording to write (.json or .json.gz)."),
+    arch: str = typer.Option("unknown", help="Architecture of the device, e.g. sm_90 (the files do not name it)."),
+    device: Optional[str] = typer.Option(None, help="Device name for T4 files (they do not name it)."),
+) -> None:
+    """Convert a public recorded space to a tiletune recording (replayable, searchable)."""
+    from .backends.replay import Recording, load_any, save_recording
+
+    rec = load_any(src, arch=arch, device=device or "unknown")
+    save_recording(dest, name=rec.name, key=rec.key, device=rec.device, versions=rec.versions,
+                   measurements=rec.measurements, space=rec.space, note=rec.note)
+    ok = sum(1 for m in rec.measurements if not m.status.failed)
+    console.print(f"{dest}: {len(rec.measurements)} configs ({ok} ok) over {', '.join(rec.param_values)}")
+    Recording.load(dest).space_from_params()  # it must make a space
 
 
 @db_app.command("stats")

@@ -140,8 +140,14 @@ def _record(path: Path, name: str, res: TuneResult) -> None:
     )
 
 
-def run_replay(paths: list[Path] | None = None, seed: int = 0) -> list[DemoRow]:
-    """Replay recorded measurements through the decorator and tuning loop (no GPU needed)."""
+def run_replay(
+    paths: list[Path] | None = None, seed: int = 0, strategy: str | None = None, budget: Any = None
+) -> list[DemoRow]:
+    """Replay recorded measurements through the decorator and tuning loop (no GPU needed).
+
+    ``strategy`` / ``budget`` (a :class:`tiletune.Budget`) select the search, as on ``@autotune``.
+    """
+    search = dict(strategy=strategy, budget=budget, seed=seed)
     from .dispatch import autotune
     from .kernels.matmul import MATMUL_SPACE, matmul_into
     from .kernels.rmsnorm import RMSNORM_SPACE, rms_norm_into
@@ -151,7 +157,8 @@ def run_replay(paths: list[Path] | None = None, seed: int = 0) -> list[DemoRow]:
         rec = Recording.load(path)
         backend = ReplayBackend(rec, seed=seed)
         if rec.name == "tiletune.matmul":
-            op = autotune(MATMUL_SPACE, db=False, backend=backend, name=rec.name, progress=False)(matmul_into.plan)
+            op = autotune(MATMUL_SPACE, db=False, backend=backend, name=rec.name, progress=False,
+                          **search)(matmul_into.plan)
             shapes = [tuple(p["shape"]) for p in rec.key]
             dtype = rec.key[0]["dtype"]
             args = tuple(ShapeOnly(s, dtype) for s in shapes)
@@ -162,7 +169,8 @@ def run_replay(paths: list[Path] | None = None, seed: int = 0) -> list[DemoRow]:
             rows.append(_row("matmul", f"{dtype} {mm}x{nn}x{kk}", res,
                              lambda us: f"{2 * mm * nn * kk / us / 1e6:.0f} TFLOP/s", "replay"))
         elif rec.name == "tiletune.rms_norm":
-            op = autotune(RMSNORM_SPACE, db=False, backend=backend, name=rec.name, progress=False)(rms_norm_into.plan)
+            op = autotune(RMSNORM_SPACE, db=False, backend=backend, name=rec.name, progress=False,
+                          **search)(rms_norm_into.plan)
             xs, ws, ys = (tuple(p["shape"]) for p in rec.key[:3])
             dtype = rec.key[0]["dtype"]
             import tiletune.kernels.rmsnorm as rn

@@ -47,6 +47,18 @@ class ColdL2Timer:
         pairs[-1][1].synchronize()
         return [start.elapsed_time(end) * 1000.0 for start, end in pairs]
 
+    def spin(self, seconds: float = 0.05) -> None:
+        """Keep the GPU busy for about ``seconds`` so its clocks leave their idle state before timing."""
+        if self._buffer is None:
+            return
+        import time
+
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(32):
+                self._buffer.zero_()
+            self.torch.cuda.synchronize(self.device)
+
     def close(self) -> None:
         """Release the flush buffer."""
         self._buffer = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Callable, Sequence
 from .backends.base import Candidate, TuningSession
 from .records import Measurement, Status
 from .space import Config
@@ -64,7 +65,7 @@ class SearchResult:
         samples_taken: timing samples over all batches.
         evaluations: per proposed config, in proposal order (see :class:`Evaluation`).
         stopped: why the search ended: ``"max_evals"``, ``"max_seconds"``, ``"exhausted"`` (the
-            strategy proposed the whole space) or ``"strategy_done"``.
+            strategy proposed the whole space), ``"strategy_done"`` or ``"stop_when"``.
         strategy: the strategy's name.
         batches: how many batches were measured.
     """
@@ -105,6 +106,7 @@ def run_search(
     batch: int | None = None,
     progress: ProgressFn | None = None,
     name: str = "op",
+    stop_when: Callable[[Sequence[Evaluation]], bool] | None = None,
 ) -> SearchResult:
     """Search with ``strategy`` in ``session`` under ``budget``; return every measurement and the winner.
 
@@ -120,6 +122,9 @@ def run_search(
         progress: ``progress(message, done, total)``; ``total`` is the evaluation budget, or the
             number of valid configs when evaluations are unlimited.
         name: the op name for logs.
+        stop_when: called with all evaluations so far after each batch; True ends the search
+            (e.g. "a config below 100 us was found"; the strategy evaluation stops a run once it
+            is within 1% of a recorded optimum).
     """
     size = _batch_size(session, batch)
     limits = [s for s in (options.max_seconds, budget.max_seconds) if s is not None]
@@ -178,6 +183,10 @@ def run_search(
         samples += loop.samples_taken
         batches += 1
         strategy.tell(told)
+        if stop_when is not None and stop_when(evaluations):
+            stopped = "stop_when"
+            logger.debug("%s: stop_when after %d evaluations", name, len(evaluations))
+            break
         logger.debug("%s: batch %d, %d evaluated, best %s", name, batches, len(evaluations),
                      f"{incumbent.median:.2f} us" if incumbent else "-")
 

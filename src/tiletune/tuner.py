@@ -32,6 +32,13 @@ class TunerOptions:
     min_tie_band: float = 0.005
     max_tie_band: float = 0.03
     max_seconds: float | None = None  # wall-clock budget of the whole session (compile included)
+    #: Final showdown: the candidates whose median is within ``showdown_band`` of the best (at most
+    #: ``showdown_max``, raced-out ones included) are re-measured in ``showdown_rounds`` interleaved
+    #: rounds of ``batch`` samples, and the winner is ranked on those samples alone. Interleaving
+    #: cancels drift (clocks ramping, thermals, a neighbour's load) that separate phases would see.
+    showdown_rounds: int = 4
+    showdown_band: float = 0.10
+    showdown_max: int = 6
 
 
 @dataclass
@@ -89,12 +96,15 @@ def run_loop(
     progress: ProgressFn | None = None,
     name: str = "op",
     incumbent: SampleSummary | None = None,
+    showdown: bool = True,
 ) -> LoopResult:
     """Compile, check and measure ``candidates`` in ``session``; return the ranked result.
 
     ``incumbent`` is the best candidate measured *before* this call (by :func:`tiletune.search.run_search`,
     which calls the loop once per batch a strategy proposes): candidates that clearly cannot beat it are
     raced out as if it were part of this batch. The ranking covers ``candidates`` only.
+    ``showdown=False`` skips the final interleaved re-measurement (a caller that runs the loop on
+    several batches holds one showdown at the end, see :func:`showdown_rank`).
     """
     states = {c.order: _State(c) for c in candidates}
     total = len(candidates)
@@ -191,13 +201,15 @@ def run_loop(
     winner: Candidate | None = None
     winner_median: float | None = None
     tied: tuple[Candidate, ...] = ()
+    final = _showdown(session, ok, options) if showdown else {}
+    ok = [s for s in states.values() if s.status is Status.OK and s.summary is not None]
     if ok:
-        contenders = [s for s in ok if s.done != "raced_out"] or ok
-        ranking = rank(
-            [Entry(s.cand.order, s.cand.is_baseline, s.summary) for s in contenders],  # type: ignore[arg-type]
-            min_band=options.min_tie_band,
-            max_band=options.max_tie_band,
-        )
+        if final:
+            entries = [Entry(s.cand.order, s.cand.is_baseline, final[s.cand.order]) for s in ok if s.cand.order in final]
+        else:
+            contenders = [s for s in ok if s.done != "raced_out"] or ok
+            entries = [Entry(s.cand.order, s.cand.is_baseline, s.summary) for s in contenders]  # type: ignore[arg-type]
+        ranking = rank(entries, min_band=options.min_tie_band, max_band=options.max_tie_band)
         winner = states[ranking.winner.ident].cand
         winner_median = ranking.winner.summary.median
         tied = tuple(states[e.ident].cand for e in ranking.tied)
@@ -212,6 +224,33 @@ def run_loop(
         samples_taken=sum(len(s.samples) for s in states.values()),
         known_at_s=tuple(states[c.order].known_at_s for c in candidates),
     )
+
+
+def _showdown(session: TuningSession, ok: Sequence[_State], options: TunerOptions) -> dict[int, SampleSummary]:
+    """Re-measure the leaders interleaved; their fresh summaries by candidate order ({} if not needed)."""
+    if options.showdown_rounds <= 0 or len(ok) < 2:
+        return {}
+    best = min(s.summary.median for s in ok)  # type: ignore[union-attr]
+    near = sorted(
+        (s for s in ok if s.summary.median <= best * (1 + options.showdown_band)),  # type: ignore[union-attr]
+        key=lambda s: (not s.cand.is_baseline, s.summary.median, s.cand.order),  # type: ignore[union-attr]
+    )
+    lead = near[: options.showdown_max]  # the baseline (if near) and the fastest others
+    if len(lead) < 2:
+        return {}
+    fresh: dict[int, list[float]] = {s.cand.order: [] for s in lead}
+    for r in range(options.showdown_rounds):
+        for st in lead if r % 2 == 0 else reversed(lead):
+            if st.status is not Status.OK:
+                continue
+            try:
+                got = session.sample(st.cand, options.batch)
+            except Exception as exc:
+                st.status, st.reason, st.done = Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}", "failed"
+                continue
+            st.add(got)
+            fresh[st.cand.order].extend(got)
+    return {s.cand.order: summarize(fresh[s.cand.order]) for s in lead if s.status is Status.OK and fresh[s.cand.order]}
 
 
 def _log_candidate(name: str, st: _State) -> None:

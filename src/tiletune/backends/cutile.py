@@ -197,6 +197,8 @@ class CutileSession:
 
     def sample(self, candidate: Candidate, n: int) -> list[float]:
         fn = self._launcher(candidate)
+        if not self._warm:
+            self.timer.spin(0.05)  # clocks up before the first timed sample of the session
         if candidate.order not in self._warm:
             self._warm.add(candidate.order)
             self.timer.time(fn, 2)  # warm-up samples are discarded

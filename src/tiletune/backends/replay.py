@@ -361,22 +361,20 @@ class RecordedConfigs:
         return tuple((type(cfg[n]) is bool, cfg[n]) for n in self.names) in self._keys
 
 
-def load_any(path: str | os.PathLike, **kw: Any) -> Recording:
+def load_any(path: str | os.PathLike, *, arch: str = "unknown", device: str = "unknown") -> Recording:
     """Load a tiletune recording, a Kernel Tuner cache file or a T4 results file (sniffed).
 
-    Keyword arguments go to the importer (``arch=`` for both, ``device=`` for T4).
+    ``arch`` (both importers) and ``device`` (T4, which names no device) describe where an
+    imported file was measured; a tiletune recording carries its own.
     """
-    try:
-        doc = _read_json(path, allow_open_kt_cache=True)
-    except TiletuneError:
-        raise
+    doc = _read_json(path, allow_open_kt_cache=True)
     if isinstance(doc, Mapping):
         if doc.get("format") == FORMAT:
             return Recording(doc, str(path))
         if isinstance(doc.get("cache"), Mapping) and "tune_params" in doc:
-            return Recording.from_kernel_tuner_cache(path, **kw)
+            return Recording.from_kernel_tuner_cache(path, arch=arch)
         if isinstance(doc.get("results"), list):
-            return Recording.from_t4(path, **kw)
+            return Recording.from_t4(path, arch=arch, device=device)
     raise TiletuneError(
         f"{path}: not a tiletune recording, a Kernel Tuner cache file or a T4 results file"
     )

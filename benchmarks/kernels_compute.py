@@ -1,0 +1,545 @@
+"""Compute-bound kernels: tiletune's GEMM and attention forward vs torch, TFLOP/s on one GPU.
+
+GEMM (``tiletune.kernels.gemm.gemm`` vs ``torch.matmul``): bf16, ``M`` in 16..16384 against the
+``(N, K)`` of Llama-3-8B's linear layers ((4096, 4096) q/o-proj, (14336, 4096) up/gate, (4096, 14336)
+down), which includes the square 4096^3 case; fp16 at 4096^3 too. ``A`` is ``M x K`` and ``B`` is
+``K x N``, both row-major (``--b-transposed``: ``B`` is the ``.t()`` view of an ``N x K`` weight, the
+``x @ W.t()`` layout of a linear layer). 2*M*N*K flops.
+
+Attention forward (``tiletune.kernels.attention.attention`` vs
+``torch.nn.functional.scaled_dot_product_attention`` restricted to the flash backend): a constant
+16384 tokens per batch (``B = 16384 // S``, S from 1k to 16k), 32 query heads, 8 key/value heads
+(GQA), head dim 128, bf16, causal and not. 4*B*H*S*S*D flops, halved when causal.
+
+For each problem the first tiletune call tunes it (or finds it in the tuning database); that call is
+timed on its own (``tune_s``) and excluded from the kernel timing. Then both ops are warmed up and
+timed alternately (A/B rounds) with CUDA events and a cold L2 (:class:`tiletune.measure.ColdL2Timer`:
+an L2-sized memset outside the timed events before every sample); the medians are reported. Both
+timings are of the public calls (output allocation included, as for torch). A failing tiletune op
+is recorded in its row (``error``) and the sweep goes on.
+
+    python benchmarks/kernels_compute.py [--quick] [--only gemm|attention] [--out DIR]
+
+Writes kernels_compute.json (rows: op, shape, dtype, tiletune_tflops, torch_tflops, ratio,
+tiletune_us, torch_us, winner, tune_s, ...), kernels_compute_gemm.png and
+kernels_compute_attention.png, and prints a README table and the geometric means against the
+issue's targets last. A partial JSON is rewritten after every row, so an interrupted run keeps what
+it measured; ``--deadline`` stops starting new problems after that many seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from _common import DEFAULT_OUT, write_result
+
+#: Llama-3-8B linear layers, (N, K): q/o-proj, gate/up-proj, down-proj.
+LLAMA3_8B_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
+GEMM_M = [16, 128, 1024, 4096, 16384]
+ATTN_SEQ = [1024, 2048, 4096, 8192, 16384]
+ATTN_TOKENS = 16384
+ATTN_H, ATTN_HKV, ATTN_D = 32, 8, 128
+
+#: Issue 6 targets on the H200.
+TARGETS = {"gemm_4096_ratio": 1.0, "gemm_geomean": 0.95, "attention_geomean": 0.9}
+
+
+class _Stop(BaseException):
+    """Raised by the SIGTERM handler (a BaseException, so no ``except Exception`` in a tuner eats it)."""
+
+
+# --------------------------------------------------------------------------------------------
+# problems
+# --------------------------------------------------------------------------------------------
+
+
+def gemm_problems(quick: bool) -> list[dict[str, Any]]:
+    """The GEMM sweep, 4096^3 first (bf16, then fp16), then the bf16 LLM shapes."""
+    probs = [dict(op="gemm", M=4096, N=4096, K=4096, dtype="bfloat16", sweep=True),
+             dict(op="gemm", M=4096, N=4096, K=4096, dtype="float16", sweep=False)]
+    if quick:
+        shapes = [(16, 4096, 4096), (1024, 14336, 4096), (16384, 4096, 14336)]
+    else:
+        shapes = [(m, n, k) for (n, k) in LLAMA3_8B_NK for m in GEMM_M]
+    for m, n, k in shapes:
+        if (m, n, k) != (4096, 4096, 4096):
+            probs.append(dict(op="gemm", M=m, N=n, K=k, dtype="bfloat16", sweep=True))
+    return probs
+
+
+def attention_problems(quick: bool) -> list[dict[str, Any]]:
+    """The attention sweep: B * S = 16384 tokens, H=32, Hkv=8, D=128, bf16, non-causal and causal."""
+    seqs = [1024, 4096, 16384] if quick else ATTN_SEQ
+    return [dict(op="attention", B=ATTN_TOKENS // s, H=ATTN_H, Hkv=ATTN_HKV, S=s, D=ATTN_D, causal=c,
+                 dtype="bfloat16", sweep=True)
+            for s in seqs for c in (False, True)]
+
+
+def shape_label(p: dict[str, Any]) -> str:
+    if p["op"] == "gemm":
+        return f"{p['M']}x{p['N']}x{p['K']}"
+    return f"B{p['B']} H{p['H']}/{p['Hkv']} S{p['S']} D{p['D']}" + (" causal" if p["causal"] else "")
+
+
+def blank_row(p: dict[str, Any]) -> dict[str, Any]:
+    """A result row with no measurement yet."""
+    return {"op": p["op"], "shape": shape_label(p), "dtype": p["dtype"], "sweep": p["sweep"],
+            "params": {k: v for k, v in p.items() if k not in ("op", "dtype", "sweep")},
+            "flops": flops(p), "tiletune_tflops": None, "torch_tflops": None, "ratio": None,
+            "tiletune_us": None, "torch_us": None, "winner": None}
+
+
+def flops(p: dict[str, Any]) -> float:
+    if p["op"] == "gemm":
+        return 2.0 * p["M"] * p["N"] * p["K"]
+    f = 4.0 * p["B"] * p["H"] * p["S"] * p["S"] * p["D"]
+    return f / 2 if p["causal"] else f
+
+
+# --------------------------------------------------------------------------------------------
+# tiletune op introspection (best effort: the benchmark works without it)
+# --------------------------------------------------------------------------------------------
+
+
+def _tuned_ops(module: Any) -> list[Any]:
+    from tiletune import TunedOp
+
+    return [v for v in vars(module).values() if isinstance(v, TunedOp)]
+
+
+def _snapshot(ops: list[Any]) -> dict[int, set]:
+    return {id(op): set(getattr(op, "_configs", {})) for op in ops}
+
+
+def _tuning_info(ops: list[Any], before: dict[int, set]) -> dict[str, Any]:
+    """Winner config and tuning statistics of the keys the first call added."""
+    info: dict[str, Any] = {}
+    try:
+        for op in ops:
+            new = [k for k in getattr(op, "_configs", {}) if k not in before.get(id(op), set())]
+            for key in new:
+                cfg = op._configs[key]
+                info["winner"] = cfg.as_dict() if hasattr(cfg, "as_dict") else dict(cfg)
+                info["tuned_op"] = op.name
+                res = op.results.get(key)
+                info["tuned"] = res is not None  # False: the database had it
+                if res is not None:
+                    info["tuning"] = {
+                        "wall_s": round(res.wall_s, 3),
+                        "winner_median_us": res.winner_median_us,
+                        "evaluations": res.stats.get("evaluations"),
+                        "strategy": res.stats.get("strategy"),
+                        "ok": len(res.successes),
+                        "failed": len(res.failures),
+                        "samples": res.stats.get("samples"),
+                    }
+    except Exception as exc:  # pragma: no cover - introspection only
+        info["introspection_error"] = repr(exc)
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------------
+
+
+def ab_time(timer: Any, fa: Callable[[], Any], fb: Callable[[], Any], rounds: int, per_round: int,
+            warmup: int) -> tuple[float, float, int]:
+    """Interleaved A/B timing (cold L2): medians of ``rounds * per_round`` samples each, in us."""
+    timer.time(fa, warmup)
+    timer.time(fb, warmup)
+    sa: list[float] = []
+    sb: list[float] = []
+    for r in range(rounds):
+        if r % 2 == 0:  # alternate who goes first in a round
+            sa += timer.time(fa, per_round)
+            sb += timer.time(fb, per_round)
+        else:
+            sb += timer.time(fb, per_round)
+            sa += timer.time(fa, per_round)
+    return statistics.median(sa), statistics.median(sb), len(sa)
+
+
+def _tflops(f: float, us: float | None) -> float | None:
+    return None if not us else f / (us * 1e-6) / 1e12
+
+
+# --------------------------------------------------------------------------------------------
+# one problem
+# --------------------------------------------------------------------------------------------
+
+
+def _setup_gemm(p: dict[str, Any], b_transposed: bool) -> tuple[Callable, Callable, tuple, Any]:
+    import torch
+
+    from tiletune.kernels import gemm as gemm_mod
+
+    dt = getattr(torch, p["dtype"])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(p["M"], p["K"], device="cuda", dtype=dt, generator=g)
+    if b_transposed:
+        b = torch.randn(p["N"], p["K"], device="cuda", dtype=dt, generator=g).t()
+    else:
+        b = torch.randn(p["K"], p["N"], device="cuda", dtype=dt, generator=g)
+    return (lambda: gemm_mod.gemm(a, b)), (lambda: torch.matmul(a, b)), (a, b), gemm_mod
+
+
+def _setup_attention(p: dict[str, Any]) -> tuple[Callable, Callable, tuple, Any, str]:
+    import torch
+    import torch.nn.functional as F
+
+    from tiletune.kernels import attention as attn_mod
+
+    dt = getattr(torch, p["dtype"])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(p["B"], p["H"], p["S"], p["D"], device="cuda", dtype=dt, generator=g)
+    k = torch.randn(p["B"], p["Hkv"], p["S"], p["D"], device="cuda", dtype=dt, generator=g)
+    v = torch.randn(p["B"], p["Hkv"], p["S"], p["D"], device="cuda", dtype=dt, generator=g)
+    causal = p["causal"]
+
+    # torch: flash backend, GQA natively (enable_gqa) when it takes it, else k/v repeated beforehand
+    gqa = "enable_gqa"
+    try:
+        F.scaled_dot_product_attention(q[:1, :, :128], k[:1, :, :128], v[:1, :, :128], is_causal=causal,
+                                       enable_gqa=True)
+        torch.cuda.synchronize()
+
+        def torch_fn() -> Any:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    except Exception:
+        gqa = "expanded k/v"
+        rep = p["H"] // p["Hkv"]
+        ke = k.repeat_interleave(rep, dim=1)
+        ve = v.repeat_interleave(rep, dim=1)
+
+        def torch_fn() -> Any:
+            return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
+
+    return (lambda: attn_mod.attention(q, k, v, causal=causal)), torch_fn, (q, k, v), attn_mod, gqa
+
+
+def measure(p: dict[str, Any], args: argparse.Namespace, timer: Any) -> dict[str, Any]:
+    import torch
+
+    row = blank_row(p)
+    n_solo = max(args.rounds * args.per_round, 20)
+    ctx: Any
+    if p["op"] == "gemm":
+        ctx = contextlib.nullcontext()
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+    with ctx:  # the GQA probe must see the flash-only restriction too
+        if p["op"] == "gemm":
+            tt_fn, torch_fn, inputs, mod = _setup_gemm(p, args.b_transposed)
+            row["layout"] = "A row-major, B = W.t() (N x K weight)" if args.b_transposed else "A, B row-major"
+        else:
+            tt_fn, torch_fn, inputs, mod, row["torch_gqa"] = _setup_attention(p)
+        ops = _tuned_ops(mod)
+        ref = None
+        try:
+            ref = torch_fn()
+            torch.cuda.synchronize()
+        except Exception as exc:
+            row["torch_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        # tiletune: the first call tunes (or hits the database); timed on its own, excluded below
+        before = _snapshot(ops)
+        tt_ok = False
+        try:
+            t0 = time.perf_counter()
+            out = tt_fn()
+            torch.cuda.synchronize()
+            row["tune_s"] = round(time.perf_counter() - t0, 3)
+            row.update(_tuning_info(ops, before))
+            if ref is not None:
+                diff = (out.float() - ref.float()).abs().max().item()
+                scale = ref.float().abs().max().item() or 1.0
+                row["max_abs_diff_vs_torch"] = diff
+                row["rel_diff_vs_torch"] = diff / scale
+            del out
+            tt_ok = True
+            if ref is not None:
+                ta, tb, n = ab_time(timer, tt_fn, torch_fn, args.rounds, args.per_round, args.warmup)
+                row["tiletune_us"], row["torch_us"], row["samples_each"] = ta, tb, n
+            else:
+                timer.time(tt_fn, args.warmup)
+                row["tiletune_us"] = statistics.median(timer.time(tt_fn, n_solo))
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+            row["traceback"] = traceback.format_exc()[-4000:]
+            if not tt_ok:
+                row.update(_tuning_info(ops, before))
+        if row["torch_us"] is None and ref is not None:  # tiletune failed: torch alone, for the table
+            try:
+                timer.time(torch_fn, args.warmup)
+                row["torch_us"] = statistics.median(timer.time(torch_fn, n_solo))
+            except Exception as exc:
+                row["torch_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    del ref, inputs
+    row["tiletune_tflops"] = _tflops(row["flops"], row["tiletune_us"])
+    row["torch_tflops"] = _tflops(row["flops"], row["torch_us"])
+    if row["tiletune_tflops"] and row["torch_tflops"]:
+        row["ratio"] = row["tiletune_tflops"] / row["torch_tflops"]
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# summary, table, plots
+# --------------------------------------------------------------------------------------------
+
+
+def geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(rows: list[dict[str, Any]], planned: dict[str, int]) -> dict[str, Any]:
+    gemm = [r for r in rows if r["op"] == "gemm" and r["sweep"] and r["dtype"] == "bfloat16"]
+    attn = [r for r in rows if r["op"] == "attention" and r["sweep"]]
+    sq = [r for r in gemm if r["params"].get("M") == r["params"].get("N") == r["params"].get("K") == 4096]
+    s: dict[str, Any] = {
+        "gemm_4096_ratio": sq[0]["ratio"] if sq else None,
+        "gemm_geomean": geomean([r["ratio"] for r in gemm]),
+        "gemm_measured": sum(1 for r in gemm if r["ratio"]),
+        "gemm_planned": planned.get("gemm", 0),
+        "attention_geomean": geomean([r["ratio"] for r in attn]),
+        "attention_measured": sum(1 for r in attn if r["ratio"]),
+        "attention_planned": planned.get("attention", 0),
+        "errors": sum(1 for r in rows if r.get("error")),
+    }
+    s["gemm_complete"] = s["gemm_measured"] == s["gemm_planned"]
+    s["attention_complete"] = s["attention_measured"] == s["attention_planned"]
+    for k, t in TARGETS.items():
+        # a geomean over an incomplete sweep (rows that failed or were skipped) does not count as met
+        complete = s["attention_complete"] if k.startswith("attention") else s["gemm_complete"]
+        s[f"{k}_met"] = None if s[k] is None else bool(s[k] >= t and (complete or k == "gemm_4096_ratio"))
+    return s
+
+
+def _fmt(x: Any, nd: int = 1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def readme_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| op | shape | dtype | tiletune TFLOP/s | torch TFLOP/s | ratio |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = _fmt(r["ratio"], 3) if r["ratio"] else ("error" if r.get("error") else "-")
+        lines.append(f"| {r['op']} | {r['shape']} | {r['dtype']} | {_fmt(r['tiletune_tflops'])} | "
+                     f"{_fmt(r['torch_tflops'])} | {ratio} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:
+        print(f"no plots (matplotlib unavailable: {exc})", file=sys.stderr)
+        return []
+    written: list[str] = []
+    gemm = [r for r in rows if r["op"] == "gemm"]
+    if gemm:
+        fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(gemm) + 2), 5))
+        xs = range(len(gemm))
+        w = 0.4
+        ax.bar([x - w / 2 for x in xs], [r["tiletune_tflops"] or 0 for r in gemm], w, label="tiletune gemm")
+        ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in gemm], w, label="torch.matmul")
+        for x, r in zip(xs, gemm):
+            if r["ratio"]:
+                top = max(r["tiletune_tflops"] or 0, r["torch_tflops"] or 0)
+                ax.text(x, top, f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=7)
+            elif r.get("error"):
+                ax.text(x, 0, "error", ha="center", va="bottom", fontsize=7, color="red")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"{r['shape']}\n{r['dtype'].replace('bfloat', 'bf').replace('float', 'fp')}"
+                            for r in gemm], rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title("GEMM (M x N x K), cold L2: tiletune vs torch.matmul")
+        ax.legend()
+        fig.tight_layout()
+        p = out / "kernels_compute_gemm.png"
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        written.append(str(p))
+    attn = [r for r in rows if r["op"] == "attention"]
+    if attn:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for causal, style in ((False, "-"), (True, "--")):
+            rs = sorted((r for r in attn if r["params"]["causal"] == causal), key=lambda r: r["params"]["S"])
+            if not rs:
+                continue
+            s = [r["params"]["S"] for r in rs]
+            tag = "causal" if causal else "non-causal"
+            ax.plot(s, [r["tiletune_tflops"] or float("nan") for r in rs], style, marker="o",
+                    label=f"tiletune attention, {tag}")
+            ax.plot(s, [r["torch_tflops"] or float("nan") for r in rs], style, marker="s",
+                    label=f"SDPA flash, {tag}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"sequence length S (B = {ATTN_TOKENS} / S, H={ATTN_H}, Hkv={ATTN_HKV}, D={ATTN_D}, bf16)")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title("Attention forward, cold L2: tiletune vs SDPA (flash)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        p = out / "kernels_compute_attention.png"
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        written.append(str(p))
+    return written
+
+
+# --------------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------------
+
+
+def _apply_tuning_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Optional: a strategy / budget for the library ops (default: the ops' own settings)."""
+    if not (args.strategy or args.max_evals or args.tune_seconds):
+        return {}
+    from tiletune import Budget
+    from tiletune.kernels import attention as attn_mod
+    from tiletune.kernels import gemm as gemm_mod
+
+    budget = Budget(max_evals=args.max_evals, max_seconds=args.tune_seconds) \
+        if (args.max_evals or args.tune_seconds) else None
+    for mod in (gemm_mod, attn_mod):
+        for op in _tuned_ops(mod):
+            if args.strategy:
+                op.strategy = args.strategy
+            if budget is not None:
+                op.budget = budget
+    return {"strategy": args.strategy, "max_evals": args.max_evals, "tune_seconds": args.tune_seconds}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help=f"result folder (default {DEFAULT_OUT})")
+    ap.add_argument("--only", choices=["gemm", "attention"], default=None)
+    ap.add_argument("--quick", action="store_true", help="fewer shapes (5 GEMM, 6 attention problems)")
+    ap.add_argument("--b-transposed", action="store_true", help="GEMM B as the .t() view of an N x K weight")
+    ap.add_argument("--rounds", type=int, default=8, help="A/B rounds (default 8)")
+    ap.add_argument("--per-round", type=int, default=4, help="samples per op per round (default 4)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds after which no new problem is started (rows left are marked skipped)")
+    ap.add_argument("--strategy", default=None, help="override the ops' tuning strategy (e.g. model)")
+    ap.add_argument("--max-evals", type=int, default=None, help="override: configs evaluated per tuning")
+    ap.add_argument("--tune-seconds", type=float, default=None, help="override: seconds per tuning session")
+    args = ap.parse_args()
+    if args.rounds * args.per_round < 20:
+        ap.error("--rounds x --per-round must be at least 20 samples")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kernels_compute: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from tiletune.measure import ColdL2Timer
+
+    out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = _apply_tuning_overrides(args)
+
+    problems: list[dict[str, Any]] = []
+    if args.only in (None, "gemm"):
+        problems += gemm_problems(args.quick)
+    if args.only in (None, "attention"):
+        problems += attention_problems(args.quick)
+    planned = {op: sum(1 for p in problems if p["op"] == op and p["sweep"]) for op in ("gemm", "attention")}
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise _Stop(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    timer = ColdL2Timer(torch.cuda.current_device())
+    rows: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    stopped: str | None = None
+    partial = out / "kernels_compute.partial.json"
+    for i, p in enumerate(problems):
+        elapsed = time.perf_counter() - t_start
+        if stopped is None and args.deadline is not None and elapsed > args.deadline:
+            stopped = f"deadline {args.deadline:.0f} s reached after {elapsed:.0f} s"
+        if stopped is not None:
+            rows.append({**blank_row(p), "skipped": stopped})
+            continue
+        print(f"[{elapsed:6.1f} s] {i + 1}/{len(problems)} {p['op']} {shape_label(p)} {p['dtype']} ...", flush=True)
+        try:
+            row = measure(p, args, timer)
+        except (_Stop, KeyboardInterrupt) as exc:
+            stopped = f"interrupted ({exc or type(exc).__name__}) at {time.perf_counter() - t_start:.0f} s"
+            rows.append({**blank_row(p), "skipped": stopped})
+            continue
+        except Exception as exc:  # set-up failures (e.g. out of memory allocating inputs)
+            row = {**blank_row(p), "error": f"{type(exc).__name__}: {exc}"[:4000],
+                   "traceback": traceback.format_exc()[-4000:]}
+        rows.append(row)
+        torch.cuda.empty_cache()
+        print(f"    tiletune {_fmt(row['tiletune_tflops'])} TFLOP/s ({_fmt(row['tiletune_us'])} us), "
+              f"torch {_fmt(row['torch_tflops'])} TFLOP/s ({_fmt(row['torch_us'])} us), "
+              f"ratio {_fmt(row['ratio'], 3)}, tune {_fmt(row.get('tune_s'), 1)} s"
+              + (f", winner {json.dumps(row['winner'])}" if row.get("winner") else "")
+              + (f"\n    ERROR {row['error'].splitlines()[0]}" if row.get("error") else ""), flush=True)
+        partial.write_text(json.dumps({"rows": rows}, indent=1, default=str) + "\n")
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    summary = summarize(rows, planned)
+    pngs = plot(rows, out)
+    path = write_result("kernels_compute", {
+        "problem": ("GEMM: bf16 M in 16..16384 x Llama-3-8B (N, K) + fp16 4096^3 vs torch.matmul; attention "
+                    f"forward: B*S={ATTN_TOKENS}, H={ATTN_H}, Hkv={ATTN_HKV}, D={ATTN_D}, bf16, causal and not, "
+                    "vs SDPA flash. Public calls, CUDA events, cold L2, medians of interleaved A/B rounds; "
+                    "the tuning call is excluded."),
+        "quick": args.quick,
+        "only": args.only,
+        "b_transposed": args.b_transposed,
+        "samples_each": args.rounds * args.per_round,
+        "tuning_overrides": overrides,
+        "wall_s": round(time.perf_counter() - t_start, 1),
+        "stopped": stopped,
+        **{k: summary[k] for k in summary},
+        "targets": TARGETS,
+        "pngs": [Path(x).name for x in pngs],
+        "rows": rows,
+    }, out)
+    partial.unlink(missing_ok=True)
+    print(f"wrote {path}" + "".join(f", {x}" for x in pngs))
+    print()
+    print(readme_table(rows))
+    print()
+    print("== summary vs issue 6 targets (H200)")
+    for k, t in TARGETS.items():
+        v = summary[k]
+        verdict = "n/a" if v is None else ("MET" if summary[f"{k}_met"] else "MISSED")
+        if v is not None and v >= t and not summary[f"{k}_met"]:
+            verdict = "INCOMPLETE (sweep not fully measured)"
+        extra = ""
+        if k == "gemm_geomean":
+            extra = f" over {summary['gemm_measured']}/{summary['gemm_planned']} bf16 shapes"
+        elif k == "attention_geomean":
+            extra = f" over {summary['attention_measured']}/{summary['attention_planned']} problems"
+        print(f"  {k:<18} {_fmt(v, 3):>6}  target >= {t}  {verdict}{extra}")
+    if summary["errors"]:
+        print(f"  {summary['errors']} row(s) with a tiletune error (see 'error' in the JSON)")
+    if stopped:
+        print(f"  stopped early: {stopped}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

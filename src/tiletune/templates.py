@@ -1,0 +1,214 @@
+"""Kernel-type search-space templates: small :class:`~tiletune.Space` objects for common kernel shapes.
+
+A template knows which knobs pay for a *kind* of kernel and which combinations are hopeless, so an
+op builds its space from the problem's few facts (row length, element size) instead of listing
+values by hand. Every template returns a plain :class:`~tiletune.Space` (4-12 configurations),
+with per-architecture values through :func:`~tiletune.per_arch` where they differ.
+
+The knobs of the memory-bound templates, and why they are there:
+
+* ``occupancy`` (cuTile hint; also sets the persistent grid, ``num_SMs * occupancy`` blocks):
+  how many blocks share an SM, i.e. how many bytes are in flight per SM.
+* ``LAT`` (kernel constant): the ``latency=`` hint of the streaming loads; 0 leaves it to the
+  compiler. On sm_90 ``LAT=10`` makes tileiras stage deeper TMA pipelines (for a 1 x 4096 bf16 row
+  at occupancy 1 the shared-memory staging grows from ~50 KB to ~180 KB), which is what a
+  DRAM-bound loop wants, but it can also starve the next block of shared memory.
+* ``STORE_TMA`` (kernel constant): whether the output store may use TMA (``allow_tma=``). A TMA
+  store goes registers -> shared memory -> bulk copy; a plain store writes from registers. Public
+  cuTile RMSNorm code reports +30% from turning TMA stores off; it depends on the tile.
+* row tiling (``TM`` rows per tile for short rows; ``CHUNK`` columns per pass for rows too long to
+  hold): the tile size decides how much work one TMA transaction carries.
+* ``num_worker_warps`` (cuTile hint, 4 or 8 with tileiras 13.4): more compute warps for very wide
+  rows, where 128 threads hold too many values each.
+
+Register budget (probed offline by compiling for sm_90 and reading the cubins' resource usage,
+see ``tools/compile_check_memory.py --resources``): a block keeps its fp32 row tile in registers,
+``occupancy`` blocks share 64K registers, and tiles of ``TM * TN * occupancy > 16384`` fp32 values
+spill (a 1 x 8192 row spills at occupancy 4, a 1 x 16384 row at occupancy 2 with 8 worker warps).
+:func:`fits_registers` encodes that rule; the templates never offer a spilling configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .space import Space, per_arch
+
+__all__ = [
+    "FP32_VALUES_PER_SM",
+    "ROW_MAX_ELEMS",
+    "chunked_row_space",
+    "elementwise_space",
+    "fits_registers",
+    "next_power_of_2",
+    "occupancy_values",
+    "row_regime",
+    "rowwise_space",
+    "rope_space",
+]
+
+#: fp32 values of live tile data one SM can hold in registers without spilling (all its blocks).
+FP32_VALUES_PER_SM = 16384
+
+#: Rows up to this many (padded) elements are processed as one tile; longer rows in chunks.
+ROW_MAX_ELEMS = 16384
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def fits_registers(tile_elems: int, occupancy: int, streams: int = 1) -> bool:
+    """Whether ``occupancy`` blocks, each holding ``streams`` fp32 tiles of ``tile_elems``, fit."""
+    return int(tile_elems) * int(occupancy) * max(1, int(streams)) <= FP32_VALUES_PER_SM
+
+
+def occupancy_values(kind: str = "stream") -> Any:
+    """Occupancy candidates by architecture, as a :func:`per_arch` value.
+
+    ``kind="stream"``: persistent streaming kernels (norms, softmax, gated activations, RoPE).
+    Hopper and Blackwell (TMA) reach full bandwidth with few big blocks per SM; Ampere (no TMA,
+    plain loads) needs more blocks in flight.
+    """
+    if kind != "stream":
+        raise ValueError(f"occupancy_values: unknown kernel kind {kind!r}")
+    return per_arch(sm_80=[2, 4, 8], sm_90=[1, 2, 4], sm_100=[1, 2, 4], default=[1, 2, 4])
+
+
+def _fit(streams: int, elems_of) -> Any:
+    def regs_fit(c: Any) -> bool:
+        return fits_registers(elems_of(c), c.occupancy, streams)
+
+    return regs_fit
+
+
+def row_regime(n_cols: int) -> str:
+    """``"rows"`` (several short rows per tile), ``"row"`` (one row per tile) or ``"chunked"``."""
+    p = next_power_of_2(n_cols)
+    if p > ROW_MAX_ELEMS:
+        return "chunked"
+    return "rows" if p < 4096 else "row"
+
+
+def rows_per_tile(n_cols: int, target_elems: int = 4096) -> int:
+    """Rows per tile for short rows: ``target_elems / next_power_of_2(n_cols)``, in [1, 256]."""
+    return max(1, min(256, int(target_elems) // next_power_of_2(n_cols)))
+
+
+def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1) -> Space:
+    """Space of a persistent row-reduction kernel (norms, softmax) over rows of ``n_cols`` elements.
+
+    Parameters: ``TM`` (rows per tile), ``CHUNK`` (0: the whole padded row is one tile; else the
+    column chunk of the two-pass variant), ``LAT``, ``STORE_TMA`` and the hints ``occupancy`` and
+    ``num_worker_warps``. ``streams`` is the number of row tiles a block holds at once (2 for a
+    fused residual add), which tightens the register rule.
+
+    * rows of up to 16384 padded elements: one tile per row (``TM`` short rows together, ~4096
+      elements per tile), occupancy {1, 2, 4} where the registers allow, ``LAT`` {0, 10},
+      ``STORE_TMA`` {False, True}: 4-12 configs; rows of 16384 also try 8 worker warps.
+    * longer rows: :func:`chunked_row_space`.
+    """
+    if int(n_cols) < 1:
+        raise ValueError(f"rowwise_space: n_cols must be >= 1, got {n_cols}")
+    del dtype_bytes  # the register rule is in fp32 values; kept for a uniform template signature
+    p = next_power_of_2(n_cols)
+    if p > ROW_MAX_ELEMS:
+        return chunked_row_space(n_cols, streams=streams)
+    tm = rows_per_tile(n_cols)
+    tile = tm * p
+    occ = [o for o in (1, 2, 4) if fits_registers(tile, o, streams)] or [1]
+    occ_ampere = [o for o in (1, 2, 4, 8) if fits_registers(tile, o, streams)] or [1]
+    params: dict[str, Any] = dict(
+        TM=[tm],
+        CHUNK=[0],
+        occupancy=per_arch(sm_80=occ_ampere, default=occ),
+        LAT=[0, 10],
+        STORE_TMA=[False, True],
+    )
+    baseline: dict[str, Any] = dict(TM=tm, CHUNK=0, occupancy=occ[min(1, len(occ) - 1)], LAT=0, STORE_TMA=True)
+    if p >= ROW_MAX_ELEMS:  # one very wide row per block: try two consumer warpgroups
+        params["num_worker_warps"] = [4, 8]
+        baseline["num_worker_warps"] = 4
+    return Space(**params, baseline=baseline)
+
+
+def chunked_row_space(n_cols: int, *, streams: int = 1, chunks: Sequence[int] = (4096, 8192),
+                      grid_fracs: Sequence[float] = (1.0,), lat: Sequence[int] = (0, 10),
+                      store_tma: Sequence[bool] = (False,)) -> Space:
+    """Space of a two-pass (or online) kernel that walks long rows in ``CHUNK``-column pieces.
+
+    Pass 1 reduces over the chunks, pass 2 reloads them (L2 hits while ``blocks * row bytes`` is
+    below the L2 size) and writes. ``CHUNK`` x ``occupancy`` pairs that fit the registers (5 with
+    the default chunks), times ``LAT`` and ``GRID_FRAC`` (the persistent grid is
+    ``GRID_FRAC * num_SMs * occupancy`` blocks: fewer rows in flight keep pass-2 reloads in L2).
+    """
+    del n_cols
+    pairs = [(c, o) for c in chunks for o in (1, 2, 4) if fits_registers(c, o, streams)]
+    occ = sorted({o for _, o in pairs})
+    first = pairs[0]
+    return Space(
+        TM=[1],
+        CHUNK=list(chunks),
+        occupancy=occ,
+        LAT=list(lat),
+        STORE_TMA=list(store_tma),
+        GRID_FRAC=[float(g) for g in grid_fracs],
+        constraints={"regs_fit": _fit(streams, lambda c: c.CHUNK)},
+        baseline=dict(TM=1, CHUNK=first[0], occupancy=first[1], LAT=lat[0], STORE_TMA=store_tma[0],
+                      GRID_FRAC=float(grid_fracs[-1])),
+    )
+
+
+def elementwise_space(*, streams: int = 2) -> Space:
+    """Space of a persistent elementwise kernel over 2-D tiles (gated activations).
+
+    ``TILE`` (elements per tile; the op shapes it as rows x columns) in {2048, 4096, 8192} with the
+    occupancies that fit the registers for ``streams`` input tiles and keep at least 4096 elements
+    per SM in flight (5 pairs), times ``STORE_TMA`` {False, True}: 10 configs. Loads carry
+    ``LAT=10`` (deep TMA pipelines for a pure stream).
+    """
+
+    def regs_fit(c: Any) -> bool:
+        return fits_registers(c.TILE, c.occupancy, streams) and c.TILE * c.occupancy >= 4096
+
+    return Space(
+        TILE=[2048, 4096, 8192],
+        occupancy=per_arch(sm_80=[2, 4, 8], default=[1, 2, 4]),
+        LAT=[10],
+        STORE_TMA=[False, True],
+        constraints={"regs_fit": regs_fit},
+        baseline=dict(TILE=4096, occupancy=2, LAT=10, STORE_TMA=True),
+    )
+
+
+def rope_space(heads_elems: int) -> Space:
+    """Space of the in-place RoPE kernel: ``TS`` positions per tile, occupancy, ``STORE_TMA``.
+
+    ``heads_elems`` is the padded size of one half of one position's heads (``heads * half_dim``,
+    both rounded up to powers of two); a tile holds both halves of ``TS`` positions in fp32, i.e.
+    ``2 * TS * heads_elems`` values. ``TS`` takes the (at most two) values that give tiles of
+    2048-8192 values, occupancy what fits the registers with at least 4096 values per SM in
+    flight; times ``STORE_TMA`` {False, True}: at most 12 configs.
+    """
+    he = max(1, int(heads_elems))
+    ts = [t for t in (1, 2, 4, 8, 16, 32) if 2048 <= 2 * t * he <= 8192][:2] or [1]
+    pairs = [(t, o) for t in ts for o in (1, 2, 4)
+             if fits_registers(2 * t * he, o) and 2 * t * he * o >= 4096]
+    if not pairs:
+        pairs = [(ts[0], 1)]
+    pairs = [list(p) for p in pairs]
+    occ = sorted({o for _, o in pairs})
+    base = pairs[len(pairs) // 2]
+
+    def regs_fit(c: Any) -> bool:
+        return [c.TS, c.occupancy] in pairs
+
+    return Space(
+        TS=ts,
+        occupancy=occ,
+        STORE_TMA=[False, True],
+        constraints={"regs_fit": regs_fit},
+        baseline=dict(TS=base[0], occupancy=base[1], STORE_TMA=True),
+    )
