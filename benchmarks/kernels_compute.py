@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import math
 import os
@@ -183,7 +184,7 @@ def _tflops(f: float, us: float | None) -> float | None:
 def _setup_gemm(p: dict[str, Any], b_transposed: bool) -> tuple[Callable, Callable, tuple, Any]:
     import torch
 
-    from tiletune.kernels import gemm as gemm_mod
+    gemm_mod = importlib.import_module("tiletune.kernels.gemm")
 
     dt = getattr(torch, p["dtype"])
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -199,7 +200,7 @@ def _setup_attention(p: dict[str, Any]) -> tuple[Callable, Callable, tuple, Any,
     import torch
     import torch.nn.functional as F
 
-    from tiletune.kernels import attention as attn_mod
+    attn_mod = importlib.import_module("tiletune.kernels.attention")
 
     dt = getattr(torch, p["dtype"])
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -412,8 +413,9 @@ def _apply_tuning_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if not (args.strategy or args.max_evals or args.tune_seconds):
         return {}
     from tiletune import Budget
-    from tiletune.kernels import attention as attn_mod
-    from tiletune.kernels import gemm as gemm_mod
+
+    gemm_mod = importlib.import_module("tiletune.kernels.gemm")
+    attn_mod = importlib.import_module("tiletune.kernels.attention")
 
     budget = Budget(max_evals=args.max_evals, max_seconds=args.tune_seconds) \
         if (args.max_evals or args.tune_seconds) else None

@@ -15,6 +15,7 @@ run compiles a few dozen kernels in parallel).
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -25,8 +26,10 @@ torch = pytest.importorskip("torch")
 ct = pytest.importorskip("cuda.tile")
 
 import tiletune as tt
-from tiletune.kernels import attention as attn_mod
-from tiletune.kernels import gemm as gemm_mod
+
+# the modules themselves (``tiletune.kernels.<name>`` may also be exported as the function)
+attn_mod = importlib.import_module("tiletune.kernels.attention")
+gemm_mod = importlib.import_module("tiletune.kernels.gemm")
 from tiletune.kernels.attention_kernels import ATTENTION_BASELINE, ATTENTION_CONSTRAINTS
 from tiletune.kernels.gemm_kernels import GEMM_BASELINE, GEMM_CONSTRAINTS
 
