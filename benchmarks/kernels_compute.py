@@ -158,6 +158,9 @@ def _tuning_info(ops: list[Any], before: dict[int, set]) -> dict[str, Any]:
 def ab_time(timer: Any, fa: Callable[[], Any], fb: Callable[[], Any], rounds: int, per_round: int,
             warmup: int) -> tuple[float, float, int]:
     """Interleaved A/B timing (cold L2): medians of ``rounds * per_round`` samples each, in us."""
+    spin = getattr(timer, "spin", None)
+    if spin is not None:  # GPU clocks out of idle before the first sample
+        spin(0.05)
     timer.time(fa, warmup)
     timer.time(fb, warmup)
     sa: list[float] = []
@@ -439,7 +442,13 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds after which no new problem is started (rows left are marked skipped)")
-    ap.add_argument("--strategy", default=None, help="override the ops' tuning strategy (e.g. model)")
+    ap.add_argument("--merge", nargs="?", const="", default=None, metavar="JSON",
+                    help="keep the other op's rows from an earlier kernels_compute.json (default: the one in "
+                         "--out), e.g. after '--only gemm', run '--only attention --merge'")
+    ap.add_argument("--fp32-reference", action="store_true",
+                    help="keep torch's fp32 matmuls exact (no tf32) in the ops' tuning references (slow)")
+    ap.add_argument("--strategy", default=None, choices=["exhaustive", "random", "evolutionary", "model"],
+                    help="override the ops' tuning strategy")
     ap.add_argument("--max-evals", type=int, default=None, help="override: configs evaluated per tuning")
     ap.add_argument("--tune-seconds", type=float, default=None, help="override: seconds per tuning session")
     args = ap.parse_args()
@@ -456,6 +465,13 @@ def main() -> int:
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     overrides = _apply_tuning_overrides(args)
+    if not args.fp32_reference:
+        # The ops' correctness references are fp32 torch matmuls (a.float() @ b.float(); fp32 attention
+        # scores). bf16/fp16 values are exact in tf32, so for the 16-bit GEMMs a tf32 reference is as
+        # exact (fp32 accumulation) and ~8x faster; for attention it moves the scores by ~1e-3, far
+        # inside the bf16 gate. It only touches the tuners' reference computations, not the timed
+        # calls (torch.matmul on bf16/fp16 and SDPA flash ignore it).
+        torch.backends.cuda.matmul.allow_tf32 = True
 
     problems: list[dict[str, Any]] = []
     if args.only in (None, "gemm"):
@@ -500,6 +516,19 @@ def main() -> int:
         partial.write_text(json.dumps({"rows": rows}, indent=1, default=str) + "\n")
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    merged_from = None
+    if args.merge is not None and args.only is not None:
+        src = Path(args.merge) if args.merge else out / "kernels_compute.json"
+        try:
+            old_doc = json.loads(src.read_text())
+            kept = [r for r in old_doc.get("rows", []) if r.get("op") != args.only]
+            rows = kept + rows if args.only == "attention" else rows + kept
+            for op in ("gemm", "attention"):
+                if op != args.only:
+                    planned[op] = old_doc.get(f"{op}_planned", sum(1 for r in kept if r["op"] == op and r["sweep"]))
+            merged_from = {"file": str(src), "date": old_doc.get("date"), "rows_kept": len(kept)}
+        except Exception as exc:
+            print(f"--merge: could not read {src}: {exc}", file=sys.stderr)
     summary = summarize(rows, planned)
     pngs = plot(rows, out)
     path = write_result("kernels_compute", {
@@ -512,6 +541,8 @@ def main() -> int:
         "b_transposed": args.b_transposed,
         "samples_each": args.rounds * args.per_round,
         "tuning_overrides": overrides,
+        "reference_matmul_tf32": not args.fp32_reference,
+        "merged_from": merged_from,
         "wall_s": round(time.perf_counter() - t_start, 1),
         "stopped": stopped,
         **{k: summary[k] for k in summary},

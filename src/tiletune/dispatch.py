@@ -288,7 +288,7 @@ class TunedOp:
                 with tuning_progress(self.name, min(total, len(candidates)), self.progress) as progress:
                     loop = run_search(session, strategy, budget, options, progress=progress, name=self.name)
                 extra = {"strategy": loop.strategy, "evaluations": len(loop.evaluations), "stopped": loop.stopped,
-                         "space_size": len(candidates)}
+                         "batches": loop.batches, "space_size": len(candidates)}
             else:
                 with tuning_progress(self.name, len(candidates), self.progress) as progress:
                     loop = run_loop(session, candidates, options, progress, self.name)
@@ -372,6 +372,9 @@ def autotune(
         seed: seeds the strategy (same seed, same proposals).
         strategy_options: keyword options of the strategy (e.g. ``{"population": 12}``).
     """
+
+    if strategy is not None:
+        _check_strategy_name(strategy)  # fail at the decorator, not at the first call
 
     def wrap(plan: Plan) -> TunedOp:
         return TunedOp(

@@ -369,7 +369,9 @@ def plot_space(truth: SpaceTruth, runs: Mapping[str, Sequence[Run]], path: str |
     ax.set_yscale("symlog", linthresh=1.0)
     ax.set_xscale("log")
     ax.set_xlim(1, horizon)
-    ax.set_ylim(0, max(1.0, (worst - 1.0) * 100.0) * 1.1)
+    start = max((float(np.median([r.curve[0] for r in rs if r.curve])) for rs in runs.values() if rs), default=worst)
+    top = max(min(worst, start) - 1.0, 2.0 * loose) * 100.0
+    ax.set_ylim(0, top * 1.3)
     ax.set_xlabel("evaluations (configs compiled and measured)")
     ax.set_ylabel("best found: % slower than the optimum")
     ax.set_title(title or f"{truth.name}: {truth.n_configs} configs ({truth.n_valid} valid), "

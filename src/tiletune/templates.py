@@ -164,51 +164,68 @@ def chunked_row_space(n_cols: int, *, streams: int = 1, chunks: Sequence[int] = 
 def elementwise_space(*, streams: int = 2) -> Space:
     """Space of a persistent elementwise kernel over 2-D tiles (gated activations).
 
-    ``TILE`` (elements per tile; the op shapes it as rows x columns) in {2048, 4096, 8192} with the
-    occupancies that fit the registers for ``streams`` input tiles and keep at least 4096 elements
-    per SM in flight (5 pairs), times ``STORE_TMA`` {False, True}: 10 configs. Loads carry
-    ``LAT=10`` (deep TMA pipelines for a pure stream).
+    Probed on sm_90 (cubin resources and SASS): tileiras compiles a reduction-free streaming loop
+    to vectorized ``LDG.128``/``STG.128`` without TMA or warp specialization, so the load latency
+    hint and ``allow_tma`` change nothing there (identical SASS) and are not searched. What moves
+    the bandwidth is how many bytes each SM has in flight and how they are spread over threads:
+    ``TILE`` (elements per tile) x ``occupancy`` x ``num_worker_warps`` (128 or 256 threads per
+    block), restricted to 16-32 elements per thread and 8192-16384 elements per SM (beyond that
+    the 64K registers of an SM spill): 7 configs.
     """
+    del streams  # the probed bounds already assume two input tiles (gate and up)
 
-    def regs_fit(c: Any) -> bool:
-        return fits_registers(c.TILE, c.occupancy, streams) and c.TILE * c.occupancy >= 4096
+    def in_flight(c: Any) -> bool:
+        per_thread = c.TILE // (32 * c.num_worker_warps)
+        return 16 <= per_thread <= 32 and 8192 <= c.TILE * c.occupancy <= 16384
 
     return Space(
         TILE=[2048, 4096, 8192],
         occupancy=per_arch(sm_80=[2, 4, 8], default=[1, 2, 4]),
-        LAT=[10],
-        STORE_TMA=[False, True],
-        constraints={"regs_fit": regs_fit},
-        baseline=dict(TILE=4096, occupancy=2, LAT=10, STORE_TMA=True),
+        num_worker_warps=[4, 8],
+        LAT=[0],
+        STORE_TMA=[True],
+        constraints={"in_flight": in_flight},
+        baseline=dict(TILE=4096, occupancy=2, num_worker_warps=4, LAT=0, STORE_TMA=True),
     )
 
 
 def rope_space(heads_elems: int) -> Space:
-    """Space of the in-place RoPE kernel: ``TS`` positions per tile, occupancy, ``STORE_TMA``.
+    """Space of the in-place RoPE kernel: ``TS`` positions per tile x occupancy x worker warps.
 
     ``heads_elems`` is the padded size of one half of one position's heads (``heads * half_dim``,
-    both rounded up to powers of two); a tile holds both halves of ``TS`` positions in fp32, i.e.
-    ``2 * TS * heads_elems`` values. ``TS`` takes the (at most two) values that give tiles of
-    2048-8192 values, occupancy what fits the registers with at least 4096 values per SM in
-    flight; times ``STORE_TMA`` {False, True}: at most 12 configs.
+    both rounded up to powers of two); a q tile holds both halves of ``TS`` positions, i.e.
+    ``V = 2 * TS * heads_elems`` values. Like :func:`elementwise_space` (the kernel has no
+    reduction, tileiras streams it with vectorized plain loads and stores), the knobs are the
+    bytes in flight and their spread over threads: 16-32 values per thread and 8192-16384 values
+    per SM (relaxed for very wide heads, where one position alone is bigger). At most 12 configs.
     """
     he = max(1, int(heads_elems))
-    ts = [t for t in (1, 2, 4, 8, 16, 32) if 2048 <= 2 * t * he <= 8192][:2] or [1]
-    pairs = [(t, o) for t in ts for o in (1, 2, 4)
-             if fits_registers(2 * t * he, o) and 2 * t * he * o >= 4096]
-    if not pairs:
-        pairs = [(ts[0], 1)]
-    pairs = [list(p) for p in pairs]
-    occ = sorted({o for _, o in pairs})
-    base = pairs[len(pairs) // 2]
 
-    def regs_fit(c: Any) -> bool:
-        return [c.TS, c.occupancy] in pairs
+    def combos(lo_thread: int, hi_thread: int, lo_sm: int, hi_sm: int) -> list[list[int]]:
+        out = []
+        for t in (1, 2, 4, 8, 16, 32, 64):
+            v = 2 * t * he
+            for w in (4, 8):
+                for o in (1, 2, 4):
+                    if lo_thread <= v // (32 * w) <= hi_thread and lo_sm <= v * o <= hi_sm:
+                        out.append([t, o, w])
+        return out
+
+    picked = combos(16, 32, 8192, 16384) or combos(1, 64, 1, max(16384, 2 * he)) or [[1, 1, 8]]
+    picked = picked[:12]
+    ts = sorted({c[0] for c in picked})
+    occ = sorted({c[1] for c in picked})
+    nww = sorted({c[2] for c in picked})
+    base = picked[len(picked) // 2]
+
+    def in_flight(c: Any) -> bool:
+        return [c.TS, c.occupancy, c.num_worker_warps] in picked
 
     return Space(
         TS=ts,
         occupancy=occ,
-        STORE_TMA=[False, True],
-        constraints={"regs_fit": regs_fit},
-        baseline=dict(TS=base[0], occupancy=base[1], STORE_TMA=True),
+        num_worker_warps=nww,
+        STORE_TMA=[True],
+        constraints={"in_flight": in_flight},
+        baseline=dict(TS=base[0], occupancy=base[1], num_worker_warps=base[2], STORE_TMA=True),
     )

@@ -8,7 +8,29 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["matmul", "rms_norm"]
+__all__ = [
+    "apply_rope_",
+    "cross_entropy",
+    "geglu",
+    "layer_norm",
+    "matmul",
+    "rms_norm",
+    "rms_norm_residual",
+    "softmax",
+    "swiglu",
+]
+
+# memory-bound ops (issue 5): public name -> module that defines it
+_MEMORY_OPS = {
+    "rms_norm": "norms",
+    "rms_norm_residual": "norms",
+    "layer_norm": "norms",
+    "softmax": "softmax",
+    "swiglu": "glu",
+    "geglu": "glu",
+    "apply_rope_": "rope",
+    "cross_entropy": "cross_entropy",
+}
 
 
 def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional dependency
@@ -16,8 +38,13 @@ def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional 
         from .matmul import matmul
 
         return matmul
-    if name == "rms_norm":
-        from .rmsnorm import rms_norm
+    if name in _MEMORY_OPS:
+        import importlib
 
-        return rms_norm
+        fn = getattr(importlib.import_module(f".{_MEMORY_OPS[name]}", __name__), name)
+        # "softmax" and "cross_entropy" are also submodule names: importing a submodule binds the
+        # module to the package attribute, so bind the function over it (those two modules are
+        # callable too, for code that imported the submodule first).
+        globals()[name] = fn
+        return fn
     raise AttributeError(f"module 'tiletune.kernels' has no attribute {name!r}")

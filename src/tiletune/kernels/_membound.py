@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import threading
 import types
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, NamedTuple, Sequence
 
 from ..dispatch import TunedOp, autotune
 from ..space import Space
@@ -27,6 +27,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "INDEX_LIMIT",
     "OpFamily",
+    "Prepared",
     "as_rows",
     "check_device",
     "check_float",
@@ -188,6 +189,28 @@ class OpFamily:
         for fam in cls._families:
             with fam._lock:
                 fam._ops.clear()
+
+
+class Prepared(NamedTuple):
+    """One call of a library op, ready to launch: ``family.op(regime)(*args)``, then return ``result``.
+
+    Each op splits into checks and a ``prepare_*`` function that builds views and outputs; tools
+    call ``prepare_*`` on meta tensors to see the plan (``tools/compile_check_memory.py``), and
+    benchmarks to read the chosen configuration.
+    """
+
+    family: "OpFamily"
+    regime: Hashable
+    args: tuple
+    result: Any
+
+    def run(self) -> Any:
+        self.family.op(self.regime)(*self.args)
+        return self.result
+
+    def config(self) -> Any:
+        """The configuration this call uses (tunes first if the problem is new)."""
+        return self.family.op(self.regime).config_for(*self.args)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
 from ._membound import (
     OpFamily,
+    Prepared,
     as_rows,
     check_device,
     check_float,
@@ -48,6 +49,9 @@ __all__ = [
     "RMS_NORM_RESIDUAL",
     "layer_norm",
     "layer_norm_reference",
+    "prepare_layer_norm",
+    "prepare_rms_norm",
+    "prepare_rms_norm_residual",
     "rms_norm",
     "rms_norm_reference",
     "rms_norm_residual",
@@ -331,6 +335,44 @@ def _vector_arg(v: Any, like: Any) -> Any:
     return v if v.stride(0) == 1 else v.contiguous()
 
 
+def prepare_rms_norm(x: Any, weight: Any = None, eps: float = 1e-6) -> Prepared:
+    """Views, output and tuned-op regime of :func:`rms_norm` (no checks, no launch)."""
+    import torch
+
+    n = x.shape[-1]
+    x2 = as_rows(x)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    has_w = weight is not None
+    return Prepared(RMS_NORM, (row_key(n), has_w), (x2, _vector_arg(weight, x2), y, float(eps), has_w),
+                    y.view(x.shape))
+
+
+def prepare_rms_norm_residual(x: Any, residual: Any, weight: Any = None, eps: float = 1e-6) -> Prepared:
+    """Views, outputs and regime of :func:`rms_norm_residual` (no checks, no launch)."""
+    import torch
+
+    n = x.shape[-1]
+    x2, r2 = as_rows(x), as_rows(residual)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    has_w = weight is not None
+    return Prepared(RMS_NORM_RESIDUAL, (row_key(n), has_w),
+                    (x2, r2, _vector_arg(weight, x2), y, h, float(eps), has_w), (y.view(x.shape), h.view(x.shape)))
+
+
+def prepare_layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Prepared:
+    """Views, output and regime of :func:`layer_norm` (no checks, no launch)."""
+    import torch
+
+    n = x.shape[-1]
+    x2 = as_rows(x)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    has_w, has_b = weight is not None, bias is not None
+    return Prepared(LAYER_NORM, (row_key(n), has_w, has_b),
+                    (x2, _vector_arg(weight, x2), _vector_arg(bias, x2), y, float(eps), has_w, has_b),
+                    y.view(x.shape))
+
+
 def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6) -> Any:
     """RMSNorm over the last dimension: ``x * rsqrt(mean(x^2, -1) + eps) * weight``.
 
@@ -344,19 +386,12 @@ def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6) -> Any:
     """
     op = "rms_norm"
     _check_input(op, x)
-    n = x.shape[-1]
     if weight is not None:
-        _check_vector(op, "weight", weight, n)
+        _check_vector(op, "weight", weight, x.shape[-1])
     check_device(op, x=x, weight=weight)
-    import torch
-
     if x.numel() == 0:
-        return torch.empty_like(x)
-    x2 = as_rows(x)
-    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    has_w = weight is not None
-    RMS_NORM.op((row_key(n), has_w))(x2, _vector_arg(weight, x2), y, float(eps), has_w)
-    return y.view(x.shape)
+        return x.new_empty(x.shape)
+    return prepare_rms_norm(x, weight, eps).run()
 
 
 def rms_norm_residual(x: Any, residual: Any, weight: Any = None, eps: float = 1e-6) -> tuple[Any, Any]:
@@ -375,20 +410,12 @@ def rms_norm_residual(x: Any, residual: Any, weight: Any = None, eps: float = 1e
     check_float(op, "residual", residual, like=x)
     if tuple(residual.shape) != tuple(x.shape):
         raise ValueError(f"{op}(): 'residual' must have the shape of 'x' {tuple(x.shape)}, got {tuple(residual.shape)}")
-    n = x.shape[-1]
     if weight is not None:
-        _check_vector(op, "weight", weight, n)
+        _check_vector(op, "weight", weight, x.shape[-1])
     check_device(op, x=x, residual=residual, weight=weight)
-    import torch
-
     if x.numel() == 0:
-        return torch.empty_like(x), torch.empty_like(x)
-    x2, r2 = as_rows(x), as_rows(residual)
-    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    has_w = weight is not None
-    RMS_NORM_RESIDUAL.op((row_key(n), has_w))(x2, r2, _vector_arg(weight, x2), y, h, float(eps), has_w)
-    return y.view(x.shape), h.view(x.shape)
+        return x.new_empty(x.shape), x.new_empty(x.shape)
+    return prepare_rms_norm_residual(x, residual, weight, eps).run()
 
 
 def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
@@ -404,20 +431,11 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) 
     """
     op = "layer_norm"
     _check_input(op, x)
-    n = x.shape[-1]
     if weight is not None:
-        _check_vector(op, "weight", weight, n)
+        _check_vector(op, "weight", weight, x.shape[-1])
     if bias is not None:
-        _check_vector(op, "bias", bias, n)
+        _check_vector(op, "bias", bias, x.shape[-1])
     check_device(op, x=x, weight=weight, bias=bias)
-    import torch
-
     if x.numel() == 0:
-        return torch.empty_like(x)
-    x2 = as_rows(x)
-    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    has_w, has_b = weight is not None, bias is not None
-    LAYER_NORM.op((row_key(n), has_w, has_b))(
-        x2, _vector_arg(weight, x2), _vector_arg(bias, x2), y, float(eps), has_w, has_b)
-    return y.view(x.shape)
-
+        return x.new_empty(x.shape)
+    return prepare_layer_norm(x, weight, bias, eps).run()

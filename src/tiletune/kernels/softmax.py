@@ -8,7 +8,8 @@ Public op::
 dimension in place; another ``dim`` is moved last first (a copy), like a user would.
 
 Kernel: persistent (``num_SMs * occupancy`` blocks over row blocks). Rows of up to 16384 padded
-elements are one tile loaded with ``-inf`` padding (``TM`` short rows per tile): max, ``exp2`` of
+elements are one tile (``TM`` short rows per tile; zero-padded TMA loads, the padding set to
+``-inf`` in registers): max, ``exp2`` of
 the scaled difference, sum, one reciprocal, store. Longer rows use the online two-pass form: pass 1
 keeps a running max and a running sum rescaled on every new max, pass 2 reloads each chunk (L2
 hits while the rows in flight fit in L2) and writes ``exp(x - max) / sum``. The space comes from
@@ -26,48 +27,59 @@ import cuda.tile as ct
 from ..backends.base import Launch
 from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
-from ._membound import OpFamily, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from ._membound import OpFamily, Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
 
-__all__ = ["SOFTMAX", "softmax", "softmax_plan", "softmax_reference"]
+__all__ = ["SOFTMAX", "prepare_softmax", "softmax", "softmax_plan", "softmax_reference"]
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 LOG2E = 1.4426950408889634
 
 
-def _ld_neg_inf(A, index, shape, LAT):
-    """``-inf``-padded tile load with the ``latency=LAT`` hint when ``LAT > 0``."""
+def _ld(A, index, shape, LAT):
+    """Zero-padded tile load (TMA only fills with zeros), ``latency=LAT`` hint when ``LAT > 0``."""
     if LAT > 0:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.NEG_INF, latency=LAT)
+        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO, latency=LAT)
     else:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.NEG_INF)
+        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO)
     return t
 
 
-def softmax_kernel_fn(X, Y, TM: ConstInt, TN: ConstInt, CHUNKED: ConstBool, LAT: ConstInt, STORE_TMA: ConstBool):
-    """``Y = exp(X - max) / sum(exp(X - max))`` over the rows of a 2-D ``X`` (persistent grid)."""
+def softmax_kernel_fn(X, Y, TM: ConstInt, TN: ConstInt, CHUNKED: ConstBool, EVEN: ConstBool, LAT: ConstInt,
+                      STORE_TMA: ConstBool):
+    """``Y = exp(X - max) / sum(exp(X - max))`` over the rows of a 2-D ``X`` (persistent grid).
+
+    Loads are zero-padded (a ``-inf`` padding mode would rule out TMA); unless ``EVEN`` (every
+    tile is full: ``N`` is a multiple of ``TN``) the padding columns are set to ``-inf`` in
+    registers.
+    """
     M = X.shape[0]
     N = X.shape[1]
     num_rb = ct.cdiv(M, TM)
+    cols = ct.arange(TN, dtype=ct.int32).reshape((1, TN))
     if CHUNKED:
         nch = ct.cdiv(N, TN)
         for rb in range(ct.bid(0), num_rb, ct.num_blocks(0)):
             m = ct.full((TM, 1), -math.inf, dtype=ct.float32)
             s = ct.zeros((TM, 1), dtype=ct.float32)
             for c in range(nch):
-                x = _ld_neg_inf(X, (rb, c), (TM, TN), LAT).astype(ct.float32)
+                x = _ld(X, (rb, c), (TM, TN), LAT).astype(ct.float32)
+                if not EVEN:
+                    x = ct.where(cols + c * TN < N, x, -math.inf)
                 m_new = ct.maximum(m, ct.max(x, axis=1, keepdims=True))
                 e = ct.exp2((x - m_new) * LOG2E, flush_to_zero=True)
                 s = s * ct.exp2((m - m_new) * LOG2E, flush_to_zero=True) + ct.sum(e, axis=1, keepdims=True)
                 m = m_new
             inv = 1.0 / s
             for c in range(nch):
-                x = _ld_neg_inf(X, (rb, c), (TM, TN), LAT).astype(ct.float32)
+                x = _ld(X, (rb, c), (TM, TN), LAT).astype(ct.float32)
                 e = ct.exp2((x - m) * LOG2E, flush_to_zero=True)
                 ct.store(Y, (rb, c), (e * inv).astype(Y.dtype), allow_tma=STORE_TMA)
     else:
         for rb in range(ct.bid(0), num_rb, ct.num_blocks(0)):
-            x = _ld_neg_inf(X, (rb, 0), (TM, TN), LAT).astype(ct.float32)
+            x = _ld(X, (rb, 0), (TM, TN), LAT).astype(ct.float32)
+            if not EVEN:
+                x = ct.where(cols < N, x, -math.inf)
             m = ct.max(x, axis=1, keepdims=True)
             e = ct.exp2((x - m) * LOG2E, flush_to_zero=True)
             inv = 1.0 / ct.sum(e, axis=1, keepdims=True)
@@ -96,10 +108,21 @@ def softmax_plan(cfg: Any, x: Any, y: Any) -> Launch:
         tm, tn, chunked = int(cfg.TM), next_power_of_2(n), False
     grid = persistent_grid(-(-m // tm), x.get_device(), cfg.occupancy, cfg.get("GRID_FRAC", 1.0))
     kernel = softmax_kernel_i64 if needs_int64(x, y) else softmax_kernel
-    return Launch(kernel, grid, (x, y, tm, tn, chunked, cfg.LAT, cfg.STORE_TMA))
+    return Launch(kernel, grid, (x, y, tm, tn, chunked, n % tn == 0, cfg.LAT, cfg.STORE_TMA))
 
 
 SOFTMAX = OpFamily("tiletune.softmax", _space_for, softmax_plan, reference=softmax_reference, writes=["y"])
+
+
+def prepare_softmax(x: Any) -> Prepared:
+    """Views, output and regime of a last-dimension :func:`softmax` (no checks, no launch)."""
+    import torch
+
+    n = x.shape[-1]
+    x2 = as_rows(x)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    p = next_power_of_2(n)
+    return Prepared(SOFTMAX, p if p <= ROW_MAX_ELEMS else "chunked", (x2, y), y.view(x.shape))
 
 
 def softmax(x: Any, dim: int = -1) -> Any:
@@ -116,19 +139,22 @@ def softmax(x: Any, dim: int = -1) -> Any:
     check_float(op, "x", x)
     if x.dim() < 1:
         raise ValueError(f"{op}(): the input must have at least one dimension, got a 0-d tensor")
-    if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
         raise ValueError(f"{op}(): dim {dim!r} is out of range for a {x.dim()}-d input")
     check_device(op, x=x)
-    import torch
-
     dim = dim % x.dim()
     if dim != x.dim() - 1:
         return softmax(x.movedim(dim, -1), -1).movedim(-1, dim)
     if x.numel() == 0:
-        return torch.empty_like(x)
-    n = x.shape[-1]
-    x2 = as_rows(x)
-    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    p = next_power_of_2(n)
-    SOFTMAX.op(p if p <= ROW_MAX_ELEMS else "chunked")(x2, y)
-    return y.view(x.shape)
+        return x.new_empty(x.shape)
+    return prepare_softmax(x).run()
+
+
+class _CallableModule(__import__("types").ModuleType):
+    """``tiletune.kernels.softmax`` is both this module and the op: calling the module calls the op."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return softmax(*args, **kwargs)
+
+
+__import__("sys").modules[__name__].__class__ = _CallableModule

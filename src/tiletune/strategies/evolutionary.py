@@ -43,7 +43,7 @@ class EvolutionaryStrategy(Strategy):
         seed: int = 0,
         *,
         population: int = 10,
-        tournament: int = 3,
+        tournament: int = 5,
         crossover: float = 0.7,
         mutation: float = 0.6,
         jump: float = 0.15,

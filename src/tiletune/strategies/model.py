@@ -71,7 +71,7 @@ class ModelStrategy(Strategy):
         *,
         n_init: int = 10,
         n_trees: int = 48,
-        exploit: float = 0.5,
+        exploit: float = 0.75,
         xi: float = 0.01,
         min_samples_leaf: int = 1,
         design: str = "random",
@@ -145,7 +145,8 @@ class ModelStrategy(Strategy):
         self.fits += 1
         n = min(n, unseen.size)
         n_exploit = min(n, math.ceil(n * self.exploit))
-        order = np.lexsort((unseen, mu))  # lowest predicted time first, ties by space order
+        tie = np.asarray(self.rng.sample(range(unseen.size), unseen.size))  # seeded random tie-break
+        order = np.lexsort((tie, mu))  # lowest predicted time first (trees predict many ties)
         picks = [int(i) for i in order[:n_exploit]]
         if len(picks) < n:
             best = float(np.min(y[[v is not None for _, v in told]]))
@@ -155,7 +156,7 @@ class ModelStrategy(Strategy):
             cdf, pdf = _normal_cdf_pdf(z)
             ei = np.where(sigma > 0, imp * cdf + sigma * pdf, np.maximum(imp, 0.0))
             taken = set(picks)
-            for i in np.lexsort((unseen, -ei)):
+            for i in np.lexsort((tie, -ei)):
                 if len(picks) >= n:
                     break
                 if int(i) not in taken:
