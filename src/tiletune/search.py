@@ -23,7 +23,7 @@ from .records import Measurement, Status
 from .space import Config
 from .stats import Entry, SampleSummary, rank, summarize
 from .strategies.base import Budget, Strategy
-from .tuner import LoopResult, ProgressFn, TunerOptions, run_loop
+from .tuner import LoopResult, ProgressFn, TunerOptions, run_loop, showdown
 
 logger = logging.getLogger("tiletune")
 
@@ -166,7 +166,9 @@ def run_search(
             Candidate(c, len(evaluations) + i, is_baseline=(base is not None and c == base))
             for i, c in enumerate(configs)
         ]
-        loop: LoopResult = run_loop(session, cands, loop_options, batch_progress, name, incumbent=incumbent)
+        loop: LoopResult = run_loop(
+            session, cands, loop_options, batch_progress, name, incumbent=incumbent, showdown=False
+        )
         told: list[tuple[Config, float | None]] = []
         for cand, m, known in zip(cands, loop.measurements, loop.known_at_s or (None,) * len(cands)):
             candidates[cand.order] = cand
@@ -197,6 +199,17 @@ def run_search(
         pool = contenders or {
             e.index: summarize(measurements[e.index].samples_us) for e in evaluations if e.median_us is not None
         }
+        # one interleaved showdown across all batches: drift between batches cannot pick the winner
+        measured = {e.index: summarize(measurements[e.index].samples_us) for e in evaluations if e.median_us is not None}
+        fresh, errors = showdown(session, [(candidates[i], s) for i, s in measured.items()], options)
+        for i, reason in errors.items():
+            measurements[i] = dataclasses.replace(measurements[i], status=Status.LAUNCH_ERROR, reason=reason)
+            pool.pop(i, None)
+        for i, extra in fresh.items():
+            measurements[i] = dataclasses.replace(measurements[i], samples_us=measurements[i].samples_us + tuple(extra))
+            samples += len(extra)
+        if fresh:
+            pool = {i: summarize(v) for i, v in fresh.items()}
         ranking = rank(
             [Entry(i, candidates[i].is_baseline, s) for i, s in pool.items()],
             min_band=options.min_tie_band,

@@ -226,31 +226,52 @@ def run_loop(
     )
 
 
-def _showdown(session: TuningSession, ok: Sequence[_State], options: TunerOptions) -> dict[int, SampleSummary]:
-    """Re-measure the leaders interleaved; their fresh summaries by candidate order ({} if not needed)."""
-    if options.showdown_rounds <= 0 or len(ok) < 2:
-        return {}
-    best = min(s.summary.median for s in ok)  # type: ignore[union-attr]
+def showdown(
+    session: TuningSession,
+    leaders: Sequence[tuple[Candidate, SampleSummary]],
+    options: TunerOptions,
+) -> tuple[dict[int, list[float]], dict[int, str]]:
+    """Re-measure the leading candidates in interleaved rounds.
+
+    From ``leaders`` (every measured OK candidate, with its summary so far) it takes those within
+    ``options.showdown_band`` of the best (the baseline first if near, then the fastest, at most
+    ``options.showdown_max``) and samples them in ``options.showdown_rounds`` alternating rounds.
+    Returns the fresh samples by candidate order ({} when fewer than two are near) and the launch
+    errors met on the way.
+    """
+    if options.showdown_rounds <= 0 or len(leaders) < 2:
+        return {}, {}
+    best = min(s.median for _, s in leaders)
     near = sorted(
-        (s for s in ok if s.summary.median <= best * (1 + options.showdown_band)),  # type: ignore[union-attr]
-        key=lambda s: (not s.cand.is_baseline, s.summary.median, s.cand.order),  # type: ignore[union-attr]
+        (pair for pair in leaders if pair[1].median <= best * (1 + options.showdown_band)),
+        key=lambda p: (not p[0].is_baseline, p[1].median, p[0].order),
     )
-    lead = near[: options.showdown_max]  # the baseline (if near) and the fastest others
+    lead = [c for c, _ in near[: options.showdown_max]]
     if len(lead) < 2:
-        return {}
-    fresh: dict[int, list[float]] = {s.cand.order: [] for s in lead}
+        return {}, {}
+    fresh: dict[int, list[float]] = {c.order: [] for c in lead}
+    errors: dict[int, str] = {}
     for r in range(options.showdown_rounds):
-        for st in lead if r % 2 == 0 else reversed(lead):
-            if st.status is not Status.OK:
+        for cand in lead if r % 2 == 0 else lead[::-1]:
+            if cand.order in errors:
                 continue
             try:
-                got = session.sample(st.cand, options.batch)
+                fresh[cand.order].extend(session.sample(cand, options.batch))
             except Exception as exc:
-                st.status, st.reason, st.done = Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}", "failed"
-                continue
-            st.add(got)
-            fresh[st.cand.order].extend(got)
-    return {s.cand.order: summarize(fresh[s.cand.order]) for s in lead if s.status is Status.OK and fresh[s.cand.order]}
+                errors[cand.order] = f"{type(exc).__name__}: {exc}"
+    return {o: v for o, v in fresh.items() if v and o not in errors}, errors
+
+
+def _showdown(session: TuningSession, ok: Sequence[_State], options: TunerOptions) -> dict[int, SampleSummary]:
+    """Run :func:`showdown` over the loop's states; fresh summaries by candidate order."""
+    fresh, errors = showdown(session, [(s.cand, s.summary) for s in ok if s.summary is not None], options)
+    by_order = {s.cand.order: s for s in ok}
+    for order, reason in errors.items():
+        st = by_order[order]
+        st.status, st.reason, st.done = Status.LAUNCH_ERROR, reason, "failed"
+    for order, samples in fresh.items():
+        by_order[order].add(samples)
+    return {o: summarize(v) for o, v in fresh.items()}
 
 
 def _log_candidate(name: str, st: _State) -> None:
