@@ -26,10 +26,12 @@ Usage::
     python tools/compile_check_all.py                    # main variants, every config
     python tools/compile_check_all.py --variants all     # every variant, every config
     python tools/compile_check_all.py --variants sample  # main: every config; others: every 7th
+    python tools/compile_check_all.py --variants others  # only every 7th config of the other variants
     python tools/compile_check_all.py --only gemm --workers 4 --json /tmp/gemm.json
 
-Exit status: 0 if every compile succeeded, 1 otherwise.  Compile times are per config
-(one process; cuTile's disk cache is not used by ``export_kernel``).
+Exit status: 0 if every compile succeeded, 1 otherwise.  Compile times are per config, in one
+process, measured around ``export_kernel`` (front end + ``tileiras``); by default the workers use
+a fresh, empty cuTile disk cache so the times are cold compiles (``--warm-cache`` uses yours).
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -201,15 +206,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(SPACE_NAMES),
                     help=f"comma-separated spaces (default: {','.join(SPACE_NAMES)})")
-    ap.add_argument("--variants", choices=["main", "sample", "all"], default="main",
+    ap.add_argument("--variants", choices=["main", "sample", "others", "all"], default="main",
                     help="main: the recorded problem only; sample: + every --stride-th config of the "
-                         "other variants; all: every variant x every config")
+                         "other variants; others: only that sample of the other variants; all: every "
+                         "variant x every config")
     ap.add_argument("--stride", type=int, default=7, help="config stride of --variants sample")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--limit", type=int, default=None, help="at most this many configs per space (testing)")
+    ap.add_argument("--where", action="append", default=[], metavar="PARAM=VALUE",
+                    help="only configs with this parameter value (repeatable; e.g. --where KV_LATENCY=1)")
     ap.add_argument("--json", default=None, help="write every result to this JSON file")
     ap.add_argument("--quiet", action="store_true", help="print failures and summaries only")
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="use cuTile's disk cache (default: a fresh empty one, so times are cold compiles)")
     args = ap.parse_args(argv)
 
     names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -222,23 +232,34 @@ def main(argv=None) -> int:
     for n in names:
         sd = defs[n]
         cfgs = [c.as_dict() for c in sd.space.candidates(args.arch)]
+        for cond in args.where:
+            pname, _, pval = cond.partition("=")
+            if pname in sd.space.names:
+                cfgs = [c for c in cfgs if str(c[pname]) == pval]
         if args.limit is not None:
             cfgs = cfgs[: args.limit]
         print(f"== {n}: {len(cfgs)} configs (space params: {', '.join(sd.space.names)}); "
               f"variants: {', '.join(f'{v.name} ({v.describe})' for v in sd.variants)}")
         for v in sd.variants:
-            if v.name == "main" or args.variants == "all":
+            if args.variants == "all" or (v.name == "main" and args.variants != "others"):
                 sel = cfgs
-            elif args.variants == "sample":
+            elif v.name != "main" and args.variants in ("sample", "others"):
                 sel = cfgs[:: max(1, args.stride)]
             else:
                 continue
             tasks += [(n, v.name, c) for c in sel]
     print(f"compiling {len(tasks)} kernels for {args.arch} with {args.workers} worker process(es)\n", flush=True)
 
+    cache_tmp = None
+    if not args.warm_cache:  # the workers import cuda.tile after this, and read the variable then
+        cache_tmp = tempfile.mkdtemp(prefix="tiletune-compile-check-")
+        os.environ["CUDA_TILE_CACHE_DIR"] = cache_tmp
+
     results: list[dict] = []
     t_all = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as ex:
+    # spawn, not fork: a forked child can inherit a lock held by one of the parent's threads
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, args.workers), mp_context=ctx) as ex:
         futs = {ex.submit(_compile_task, n, v, c, args.arch): (n, v, c) for n, v, c in tasks}
         for i, fut in enumerate(as_completed(futs), 1):
             n, v, c = futs[fut]
@@ -255,6 +276,8 @@ def main(argv=None) -> int:
                 if not r["ok"]:
                     print("      " + r["error"].replace("\n", "\n      ")[:4000], flush=True)
     wall = time.perf_counter() - t_all
+    if cache_tmp is not None:
+        shutil.rmtree(cache_tmp, ignore_errors=True)
 
     print(f"\n== summary ({args.arch}, {args.workers} workers, wall {wall:.1f} s)")
     print(f"{'space':10s} {'variant':11s} {'ok':>9s} {'cpu-s':>8s} {'mean':>6s} {'max':>6s}  {'proj. wall, 16 cores':>20s}")

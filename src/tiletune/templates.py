@@ -1,31 +1,47 @@
 """Kernel-type search-space templates: small :class:`~tiletune.Space` objects for common kernel shapes.
 
 A template knows which knobs pay for a *kind* of kernel and which combinations are hopeless, so an
-op builds its space from the problem's few facts (row length, element size) instead of listing
-values by hand. Every template returns a plain :class:`~tiletune.Space` (4-12 configurations),
-with per-architecture values through :func:`~tiletune.per_arch` where they differ.
+op builds its space from the problem's few facts (row length, element size, whether its rows can
+move by TMA) instead of listing values by hand. Every template returns a plain
+:class:`~tiletune.Space` of a handful of configurations (4-12 in the common cases), with
+per-architecture values through :func:`~tiletune.per_arch` where they differ.
 
-The knobs of the memory-bound templates, and why they are there:
+What the knobs are, and what offline probing showed (``tools/compile_check_memory.py
+--resources`` compiles every configuration for sm_90 and reads registers, spill stack, shared
+memory, threads and TMA instructions from the cubins; tileiras 13.4):
 
-* ``occupancy`` (cuTile hint; also sets the persistent grid, ``num_SMs * occupancy`` blocks):
-  how many blocks share an SM, i.e. how many bytes are in flight per SM.
-* ``LAT`` (kernel constant): the ``latency=`` hint of the streaming loads; 0 leaves it to the
-  compiler. On sm_90 ``LAT=10`` makes tileiras stage deeper TMA pipelines (for a 1 x 4096 bf16 row
-  at occupancy 1 the shared-memory staging grows from ~50 KB to ~180 KB), which is what a
-  DRAM-bound loop wants, but it can also starve the next block of shared memory.
-* ``STORE_TMA`` (kernel constant): whether the output store may use TMA (``allow_tma=``). A TMA
-  store goes registers -> shared memory -> bulk copy; a plain store writes from registers. Public
-  cuTile RMSNorm code reports +30% from turning TMA stores off; it depends on the tile.
-* row tiling (``TM`` rows per tile for short rows; ``CHUNK`` columns per pass for rows too long to
-  hold): the tile size decides how much work one TMA transaction carries.
-* ``num_worker_warps`` (cuTile hint, 4 or 8 with tileiras 13.4): more compute warps for very wide
-  rows, where 128 threads hold too many values each.
+* Row-reduction kernels (norms, softmax, cross-entropy) compile to warp-specialized TMA pipelines
+  (256 threads: a producer warpgroup issuing ``UTMALDG``, a consumer warpgroup). Their knobs:
 
-Register budget (probed offline by compiling for sm_90 and reading the cubins' resource usage,
-see ``tools/compile_check_memory.py --resources``): a block keeps its fp32 row tile in registers,
-``occupancy`` blocks share 64K registers, and tiles of ``TM * TN * occupancy > 16384`` fp32 values
-spill (a 1 x 8192 row spills at occupancy 4, a 1 x 16384 row at occupancy 2 with 8 worker warps).
-:func:`fits_registers` encodes that rule; the templates never offer a spilling configuration.
+  - ``occupancy`` (cuTile hint; also sets the persistent grid, ``num_SMs * occupancy`` blocks):
+    how many blocks, hence bytes in flight, share an SM;
+  - ``LAT``, the ``latency=`` hint of the streaming loads (0: the compiler's choice). ``LAT=10``
+    makes tileiras stage deeper TMA pipelines (1 x 4096 bf16 rows at occupancy 1: ~50 KB of shared
+    memory staging becomes ~180 KB);
+  - ``STORE_TMA``, whether the output store may use TMA (``allow_tma=``): TMA stores go through
+    shared memory, plain ones straight from registers (public cuTile RMSNorm code reports +30%
+    from turning TMA stores off);
+  - the tile: ``TM`` short rows per tile, or ``CHUNK`` columns per pass for long rows;
+  - ``num_worker_warps`` (4 or 8 with tileiras 13.4) for the widest rows.
+
+  Padding modes other than zero rule TMA out (``PaddingMode.NEG_INF`` loads compiled to plain
+  ``LDG``), so the kernels load zero-padded and mask in registers. Rows under 16 bytes, or with a
+  row stride that is not a multiple of 16 bytes, cannot use TMA either (:func:`tma_rows`); there
+  the latency hint and TMA stores change nothing, and ``LAT=10`` even made tileiras unroll tiny-row
+  kernels into 10-40 s compiles that spill, so those spaces drop both knobs.
+* Reduction-free streams (gated activations, RoPE) compile to vectorized plain ``LDG.128`` /
+  ``STG.128`` with 128 threads per block, no TMA and no warp specialization, whatever the hints:
+  ``LAT`` and ``STORE_TMA`` produced identical SASS. Their knobs are the bytes in flight and how
+  they spread over threads: tile size, ``occupancy`` and ``num_worker_warps`` (the block size).
+
+Register budget: a block keeps its fp32 tile in registers and ``occupancy`` blocks share 64K of
+them; tiles of ``TM * TN * occupancy > 16384`` fp32 values spilled in the probe (a 1 x 8192 row
+at occupancy 4; a 1 x 16384 row at occupancy 2 with 8 worker warps). :func:`fits_registers`
+encodes that rule (``streams`` counts the tiles live at once: 2 for a fused residual or
+LayerNorm's centered copy) and :func:`thread_regs_fit` the per-thread form for plain-load
+kernels. A few configurations still spill (the compiler's unrolling is not monotone in the tile);
+they stay in the spaces when a neighbour of theirs does not, since spilling a few registers is
+not always slower, and the tuner measures.
 """
 
 from __future__ import annotations
@@ -43,6 +59,8 @@ __all__ = [
     "next_power_of_2",
     "occupancy_values",
     "row_regime",
+    "thread_regs_fit",
+    "tma_rows",
     "rowwise_space",
     "rope_space",
 ]
@@ -65,6 +83,15 @@ def fits_registers(tile_elems: int, occupancy: int, streams: int = 1) -> bool:
     return int(tile_elems) * int(occupancy) * max(1, int(streams)) <= FP32_VALUES_PER_SM
 
 
+def thread_regs_fit(values_per_thread: int, occupancy: int, threads: int, per_value: float = 4.0,
+                    fixed: int = 24) -> bool:
+    """Whether ``fixed + per_value * values_per_thread`` registers fit the per-thread budget
+    ``min(255, 65536 / (occupancy * threads))`` (a probed model for the plain-load kernels; the
+    RoPE kernel spilled exactly where it predicts a miss)."""
+    budget = min(255, 65536 // max(1, int(occupancy) * int(threads)))
+    return fixed + per_value * values_per_thread <= budget
+
+
 def occupancy_values(kind: str = "stream") -> Any:
     """Occupancy candidates by architecture, as a :func:`per_arch` value.
 
@@ -77,17 +104,13 @@ def occupancy_values(kind: str = "stream") -> Any:
     return per_arch(sm_80=[2, 4, 8], sm_90=[1, 2, 4], sm_100=[1, 2, 4], default=[1, 2, 4])
 
 
-def _fit(streams: int, elems_of) -> Any:
-    def regs_fit(c: Any) -> bool:
-        return fits_registers(elems_of(c), c.occupancy, streams)
+def row_regime(n_cols: int, streams: int = 1) -> str:
+    """``"rows"`` (several short rows per tile), ``"row"`` (one row per tile) or ``"chunked"``.
 
-    return regs_fit
-
-
-def row_regime(n_cols: int) -> str:
-    """``"rows"`` (several short rows per tile), ``"row"`` (one row per tile) or ``"chunked"``."""
+    Rows longer than ``ROW_MAX_ELEMS / streams`` padded elements are chunked.
+    """
     p = next_power_of_2(n_cols)
-    if p > ROW_MAX_ELEMS:
+    if p > ROW_MAX_ELEMS // max(1, int(streams)):
         return "chunked"
     return "rows" if p < 4096 else "row"
 
@@ -97,38 +120,55 @@ def rows_per_tile(n_cols: int, target_elems: int = 4096) -> int:
     return max(1, min(256, int(target_elems) // next_power_of_2(n_cols)))
 
 
-def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1) -> Space:
+def tma_rows(n_cols: int, row_stride: int, dtype_bytes: int) -> bool:
+    """Whether row tiles of a 2-D array can move by TMA: a padded row of at least 16 bytes and a row
+    stride that is a multiple of 16 bytes (single rows need no stride). Otherwise tileiras falls back
+    to plain loads, where the latency hint and TMA stores do nothing (and ``LAT=10`` made tileiras
+    unroll tiny-row kernels into 10-40 s compiles that spill), so the spaces drop those knobs."""
+    b = int(dtype_bytes)
+    return next_power_of_2(n_cols) * b >= 16 and (int(row_stride) * b) % 16 == 0
+
+
+def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: bool = True) -> Space:
     """Space of a persistent row-reduction kernel (norms, softmax) over rows of ``n_cols`` elements.
 
     Parameters: ``TM`` (rows per tile), ``CHUNK`` (0: the whole padded row is one tile; else the
     column chunk of the two-pass variant), ``LAT``, ``STORE_TMA`` and the hints ``occupancy`` and
     ``num_worker_warps``. ``streams`` is the number of row tiles a block holds at once (2 for a
-    fused residual add), which tightens the register rule.
+    fused residual add), which tightens the register rule. ``tma=False`` (see :func:`tma_rows`, or
+    rows shorter than 16 bytes) keeps only the knobs that matter for plain loads.
 
-    * rows of up to 16384 padded elements: one tile per row (``TM`` short rows together, ~4096
-      elements per tile), occupancy {1, 2, 4} where the registers allow, ``LAT`` {0, 10},
-      ``STORE_TMA`` {False, True}: 4-12 configs; rows of 16384 also try 8 worker warps.
+    * rows of up to ``16384 / streams`` padded elements: one tile per row (``TM`` short rows
+      together, ~4096 elements per tile), occupancy {1, 2, 4} where the registers allow, ``LAT``
+      {0, 10}, ``STORE_TMA`` {False, True}: 4-12 configs; the widest rows also try 8 worker warps.
     * longer rows: :func:`chunked_row_space`.
     """
     if int(n_cols) < 1:
         raise ValueError(f"rowwise_space: n_cols must be >= 1, got {n_cols}")
-    del dtype_bytes  # the register rule is in fp32 values; kept for a uniform template signature
+    tma = bool(tma) and next_power_of_2(n_cols) * int(dtype_bytes) >= 16
     p = next_power_of_2(n_cols)
-    if p > ROW_MAX_ELEMS:
-        return chunked_row_space(n_cols, streams=streams)
+    if row_regime(n_cols, streams) == "chunked":
+        if tma:
+            return chunked_row_space(n_cols, streams=streams)
+        # plain loads: chunks of 2048-4096 at occupancy <= 2 (occupancy 4 spilled in the probe)
+        return chunked_row_space(n_cols, streams=streams, chunks=(2048, 4096), lat=(0,), store_tma=(True,),
+                                 occupancies=(1, 2))
     tm = rows_per_tile(n_cols)
     tile = tm * p
     occ = [o for o in (1, 2, 4) if fits_registers(tile, o, streams)] or [1]
-    occ_ampere = [o for o in (1, 2, 4, 8) if fits_registers(tile, o, streams)] or [1]
+    occ_ampere = [o for o in (2, 4, 8) if fits_registers(tile, o, streams)] or occ
     params: dict[str, Any] = dict(
         TM=[tm],
         CHUNK=[0],
         occupancy=per_arch(sm_80=occ_ampere, default=occ),
-        LAT=[0, 10],
-        STORE_TMA=[False, True],
+        LAT=[0, 10] if tma else [0],
+        STORE_TMA=[False, True] if tma else [True],
     )
     baseline: dict[str, Any] = dict(TM=tm, CHUNK=0, occupancy=occ[min(1, len(occ) - 1)], LAT=0, STORE_TMA=True)
-    if p >= ROW_MAX_ELEMS:  # one very wide row per block: try two consumer warpgroups
+    if p * max(1, int(streams)) >= ROW_MAX_ELEMS:  # one very wide row per block: try 2 consumer warpgroups
+        params["num_worker_warps"] = [4, 8]
+        baseline["num_worker_warps"] = 4
+    elif not tma:  # plain loads: the block size is a knob too (as in elementwise_space)
         params["num_worker_warps"] = [4, 8]
         baseline["num_worker_warps"] = 4
     return Space(**params, baseline=baseline)
@@ -136,7 +176,7 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1) -> Spa
 
 def chunked_row_space(n_cols: int, *, streams: int = 1, chunks: Sequence[int] = (4096, 8192),
                       grid_fracs: Sequence[float] = (1.0,), lat: Sequence[int] = (0, 10),
-                      store_tma: Sequence[bool] = (False,)) -> Space:
+                      store_tma: Sequence[bool] = (False,), occupancies: Sequence[int] = (1, 2, 4)) -> Space:
     """Space of a two-pass (or online) kernel that walks long rows in ``CHUNK``-column pieces.
 
     Pass 1 reduces over the chunks, pass 2 reloads them (L2 hits while ``blocks * row bytes`` is
@@ -145,7 +185,7 @@ def chunked_row_space(n_cols: int, *, streams: int = 1, chunks: Sequence[int] = 
     ``GRID_FRAC * num_SMs * occupancy`` blocks: fewer rows in flight keep pass-2 reloads in L2).
     """
     del n_cols
-    pairs = [(c, o) for c in chunks for o in (1, 2, 4) if fits_registers(c, o, streams)]
+    pairs = [(c, o) for c in chunks for o in occupancies if fits_registers(c, o, streams)]
     occ = sorted({o for _, o in pairs})
     first = pairs[0]
     return Space(
@@ -155,7 +195,7 @@ def chunked_row_space(n_cols: int, *, streams: int = 1, chunks: Sequence[int] = 
         LAT=list(lat),
         STORE_TMA=list(store_tma),
         GRID_FRAC=[float(g) for g in grid_fracs],
-        constraints={"regs_fit": _fit(streams, lambda c: c.CHUNK)},
+        constraints={"regs_fit": lambda c: [c.CHUNK, c.occupancy] in [list(p) for p in pairs]},
         baseline=dict(TM=1, CHUNK=first[0], occupancy=first[1], LAT=lat[0], STORE_TMA=store_tma[0],
                       GRID_FRAC=float(grid_fracs[-1])),
     )
@@ -180,7 +220,7 @@ def elementwise_space(*, streams: int = 2) -> Space:
 
     return Space(
         TILE=[2048, 4096, 8192],
-        occupancy=per_arch(sm_80=[2, 4, 8], default=[1, 2, 4]),
+        occupancy=occupancy_values(),
         num_worker_warps=[4, 8],
         LAT=[0],
         STORE_TMA=[True],
@@ -196,8 +236,9 @@ def rope_space(heads_elems: int) -> Space:
     both rounded up to powers of two); a q tile holds both halves of ``TS`` positions, i.e.
     ``V = 2 * TS * heads_elems`` values. Like :func:`elementwise_space` (the kernel has no
     reduction, tileiras streams it with vectorized plain loads and stores), the knobs are the
-    bytes in flight and their spread over threads: 16-32 values per thread and 8192-16384 values
-    per SM (relaxed for very wide heads, where one position alone is bigger). At most 12 configs.
+    bytes in flight and their spread over threads: 16-32 values per thread, 4096-16384 values per
+    SM, and registers by :func:`thread_regs_fit` (relaxed for very wide heads, where one position
+    alone is bigger). At most 12 configs.
     """
     he = max(1, int(heads_elems))
 
@@ -207,11 +248,13 @@ def rope_space(heads_elems: int) -> Space:
             v = 2 * t * he
             for w in (4, 8):
                 for o in (1, 2, 4):
-                    if lo_thread <= v // (32 * w) <= hi_thread and lo_sm <= v * o <= hi_sm:
+                    per_thread = v // (32 * w)
+                    if (lo_thread <= per_thread <= hi_thread and lo_sm <= v * o <= hi_sm
+                            and thread_regs_fit(per_thread, o, 32 * w)):
                         out.append([t, o, w])
         return out
 
-    picked = combos(16, 32, 8192, 16384) or combos(1, 64, 1, max(16384, 2 * he)) or [[1, 1, 8]]
+    picked = combos(16, 32, 4096, 16384) or combos(1, 64, 1, max(16384, 2 * he)) or [[1, 1, 8]]
     picked = picked[:12]
     ts = sorted({c[0] for c in picked})
     occ = sorted({c[1] for c in picked})

@@ -122,7 +122,7 @@ class OpFamily:
         reference, writes, inplace, tolerance: as for :func:`tiletune.autotune`.
     """
 
-    _db_override: Any = None  # shared by every family: see set_db
+    _overrides: dict[str, Any] = {}  # autotune keywords shared by every family: see configure
     _families: list["OpFamily"] = []
 
     def __init__(
@@ -154,9 +154,7 @@ class OpFamily:
             with self._lock:
                 op = self._ops.get(regime)
                 if op is None:
-                    kwargs: dict[str, Any] = {}
-                    if OpFamily._db_override is not None:
-                        kwargs["db"] = OpFamily._db_override
+                    kwargs: dict[str, Any] = dict(OpFamily._overrides)
                     op = autotune(
                         self.space_for(regime),
                         reference=self.reference,
@@ -182,10 +180,16 @@ class OpFamily:
         return out
 
     @classmethod
-    def set_db(cls, db: Any) -> None:
-        """Use ``db`` (a TuningDB, a path, or False for none) for every op made from now on, and
-        forget the ops made so far (they are re-made, with ``db``, on their next use)."""
-        cls._db_override = db
+    def configure(cls, **autotune_kwargs: Any) -> None:
+        """Pass ``db=``, ``options=``, ``progress=``, ``backend=``, ``strategy=`` or ``budget=`` to every
+        library op made from now on (``configure()`` with no arguments restores the defaults), and
+        forget the ops made so far: they are re-made with the new settings on their next use. For
+        tests, tools and benchmarks."""
+        allowed = {"db", "options", "progress", "backend", "strategy", "budget"}
+        bad = set(autotune_kwargs) - allowed
+        if bad:
+            raise TypeError(f"OpFamily.configure: unknown setting(s) {sorted(bad)}; allowed: {sorted(allowed)}")
+        cls._overrides = dict(autotune_kwargs)
         for fam in cls._families:
             with fam._lock:
                 fam._ops.clear()

@@ -66,7 +66,7 @@ ATTENTION_HEAD_DIMS = (64, 128)
 ATTENTION_SPACE_PARAMS = dict(
     BLOCK_M=[64, 128, 256],
     BLOCK_N=[32, 64, 128, 256],
-    KV_LATENCY=[0, 2, 4, 8],
+    KV_LATENCY=[0, 1, 2, 4, 8],
     occupancy=[1, 2, 4],
     num_worker_warps=[4, 8],
 )

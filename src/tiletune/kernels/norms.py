@@ -31,7 +31,7 @@ import cuda.tile as ct
 
 from ..backends.base import Launch
 from ..space import Space
-from ..templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
+from ..templates import ROW_MAX_ELEMS, next_power_of_2, row_regime, rowwise_space, tma_rows
 from ._membound import (
     OpFamily,
     Prepared,
@@ -222,16 +222,22 @@ layer_norm_kernel_i64 = int64_twin(layer_norm_kernel_fn, ["X", "Y"])
 # ---------------------------------------------------------------------------------------------
 
 
-def row_key(n_cols: int) -> Hashable:
-    """The part of a regime that fixes the row space: the padded row, or "chunked" past 16384."""
-    p = next_power_of_2(n_cols)
-    return p if p <= ROW_MAX_ELEMS else "chunked"
+def row_key(*arrays: Any, streams: int = 1) -> tuple[Hashable, bool]:
+    """The part of a regime that fixes the row space of 2-D inputs (outputs are contiguous): the
+    padded row ("chunked" for long rows) and whether every row tile can move by TMA."""
+    n = arrays[0].shape[1]
+    b = arrays[0].element_size()
+    strides = [a.stride(0) if a.shape[0] > 1 else n for a in arrays] + [n]
+    tma = all(tma_rows(n, st, b) for st in strides)
+    return ("chunked" if row_regime(n, streams) == "chunked" else next_power_of_2(n)), tma
 
 
-def _row_space(streams: int):
+def row_space_for(streams: int):
+    """``space_for(regime)`` of a row-wise family whose regimes start with :func:`row_key`."""
+
     def space_for(regime: Hashable) -> Space:
-        row = regime[0]
-        return rowwise_space(ROW_MAX_ELEMS * 2 if row == "chunked" else int(row), streams=streams)
+        row, tma = regime[0], regime[1]
+        return rowwise_space(ROW_MAX_ELEMS * 2 if row == "chunked" else int(row), streams=streams, tma=tma)
 
     return space_for
 
@@ -300,11 +306,12 @@ def layer_norm_plan(cfg: Any, x: Any, w: Any, b: Any, y: Any, eps: float, has_w:
                   (x, w, b, y, eps, tm, tn, chunked, has_w, has_b, cfg.LAT, cfg.STORE_TMA))
 
 
-RMS_NORM = OpFamily("tiletune.rms_norm", _row_space(1), rms_norm_plan,
+RMS_NORM = OpFamily("tiletune.rms_norm", row_space_for(1), rms_norm_plan,
                     reference=rms_norm_reference, writes=["y"])
-RMS_NORM_RESIDUAL = OpFamily("tiletune.rms_norm_residual", _row_space(2), rms_norm_residual_plan,
+RMS_NORM_RESIDUAL = OpFamily("tiletune.rms_norm_residual", row_space_for(2), rms_norm_residual_plan,
                              reference=rms_norm_residual_reference, writes=["y", "h"])
-LAYER_NORM = OpFamily("tiletune.layer_norm", _row_space(1), layer_norm_plan,
+# LayerNorm keeps x and x - mean live at once: it spills where RMSNorm does not (streams=2)
+LAYER_NORM = OpFamily("tiletune.layer_norm", row_space_for(2), layer_norm_plan,
                       reference=layer_norm_reference, writes=["y"])
 
 
@@ -339,11 +346,10 @@ def prepare_rms_norm(x: Any, weight: Any = None, eps: float = 1e-6) -> Prepared:
     """Views, output and tuned-op regime of :func:`rms_norm` (no checks, no launch)."""
     import torch
 
-    n = x.shape[-1]
     x2 = as_rows(x)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     has_w = weight is not None
-    return Prepared(RMS_NORM, (row_key(n), has_w), (x2, _vector_arg(weight, x2), y, float(eps), has_w),
+    return Prepared(RMS_NORM, (*row_key(x2), has_w), (x2, _vector_arg(weight, x2), y, float(eps), has_w),
                     y.view(x.shape))
 
 
@@ -351,12 +357,11 @@ def prepare_rms_norm_residual(x: Any, residual: Any, weight: Any = None, eps: fl
     """Views, outputs and regime of :func:`rms_norm_residual` (no checks, no launch)."""
     import torch
 
-    n = x.shape[-1]
     x2, r2 = as_rows(x), as_rows(residual)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     has_w = weight is not None
-    return Prepared(RMS_NORM_RESIDUAL, (row_key(n), has_w),
+    return Prepared(RMS_NORM_RESIDUAL, (*row_key(x2, r2, streams=2), has_w),
                     (x2, r2, _vector_arg(weight, x2), y, h, float(eps), has_w), (y.view(x.shape), h.view(x.shape)))
 
 
@@ -364,11 +369,10 @@ def prepare_layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float 
     """Views, output and regime of :func:`layer_norm` (no checks, no launch)."""
     import torch
 
-    n = x.shape[-1]
     x2 = as_rows(x)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     has_w, has_b = weight is not None, bias is not None
-    return Prepared(LAYER_NORM, (row_key(n), has_w, has_b),
+    return Prepared(LAYER_NORM, (*row_key(x2, streams=2), has_w, has_b),
                     (x2, _vector_arg(weight, x2), _vector_arg(bias, x2), y, float(eps), has_w, has_b),
                     y.view(x.shape))
 

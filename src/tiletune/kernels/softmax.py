@@ -91,7 +91,8 @@ softmax_kernel_i64 = int64_twin(softmax_kernel_fn, ["X", "Y"])
 
 
 def _space_for(regime: Hashable) -> Space:
-    return rowwise_space(ROW_MAX_ELEMS * 2 if regime == "chunked" else int(regime))
+    row, tma = regime
+    return rowwise_space(ROW_MAX_ELEMS * 2 if row == "chunked" else int(row), tma=tma)
 
 
 def softmax_reference(x: Any, y: Any) -> Any:
@@ -118,11 +119,11 @@ def prepare_softmax(x: Any) -> Prepared:
     """Views, output and regime of a last-dimension :func:`softmax` (no checks, no launch)."""
     import torch
 
-    n = x.shape[-1]
+    from .norms import row_key
+
     x2 = as_rows(x)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    p = next_power_of_2(n)
-    return Prepared(SOFTMAX, p if p <= ROW_MAX_ELEMS else "chunked", (x2, y), y.view(x.shape))
+    return Prepared(SOFTMAX, row_key(x2), (x2, y), y.view(x.shape))
 
 
 def softmax(x: Any, dim: int = -1) -> Any:
