@@ -31,6 +31,8 @@ grid).  :data:`GEMM_CONSTRAINTS`:
   share an SM fit its register file (wider ones spill);
 * ``warps_fit``: ``TM * TN == 256 * 128`` tiles need ``num_worker_warps=8`` (two consumer
   warpgroups; with 4 the 128 KiB accumulator spills, ~10x slower, see matmul_kernels).
+
+That leaves 512 configs, all of which compile for sm_90 (``tools/compile_check_all.py``).
 """
 
 from __future__ import annotations
