@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=None, help="configs per ask (default: the compile workers)")
     ap.add_argument("--out", type=Path, default=None,
                     help="output directory (default benchmarks/results/h200, or results/synthetic with --synthetic)")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="drop the recorded baseline from each space (strategies start cold); results get a "
+                         "'_no_baseline' suffix")
     args = ap.parse_args(argv)
 
     if args.synthetic:
@@ -63,14 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     rows, runs, truths = evaluate(paths, args.strategies, args.seeds, workers=args.workers, batch=args.batch,
-                                  exhaustive_seeds=args.exhaustive_seeds, progress=print)
+                                  exhaustive_seeds=args.exhaustive_seeds, progress=print,
+                                  baseline=not args.no_baseline)
     settings = {"seeds": args.seeds, "exhaustive_seeds": args.exhaustive_seeds, "workers": args.workers,
                 "batch": args.batch or args.workers, "spaces": [Path(p).name for p in paths],
-                "cpu_s": round(time.perf_counter() - t0, 1)}
-    path = write_results(rows, out, settings)
+                "cpu_s": round(time.perf_counter() - t0, 1), "baseline_in_space": not args.no_baseline}
+    suffix = "_no_baseline" if args.no_baseline else ""
+    path = write_results(rows, out, settings, name=f"strategies{suffix}.json")
     print(f"wrote {path}")
     for t in truths:
-        png = plot_space(t, {s: runs[(t.name, s)] for s in args.strategies}, out / f"strategies_{t.name}.png")
+        png = plot_space(t, {s: runs[(t.name, s)] for s in args.strategies}, out / f"strategies{suffix}_{t.name}.png")
         print(f"wrote {png}")
     # the target: evolutionary and model each within 5% with <= 1/10 of random's expected evaluations
     # (median over seeds) on at least two spaces
