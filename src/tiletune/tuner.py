@@ -38,7 +38,7 @@ class TunerOptions:
     #: cancels drift (clocks ramping, thermals, a neighbour's load) that separate phases would see.
     showdown_rounds: int = 4
     showdown_band: float = 0.10
-    showdown_max: int = 6
+    showdown_max: int = 8
 
 
 @dataclass
