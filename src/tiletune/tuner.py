@@ -29,7 +29,7 @@ class TunerOptions:
     batch: int = 10  # samples per measurement batch
     race_margin: float = 0.02  # raced out when its CI lies this far above the best's
     hopeless_factor: float = 3.0  # raced out when its median is this many times the best's
-    min_tie_band: float = 0.005
+    min_tie_band: float = 0.01
     max_tie_band: float = 0.03
     max_seconds: float | None = None  # wall-clock budget of the whole session (compile included)
     #: Final showdown: the candidates whose median is within ``showdown_band`` of the best (at most
