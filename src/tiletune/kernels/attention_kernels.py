@@ -37,9 +37,9 @@ shapes x 5 latencies x 3 occupancies x 2 warp counts = 330 configs, all of which
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import cuda.tile as ct
+from ._config import param as _param
 
 __all__ = [
     "ATTENTION_BASELINE",
@@ -181,16 +181,6 @@ def attention_kernel(Q, K, V, O, qk_scale_log2,
 # --------------------------------------------------------------------------------------------
 # host-side helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _param(cfg, name: str, default: Any = None) -> Any:
-    """Read ``name`` from a config object (attribute) or mapping; ``default`` if absent."""
-    if isinstance(cfg, dict):
-        return cfg.get(name, default)
-    try:
-        return getattr(cfg, name)
-    except AttributeError:
-        return default
 
 
 def attention_grid(cfg, q) -> tuple[int, int]:

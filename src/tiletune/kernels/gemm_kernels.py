@@ -37,9 +37,9 @@ That leaves 512 configs, all of which compile for sm_90 (``tools/compile_check_a
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.tile as ct
+from ._config import param as _param
 
 __all__ = [
     "GEMM_BASELINE",
@@ -72,16 +72,6 @@ GEMM_SPACE_PARAMS = dict(
 
 #: A sensible hand-picked config; measured first by the tuner.
 GEMM_BASELINE = dict(TM=128, TN=256, TK=64, GROUP_M=8, LAT=0, occupancy=1, num_worker_warps=8)
-
-
-def _param(cfg, name: str, default: Any = None) -> Any:
-    """Read ``name`` from a config object (attribute) or mapping; ``default`` if absent."""
-    if isinstance(cfg, dict):
-        return cfg.get(name, default)
-    try:
-        return getattr(cfg, name)
-    except AttributeError:
-        return default
 
 
 def smem_fits(cfg) -> bool:

@@ -31,9 +31,9 @@ configs, all of which compile for sm_90 (``tools/compile_check_all.py``).
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.tile as ct
+from ._config import param as _param
 
 __all__ = [
     "LAYERNORM_BASELINE",
@@ -181,16 +181,6 @@ def layernorm_kernel(X, W, Bias, Y, eps,
 def next_power_of_2(n: int) -> int:
     """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
-def _param(cfg, name: str, default: Any = None) -> Any:
-    """Read ``name`` from a config object (attribute) or mapping; ``default`` if absent."""
-    if isinstance(cfg, dict):
-        return cfg.get(name, default)
-    try:
-        return getattr(cfg, name)
-    except AttributeError:
-        return default
 
 
 def layernorm_tile_n(cfg, N: int) -> int:

@@ -27,9 +27,9 @@ config measured.  Smaller tiles keep the default (128x128x64: ~682 default vs ~6
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.tile as ct
+from ._config import param as _param
 
 __all__ = [
     "MATMUL_BASELINE",
@@ -126,15 +126,6 @@ def matmul_kernel(A, B, C,
 
     # Out-of-bounds rows/columns of edge tiles are dropped by the store.
     ct.store(C, (bid_m, bid_n), acc.astype(C.dtype))
-
-
-def _param(cfg, name: str, default: Any = None) -> Any:
-    """Read ``name`` from a config object (attribute) or mapping; ``default`` if absent."""
-    if hasattr(cfg, name):
-        return getattr(cfg, name)
-    if isinstance(cfg, dict):
-        return cfg.get(name, default)
-    return default
 
 
 def matmul_grid(cfg, M: int, N: int) -> tuple[int]:

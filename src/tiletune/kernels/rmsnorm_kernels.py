@@ -15,9 +15,9 @@ which also sets the grid size.  ``TILE_N`` is derived from the input, not tuned.
 
 from __future__ import annotations
 
-from typing import Any
 
 import cuda.tile as ct
+from ._config import param as _param
 
 __all__ = [
     "RMSNORM_BASELINE",
@@ -72,15 +72,6 @@ def rmsnorm_kernel(X, W, Y, eps, TILE_N: ConstInt):
 def next_power_of_2(n: int) -> int:
     """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
-def _param(cfg, name: str, default: Any = None) -> Any:
-    """Read ``name`` from a config object (attribute) or mapping; ``default`` if absent."""
-    if hasattr(cfg, name):
-        return getattr(cfg, name)
-    if isinstance(cfg, dict):
-        return cfg.get(name, default)
-    return default
 
 
 def rmsnorm_grid(cfg, M: int, num_sms: int) -> tuple[int]:
