@@ -27,8 +27,8 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import TiletuneError
 from ..records import DeviceInfo, Measurement, Status, canonical_json, stable_hash
 from ..space import Config, Space
-from .base import Launch, LaunchParts
-from .simulated import SimulatedCandidate, SimulatedSession, TimingSource
+from .base import Launch
+from .simulated import SimulatedBackend, SimulatedCandidate, SimulatedSession, TimingSource
 
 FORMAT = "tiletune-recording"
 
@@ -447,37 +447,22 @@ class RecordedTiming(TimingSource):
         return [rng.choice(m.samples_us) for _ in range(n)]
 
 
-class ReplayBackend:
+class ReplayBackend(SimulatedBackend):
     """Replays a recording through the tuning loop (no GPU). Launches are recorded, not executed."""
 
     name = "replay"
 
     def __init__(self, recording: Recording | str | os.PathLike, *, workers: int = 16, seed: int = 0) -> None:
         self.recording = recording if isinstance(recording, Recording) else Recording.load(recording)
+        self.device = self.recording.device
+        self._versions = dict(self.recording.versions)
         self.workers = workers
         self.seed = seed
         self.launches: list[tuple[Config, tuple[int, ...]]] = []
         self.sessions: list[SimulatedSession] = []
 
-    def device_info(self, device_index: int) -> DeviceInfo:
-        return self.recording.device
-
-    def versions(self) -> Mapping[str, str]:
-        return self.recording.versions
-
-    def arg_device(self, args: Sequence[Any]) -> int:
-        return 0
-
-    def kernel_sources(self, kernel: Any) -> str:
-        from ..identity import function_source
-
-        return function_source(getattr(kernel, "_pyfunc", kernel)) if callable(kernel) else repr(kernel)
-
-    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
-        def launch(stream: Any, grid: tuple[int, ...], k: Any, kargs: tuple[Any, ...]) -> None:
-            self.launches.append((config, tuple(grid)))
-
-        return LaunchParts(launch, lambda d: None, kernel, device_index)
+    def _execute(self, config: Config, spec: Launch) -> None:
+        self.launches.append((config, tuple(spec.grid)))  # replayed launches run nothing
 
     def open_session(
         self,

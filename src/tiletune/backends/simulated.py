@@ -142,7 +142,40 @@ class SimulatedSession:
             self.run(winner)
 
 
-class FakeBackend:
+class SimulatedBackend:
+    """What the fake and replay backends share: a fixed device, no GPU, launches recorded in
+    :attr:`launches` (subclasses decide what a launch records or runs, in :meth:`_execute`)."""
+
+    name = "simulated"
+    device: DeviceInfo
+    _versions: dict[str, str]
+    launches: list[Any]
+
+    def device_info(self, device_index: int) -> DeviceInfo:
+        return self.device
+
+    def versions(self) -> Mapping[str, str]:
+        return self._versions
+
+    def arg_device(self, args: Sequence[Any]) -> int:
+        return 0
+
+    def kernel_sources(self, kernel: Any) -> str:
+        from ..identity import function_source
+
+        return function_source(getattr(kernel, "_pyfunc", kernel)) if callable(kernel) else repr(kernel)
+
+    def _execute(self, config: Config, spec: Launch) -> None:
+        raise NotImplementedError
+
+    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
+        def launch(stream: Any, grid: tuple[int, ...], k: Any, kargs: tuple[Any, ...]) -> None:
+            self._execute(config, Launch(k, grid, kargs))
+
+        return LaunchParts(launch, lambda d: None, kernel, device_index)
+
+
+class FakeBackend(SimulatedBackend):
     """A CPU stand-in for the cuTile backend, for tests and demos.
 
     ``timing(config) -> microseconds`` is the true kernel time; ``failures(config)`` may return a
@@ -173,30 +206,10 @@ class FakeBackend:
         self.launches: list[tuple[Config, tuple[int, ...], tuple[Any, ...]]] = []
         self.sessions: list[SimulatedSession] = []
 
-    def device_info(self, device_index: int) -> DeviceInfo:
-        return self.device
-
-    def versions(self) -> Mapping[str, str]:
-        return self._versions
-
-    def arg_device(self, args: Sequence[Any]) -> int:
-        return 0
-
-    def kernel_sources(self, kernel: Any) -> str:
-        from ..identity import function_source
-
-        return function_source(kernel) if callable(kernel) else repr(kernel)
-
     def _execute(self, config: Config, spec: Launch) -> None:
         self.launches.append((config, tuple(spec.grid), tuple(spec.args)))
         if callable(spec.kernel):
             spec.kernel(*spec.args)
-
-    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
-        def launch(stream: Any, grid: tuple[int, ...], k: Any, kargs: tuple[Any, ...]) -> None:
-            self._execute(config, Launch(k, grid, kargs))
-
-        return LaunchParts(launch, lambda d: None, kernel, device_index)
 
     def open_session(
         self,
