@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -17,7 +18,7 @@ db_app = typer.Typer(no_args_is_help=True, help="Inspect, export and import the 
 app.add_typer(db_app, name="db")
 recording_app = typer.Typer(no_args_is_help=True, help="Recorded spaces: import Kernel Tuner / T4 files.")
 app.add_typer(recording_app, name="recording")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # logs: do not wrap tables at 80
 
 
 def _gpu_available() -> bool:
