@@ -35,6 +35,7 @@ from ..backends.base import Launch
 from ..space import Space
 from ..templates import chunked_row_space
 from ._membound import OpFamily, Prepared, check_device, check_float, check_tensor, int64_twin, needs_int64, persistent_grid
+from ._tile_ops import load_zero_padded as _ld
 
 __all__ = [
     "CE_GRAD",
@@ -52,14 +53,6 @@ ConstBool = ct.Constant[bool]
 LOG2E = 1.4426950408889634
 COUNT_TILE = 1024  # targets per load when counting the valid ones
 
-
-def _ld(A, index, shape, LAT):
-    """Zero-padded tile load (TMA-friendly), ``latency=LAT`` hint when ``LAT > 0``."""
-    if LAT > 0:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO, latency=LAT)
-    else:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO)
-    return t
 
 
 def cross_entropy_kernel_fn(L, T, LOSS, G, ignore_index, TV: ConstInt, WITH_GRAD: ConstBool, EVEN: ConstBool,

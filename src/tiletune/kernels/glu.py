@@ -27,6 +27,7 @@ import cuda.tile as ct
 from ..backends.base import Launch
 from ..templates import elementwise_space, next_power_of_2
 from ._membound import OpFamily, Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from ._tile_ops import load_zero_padded as _ld
 
 __all__ = ["GEGLU", "SWIGLU", "geglu", "glu_plan", "glu_reference", "prepare_glu", "swiglu"]
 
@@ -36,13 +37,6 @@ LOG2E = 1.4426950408889634
 ACT_SILU, ACT_GELU_TANH, ACT_GELU_ERF = 0, 1, 2
 _ACTS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH, "gelu": ACT_GELU_ERF}
 
-
-def _ld(A, index, shape, LAT):
-    if LAT > 0:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO, latency=LAT)
-    else:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO)
-    return t
 
 
 def _sigmoid_mul(g, z):

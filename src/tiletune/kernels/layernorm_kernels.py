@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import cuda.tile as ct
 from ._config import param as _param
+from ..templates import next_power_of_2
 
 __all__ = [
     "LAYERNORM_BASELINE",
@@ -177,10 +178,6 @@ def layernorm_kernel(X, W, Bias, Y, eps,
 # host-side helpers
 # --------------------------------------------------------------------------------------------
 
-
-def next_power_of_2(n: int) -> int:
-    """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 def layernorm_tile_n(cfg, N: int) -> int:

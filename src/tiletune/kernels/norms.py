@@ -32,6 +32,7 @@ import cuda.tile as ct
 from ..backends.base import Launch
 from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, row_regime, rowwise_space, tma_rows
+from ._tile_ops import load_zero_padded as _ld
 from ._membound import (
     OpFamily,
     Prepared,
@@ -62,14 +63,6 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 ZERO = ct.PaddingMode.ZERO
 
-
-def _ld(A, index, shape, LAT):
-    """Zero-padded tile load, with the ``latency=LAT`` hint when ``LAT > 0``."""
-    if LAT > 0:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO, latency=LAT)
-    else:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO)
-    return t
 
 
 def _vec(V, c, TN, HAS, fill):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import cuda.tile as ct
 from ._config import param as _param
+from ..templates import next_power_of_2
 
 __all__ = [
     "RMSNORM_BASELINE",
@@ -68,10 +69,6 @@ def rmsnorm_kernel(X, W, Y, eps, TILE_N: ConstInt):
         rstd = ct.rsqrt(mean_sq + eps)
         ct.store(Y, (row, 0), (x * rstd * w).astype(Y.dtype))
 
-
-def next_power_of_2(n: int) -> int:
-    """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 def rmsnorm_grid(cfg, M: int, num_sms: int) -> tuple[int]:

@@ -28,6 +28,7 @@ from ..backends.base import Launch
 from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
 from ._membound import OpFamily, Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from ._tile_ops import load_zero_padded as _ld
 
 __all__ = ["SOFTMAX", "prepare_softmax", "softmax", "softmax_plan", "softmax_reference"]
 
@@ -35,14 +36,6 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 LOG2E = 1.4426950408889634
 
-
-def _ld(A, index, shape, LAT):
-    """Zero-padded tile load (TMA only fills with zeros), ``latency=LAT`` hint when ``LAT > 0``."""
-    if LAT > 0:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO, latency=LAT)
-    else:
-        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO)
-    return t
 
 
 def softmax_kernel_fn(X, Y, TM: ConstInt, TN: ConstInt, CHUNKED: ConstBool, EVEN: ConstBool, LAT: ConstInt,
