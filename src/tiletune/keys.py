@@ -27,11 +27,6 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def register_by_value(t: type) -> None:
-    """Key arguments of type ``t`` by value (``t`` must be hashable and JSON-representable via str)."""
-    _BY_VALUE.add(t)
-
-
 def _register_torch() -> None:
     import sys
 
