@@ -19,7 +19,7 @@ from _common import fresh_env, run_child, write_result
 TUNE = """
 import json, torch
 import tiletune as tt
-from tiletune.kernels.matmul import MATMUL_SPACE, matmul_into
+from tiletune.kernels.simple_matmul import MATMUL_SPACE, matmul_into
 torch.manual_seed(0)
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

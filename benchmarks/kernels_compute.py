@@ -1,8 +1,10 @@
 """Compute-bound kernels: tiletune's GEMM and attention forward vs torch, TFLOP/s on one GPU.
 
-GEMM (``tiletune.kernels.gemm.gemm`` vs ``torch.matmul``): bf16, ``M`` in 16..16384 against the
+GEMM (``tiletune.kernels.matmul`` vs ``torch.matmul``): bf16, ``M`` in 16..16384 against the
 ``(N, K)`` of Llama-3-8B's linear layers ((4096, 4096) q/o-proj, (14336, 4096) up/gate, (4096, 14336)
-down), which includes the square 4096^3 case; fp16 at 4096^3 too. ``A`` is ``M x K`` and ``B`` is
+down), which includes the square 4096^3 case. Outside the sweep's geometric mean: fp16, fp32 (tf32 on
+both sides) and fp8 e4m3 with per-tensor scales (vs ``torch._scaled_mm``, B column-major) at 4096^3,
+and a batched 16 x 1024^3 product. ``A`` is ``M x K`` and ``B`` is
 ``K x N``, both row-major (``--b-transposed``: ``B`` is the ``.t()`` view of an ``N x K`` weight, the
 ``x @ W.t()`` layout of a linear layer). 2*M*N*K flops.
 
@@ -68,7 +70,10 @@ class _Stop(BaseException):
 def gemm_problems(quick: bool) -> list[dict[str, Any]]:
     """The GEMM sweep, 4096^3 first (bf16, then fp16), then the bf16 LLM shapes."""
     probs = [dict(op="gemm", M=4096, N=4096, K=4096, dtype="bfloat16", sweep=True),
-             dict(op="gemm", M=4096, N=4096, K=4096, dtype="float16", sweep=False)]
+             dict(op="gemm", M=4096, N=4096, K=4096, dtype="float16", sweep=False),
+             dict(op="gemm", M=4096, N=4096, K=4096, dtype="float32", sweep=False),
+             dict(op="gemm", M=4096, N=4096, K=4096, dtype="float8_e4m3fn", sweep=False),
+             dict(op="gemm", M=1024, N=1024, K=1024, dtype="bfloat16", batch=16, sweep=False)]
     if quick:
         shapes = [(16, 4096, 4096), (1024, 14336, 4096), (16384, 4096, 14336)]
     else:
@@ -89,7 +94,7 @@ def attention_problems(quick: bool) -> list[dict[str, Any]]:
 
 def shape_label(p: dict[str, Any]) -> str:
     if p["op"] == "gemm":
-        return f"{p['M']}x{p['N']}x{p['K']}"
+        return (f"{p['batch']}x" if p.get("batch") else "") + f"{p['M']}x{p['N']}x{p['K']}"
     return f"B{p['B']} H{p['H']}/{p['Hkv']} S{p['S']} D{p['D']}" + (" causal" if p["causal"] else "")
 
 
@@ -103,7 +108,7 @@ def blank_row(p: dict[str, Any]) -> dict[str, Any]:
 
 def flops(p: dict[str, Any]) -> float:
     if p["op"] == "gemm":
-        return 2.0 * p["M"] * p["N"] * p["K"]
+        return 2.0 * p.get("batch", 1) * p["M"] * p["N"] * p["K"]
     f = 4.0 * p["B"] * p["H"] * p["S"] * p["S"] * p["D"]
     return f / 2 if p["causal"] else f
 
@@ -190,13 +195,21 @@ def _setup_gemm(p: dict[str, Any], b_transposed: bool) -> tuple[Callable, Callab
     gemm_mod = importlib.import_module("tiletune.kernels.gemm")
 
     dt = getattr(torch, p["dtype"])
+    fp8 = p["dtype"] == "float8_e4m3fn"
     g = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(p["M"], p["K"], device="cuda", dtype=dt, generator=g)
-    if b_transposed:
-        b = torch.randn(p["N"], p["K"], device="cuda", dtype=dt, generator=g).t()
+    gen = torch.float32 if fp8 else dt
+    lead = (p["batch"],) if p.get("batch") else ()
+    a = torch.randn(*lead, p["M"], p["K"], device="cuda", dtype=gen, generator=g).to(dt)
+    if b_transposed or fp8:  # torch._scaled_mm wants B column-major (the N x K weight's .t())
+        b = torch.randn(*lead, p["N"], p["K"], device="cuda", dtype=gen, generator=g).to(dt).transpose(-1, -2)
     else:
-        b = torch.randn(p["K"], p["N"], device="cuda", dtype=dt, generator=g)
-    return (lambda: gemm_mod.gemm(a, b)), (lambda: torch.matmul(a, b)), (a, b), gemm_mod
+        b = torch.randn(*lead, p["K"], p["N"], device="cuda", dtype=gen, generator=g)
+    if fp8:
+        sa = torch.tensor(0.5, device="cuda")
+        sb = torch.tensor(0.25, device="cuda")
+        return ((lambda: gemm_mod.matmul(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)),
+                (lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)), (a, b), gemm_mod)
+    return (lambda: gemm_mod.matmul(a, b)), (lambda: torch.matmul(a, b)), (a, b), gemm_mod
 
 
 def _setup_attention(p: dict[str, Any]) -> tuple[Callable, Callable, tuple, Any, str]:
@@ -440,6 +453,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8, help="A/B rounds (default 8)")
     ap.add_argument("--per-round", type=int, default=4, help="samples per op per round (default 4)")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--backlog-us", type=float, default=100.0,
+                    help="GPU spin before each timed call so host overhead stays out of the events (0: off)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds after which no new problem is started (rows left are marked skipped)")
     ap.add_argument("--merge", nargs="?", const="", default=None, metavar="JSON",
@@ -484,7 +499,7 @@ def main() -> int:
         raise _Stop(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
-    timer = ColdL2Timer(torch.cuda.current_device())
+    timer = ColdL2Timer(torch.cuda.current_device(), backlog_us=args.backlog_us)
     rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     stopped: str | None = None
@@ -540,6 +555,7 @@ def main() -> int:
         "only": args.only,
         "b_transposed": args.b_transposed,
         "samples_each": args.rounds * args.per_round,
+        "backlog_us": args.backlog_us,
         "tuning_overrides": overrides,
         "reference_matmul_tf32": not args.fp32_reference,
         "merged_from": merged_from,

@@ -15,7 +15,10 @@ gradient, ``F.cross_entropy`` + ``torch.autograd.grad``; and the same functions 
 compile warm-up and tiletune's first (tuning) call are excluded from the timings (``tune_s`` is
 recorded).
 
-Timing: CUDA events around each call, an L2-sized memset outside the timed events before every
+Timing: CUDA events around each call, a GPU spin of ``--backlog-us`` (200) before the start event so
+that the host's dispatch (Python wrappers, torch.compile guards) runs while the GPU is busy and the
+events time device work alone (nvbench's blocking kernel; per-call host cost is what
+``dispatch_overhead.py`` measures), an L2-sized memset outside the timed events before every
 sample (:class:`tiletune.measure.ColdL2Timer`), the three implementations interleaved in rounds,
 medians reported. Bandwidth counts the bytes an op must move at least (inputs read once, outputs
 written once; cross-entropy: logits read once, and the gradient written once): ``gbps =
@@ -435,6 +438,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per-round", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--backlog-us", type=float, default=200.0,
+                    help="GPU spin before each timed call so host overhead stays out of the events (0: off)")
     ap.add_argument("--db", default=None, help="tuning database (default: a fresh one in a temp folder)")
     ap.add_argument("--deadline", type=float, default=None, help="start no new problem after this many seconds")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the table in benchmarks/README.md")
@@ -468,7 +473,7 @@ def main() -> int:
     db_path = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="tiletune-kmem-")) / "tuning.db"
     OpFamily.configure(db=tt.TuningDB(db_path), progress=False)
 
-    timer = ColdL2Timer(torch.cuda.current_device())
+    timer = ColdL2Timer(torch.cuda.current_device(), backlog_us=args.backlog_us)
     n_samples = args.rounds * args.per_round
     copy = copy_bandwidth(timer, n_samples)
     print(f"device copy: {copy['copy_gbps']:.0f} GB/s (1 GiB, read + write)", flush=True)
@@ -502,6 +507,7 @@ def main() -> int:
                    "events, cold L2, medians of interleaved rounds; GB/s = minimal bytes / time",
         **copy,
         "samples_each": n_samples,
+        "backlog_us": args.backlog_us,
         "targets": TARGETS,
         "summary": summary,
         "wall_s": round(time.perf_counter() - t_start, 1),

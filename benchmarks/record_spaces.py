@@ -150,9 +150,9 @@ def problems(sm_count: int) -> dict[str, Problem]:
     import torch
 
     from tiletune import Launch, Space
-    from tiletune.kernels.attention import ATTENTION_SPACE, attention_into
+    from tiletune.kernels.attention import ATTENTION_FULL_SPACE, attention_into
     from tiletune.kernels.attention_kernels import LOG2E, attention_reference
-    from tiletune.kernels.gemm import GEMM_SPACE, gemm_into
+    from tiletune.kernels.gemm import GEMM_FULL_SPACE, gemm_into
     from tiletune.kernels.layernorm_kernels import (
         LAYERNORM_BASELINE,
         LAYERNORM_CONSTRAINTS,
@@ -173,9 +173,11 @@ def problems(sm_count: int) -> dict[str, Problem]:
         g = torch.Generator(device=dev).manual_seed(0)
         a = torch.randn(n, n, device=dev, dtype=bf16, generator=g)
         b = torch.randn(n, n, device=dev, dtype=bf16, generator=g)
-        return (a, b, torch.empty(n, n, device=dev, dtype=bf16), False, False)
+        one = torch.ones(1, device=dev, dtype=torch.float32)
+        return (a.unsqueeze(0), b.unsqueeze(0), torch.empty(1, n, n, device=dev, dtype=bf16), one, one,
+                False, False, False)
 
-    def gemm_ref(a, b, c, trans_a, trans_b):
+    def gemm_ref(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled):
         return (a.float() @ b.float()).to(c.dtype)
 
     # -- layernorm ---------------------------------------------------------------------------
@@ -208,13 +210,13 @@ def problems(sm_count: int) -> dict[str, Problem]:
 
     return {
         "gemm": Problem(
-            "gemm_bf16_4096", "tiletune.gemm", GEMM_SPACE, gemm_into.plan, gemm_ref, ("c",), gemm_args,
+            "gemm_bf16_4096", "tiletune.gemm", GEMM_FULL_SPACE, gemm_into.plan, gemm_ref, ("c",), gemm_args,
             f"persistent GEMM bf16 {n}x{n}x{n}", lambda us: f"{2 * n ** 3 / us / 1e6:.0f} TFLOP/s"),
         "layernorm": Problem(
             "layernorm_bf16_16384x4096", "tiletune.layer_norm", ln_space, ln_plan, ln_ref, ("y",), ln_args,
             f"LayerNorm bf16 {lm}x{ln_n}", lambda us: f"{(2 * lm * ln_n * 2 + 2 * ln_n * 2) / us / 1e3:.0f} GB/s"),
         "attention": Problem(
-            "attention_bf16_b4h16s4096d128_causal", "tiletune.attention", ATTENTION_SPACE, attention_into.plan,
+            "attention_bf16_b4h16s4096d128_causal", "tiletune.attention", ATTENTION_FULL_SPACE, attention_into.plan,
             att_ref, ("o",), att_args, f"FMHA fwd bf16 B={B} H={H} S={S} D={D} causal",
             lambda us: f"{2 * B * H * S * S * D / us / 1e6:.0f} TFLOP/s"),
     }

@@ -20,7 +20,7 @@ from _common import fresh_env, run_child, write_result
 SETUP = {
     "matmul": """
 import torch, cuda.tile as ct
-from tiletune.kernels.matmul import MATMUL_SPACE, matmul_into
+from tiletune.kernels.simple_matmul import MATMUL_SPACE, matmul_into
 from tiletune.kernels.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
 torch.manual_seed(0)
 n = 4096

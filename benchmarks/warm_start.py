@@ -18,7 +18,7 @@ from _common import fresh_env, run_child, write_result
 
 SETUP = """
 import json, time, statistics, torch, cuda.tile as ct
-from tiletune.kernels.matmul import matmul_into
+from tiletune.kernels.simple_matmul import matmul_into
 torch.manual_seed(0)
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

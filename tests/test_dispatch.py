@@ -249,3 +249,42 @@ def test_plan_returning_garbage_is_a_clear_error():
 
     with pytest.raises(tt.TiletuneError, match="must return tiletune.Launch"):
         op(torch.randn(2))
+
+
+def test_callable_tolerance_is_evaluated_on_the_problem():
+    """A tolerance callable sees the op's arguments: a loose bound for big inputs, a tight one for small."""
+
+    def noisy(x, y, factor):
+        y.copy_(x * factor + 0.01)  # off by 0.01 everywhere
+
+    seen = []
+
+    def tol(x, y):
+        seen.append(tuple(x.shape))
+        return {"float32": (0.0, 0.02 if x.numel() > 8 else 0.001)}
+
+    @tt.autotune(SPACE, reference=lambda x, y: x * 2, writes="y", db=False, progress=False, tolerance=tol,
+                 backend=FakeBackend(model))
+    def op(cfg, x, y):
+        return tt.Launch(noisy if cfg.TM == 128 else scale_kernel, (1,), (x, y, 2.0))
+
+    op(torch.randn(16), torch.empty(16))  # loose: every config passes, the fastest (TM=128) wins
+    op(torch.randn(8), torch.empty(8))  # tight: TM=128 is a mismatch
+    assert seen == [(16,), (8,)]
+    loose, tight = op.results.values()
+    assert loose.winner["TM"] == 128 and not any(m.status is Status.MISMATCH for m in loose.measurements)
+    bad = {m.config["TM"] for m in tight.measurements if m.status is Status.MISMATCH}
+    assert bad == {128} and tight.winner["TM"] != 128
+
+
+def test_tolerance_of_the_wrong_type_is_refused():
+    with pytest.raises(TypeError, match="tolerance must be"):
+        tt.autotune(SPACE, tolerance=[(0.1, 0.1)], backend=FakeBackend(model))(lambda cfg, x: None)
+
+    @tt.autotune(SPACE, reference=lambda x, y: x * 2, writes="y", db=False, progress=False,
+                 tolerance=lambda x, y: 0.1, backend=FakeBackend(model))
+    def op(cfg, x, y):
+        return tt.Launch(scale_kernel, (1,), (x, y, 2.0))
+
+    with pytest.raises(TypeError, match="not a mapping"):
+        op(torch.randn(4), torch.empty(4))

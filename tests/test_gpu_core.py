@@ -41,7 +41,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def test_matmul_tunes_end_to_end_and_persists(tmp_path):
-    from tiletune.kernels.matmul import MATMUL_SPACE, matmul_into
+    from tiletune.kernels.simple_matmul import MATMUL_SPACE, matmul_into
 
     db = tt.TuningDB(tmp_path / "t.db")
     op = tt.autotune(MATMUL_SPACE, reference=matmul_into.reference, writes=["c"], db=db, progress=False)(matmul_into.plan)

@@ -1,10 +1,10 @@
-"""GPU tests of the compute-bound library ops: ``tiletune.kernels.gemm.gemm`` and ``attention.attention``.
+"""GPU tests of the compute-bound library ops: ``tiletune.kernels.matmul`` (``gemm``) and ``attention``.
 
 Run on the GPU host: ``source .gpu/activate.sh && python -m pytest -m gpu -q tests/test_gpu_kernels_compute.py``.
 
-The production ops tune over large spaces (512 GEMM configs, 264 attention configs) on every new
-problem key, and the key includes shapes and strides, so a shape sweep through them would tune for
-many minutes. The correctness sweeps therefore run the *public* functions with the module's tuned op
+The production ops tune over 38-config GEMM spaces (one per dtype family) and a 16-config
+attention space on every new problem key, and the key includes shapes and strides, so a shape sweep
+through them would tune for minutes. The correctness sweeps therefore run the *public* functions with the module's tuned op
 swapped (monkeypatch) for one over a 4-config subspace of the same launch plan, reference and
 correctness gate: every one of the 4 configs is checked by the tuner's gate on every shape (a
 failed candidate fails the test), and the winner's output is checked here against an fp64 / fp32
@@ -31,9 +31,17 @@ import tiletune as tt
 attn_mod = importlib.import_module("tiletune.kernels.attention")
 gemm_mod = importlib.import_module("tiletune.kernels.gemm")
 from tiletune.kernels.attention_kernels import ATTENTION_BASELINE, ATTENTION_CONSTRAINTS
-from tiletune.kernels.gemm_kernels import GEMM_BASELINE, GEMM_CONSTRAINTS
+from tiletune.kernels.gemm_kernels import (
+    GEMM_BASELINE,
+    GEMM_CONSTRAINTS,
+    GEMM_FP8_BASELINE,
+    GEMM_TF32_BASELINE,
+    library_constraints,
+)
 
 gemm = gemm_mod.gemm
+matmul = gemm_mod.matmul
+FP8 = getattr(torch, "float8_e4m3fn", None)
 attention = attn_mod.attention
 
 # --------------------------------------------------------------------------------------------
@@ -48,13 +56,34 @@ GEMM_PICKS = {
     (64, 128, 128, 16, 4, 1, 4),
     (128, 128, 64, 8, 0, 2, 4),
 }
-GEMM_SMALL_SPACE = tt.Space(
-    TM=[64, 128], TN=[64, 128, 256], TK=[32, 64, 128], GROUP_M=[8, 16], LAT=[0, 4], occupancy=[1, 2],
-    num_worker_warps=[4, 8],
-    constraints={**GEMM_CONSTRAINTS,
-                 "pick": lambda c: (c.TM, c.TN, c.TK, c.GROUP_M, c.LAT, c.occupancy, c.num_worker_warps) in GEMM_PICKS},
-    baseline=GEMM_BASELINE,
-)
+#: the same kinds of picks for fp32 (tf32: half the K depth) and fp8 (twice the K depth).
+TF32_PICKS = {
+    (128, 256, 32, 8, 0, 1, 8),
+    (64, 64, 16, 16, 4, 2, 4),
+    (64, 128, 64, 16, 4, 1, 4),
+    (128, 128, 32, 8, 0, 2, 4),
+}
+FP8_PICKS = {
+    (128, 256, 128, 8, 0, 1, 8),
+    (64, 64, 64, 16, 4, 2, 4),
+    (64, 128, 256, 16, 4, 1, 4),
+    (128, 128, 128, 8, 0, 2, 4),
+}
+
+
+def _gemm_small_space(picks, tks, constraints, baseline):
+    return tt.Space(
+        TM=[64, 128], TN=[64, 128, 256], TK=tks, GROUP_M=[8, 16], LAT=[0, 4], occupancy=[1, 2],
+        num_worker_warps=[4, 8],
+        constraints={**constraints,
+                     "pick": lambda c: (c.TM, c.TN, c.TK, c.GROUP_M, c.LAT, c.occupancy, c.num_worker_warps) in picks},
+        baseline=baseline,
+    )
+
+
+GEMM_SMALL_SPACE = _gemm_small_space(GEMM_PICKS, [32, 64, 128], GEMM_CONSTRAINTS, GEMM_BASELINE)
+TF32_SMALL_SPACE = _gemm_small_space(TF32_PICKS, [16, 32, 64], library_constraints(4), GEMM_TF32_BASELINE)
+FP8_SMALL_SPACE = _gemm_small_space(FP8_PICKS, [64, 128, 256], library_constraints(1), GEMM_FP8_BASELINE)
 
 #: (BLOCK_M, BLOCK_N, KV_LATENCY, occupancy, num_worker_warps).
 ATTN_PICKS = {
@@ -73,23 +102,32 @@ ATTN_SMALL_SPACE = tt.Space(
 _ops: dict[str, tt.TunedOp] = {}
 
 
+#: small op name -> (production op attribute, its module, small space, written argument)
+_SMALL = {
+    "gemm": ("gemm_into", gemm_mod, GEMM_SMALL_SPACE, "c"),
+    "gemm_tf32": ("gemm_tf32_into", gemm_mod, TF32_SMALL_SPACE, "c"),
+    "gemm_fp8": ("gemm_fp8_into", gemm_mod, FP8_SMALL_SPACE, "c"),
+    "attention": ("attention_into", attn_mod, ATTN_SMALL_SPACE, "o"),
+}
+
+
 def _small_op(which: str) -> tt.TunedOp:
     """One small-space op per process (so its compiled kernels and tuned keys are shared by tests)."""
     if which not in _ops:
-        prod = gemm_mod.gemm_into if which == "gemm" else attn_mod.attention_into
-        space = GEMM_SMALL_SPACE if which == "gemm" else ATTN_SMALL_SPACE
-        writes = ["c"] if which == "gemm" else ["o"]
-        _ops[which] = tt.autotune(space, reference=prod.reference, writes=writes, db=False, progress=False,
-                                  name=f"{prod.name}[test-space]")(prod.plan)
+        attr, mod, space, out = _SMALL[which]
+        prod = getattr(mod, attr)
+        _ops[which] = tt.autotune(space, reference=prod.reference, writes=[out], db=False, progress=False,
+                                  tolerance=prod.tolerance, name=f"{prod.name}[test-space]")(prod.plan)
     return _ops[which]
 
 
 @pytest.fixture
 def small_gemm(monkeypatch):
-    assert len(GEMM_SMALL_SPACE.candidates("sm_90")) == 4
-    op = _small_op("gemm")
-    monkeypatch.setattr(gemm_mod, "gemm_into", op)
-    return op
+    """All three GEMM ops (16-bit, tf32, fp8) swapped for 4-config ones; returns the 16-bit one."""
+    for which in ("gemm", "gemm_tf32", "gemm_fp8"):
+        assert len(_SMALL[which][2].candidates("sm_90")) == 4, which
+        monkeypatch.setattr(gemm_mod, _SMALL[which][0], _small_op(which))
+    return _ops["gemm"]
 
 
 @pytest.fixture
@@ -113,8 +151,10 @@ def _assert_all_candidates_passed(op: tt.TunedOp, before: set, allow_failures: b
 # GEMM
 # --------------------------------------------------------------------------------------------
 
-#: (rtol, atol per sqrt(K)) against an fp64 reference of the same (rounded) inputs.
+#: (rtol, atol per sqrt(K)) against an fp64 reference of the same (rounded) inputs, by input dtype.
 GEMM_TOL = {torch.bfloat16: (1.6e-2, 5e-3), torch.float16: (4e-3, 2e-3), torch.float32: (1e-2, 5e-3)}
+if FP8 is not None:
+    GEMM_TOL[FP8] = (1.6e-2, 5e-3)  # exact products, fp32 sums, one bf16 rounding of the result
 
 
 def _gemm_inputs(m, n, k, dtype, trans_a=False, trans_b=False, seed=0):
@@ -126,12 +166,15 @@ def _gemm_inputs(m, n, k, dtype, trans_a=False, trans_b=False, seed=0):
     return a, b
 
 
-def _check_gemm(c, a, b):
-    assert c.shape == (a.shape[0], b.shape[1])
-    assert c.dtype == a.dtype and c.device == a.device and c.is_contiguous()
-    ref = a.double() @ b.double()
+def _check_gemm(c, a, b, scale=None, out_dtype=None):
+    """``c`` is ``torch.matmul(a, b)`` (times ``scale``) within the input dtype's tolerance."""
+    ref = torch.matmul(a.float().double(), b.float().double())
+    if scale is not None:
+        ref = ref * scale
+    assert c.shape == ref.shape
+    assert c.dtype == (out_dtype or a.dtype) and c.device == a.device and c.is_contiguous()
     rtol, atol_per = GEMM_TOL[a.dtype]
-    atol = atol_per * math.sqrt(max(a.shape[1], 1))
+    atol = atol_per * math.sqrt(max(a.shape[-1], 1)) * (1.0 if scale is None else abs(scale))
     err = (c.double() - ref).abs()
     bad = err > atol + rtol * ref.abs()
     assert not bool(bad.any()), (
@@ -173,14 +216,13 @@ def test_gemm_fp16(small_gemm, m, n, k):
 def test_gemm_fp32_runs_as_tf32(small_gemm, m, n, k):
     """fp32 inputs go through the tensor cores as tf32: tf32-level accuracy against fp64.
 
-    The tuner's gate compares with its own fp32 reference at the float32 default tolerance; if that
-    is tighter than tf32 can meet, every candidate fails and this raises AllCandidatesFailed.
+    The tuner's gate uses the op's K-aware tf32 tolerance; every candidate must pass it.
     """
     a, b = _gemm_inputs(m, n, k, torch.float32, seed=2)
-    before = set(small_gemm.results)
+    op = gemm_mod.gemm_tf32_into
+    before = set(op.results)
     _check_gemm(gemm(a, b), a, b)
-    # the space's smem_fits assumes 2-byte operands; a big-tile config may not build for fp32
-    _assert_all_candidates_passed(small_gemm, before, allow_failures=True)
+    _assert_all_candidates_passed(op, before)
 
 
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (True, True)])
@@ -236,27 +278,66 @@ def test_gemm_second_call_reuses_tuning(small_gemm):
     _check_gemm(c, a, b)
 
 
-def test_gemm_batched_or_clear_error(small_gemm):
-    """Issue 6 asks for batched GEMM: check it if the API takes 3-D inputs, else demand a clear error."""
+@pytest.mark.parametrize("sa,sb", [
+    ((3, 100, 1000), (3, 1000, 17)),       # bmm
+    ((2, 3, 17, 256), (3, 256, 100)),      # broadcast batch dims
+    ((4, 100, 1000), (1000, 17)),          # (..., M, K) @ (K, N): folded into one GEMM
+    ((1000,), (1000, 100)),                # vector @ matrix
+    ((100, 1000), (1000,)),                # matrix @ vector
+    ((5, 64, 32), (32,)),                  # batched matrix @ vector
+])
+def test_matmul_batched_and_vector_shapes(small_gemm, sa, sb):
     g = torch.Generator(device="cuda").manual_seed(8)
-    a = torch.randn(3, 100, 1000, device="cuda", dtype=torch.bfloat16, generator=g)
-    b = torch.randn(3, 1000, 17, device="cuda", dtype=torch.bfloat16, generator=g)
-    try:
-        c = gemm(a, b)
-    except (ValueError, TypeError) as exc:
-        assert "2-D" in str(exc) or "batch" in str(exc).lower(), f"unclear error for 3-D input: {exc}"
-        pytest.skip(f"batched GEMM is not supported by tiletune.kernels.gemm.gemm (2-D only): {exc}")
-    assert c.shape == (3, 100, 17)
-    for i in range(3):
-        _check_gemm(c[i].contiguous(), a[i], b[i])
+    a = torch.randn(sa, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(sb, device="cuda", dtype=torch.bfloat16, generator=g)
+    before = set(small_gemm.results)
+    c = matmul(a, b)
+    assert c.shape == torch.matmul(a, b).shape
+    _check_gemm(c, a, b)
+    _assert_all_candidates_passed(small_gemm, before)
+
+
+def test_matmul_batched_transposed_views(small_gemm):
+    """Batches of transposed matrices (``x.transpose(-1, -2)`` of contiguous tensors) are read in place."""
+    g = torch.Generator(device="cuda").manual_seed(10)
+    a = torch.randn(4, 1000, 100, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    b = torch.randn(4, 64, 1000, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    _check_gemm(matmul(a, b), a, b)
+
+
+@pytest.mark.skipif(FP8 is None, reason="no float8_e4m3fn in this torch")
+@pytest.mark.parametrize("m,n,k,trans_b,out_dtype", [
+    (1000, 4096, 1000, True, torch.bfloat16),   # x @ W.t(), the layout of torch._scaled_mm
+    (17, 1000, 4096, True, torch.float16),
+    (4096, 100, 1000, False, torch.float32),    # B row-major
+    (1, 64, 17, False, torch.bfloat16),
+])
+def test_matmul_fp8_with_per_tensor_scales(small_gemm, m, n, k, trans_b, out_dtype):
+    a32, b32 = _gemm_inputs(m, n, k, torch.float32, trans_b=trans_b, seed=11)
+    a, b = a32.to(FP8), b32.to(FP8)
+    sa, sb = 0.5, torch.tensor([0.25], device="cuda")
+    op = gemm_mod.gemm_fp8_into
+    before = set(op.results)
+    c = matmul(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    _check_gemm(c, a, b, scale=sa * 0.25, out_dtype=out_dtype)
+    _assert_all_candidates_passed(op, before)
+    if hasattr(torch, "_scaled_mm") and trans_b and out_dtype == torch.bfloat16 and m % 16 == 0:
+        want = torch._scaled_mm(a, b, scale_a=torch.tensor(sa, device="cuda"), scale_b=sb.reshape(()),
+                                out_dtype=out_dtype)
+        torch.testing.assert_close(c, want, rtol=2e-2, atol=0.25)
 
 
 def test_gemm_production_op_baseline(monkeypatch):
-    """The production op (512-config space) with tuning disabled: its baseline config, ragged + transposed."""
+    """The production ops with tuning disabled: their baseline configs, ragged + transposed, tf32, fp8."""
     monkeypatch.setenv("TILETUNE_DISABLE", "1")
     for m, n, k, ta, tb in [(1000, 17, 4096, False, False), (17, 1000, 100, False, True), (100, 100, 1000, True, False)]:
         a, b = _gemm_inputs(m, n, k, torch.bfloat16, ta, tb, seed=9)
         _check_gemm(gemm(a, b), a, b)
+    a, b = _gemm_inputs(100, 300, 1000, torch.float32, seed=9)
+    _check_gemm(gemm(a, b), a, b)
+    if FP8 is not None:
+        a, b = (t.to(FP8) for t in _gemm_inputs(100, 300, 1000, torch.float32, trans_b=True, seed=9))
+        _check_gemm(matmul(a, b, scale_a=2.0, scale_b=0.5), a, b, scale=1.0, out_dtype=torch.bfloat16)
 
 
 # GEMM errors (raised before any kernel work)
@@ -268,12 +349,19 @@ def test_gemm_errors():
         gemm(x, x.cpu())
     with pytest.raises(ValueError, match="CUDA device"):
         gemm(x.cpu(), x.cpu())
-    with pytest.raises(TypeError, match="bfloat16, float16 or float32"):
+    with pytest.raises(TypeError, match="one dtype"):
         gemm(x, x.half())
-    with pytest.raises(TypeError, match="bfloat16, float16 or float32"):
+    with pytest.raises(TypeError, match="supports bfloat16, float16, float32 and float8_e4m3fn"):
         gemm(x.double(), x.double())
-    with pytest.raises(TypeError, match="bfloat16, float16 or float32"):
+    with pytest.raises(TypeError, match="supports bfloat16"):
         gemm(x.to(torch.int8), x.to(torch.int8))
+    if FP8 is not None:
+        with pytest.raises(ValueError, match="need scale_a and scale_b"):
+            matmul(x.to(FP8), x.to(FP8))
+        with pytest.raises(ValueError, match="one value"):
+            matmul(x.to(FP8), x.to(FP8), scale_a=torch.ones(2, device="cuda"), scale_b=1.0)
+        with pytest.raises(ValueError, match="is on cpu"):
+            matmul(x.to(FP8), x.to(FP8), scale_a=torch.ones(1), scale_b=1.0)
     with pytest.raises(ValueError, match="2-D"):
         gemm(x[0], x)
     with pytest.raises(ValueError, match="inner dimensions"):

@@ -27,11 +27,11 @@ class Fake:
 
 
 def _spaces():
-    from tiletune.kernels.attention import ATTENTION_SPACE
-    from tiletune.kernels.gemm import GEMM_SPACE
+    from tiletune.kernels.attention import ATTENTION_FULL_SPACE
+    from tiletune.kernels.gemm import GEMM_FULL_SPACE
 
     ln_space = Space(**ln.LAYERNORM_SPACE_PARAMS, constraints=ln.LAYERNORM_CONSTRAINTS, baseline=ln.LAYERNORM_BASELINE)
-    return {"gemm": GEMM_SPACE, "attention": ATTENTION_SPACE, "layernorm": ln_space}
+    return {"gemm": GEMM_FULL_SPACE, "attention": ATTENTION_FULL_SPACE, "layernorm": ln_space}
 
 
 def test_space_sizes_and_baselines():
@@ -56,8 +56,12 @@ def test_gemm_constraints_and_helpers():
     assert gk.gemm_hints(cfg) == {"occupancy": 1, "num_worker_warps": 8}
     assert gk.gemm_hints(dict(TM=256, TN=128, occupancy=1)) == {"occupancy": 1, "num_worker_warps": 8}
     assert gk.gemm_hints(dict(TM=128, TN=128, occupancy=2)) == {"occupancy": 2}
-    args = gk.gemm_args(dict(TM=64, TN=128, TK=32, LAT=4), "a", "b", "c", False, True)
-    assert args == ("a", "b", "c", 64, 128, 32, 8, 4, 4, True, False, True)
+    assert gk.gemm_num_tiles(cfg, 4096, 4096, batch=3) == 3 * 32 * 16
+    assert gk.gemm_grid(cfg, 100, 100, 132, batch=5) == (5,)
+    args = gk.gemm_args(dict(TM=64, TN=128, TK=32, LAT=4), "a", "b", "c", "sa", "sb", False, True)
+    assert args == ("a", "b", "c", "sa", "sb", 64, 128, 32, 8, 4, 4, True, False, True, False, False)
+    args = gk.gemm_args(dict(TM=64, TN=128, TK=32, FAST_ACC=True), "a", "b", "c", "sa", "sb", True, False, True)
+    assert args[-5:] == (True, True, False, True, True)
 
 
 def test_attention_helpers():

@@ -65,7 +65,9 @@ from cuda.tile.compilation import (  # noqa: E402
 from compile_check import contiguous_array  # noqa: E402
 from tiletune.space import Space  # noqa: E402
 
-SPACE_NAMES = ("gemm", "attention", "layernorm")
+SPACE_NAMES = ("gemm", "gemm_tf32", "gemm_fp8", "attention", "layernorm", "gemm_full", "attention_full")
+#: What ``--only`` defaults to: the library ops' spaces (the two full, recorded spaces on request).
+DEFAULT_SPACES = ("gemm", "gemm_tf32", "gemm_fp8", "attention", "layernorm")
 
 
 class FakeArray:
@@ -113,17 +115,18 @@ def space_defs() -> dict[str, SpaceDef]:
     from tiletune.kernels import attention_kernels as at
     from tiletune.kernels import gemm_kernels as gk
     from tiletune.kernels import layernorm_kernels as ln
-    from tiletune.kernels.attention import ATTENTION_SPACE
-    from tiletune.kernels.gemm import GEMM_SPACE
+    from tiletune.kernels.attention import ATTENTION_FULL_SPACE, ATTENTION_SPACE
+    from tiletune.kernels.gemm import GEMM_FP8_SPACE, GEMM_FULL_SPACE, GEMM_SPACE, GEMM_TF32_SPACE
 
     A = FakeArray
     bf16, f16, f32 = ct.bfloat16, ct.float16, ct.float32
 
-    def gemm_v(m, n, k, dt, ta=False, tb=False):
+    def gemm_v(m, n, k, dt, ta=False, tb=False, batch=1, scaled=False, out=None):
         def make(cfg):
-            a = A((k, m) if ta else (m, k), dt)
-            b = A((n, k) if tb else (k, n), dt)
-            return gk.gemm_args(cfg, a, b, A((m, n), dt), ta, tb)
+            a = A((batch, k, m) if ta else (batch, m, k), dt)
+            b = A((batch, n, k) if tb else (batch, k, n), dt)
+            one = A((1,), f32)
+            return gk.gemm_args(cfg, a, b, A((batch, m, n), out or dt), one, one, ta, tb, scaled)
         return make
 
     def att_v(bsz, h, hkv, sq, sk, d, dt, causal):
@@ -145,10 +148,28 @@ def space_defs() -> dict[str, SpaceDef]:
         "gemm": SpaceDef("gemm", gk.gemm_kernel, GEMM_SPACE, gk.gemm_hints, (
             Variant("main", "bf16 4096x4096x4096", gemm_v(4096, 4096, 4096, bf16)),
             Variant("fp16_nt", "fp16 8192x4096x4096, B given as N x K", gemm_v(8192, 4096, 4096, f16, tb=True)),
-            Variant("tf32", "fp32 (tf32) 2048x2048x2048", gemm_v(2048, 2048, 2048, f32)),
             Variant("odd_tn", "bf16 1000x1000x1000, A given as K x M", gemm_v(1000, 1000, 1000, bf16, ta=True)),
+            Variant("batched", "bf16 8 x 512x512x512", gemm_v(512, 512, 512, bf16, batch=8)),
+        )),
+        "gemm_tf32": SpaceDef("gemm_tf32", gk.gemm_kernel, GEMM_TF32_SPACE, gk.gemm_hints, (
+            Variant("main", "fp32 (tf32) 2048x2048x2048", gemm_v(2048, 2048, 2048, f32)),
+            Variant("nt", "fp32 (tf32) 1000x1000x1000, B given as N x K", gemm_v(1000, 1000, 1000, f32, tb=True)),
+        )),
+        "gemm_fp8": SpaceDef("gemm_fp8", gk.gemm_kernel, GEMM_FP8_SPACE, gk.gemm_hints, (
+            Variant("main", "fp8 e4m3 4096x4096x4096, B given as N x K, bf16 out",
+                    gemm_v(4096, 4096, 4096, ct.float8_e4m3fn, tb=True, scaled=True, out=bf16)),
+            Variant("nn", "fp8 e4m3 2048x2048x2048, B row-major, fp32 out",
+                    gemm_v(2048, 2048, 2048, ct.float8_e4m3fn, scaled=True, out=f32)),
+        )),
+        "gemm_full": SpaceDef("gemm_full", gk.gemm_kernel, GEMM_FULL_SPACE, gk.gemm_hints, (
+            Variant("main", "bf16 4096x4096x4096", gemm_v(4096, 4096, 4096, bf16)),
         )),
         "attention": SpaceDef("attention", at.attention_kernel, ATTENTION_SPACE, at.attention_hints, (
+            Variant("main", "bf16 B4 H16 S4096 D128 causal", att_v(4, 16, 16, 4096, 4096, 128, bf16, True)),
+            Variant("gqa_d64", "fp16 B2 H16 Hkv4 S1000 D64 non-causal", att_v(2, 16, 4, 1000, 1000, 64, f16, False)),
+            Variant("cross", "bf16 B1 H8 Sq512 Sk3000 D128 non-causal", att_v(1, 8, 8, 512, 3000, 128, bf16, False)),
+        )),
+        "attention_full": SpaceDef("attention_full", at.attention_kernel, ATTENTION_FULL_SPACE, at.attention_hints, (
             Variant("main", "bf16 B4 H16 S4096 D128 causal", att_v(4, 16, 16, 4096, 4096, 128, bf16, True)),
             Variant("gqa_d64", "fp16 B2 H16 Hkv4 S1000 D64 non-causal", att_v(2, 16, 4, 1000, 1000, 64, f16, False)),
             Variant("cross", "bf16 B1 H8 Sq512 Sk3000 D128 non-causal", att_v(1, 8, 8, 512, 3000, 128, bf16, False)),
@@ -204,8 +225,8 @@ def _label(cfg: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default=",".join(SPACE_NAMES),
-                    help=f"comma-separated spaces (default: {','.join(SPACE_NAMES)})")
+    ap.add_argument("--only", default=",".join(DEFAULT_SPACES),
+                    help=f"comma-separated spaces of {','.join(SPACE_NAMES)} (default: {','.join(DEFAULT_SPACES)})")
     ap.add_argument("--variants", choices=["main", "sample", "others", "all"], default="main",
                     help="main: the recorded problem only; sample: + every --stride-th config of the "
                          "other variants; others: only that sample of the other variants; all: every "

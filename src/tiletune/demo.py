@@ -83,7 +83,7 @@ def run_live(record_dir: Path | None = None) -> list[DemoRow]:
     """Tune matmul (bf16 4096^3) and RMSNorm (bf16 16384x4096) on the GPU."""
     import torch
 
-    from .kernels.matmul import matmul_into
+    from .kernels.simple_matmul import matmul_into
     from .kernels.rmsnorm import rms_norm_into
 
     rows = []
@@ -149,7 +149,7 @@ def run_replay(
     """
     search = dict(strategy=strategy, budget=budget, seed=seed)
     from .dispatch import autotune
-    from .kernels.matmul import MATMUL_SPACE, matmul_into
+    from .kernels.simple_matmul import MATMUL_SPACE, matmul_into
     from .kernels.rmsnorm import RMSNORM_SPACE, rms_norm_into
 
     rows = []

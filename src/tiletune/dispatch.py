@@ -29,6 +29,9 @@ from .store import TuningDB
 from .strategies.base import Budget, Strategy, make_strategy
 from .tuner import TunerOptions, run_loop
 
+#: ``tolerance(*args) -> {dtype name: (rtol, atol)}``: a problem-dependent tolerance.
+ToleranceFn = Callable[..., Mapping[str, "tuple[float, float]"]]
+
 logger = logging.getLogger("tiletune")
 
 Plan = Callable[..., Any]
@@ -60,7 +63,7 @@ class TunedOp:
         name: str | None = None,
         db: TuningDB | str | os.PathLike | bool | None = None,
         backend: Backend | None = None,
-        tolerance: Mapping[str, tuple[float, float]] | None = None,
+        tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = None,
         options: TunerOptions | None = None,
         progress: bool | None = None,
         cache_plan: bool = True,
@@ -80,7 +83,10 @@ class TunedOp:
         self.reference = reference
         self.name = name or getattr(plan, "__qualname__", "op")
         self.key_fn = key
-        self.tolerance = dict(tolerance) if tolerance else None
+        if tolerance is not None and not callable(tolerance) and not isinstance(tolerance, Mapping):
+            raise TypeError("tolerance must be a {dtype name: (rtol, atol)} mapping or a callable of the op's arguments")
+        self.tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = (
+            tolerance if callable(tolerance) else (dict(tolerance) if tolerance else None))
         self.options = options or TunerOptions()
         self.progress = progress
         self.strategy = strategy
@@ -258,6 +264,16 @@ class TunedOp:
     def _make_strategy(self, arch: str) -> Strategy:
         return make_strategy(self.strategy or "exhaustive", self.space, arch, self.seed, **self.strategy_options)
 
+    def _tolerance_for(self, args: tuple[Any, ...]) -> Mapping[str, tuple[float, float]] | None:
+        """The tolerance overrides for this problem (a callable tolerance is evaluated on ``args``)."""
+        tol = self.tolerance
+        if tol is None or not callable(tol):
+            return tol
+        got = tol(*args)
+        if got is not None and not isinstance(got, Mapping):
+            raise TypeError(f"{self.name}: the tolerance callable returned {type(got).__name__}, not a mapping")
+        return dict(got) if got else None
+
     def _tune(self, args: tuple[Any, ...], identity: TuningIdentity, backend: Backend, dev: int, arch: str) -> TuneResult:
         candidates = self._candidates(arch)
         searching = self._uses_search()
@@ -274,7 +290,7 @@ class TunedOp:
             writes=self.writes,
             inplace=self.inplace,
             reference=self.reference,
-            tolerance=self.tolerance,
+            tolerance=self._tolerance_for(args),
             name=self.name,
         )
         winner = None
@@ -334,7 +350,7 @@ def autotune(
     name: str | None = None,
     db: TuningDB | str | os.PathLike | bool | None = None,
     backend: Backend | None = None,
-    tolerance: Mapping[str, tuple[float, float]] | None = None,
+    tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = None,
     options: TunerOptions | None = None,
     progress: bool | None = None,
     cache_plan: bool = True,
@@ -359,7 +375,9 @@ def autotune(
         name: op name in logs and the database (default: the plan's name).
         db: a :class:`TuningDB`, a path, ``None`` for the default database, ``False`` for none.
         backend: where to run (default: the live cuTile backend).
-        tolerance: ``{"bfloat16": (rtol, atol), ...}`` overriding the per-dtype defaults.
+        tolerance: ``{"bfloat16": (rtol, atol), ...}`` overriding the per-dtype defaults, or a
+            callable of the op's arguments returning such a mapping (for error bounds that depend
+            on the problem, e.g. a tf32 GEMM whose error grows with ``K``), called once per tuning.
         options: :class:`TunerOptions` for the measurement loop.
         progress: force the progress bar on or off (default: on interactive terminals).
         cache_plan: with the default key, record the plan's output once per key and replay it on

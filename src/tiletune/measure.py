@@ -5,6 +5,12 @@ record a start event, launch, record an end event. A batch of samples is enqueue
 after one synchronisation, so the host never stalls the GPU between samples; the memset (~40 us on
 an H200) also gives the host time to enqueue the next launch, so host launch latency does not leak
 into the timed region of short kernels.
+
+When the host side of the timed call can take longer than the memset (a Python wrapper, a busy or
+shared host), ``backlog_us`` adds a GPU spin kernel (``torch.cuda._sleep``) after the memset: the
+GPU waits on it while the host enqueues the call, so the events time the device work alone (the
+"blocking kernel" of NVIDIA's nvbench). Host overhead is then measured separately (see
+``benchmarks/dispatch_overhead.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any, Callable
 class ColdL2Timer:
     """Times a zero-argument launch function on one device and stream with a cold L2."""
 
-    def __init__(self, device_index: int, flush: bool = True) -> None:
+    def __init__(self, device_index: int, flush: bool = True, backlog_us: float = 0.0) -> None:
         import torch
 
         self.torch = torch
@@ -27,6 +33,24 @@ class ColdL2Timer:
             torch.empty(self.flush_bytes // 4, dtype=torch.int32, device=self.device) if flush else None
         )
         self._events: list[tuple[Any, Any]] = []
+        self.backlog_us = float(backlog_us)
+        self._backlog_cycles = self._calibrate_sleep(self.backlog_us) if self.backlog_us > 0 else 0
+
+    def _calibrate_sleep(self, us: float) -> int:
+        """Spin-kernel cycles that last about ``us`` microseconds on this device."""
+        torch = self.torch
+        probe = 200_000
+        with torch.cuda.device(self.device):
+            torch.cuda._sleep(probe)  # first call loads the kernel
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            best = float("inf")
+            for _ in range(3):
+                start.record()
+                torch.cuda._sleep(probe)
+                end.record()
+                end.synchronize()
+                best = min(best, start.elapsed_time(end) * 1000.0)
+        return max(1, int(probe * us / max(best, 1e-3)))
 
     def _pairs(self, n: int) -> list[tuple[Any, Any]]:
         while len(self._events) < n:
@@ -41,6 +65,8 @@ class ColdL2Timer:
         for start, end in pairs:
             if buf is not None:
                 buf.zero_()
+            if self._backlog_cycles:
+                self.torch.cuda._sleep(self._backlog_cycles)
             start.record()
             launch()
             end.record()

@@ -10,6 +10,7 @@ from typing import Any
 
 __all__ = [
     "apply_rope_",
+    "attention",
     "cross_entropy",
     "geglu",
     "layer_norm",
@@ -34,10 +35,13 @@ _MEMORY_OPS = {
 
 
 def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional dependency
-    if name == "matmul":
-        from .matmul import matmul
+    if name in ("matmul", "attention"):
+        import importlib
 
-        return matmul
+        # "attention" is also a submodule name (see below); "matmul" lives in .gemm
+        fn = getattr(importlib.import_module(".gemm" if name == "matmul" else ".attention", __name__), name)
+        globals()[name] = fn
+        return fn
     if name in _MEMORY_OPS:
         import importlib
 

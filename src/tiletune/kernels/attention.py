@@ -11,6 +11,8 @@ sizes, load latency hint, occupancy and worker warps are tuned per problem
 
 from __future__ import annotations
 
+from ._config import make_module_callable
+
 import math
 from typing import Any
 
@@ -21,6 +23,7 @@ from .attention_kernels import (
     ATTENTION_BASELINE,
     ATTENTION_CONSTRAINTS,
     ATTENTION_HEAD_DIMS,
+    ATTENTION_FULL_SPACE_PARAMS,
     ATTENTION_SPACE_PARAMS,
     LOG2E,
     attention_grid,
@@ -28,9 +31,15 @@ from .attention_kernels import (
     attention_reference,
 )
 
-__all__ = ["ATTENTION_SPACE", "attention", "attention_into"]
+__all__ = ["ATTENTION_FULL_SPACE", "ATTENTION_SPACE", "attention", "attention_into"]
 
+#: The 330-config space recorded on the H200 (``benchmarks/spaces/h200_attention_*.json.gz``):
 #: BLOCK_M x BLOCK_N (score tile <= 128*256) x KV_LATENCY x occupancy x num_worker_warps.
+ATTENTION_FULL_SPACE = Space(**ATTENTION_FULL_SPACE_PARAMS, constraints=ATTENTION_CONSTRAINTS,
+                             baseline=ATTENTION_BASELINE)
+#: The op's space (16 configs), shrunk from the full one with its recording: the latency hint and
+#: the occupancy never moved the time by more than the noise (<= 1%), the tile shapes and the
+#: warp count did (up to 2x).
 ATTENTION_SPACE = Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_CONSTRAINTS, baseline=ATTENTION_BASELINE)
 
 
@@ -108,3 +117,6 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
         return o
     attention_into(q, k, v, o, bool(causal), scale * LOG2E)
     return o
+
+
+make_module_callable(__name__, "attention")

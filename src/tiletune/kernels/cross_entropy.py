@@ -26,6 +26,8 @@ ignored the loss is 0 (torch: nan).
 
 from __future__ import annotations
 
+from ._config import make_module_callable
+
 import math
 from typing import Any
 
@@ -248,11 +250,4 @@ def prepare_cross_entropy(logits: Any, target: Any, return_grad: bool = False, i
     return Prepared(CE_LOSS, "loss", (l2, t1, loss_rows, l2.new_empty((1, 1)), int(ignore_index)), (loss_rows, None))
 
 
-class _CallableModule(__import__("types").ModuleType):
-    """``tiletune.kernels.cross_entropy`` is both this module and the op: calling the module calls the op."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return cross_entropy(*args, **kwargs)
-
-
-__import__("sys").modules[__name__].__class__ = _CallableModule
+make_module_callable(__name__, "cross_entropy")

@@ -1,15 +1,25 @@
-"""``tiletune.kernels.gemm``: an autotuned persistent GEMM (tiles, swizzle, latency hints, hints).
+"""``tiletune.kernels.matmul``: autotuned persistent GEMM, like ``torch.matmul`` (and ``torch._scaled_mm``).
 
-``gemm(a, b)`` is ``a @ b`` for 2-D CUDA tensors (bfloat16 / float16; float32 runs as tf32) with
-fp32 accumulation, on the persistent kernel of :mod:`tiletune.kernels.gemm_kernels`, tuned over
-:data:`GEMM_SPACE` (512 configurations).  ``a`` or ``b`` may be the transpose of a contiguous
-tensor (``x.t()``, e.g. ``x @ W.t()`` of a linear layer): such an operand is read in transposed
-order instead of being copied.
+``matmul(a, b)`` multiplies CUDA tensors of one dtype with fp32 accumulation on the persistent
+kernel of :mod:`tiletune.kernels.gemm_kernels`:
+
+* bfloat16 / float16 (:data:`GEMM_SPACE`), float32 through the tf32 tensor cores
+  (:data:`GEMM_TF32_SPACE`), and float8_e4m3fn with per-tensor scales (:data:`GEMM_FP8_SPACE`,
+  ``scale_a`` / ``scale_b`` like ``torch._scaled_mm``; output bfloat16 unless ``out_dtype`` says);
+* shapes as ``torch.matmul``: 1-D operands, ``(..., M, K) @ (K, N)`` (the leading dims are folded
+  into ``M``), and batched ``(..., M, K) @ (..., K, N)`` with broadcast batch dims;
+* either operand may be a transposed view (``w.t()``, ``x.transpose(-1, -2)``) of a contiguous
+  tensor: it is read in transposed order instead of being copied. Other layouts are copied first.
+
+Each dtype family is its own tuned op (:data:`gemm_into`, :data:`gemm_tf32_into`,
+:data:`gemm_fp8_into`) over a ~40-config space shrunk from the 512-config space recorded on the
+H200 (:data:`GEMM_FULL_SPACE`, kept for offline recording and strategy studies).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 from ..backends.base import Launch
@@ -18,16 +28,40 @@ from ..space import Space
 from .gemm_kernels import (
     GEMM_BASELINE,
     GEMM_CONSTRAINTS,
+    GEMM_FP8_BASELINE,
+    GEMM_FP8_SPACE_PARAMS,
+    GEMM_FULL_SPACE_PARAMS,
     GEMM_SPACE_PARAMS,
+    GEMM_TF32_BASELINE,
+    GEMM_TF32_SPACE_PARAMS,
     gemm_args,
     gemm_grid,
     gemm_kernel,
+    library_constraints,
 )
 
-__all__ = ["GEMM_SPACE", "gemm", "gemm_into"]
+__all__ = [
+    "GEMM_FP8_SPACE",
+    "GEMM_FULL_SPACE",
+    "GEMM_SPACE",
+    "GEMM_TF32_SPACE",
+    "gemm",
+    "gemm_fp8_into",
+    "gemm_into",
+    "gemm_tf32_into",
+    "matmul",
+]
 
-#: TM, TN, TK x GROUP_M x LAT x occupancy x num_worker_warps, 512 configs after the constraints.
-GEMM_SPACE = Space(**GEMM_SPACE_PARAMS, constraints=GEMM_CONSTRAINTS, baseline=GEMM_BASELINE)
+#: The 512-config space recorded on the H200 (``benchmarks/spaces/h200_gemm_bf16_4096.json.gz``).
+GEMM_FULL_SPACE = Space(**GEMM_FULL_SPACE_PARAMS, constraints=GEMM_CONSTRAINTS, baseline=GEMM_BASELINE)
+#: bfloat16 / float16 inputs: 38 configs.
+GEMM_SPACE = Space(**GEMM_SPACE_PARAMS, constraints=library_constraints(2), baseline=GEMM_BASELINE)
+#: float32 inputs (tf32): 38 configs.
+GEMM_TF32_SPACE = Space(**GEMM_TF32_SPACE_PARAMS, constraints=library_constraints(4), baseline=GEMM_TF32_BASELINE)
+#: float8_e4m3fn inputs: 38 configs.
+GEMM_FP8_SPACE = Space(**GEMM_FP8_SPACE_PARAMS, constraints=library_constraints(1), baseline=GEMM_FP8_BASELINE)
+
+_FP8 = "float8_e4m3fn"
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,55 +71,189 @@ def _sm_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def _reference(a: Any, b: Any, c: Any, trans_a: bool, trans_b: bool) -> Any:
-    af = a.float().t() if trans_a else a.float()
-    bf = b.float().t() if trans_b else b.float()
-    return (af @ bf).to(c.dtype)
+def _plan(cfg: Any, a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool,
+          scaled: bool) -> Launch:
+    """``c[i] = s * op(a[i]) @ op(b[i])`` for 3-D ``a``, ``b``, ``c`` (``op(x) = x^T`` with the flag,
+    ``s = scale_a * scale_b`` when ``scaled``)."""
+    grid = gemm_grid(cfg, c.shape[1], c.shape[2], _sm_count(c.get_device()), batch=c.shape[0])
+    return Launch(gemm_kernel, grid, gemm_args(cfg, a, b, c, scale_a, scale_b, trans_a, trans_b, scaled))
 
 
-@autotune(GEMM_SPACE, reference=_reference, writes=["c"], name="tiletune.gemm")
-def gemm_into(cfg: Any, a: Any, b: Any, c: Any, trans_a: bool, trans_b: bool) -> Launch:
-    """Launch plan: ``c = op(a) @ op(b)`` with ``op(x) = x.t()`` when the flag is set.
-
-    ``a`` is ``M x K`` row-major (``K x M`` with ``trans_a``), ``b`` is ``K x N`` (``N x K`` with
-    ``trans_b``), ``c`` is ``M x N`` row-major.
-    """
-    grid = gemm_grid(cfg, c.shape[0], c.shape[1], _sm_count(c.get_device()))
-    return Launch(gemm_kernel, grid, gemm_args(cfg, a, b, c, trans_a, trans_b))
+def _operand(x: Any, trans: bool, dtype: Any) -> Any:
+    """A 3-D operand as the matrices it stands for (transposed back), in ``dtype`` (float64 here)."""
+    x = x.float().to(dtype)
+    return x.transpose(-1, -2) if trans else x
 
 
-def _row_major(t: Any) -> bool:
-    """C-contiguous with 16-byte aligned rows (what the kernel's loads want)."""
-    return t.is_contiguous() and (t.shape[-1] * t.element_size()) % 16 == 0
+def _reference(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool,
+               scaled: bool) -> Any:
+    """``op(a) @ op(b)`` in float64 (exact for fp8/bf16/fp16 inputs up to fp64 rounding)."""
+    import torch
+
+    out = torch.matmul(_operand(a, trans_a, torch.float64), _operand(b, trans_b, torch.float64))
+    if scaled:
+        out = out * (scale_a.double() * scale_b.double())
+    return out.to(c.dtype)
 
 
-def gemm(a: Any, b: Any) -> Any:
-    """``a @ b`` for 2-D CUDA tensors of one dtype (bfloat16, float16; float32 as tf32), autotuned.
+def _tf32_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, *_: Any) -> dict[str, tuple[float, float]]:
+    """tf32 keeps 10 mantissa bits: each product is off by up to ~2^-10 relative, and ``K`` of them
+    add up like a random walk. ``atol = rms(a) * rms(b) * sqrt(K) * 2^-6`` (about 8 standard
+    deviations of that error, 1/64 of a typical output) plus ``rtol = 1%``: tf32 passes at any K,
+    while a wrong tile, index or mask is off by the size of the output itself and fails."""
+    import torch
 
-    Returns a new ``M x N`` tensor of the inputs' dtype.  Transposed views of contiguous tensors
-    are used as they are; other non-contiguous inputs are copied first.
+    k = a.shape[1] if trans_a else a.shape[2]
+    rms = lambda t: float(torch.linalg.vector_norm(t.float())) / math.sqrt(max(1, t.numel()))  # noqa: E731
+    atol = rms(a) * rms(b) * math.sqrt(max(1, k)) * 2.0 ** -6
+    return {"float32": (1e-2, max(atol, 1e-5))}
+
+
+gemm_into = autotune(GEMM_SPACE, reference=_reference, writes=["c"], name="tiletune.gemm")(_plan)
+gemm_into.__doc__ = "The bfloat16 / float16 GEMM op (:data:`GEMM_SPACE`); launch plan :func:`_plan`."
+gemm_tf32_into = autotune(GEMM_TF32_SPACE, reference=_reference, writes=["c"], tolerance=_tf32_tolerance,
+                          name="tiletune.gemm_tf32")(_plan)
+gemm_tf32_into.__doc__ = "The float32 (tf32) GEMM op (:data:`GEMM_TF32_SPACE`)."
+gemm_fp8_into = autotune(GEMM_FP8_SPACE, reference=_reference, writes=["c"], name="tiletune.gemm_fp8")(_plan)
+gemm_fp8_into.__doc__ = "The float8_e4m3fn GEMM op with per-tensor scales (:data:`GEMM_FP8_SPACE`)."
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------
+
+
+def _aligned(x: Any) -> bool:
+    """Batch of row-major matrices with unit column stride and 16-byte aligned row / batch strides."""
+    es = x.element_size()
+    if x.stride(2) != 1 and x.shape[2] > 1:
+        return False
+    if (x.stride(1) * es) % 16 or x.stride(1) < x.shape[2]:
+        return False
+    return x.shape[0] == 1 or (x.stride(0) > 0 and (x.stride(0) * es) % 16 == 0)
+
+
+def _as_kernel_operand(x: Any) -> tuple[Any, bool]:
+    """``(tensor the kernel reads, transposed?)`` for a 3-D operand: itself, its transpose, or a copy."""
+    if _aligned(x):
+        return x, False
+    xt = x.transpose(1, 2)
+    if _aligned(xt):
+        return xt, True
+    return x.contiguous(), False
+
+
+def _scale_tensor(s: Any, name: str, device: Any) -> Any:
+    import torch
+
+    if isinstance(s, torch.Tensor):
+        if s.numel() != 1:
+            raise ValueError(f"matmul: {name} must hold one value (a per-tensor scale), got shape {tuple(s.shape)}")
+        if s.device != device:
+            raise ValueError(f"matmul: {name} is on {s.device}, the operands on {device}")
+        return s.reshape(1).to(torch.float32).contiguous()
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return torch.full((1,), float(s), dtype=torch.float32, device=device)
+    raise TypeError(f"matmul: {name} must be a float or a one-element tensor, got {type(s).__name__}")
+
+
+@functools.lru_cache(maxsize=None)
+def _unit_scale(device: Any) -> Any:
+    import torch
+
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtype: Any = None) -> Any:
+    """``a @ b`` like ``torch.matmul``, autotuned, with fp32 accumulation.
+
+    Args:
+        a, b: CUDA tensors of one dtype: bfloat16, float16, float32 (computed as tf32) or
+            float8_e4m3fn. 1-D, 2-D or batched (``(..., M, K) @ (..., K, N)``, batch dims
+            broadcast as in torch).
+        scale_a, scale_b: per-tensor scales (floats or one-element tensors), required for
+            float8_e4m3fn inputs (the result is ``scale_a * scale_b * (a @ b)``), refused otherwise.
+        out_dtype: result dtype of an fp8 product (bfloat16 by default; float16 or float32);
+            other inputs return their own dtype.
+
+    Returns a new tensor of the broadcast shape.
     """
     import torch
 
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        raise TypeError("gemm expects two torch tensors")
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"gemm expects 2-D tensors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"gemm: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
-    if a.dtype != b.dtype or a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise TypeError(f"gemm expects two bfloat16, float16 or float32 tensors, got {a.dtype} and {b.dtype}")
+        raise TypeError("matmul expects two torch tensors")
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError("matmul: both arguments need at least one dimension")
+    if a.dtype != b.dtype:
+        raise TypeError(f"matmul expects two tensors of one dtype (bfloat16, float16, float32 or float8_e4m3fn), "
+                        f"got {a.dtype} and {b.dtype}")
+    fp8 = a.dtype == getattr(torch, _FP8, None)
+    if a.dtype not in (torch.bfloat16, torch.float16, torch.float32) and not fp8:
+        raise TypeError(f"matmul supports bfloat16, float16, float32 and float8_e4m3fn, got {a.dtype}")
+    if fp8:
+        if scale_a is None or scale_b is None:
+            raise ValueError("matmul: float8_e4m3fn inputs need scale_a and scale_b (per-tensor scales)")
+        out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+        if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"matmul: out_dtype of an fp8 product must be bfloat16, float16 or float32, got {out_dtype}")
+    else:
+        if scale_a is not None or scale_b is not None:
+            raise ValueError("matmul: scale_a / scale_b are for float8_e4m3fn inputs only")
+        if out_dtype is not None and out_dtype != a.dtype:
+            raise TypeError(f"matmul: out_dtype must be the inputs' dtype ({a.dtype}) for non-fp8 inputs")
+        out_dtype = a.dtype
+
+    # torch.matmul's rules for 1-D operands
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ValueError(f"matmul: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
+    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    try:
+        batch = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"matmul: batch dimensions do not broadcast: {tuple(a.shape)} @ {tuple(b.shape)}") from None
     if not (a.is_cuda and b.is_cuda) or a.device != b.device:
-        raise ValueError(f"gemm expects both tensors on one CUDA device, got {a.device} and {b.device}")
-    m, n = a.shape[0], b.shape[1]
-    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if m == 0 or n == 0:
-        return c
-    if a.shape[1] == 0:
-        return c.zero_()
-    trans_a = not _row_major(a) and _row_major(a.t())
-    trans_b = not _row_major(b) and _row_major(b.t())
-    a_arg = a.t() if trans_a else a.contiguous()
-    b_arg = b.t() if trans_b else b.contiguous()
-    gemm_into(a_arg, b_arg, c, trans_a, trans_b)
-    return c
+        raise ValueError(f"matmul expects both tensors on one CUDA device, got {a.device} and {b.device}")
+    out_shape = (*batch, m, n)
+    if b2.dim() == 2 and a2.dim() > 2:
+        # (..., M, K) @ (K, N): fold the leading dims into M (a view when a's rows allow it)
+        a3, b3 = a2.reshape(1, -1, k), b2.unsqueeze(0)
+    else:
+        nb = math.prod(batch)
+        a3 = a2.expand(*batch, m, k).reshape(nb, m, k)
+        b3 = b2.expand(*batch, k, n).reshape(nb, k, n)
+    c = torch.empty((a3.shape[0], a3.shape[1], n), dtype=out_dtype, device=a.device)
+    if c.numel() == 0:
+        return _finish(c, out_shape, a, b)
+    if k == 0:
+        return _finish(c.zero_(), out_shape, a, b)
+    a_arg, trans_a = _as_kernel_operand(a3)
+    b_arg, trans_b = _as_kernel_operand(b3)
+    if fp8:
+        sa, sb = _scale_tensor(scale_a, "scale_a", a.device), _scale_tensor(scale_b, "scale_b", a.device)
+        gemm_fp8_into(a_arg, b_arg, c, sa, sb, trans_a, trans_b, True)
+    else:
+        one = _unit_scale(a.device)
+        op = gemm_tf32_into if a.dtype == torch.float32 else gemm_into
+        op(a_arg, b_arg, c, one, one, trans_a, trans_b, False)
+    return _finish(c, out_shape, a, b)
+
+
+def _finish(c: Any, out_shape: tuple[int, ...], a: Any, b: Any) -> Any:
+    """Reshape the 3-D result to torch.matmul's output shape (dropping 1-D operands' dims)."""
+    out = c.reshape(out_shape)
+    if a.dim() == 1:
+        out = out.squeeze(-2)
+    if b.dim() == 1:
+        out = out.squeeze(-1)
+    return out
+
+
+def gemm(a: Any, b: Any) -> Any:
+    """``a @ b`` for 2-D CUDA tensors (an alias of :func:`matmul` kept for existing callers)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (a.dim() != 2 or b.dim() != 2):
+        raise ValueError(f"gemm expects 2-D tensors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    return matmul(a, b)

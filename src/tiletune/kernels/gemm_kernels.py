@@ -44,7 +44,15 @@ from ._config import param as _param
 __all__ = [
     "GEMM_BASELINE",
     "GEMM_CONSTRAINTS",
+    "GEMM_FP8_BASELINE",
+    "GEMM_FP8_SPACE_PARAMS",
+    "GEMM_FULL_SPACE_PARAMS",
     "GEMM_SPACE_PARAMS",
+    "GEMM_TF32_BASELINE",
+    "GEMM_TF32_SPACE_PARAMS",
+    "library_constraints",
+    "library_shape",
+    "stage_fits",
     "acc_fits",
     "gemm_args",
     "gemm_grid",
@@ -59,8 +67,9 @@ __all__ = [
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
-#: Tuning parameters and their candidate values (``occupancy``, ``num_worker_warps``: hints).
-GEMM_SPACE_PARAMS = dict(
+#: The full recorded space (``benchmarks/spaces/h200_gemm_bf16_4096.json.gz``): 512 configs after
+#: :data:`GEMM_CONSTRAINTS` (``occupancy``, ``num_worker_warps``: hints).
+GEMM_FULL_SPACE_PARAMS = dict(
     TM=[64, 128, 256],
     TN=[64, 128, 256],
     TK=[32, 64, 128],
@@ -70,8 +79,30 @@ GEMM_SPACE_PARAMS = dict(
     num_worker_warps=[4, 8],
 )
 
+#: The library op's space for 16-bit inputs, shrunk from the full space with its H200 recording:
+#: GROUP_M 16 and the latency hints never beat GROUP_M 8 / no hint by more than the noise (<= 1%)
+#: and are dropped; the tile shapes stay (small ones for small M / N, big ones for big problems),
+#: TK 128 only for the small tiles; see :data:`GEMM_LIBRARY_CONSTRAINTS`.
+GEMM_SPACE_PARAMS = dict(
+    TM=[64, 128, 256],
+    TN=[64, 128, 256],
+    TK=[32, 64, 128],
+    GROUP_M=[8],
+    LAT=[0],
+    occupancy=[1, 2],
+    num_worker_warps=[4, 8],
+)
+
+#: fp32 inputs (tf32 tensor cores): a stage of 4-byte elements, so half the K depth.
+GEMM_TF32_SPACE_PARAMS = dict(GEMM_SPACE_PARAMS, TK=[16, 32, 64])
+
+#: float8_e4m3fn inputs: 1-byte elements, so twice the K depth.
+GEMM_FP8_SPACE_PARAMS = dict(GEMM_SPACE_PARAMS, TK=[64, 128, 256])
+
 #: A sensible hand-picked config; measured first by the tuner.
 GEMM_BASELINE = dict(TM=128, TN=256, TK=64, GROUP_M=8, LAT=0, occupancy=1, num_worker_warps=8)
+GEMM_TF32_BASELINE = dict(GEMM_BASELINE, TK=32)
+GEMM_FP8_BASELINE = dict(GEMM_BASELINE, TK=128)
 
 
 def smem_fits(cfg) -> bool:
@@ -93,6 +124,36 @@ def warps_fit(cfg) -> bool:
 GEMM_CONSTRAINTS = {"smem_fits": smem_fits, "acc_fits": acc_fits, "warps_fit": warps_fit}
 
 
+def stage_fits(elem_bytes: int):
+    """Constraint: one ``A`` + ``B`` stage of ``elem_bytes``-byte elements is at most 48 KiB."""
+
+    def fits(cfg) -> bool:
+        return (cfg.TM + cfg.TN) * cfg.TK * elem_bytes <= 49152
+
+    fits.__doc__ = f"One A + B stage of {elem_bytes}-byte elements is at most 48 KiB."
+    return fits
+
+
+def library_shape(elem_bytes: int):
+    """Constraint of the library spaces: two consumer warpgroups only for tiles of at least
+    128x128, and the deepest K tile (``256 // elem_bytes``) only for tiles with ``TM + TN <= 192``."""
+    deepest = 256 // elem_bytes
+
+    def shape_ok(cfg) -> bool:
+        if cfg.num_worker_warps == 8 and not (cfg.TM >= 128 and cfg.TN >= 128):
+            return False
+        return not (cfg.TK >= deepest and cfg.TM + cfg.TN > 192)
+
+    shape_ok.__doc__ = library_shape.__doc__
+    return shape_ok
+
+
+def library_constraints(elem_bytes: int) -> dict:
+    """Constraints of a library GEMM space for inputs of ``elem_bytes`` bytes."""
+    return {"stage_fits": stage_fits(elem_bytes), "acc_fits": acc_fits, "warps_fit": warps_fit,
+            "library_shape": library_shape(elem_bytes)}
+
+
 def _tile_coords(tile, num_m, num_n, GROUP_M):
     """Linear tile id -> ``(tile_row, tile_col)`` with grouped (L2-friendly) order."""
     per_group = GROUP_M * num_n
@@ -101,8 +162,23 @@ def _tile_coords(tile, num_m, num_n, GROUP_M):
     return first_m + tile % rows, (tile % per_group) // rows
 
 
+def _load_a(A, b, i, k, TM: ConstInt, TK: ConstInt, LAT: ConstInt, ALLOW_TMA: ConstBool, TRANS: ConstBool):
+    """The ``(TM, TK)`` tile ``(i, k)`` of batch ``b`` of ``A`` (``BATCH x M x K``, or ``BATCH x K x M``)."""
+    if TRANS:
+        order = (0, 2, 1)
+    else:
+        order = (0, 1, 2)
+    if LAT > 0:
+        t = ct.load(A, (b, i, k), shape=(1, TM, TK), order=order, padding_mode=ct.PaddingMode.ZERO,
+                    latency=LAT, allow_tma=ALLOW_TMA)
+    else:
+        t = ct.load(A, (b, i, k), shape=(1, TM, TK), order=order, padding_mode=ct.PaddingMode.ZERO,
+                    allow_tma=ALLOW_TMA)
+    return t.reshape((TM, TK))
+
+
 @ct.kernel
-def gemm_kernel(A, B, C,
+def gemm_kernel(A, B, C, SA, SB,
                 TM: ConstInt,
                 TN: ConstInt,
                 TK: ConstInt,
@@ -111,71 +187,63 @@ def gemm_kernel(A, B, C,
                 LAT_B: ConstInt,
                 ALLOW_TMA: ConstBool,
                 TRANS_A: ConstBool,
-                TRANS_B: ConstBool):
-    """Persistent ``C = A @ B``: each block loops over output tiles (grouped order).
+                TRANS_B: ConstBool,
+                SCALED: ConstBool,
+                FAST_ACC: ConstBool):
+    """Persistent batched ``C[b] = A[b] @ B[b]``: each block loops over output tiles (grouped order).
 
     Args:
-        A: ``M x K`` row-major (or ``K x M`` with ``TRANS_A``), bfloat16 / float16 / float32.
-        B: ``K x N`` row-major (or ``N x K`` with ``TRANS_B``), same dtype as ``A``.
-        C: ``M x N`` row-major output; receives the fp32 accumulator cast to its dtype.
+        A: ``BATCH x M x K`` row-major (``BATCH x K x M`` with ``TRANS_A``); bfloat16, float16,
+            float32 (run as tf32) or float8_e4m3fn.
+        B: ``BATCH x K x N`` row-major (``BATCH x N x K`` with ``TRANS_B``), same dtype as ``A``.
+        C: ``BATCH x M x N`` row-major output; receives the fp32 accumulator (times the scales
+            with ``SCALED``) cast to its dtype.
+        SA, SB: one-element float32 arrays, the per-tensor scales of ``A`` and ``B`` (read only
+            with ``SCALED``; any one-element float32 array otherwise).
         TM, TN, TK (constant ints, powers of two): tile sizes.
         GROUP_M (constant int): tile-rows per L2 swizzle band.
         LAT_A, LAT_B (constant ints): ``latency=`` hints of the A / B loads (1-10), 0 for none.
         ALLOW_TMA (constant bool): ``allow_tma=`` of both loads.
         TRANS_A, TRANS_B (constant bools): operand given transposed (see the module docstring).
+        SCALED (constant bool): multiply the accumulator by ``SA[0] * SB[0]`` before the store.
+        FAST_ACC (constant bool): ``use_fast_acc`` of the fp8 ``mma`` (Hopper; ignored otherwise).
 
-    Launch with ``(min(num_tiles, NUM_SMS * occupancy),)`` blocks (:func:`gemm_grid`); any grid
-    size >= 1 is correct.
+    Launch with ``(min(BATCH * num_tiles, NUM_SMS * occupancy),)`` blocks (:func:`gemm_grid`);
+    any grid size >= 1 is correct.
     """
-    M = C.shape[0]
-    N = C.shape[1]
+    BATCH = C.shape[0]
+    M = C.shape[1]
+    N = C.shape[2]
     if TRANS_A:
-        K = A.shape[0]
-    else:
         K = A.shape[1]
+    else:
+        K = A.shape[2]
     num_m = ct.cdiv(M, TM)
     num_n = ct.cdiv(N, TN)
     num_k = ct.cdiv(K, TK)
-    num_tiles = num_m * num_n
-
-    a_tiles = A.tiled_view((TM, TK), padding_mode=ct.PaddingMode.ZERO)
-    b_tiles = B.tiled_view((TK, TN), padding_mode=ct.PaddingMode.ZERO)
-    # fp32 inputs go through the tensor cores as tf32; bf16/fp16 are used as they are.
+    per_batch = num_m * num_n
+    num_tiles = BATCH * per_batch
+    # fp32 inputs go through the tensor cores as tf32; bf16/fp16/fp8 are used as they are.
     mma_dtype = ct.tfloat32 if A.dtype == ct.float32 else A.dtype
 
     for tile in range(ct.bid(0), num_tiles, ct.num_blocks(0)):
-        bid_m, bid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        bz = tile // per_batch
+        bid_m, bid_n = _tile_coords(tile % per_batch, num_m, num_n, GROUP_M)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for k in range(num_k):
-            # A tile (TM, TK)
-            if TRANS_A:
-                if LAT_A > 0:
-                    a = ct.load(A, (bid_m, k), shape=(TM, TK), order=(1, 0),
-                                padding_mode=ct.PaddingMode.ZERO, latency=LAT_A, allow_tma=ALLOW_TMA)
-                else:
-                    a = ct.load(A, (bid_m, k), shape=(TM, TK), order=(1, 0),
-                                padding_mode=ct.PaddingMode.ZERO, allow_tma=ALLOW_TMA)
+            a = _load_a(A, bz, bid_m, k, TM, TK, LAT_A, ALLOW_TMA, TRANS_A)
+            # B tile (TK, TN): the "A" of the transposed problem with the roles of the dims swapped
+            b = _load_a(B, bz, k, bid_n, TK, TN, LAT_B, ALLOW_TMA, TRANS_B)
+            if FAST_ACC:
+                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc, use_fast_acc=True)
             else:
-                if LAT_A > 0:
-                    a = a_tiles.load((bid_m, k), latency=LAT_A, allow_tma=ALLOW_TMA)
-                else:
-                    a = a_tiles.load((bid_m, k), allow_tma=ALLOW_TMA)
-            # B tile (TK, TN)
-            if TRANS_B:
-                if LAT_B > 0:
-                    b = ct.load(B, (k, bid_n), shape=(TK, TN), order=(1, 0),
-                                padding_mode=ct.PaddingMode.ZERO, latency=LAT_B, allow_tma=ALLOW_TMA)
-                else:
-                    b = ct.load(B, (k, bid_n), shape=(TK, TN), order=(1, 0),
-                                padding_mode=ct.PaddingMode.ZERO, allow_tma=ALLOW_TMA)
-            else:
-                if LAT_B > 0:
-                    b = b_tiles.load((k, bid_n), latency=LAT_B, allow_tma=ALLOW_TMA)
-                else:
-                    b = b_tiles.load((k, bid_n), allow_tma=ALLOW_TMA)
-            acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc)
+                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc)
+        if SCALED:
+            sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
+            sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
+            acc = acc * (sa * sb)
         # out-of-bounds rows/columns of edge tiles are dropped by the store
-        ct.store(C, (bid_m, bid_n), acc.astype(C.dtype))
+        ct.store(C, (bz, bid_m, bid_n), acc.astype(C.dtype).reshape((1, TM, TN)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,16 +251,16 @@ def gemm_kernel(A, B, C,
 # --------------------------------------------------------------------------------------------
 
 
-def gemm_num_tiles(cfg, M: int, N: int) -> int:
-    """Number of ``TM x TN`` output tiles of an ``M x N`` result."""
+def gemm_num_tiles(cfg, M: int, N: int, batch: int = 1) -> int:
+    """Number of ``TM x TN`` output tiles of a ``batch x M x N`` result."""
     tm, tn = int(_param(cfg, "TM")), int(_param(cfg, "TN"))
-    return -(-int(M) // tm) * -(-int(N) // tn)
+    return int(batch) * -(-int(M) // tm) * -(-int(N) // tn)
 
 
-def gemm_grid(cfg, M: int, N: int, num_sms: int) -> tuple[int]:
+def gemm_grid(cfg, M: int, N: int, num_sms: int, batch: int = 1) -> tuple[int]:
     """Persistent grid: ``(min(num_tiles, num_sms * occupancy),)``, at least 1 block."""
     occ = int(_param(cfg, "occupancy", 1))
-    return (max(1, min(gemm_num_tiles(cfg, M, N), int(num_sms) * occ)),)
+    return (max(1, min(gemm_num_tiles(cfg, M, N, batch), int(num_sms) * occ)),)
 
 
 def gemm_hints(cfg) -> dict:
@@ -211,21 +279,25 @@ def gemm_hints(cfg) -> dict:
     return hints
 
 
-def gemm_args(cfg, a, b, c, trans_a: bool = False, trans_b: bool = False) -> tuple:
+def gemm_args(cfg, a, b, c, scale_a, scale_b, trans_a: bool = False, trans_b: bool = False,
+              scaled: bool = False) -> tuple:
     """Kernel arguments for ``gemm_kernel``, in order.
 
-    ``(a, b, c, TM, TN, TK, GROUP_M, LAT_A, LAT_B, ALLOW_TMA, TRANS_A, TRANS_B)``.  ``LAT_A`` /
-    ``LAT_B`` come from ``cfg.LAT_A`` / ``cfg.LAT_B`` if present, else ``cfg.LAT`` (default 0);
-    ``ALLOW_TMA`` from ``cfg.ALLOW_TMA`` (default True); ``GROUP_M`` default 8.  With
-    ``trans_a`` ``a`` is the ``K x M`` row-major transpose of A; with ``trans_b`` ``b`` is
-    ``N x K`` row-major.
+    ``(a, b, c, scale_a, scale_b, TM, TN, TK, GROUP_M, LAT_A, LAT_B, ALLOW_TMA, TRANS_A, TRANS_B,
+    SCALED, FAST_ACC)``.  ``a``, ``b``, ``c`` are 3-D (batch first; a 2-D problem is a batch of
+    one), ``scale_a`` / ``scale_b`` one-element float32 tensors.  ``LAT_A`` / ``LAT_B`` come from
+    ``cfg.LAT_A`` / ``cfg.LAT_B`` if present, else ``cfg.LAT`` (default 0); ``ALLOW_TMA`` from
+    ``cfg.ALLOW_TMA`` (default True); ``GROUP_M`` default 8; ``FAST_ACC`` from ``cfg.FAST_ACC``
+    (default False).  With ``trans_a`` ``a`` holds ``K x M`` matrices, with ``trans_b`` ``b``
+    holds ``N x K`` ones.
     """
     lat = int(_param(cfg, "LAT", 0))
-    return (a, b, c,
+    return (a, b, c, scale_a, scale_b,
             int(_param(cfg, "TM")), int(_param(cfg, "TN")), int(_param(cfg, "TK")),
             int(_param(cfg, "GROUP_M", 8)),
             int(_param(cfg, "LAT_A", lat)), int(_param(cfg, "LAT_B", lat)),
-            bool(_param(cfg, "ALLOW_TMA", True)), bool(trans_a), bool(trans_b))
+            bool(_param(cfg, "ALLOW_TMA", True)), bool(trans_a), bool(trans_b), bool(scaled),
+            bool(_param(cfg, "FAST_ACC", False)))
 
 
 def gemm_reference(a, b, c=None):

@@ -19,6 +19,8 @@ rows per tile or chunk width).
 
 from __future__ import annotations
 
+from ._config import make_module_callable
+
 import math
 from typing import Any, Hashable
 
@@ -144,11 +146,4 @@ def softmax(x: Any, dim: int = -1) -> Any:
     return prepare_softmax(x).run()
 
 
-class _CallableModule(__import__("types").ModuleType):
-    """``tiletune.kernels.softmax`` is both this module and the op: calling the module calls the op."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return softmax(*args, **kwargs)
-
-
-__import__("sys").modules[__name__].__class__ = _CallableModule
+make_module_callable(__name__, "softmax")

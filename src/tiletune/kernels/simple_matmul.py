@@ -1,4 +1,8 @@
-"""``tiletune.kernels.matmul``: an autotuned bf16/fp16 matmul (tile sizes x occupancy)."""
+"""``tiletune.kernels.simple_matmul``: the first autotuned bf16/fp16 matmul (32 configs: tile sizes x occupancy).
+
+One output tile per block (not persistent). It is the kernel of the tuning-speed, warm-start and
+determinism benchmarks; the library GEMM is :func:`tiletune.kernels.matmul` (:mod:`.gemm`).
+"""
 
 from __future__ import annotations
 
