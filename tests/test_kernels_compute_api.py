@@ -195,3 +195,13 @@ def test_attention_not_tensors():
         attention(q, k, v.tolist())
     with pytest.raises(TypeError, match="q must be a torch tensor"):
         attention(None, k, v)
+
+
+def test_fp8_tolerance_scales_with_the_per_tensor_scales():
+    ones = lambda *s: torch.ones(s)  # noqa: E731
+    args = (ones(1, 8, 64), ones(1, 64, 8), ones(1, 8, 8))
+    unit = gemm_mod._fp8_tolerance(*args, torch.tensor(1.0), torch.tensor([1.0]), False)
+    half = gemm_mod._fp8_tolerance(*args, torch.tensor(0.5), torch.tensor([0.25]), False)
+    assert unit == gemm_mod._tf32_tolerance(*args, None, None, False)
+    assert half["float32"][1] == pytest.approx(unit["float32"][1] / 8)
+    assert set(half) == {"float32"}  # bf16 / fp16 results keep the default tolerance
