@@ -374,7 +374,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         xs = range(len(gemm))
         w = 0.4
         ax.bar([x - w / 2 for x in xs], [r["tiletune_tflops"] or 0 for r in gemm], w, label="tiletune gemm")
-        ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in gemm], w, label="torch.matmul")
+        ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in gemm], w, label="torch.matmul (fp8: torch._scaled_mm)")
         for x, r in zip(xs, gemm):
             if r["ratio"]:
                 top = max(r["tiletune_tflops"] or 0, r["torch_tflops"] or 0)
@@ -385,7 +385,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         ax.set_xticklabels([f"{r['shape']}\n{r['dtype'].replace('bfloat', 'bf').replace('float', 'fp')}"
                             for r in gemm], rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("TFLOP/s")
-        ax.set_title("GEMM (M x N x K), cold L2: tiletune vs torch.matmul")
+        ax.set_title("GEMM ([batch x] M x N x K), cold L2: tiletune.kernels.matmul vs torch")
         ax.legend()
         fig.tight_layout()
         p = out / "kernels_compute_gemm.png"
@@ -444,6 +444,48 @@ def _apply_tuning_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"strategy": args.strategy, "max_evals": args.max_evals, "tune_seconds": args.tune_seconds}
 
 
+def print_summary(summary: dict[str, Any]) -> None:
+    """The issue's targets against the summary, one line each."""
+    print("== summary vs issue 6 targets (H200)")
+    for k, t in TARGETS.items():
+        v = summary[k]
+        verdict = "n/a" if v is None else ("MET" if summary[f"{k}_met"] else "MISSED")
+        if v is not None and v >= t and not summary[f"{k}_met"]:
+            verdict = "INCOMPLETE (sweep not fully measured)"
+        extra = ""
+        if k == "gemm_geomean":
+            extra = f" over {summary['gemm_measured']}/{summary['gemm_planned']} bf16 shapes"
+        elif k == "attention_geomean":
+            extra = f" over {summary['attention_measured']}/{summary['attention_planned']} problems"
+        print(f"  {k:<18} {_fmt(v, 3):>6}  target >= {t}  {verdict}{extra}")
+    if summary["errors"]:
+        print(f"  {summary['errors']} row(s) with a tiletune error (see 'error' in the JSON)")
+
+
+def combine(paths: list[str], out: Path) -> int:
+    """Merge result files of single-op runs (GEMM rows first) into one, recomputing the summary."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [r for op in ("gemm", "attention") for d in docs for r in d["rows"] if r["op"] == op]
+    planned = {op: sum(d.get(f"{op}_planned") or 0 for d in docs) for op in ("gemm", "attention")}
+    summary = summarize(rows, planned)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = plot(rows, out)
+    keep = ("benchmark", "date", "torch", "gpu", "arch", "sm_count", "driver", "versions", "cpus", "problem",
+            "quick", "b_transposed", "samples_each", "backlog_us", "tuning_overrides", "reference_matmul_tf32")
+    doc = {k: docs[0][k] for k in keep if k in docs[0]}
+    doc["combined_from"] = [{"file": Path(p).name, "only": d.get("only"), "date": d.get("date"),
+                             "wall_s": d.get("wall_s"), "stopped": d.get("stopped")} for p, d in zip(paths, docs)]
+    doc.update({**summary, "targets": TARGETS, "pngs": [Path(x).name for x in pngs], "rows": rows})
+    path = out / "kernels_compute.json"
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"wrote {path}" + "".join(f", {x}" for x in pngs))
+    print()
+    print(readme_table(rows))
+    print()
+    print_summary(summary)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help=f"result folder (default {DEFAULT_OUT})")
@@ -462,11 +504,16 @@ def main() -> int:
                          "--out), e.g. after '--only gemm', run '--only attention --merge'")
     ap.add_argument("--fp32-reference", action="store_true",
                     help="keep torch's fp32 matmuls exact (no tf32) in the ops' tuning references (slow)")
+    ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                    help="no GPU: merge the rows of result files from '--only gemm' and '--only attention' runs "
+                         "(e.g. made on two GPUs at once) into <out>/kernels_compute.json, with PNGs and table")
     ap.add_argument("--strategy", default=None, choices=["exhaustive", "random", "evolutionary", "model"],
                     help="override the ops' tuning strategy")
     ap.add_argument("--max-evals", type=int, default=None, help="override: configs evaluated per tuning")
     ap.add_argument("--tune-seconds", type=float, default=None, help="override: seconds per tuning session")
     args = ap.parse_args()
+    if args.combine:
+        return combine(args.combine, Path(args.out or DEFAULT_OUT))
     if args.rounds * args.per_round < 20:
         ap.error("--rounds x --per-round must be at least 20 samples")
 
@@ -571,20 +618,7 @@ def main() -> int:
     print()
     print(readme_table(rows))
     print()
-    print("== summary vs issue 6 targets (H200)")
-    for k, t in TARGETS.items():
-        v = summary[k]
-        verdict = "n/a" if v is None else ("MET" if summary[f"{k}_met"] else "MISSED")
-        if v is not None and v >= t and not summary[f"{k}_met"]:
-            verdict = "INCOMPLETE (sweep not fully measured)"
-        extra = ""
-        if k == "gemm_geomean":
-            extra = f" over {summary['gemm_measured']}/{summary['gemm_planned']} bf16 shapes"
-        elif k == "attention_geomean":
-            extra = f" over {summary['attention_measured']}/{summary['attention_planned']} problems"
-        print(f"  {k:<18} {_fmt(v, 3):>6}  target >= {t}  {verdict}{extra}")
-    if summary["errors"]:
-        print(f"  {summary['errors']} row(s) with a tiletune error (see 'error' in the JSON)")
+    print_summary(summary)
     if stopped:
         print(f"  stopped early: {stopped}")
     return 0
