@@ -1,38 +1,39 @@
-"""Persistent GEMM ``C = A @ B`` written in cuTile, plus its (large) tuning space.
+"""Persistent batched GEMM ``C[i] = A[i] @ B[i]`` written in cuTile, plus its tuning spaces.
 
 Unlike :mod:`tiletune.kernels.matmul_kernels` (one output tile per block), this kernel is
 *persistent*: it is launched with ``min(num_tiles, NUM_SMS * occupancy)`` blocks and each block
-walks the output tiles ``bid, bid + num_blocks, bid + 2 * num_blocks, ...``.  The linear tile id
-is mapped to ``(tile_row, tile_col)`` with a ``GROUP_M`` swizzle: consecutive ids sweep a band of
-``GROUP_M`` tile-rows column by column, so the tiles that are in flight at the same time share
-``A`` row-panels and ``B`` column-panels in L2.
+walks the output tiles ``bid, bid + num_blocks, bid + 2 * num_blocks, ...`` of all batch entries.
+Within a batch entry the linear tile id is mapped to ``(tile_row, tile_col)`` with a ``GROUP_M``
+swizzle: consecutive ids sweep a band of ``GROUP_M`` tile-rows column by column, so the tiles that
+are in flight at the same time share ``A`` row-panels and ``B`` column-panels in L2.
 
-* ``A`` is ``M x K`` and ``B`` is ``K x N``, ``C`` is ``M x N`` row-major.  ``TRANS_A`` (constant)
-  says ``A`` is given as its ``K x M`` row-major transpose (``a.t()`` of a contiguous tensor),
-  ``TRANS_B`` that ``B`` is given as ``N x K`` (``b.t()`` of a contiguous tensor, the
-  ``x @ W.T`` layout of linear layers): those operands are read with transposed-order
-  :func:`cuda.tile.load` (``order=(1, 0)``), the others through
-  :meth:`cuda.tile.Array.tiled_view` (TMA on sm_90+).
-* Inputs bfloat16 or float16 (float32 runs on the tensor cores as tf32); accumulation in
-  float32 with :func:`cuda.tile.mma`, cast to ``C``'s dtype on the store.
+* Operands are 3-D, batch first (a 2-D problem is a batch of one): ``A`` is ``BATCH x M x K``,
+  ``B`` is ``BATCH x K x N``, ``C`` is ``BATCH x M x N`` row-major.  ``TRANS_A`` (constant) says
+  ``A`` holds ``K x M`` row-major matrices (``a.transpose(-1, -2)`` of a contiguous tensor),
+  ``TRANS_B`` that ``B`` holds ``N x K`` ones (the ``x @ W.T`` layout of linear layers); every
+  tile is one :func:`cuda.tile.load` (TMA on sm_90+), in transposed order (``order=(0, 2, 1)``)
+  for a transposed operand.
+* Inputs bfloat16, float16, float32 (run on the tensor cores as tf32) or float8_e4m3fn;
+  accumulation in float32 with :func:`cuda.tile.mma`; with ``SCALED`` the accumulator is
+  multiplied by the per-tensor scales ``SA[0] * SB[0]`` (fp8); cast to ``C``'s dtype on the store.
 * Edge tiles are zero padded on load (zeros add nothing to the dot products) and clipped on
   store, so ``M``, ``N``, ``K`` need not be multiples of the tile sizes.
 * Per-operand load hints: ``LAT_A`` / ``LAT_B`` are the ``latency=`` hints (1-10: how heavy the
   DRAM traffic is expected to be; 0 = let the compiler infer it) and ``ALLOW_TMA`` the
   ``allow_tma=`` flag of both loads.
 
-Tuning space (:data:`GEMM_SPACE_PARAMS`): ``TM``, ``TN``, ``TK``, ``GROUP_M``, ``LAT`` (the
-latency hint used for both operands: ``LAT_A = LAT_B = LAT``) are kernel constants;
-``occupancy`` and ``num_worker_warps`` are cuTile hints (``occupancy`` also sizes the persistent
-grid).  :data:`GEMM_CONSTRAINTS`:
+Tuning parameters: ``TM``, ``TN``, ``TK``, ``GROUP_M``, ``LAT`` (the latency hint used for both
+operands: ``LAT_A = LAT_B = LAT``) are kernel constants; ``occupancy`` and ``num_worker_warps`` are
+cuTile hints (``occupancy`` also sizes the persistent grid).
 
-* ``smem_fits``: one ``A`` + ``B`` stage (bf16) is at most 48 KiB: ``(TM + TN) * TK <= 24576``;
-* ``acc_fits``: ``TM * TN * occupancy <= 256 * 128``: the fp32 accumulators of the CTAs that
-  share an SM fit its register file (wider ones spill);
-* ``warps_fit``: ``TM * TN == 256 * 128`` tiles need ``num_worker_warps=8`` (two consumer
-  warpgroups; with 4 the 128 KiB accumulator spills, ~10x slower, see matmul_kernels).
-
-That leaves 512 configs, all of which compile for sm_90 (``tools/compile_check_all.py``).
+* :data:`GEMM_FULL_SPACE_PARAMS` with :data:`GEMM_CONSTRAINTS` is the 512-config space recorded
+  exhaustively on the H200: ``smem_fits`` (one bf16 ``A`` + ``B`` stage is at most 48 KiB),
+  ``acc_fits`` (``TM * TN * occupancy <= 256 * 128``: the fp32 accumulators of the CTAs sharing
+  an SM fit its register file), ``warps_fit`` (``TM * TN == 256 * 128`` tiles need
+  ``num_worker_warps=8``: with 4 the accumulator spills, ~10x slower).
+* :data:`GEMM_SPACE_PARAMS`, :data:`GEMM_TF32_SPACE_PARAMS`, :data:`GEMM_FP8_SPACE_PARAMS` with
+  :func:`library_constraints` are the library ops' 38-config spaces per input width (the K depth
+  scales with the element size); all of them compile for sm_90 (``tools/compile_check_all.py``).
 """
 
 from __future__ import annotations
