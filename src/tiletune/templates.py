@@ -55,7 +55,12 @@ __all__ = [
     "ROW_MAX_ELEMS",
     "chunked_row_space",
     "elementwise_space",
+    "acc_fits",
     "fits_registers",
+    "matmul_baseline",
+    "matmul_constraints",
+    "matmul_params",
+    "matmul_space",
     "next_power_of_2",
     "occupancy_values",
     "row_regime",
@@ -63,6 +68,8 @@ __all__ = [
     "tma_rows",
     "rowwise_space",
     "rope_space",
+    "stage_fits",
+    "warps_fit",
 ]
 
 #: fp32 values of live tile data one SM can hold in registers without spilling (all its blocks).
@@ -272,3 +279,84 @@ def rope_space(heads_elems: int) -> Space:
         constraints={"in_flight": in_flight},
         baseline=dict(TS=base[0], occupancy=base[1], num_worker_warps=base[2], STORE_TMA=True),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# matmul (tensor-core GEMM) template
+# --------------------------------------------------------------------------------------------
+
+
+def acc_fits(cfg: Any) -> bool:
+    """``TM * TN * occupancy <= 256 * 128``: the co-resident fp32 accumulators fit in registers."""
+    return cfg.TM * cfg.TN * cfg.occupancy <= 256 * 128
+
+
+def warps_fit(cfg: Any) -> bool:
+    """256x128 / 128x256 accumulators need two consumer warpgroups (``num_worker_warps=8``)."""
+    return cfg.TM * cfg.TN < 256 * 128 or cfg.num_worker_warps == 8
+
+
+def stage_fits(elem_bytes: int) -> Any:
+    """Constraint: one ``A`` + ``B`` stage of ``elem_bytes``-byte elements is at most 48 KiB."""
+
+    def fits(cfg: Any) -> bool:
+        return (cfg.TM + cfg.TN) * cfg.TK * elem_bytes <= 49152
+
+    fits.__doc__ = f"One A + B stage of {elem_bytes}-byte elements is at most 48 KiB."
+    return fits
+
+
+def _library_shape(elem_bytes: int) -> Any:
+    """Two consumer warpgroups only for tiles of at least 128x128, and the deepest K tile
+    (``256 // elem_bytes``) only for tiles with ``TM + TN <= 192``."""
+    deepest = 256 // elem_bytes
+
+    def shape_ok(cfg: Any) -> bool:
+        if cfg.num_worker_warps == 8 and not (cfg.TM >= 128 and cfg.TN >= 128):
+            return False
+        return not (cfg.TK >= deepest and cfg.TM + cfg.TN > 192)
+
+    shape_ok.__doc__ = _library_shape.__doc__
+    return shape_ok
+
+
+def matmul_params(elem_bytes: int = 2) -> dict[str, list[int]]:
+    """Parameters of the matmul template for inputs of ``elem_bytes`` bytes (2: bf16/fp16, 4: fp32 as
+    tf32, 1: fp8): output tiles ``TM`` x ``TN`` in {64, 128, 256}, K depth ``TK`` in
+    ``{64, 128, 256} // elem_bytes`` (same bytes per stage), swizzle band ``GROUP_M`` 8, no latency
+    hint (``LAT`` 0), ``occupancy`` 1-2 and ``num_worker_warps`` 4 / 8 (one or two consumer
+    warpgroups). The exhaustive H200 recording of the wider space (GROUP_M 8/16, LAT 0/2/4/8; 512
+    configs, ``benchmarks/spaces/h200_gemm_bf16_4096.json.gz``) never had GROUP_M 16 or a latency
+    hint beat these by more than the noise (<= 1%). No ``num_ctas``: CTA clusters were not probed on
+    sm_90, so the template leaves cuTile's default."""
+    if elem_bytes not in (1, 2, 4):
+        raise ValueError(f"matmul template: elem_bytes must be 1, 2 or 4, got {elem_bytes!r}")
+    return dict(
+        TM=[64, 128, 256],
+        TN=[64, 128, 256],
+        TK=[64 // elem_bytes, 128 // elem_bytes, 256 // elem_bytes],
+        GROUP_M=[8],
+        LAT=[0],
+        occupancy=[1, 2],
+        num_worker_warps=[4, 8],
+    )
+
+
+def matmul_baseline(elem_bytes: int = 2) -> dict[str, int]:
+    """The template's hand-picked config: 128x256 tiles, two consumer warpgroups, 128 bytes of K."""
+    return dict(TM=128, TN=256, TK=128 // elem_bytes, GROUP_M=8, LAT=0, occupancy=1, num_worker_warps=8)
+
+
+def matmul_constraints(elem_bytes: int = 2) -> dict[str, Any]:
+    """The template's constraints: ``stage_fits`` (one A + B stage <= 48 KiB), ``acc_fits``,
+    ``warps_fit`` and ``library_shape`` (see :func:`_library_shape`)."""
+    return {"stage_fits": stage_fits(elem_bytes), "acc_fits": acc_fits, "warps_fit": warps_fit,
+            "library_shape": _library_shape(elem_bytes)}
+
+
+def matmul_space(elem_bytes: int = 2) -> Space:
+    """Tensor-core GEMM space for inputs of ``elem_bytes`` bytes: 38 configurations (see
+    :func:`matmul_params`, :func:`matmul_constraints`)."""
+    return Space(**matmul_params(elem_bytes), constraints=matmul_constraints(elem_bytes),
+                 baseline=matmul_baseline(elem_bytes))
+

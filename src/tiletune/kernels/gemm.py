@@ -25,20 +25,8 @@ from typing import Any
 from ..backends.base import Launch
 from ..dispatch import autotune
 from ..space import Space
-from .gemm_kernels import (
-    GEMM_BASELINE,
-    GEMM_CONSTRAINTS,
-    GEMM_FP8_BASELINE,
-    GEMM_FP8_SPACE_PARAMS,
-    GEMM_FULL_SPACE_PARAMS,
-    GEMM_SPACE_PARAMS,
-    GEMM_TF32_BASELINE,
-    GEMM_TF32_SPACE_PARAMS,
-    gemm_args,
-    gemm_grid,
-    gemm_kernel,
-    library_constraints,
-)
+from ..templates import matmul_space
+from .gemm_kernels import GEMM_BASELINE, GEMM_CONSTRAINTS, GEMM_FULL_SPACE_PARAMS, gemm_args, gemm_grid, gemm_kernel
 
 __all__ = [
     "GEMM_FP8_SPACE",
@@ -54,12 +42,12 @@ __all__ = [
 
 #: The 512-config space recorded on the H200 (``benchmarks/spaces/h200_gemm_bf16_4096.json.gz``).
 GEMM_FULL_SPACE = Space(**GEMM_FULL_SPACE_PARAMS, constraints=GEMM_CONSTRAINTS, baseline=GEMM_BASELINE)
-#: bfloat16 / float16 inputs: 38 configs.
-GEMM_SPACE = Space(**GEMM_SPACE_PARAMS, constraints=library_constraints(2), baseline=GEMM_BASELINE)
+#: bfloat16 / float16 inputs: 38 configs from the matmul template.
+GEMM_SPACE = matmul_space(2)
 #: float32 inputs (tf32): 38 configs.
-GEMM_TF32_SPACE = Space(**GEMM_TF32_SPACE_PARAMS, constraints=library_constraints(4), baseline=GEMM_TF32_BASELINE)
+GEMM_TF32_SPACE = matmul_space(4)
 #: float8_e4m3fn inputs: 38 configs.
-GEMM_FP8_SPACE = Space(**GEMM_FP8_SPACE_PARAMS, constraints=library_constraints(1), baseline=GEMM_FP8_BASELINE)
+GEMM_FP8_SPACE = matmul_space(1)
 
 _FP8 = "float8_e4m3fn"
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 
 import cuda.tile as ct
+
+from ..templates import acc_fits, matmul_baseline, matmul_constraints, matmul_params, stage_fits, warps_fit
 from ._config import param as _param
 
 __all__ = [
@@ -52,7 +54,6 @@ __all__ = [
     "GEMM_TF32_BASELINE",
     "GEMM_TF32_SPACE_PARAMS",
     "library_constraints",
-    "library_shape",
     "stage_fits",
     "acc_fits",
     "gemm_args",
@@ -80,30 +81,19 @@ GEMM_FULL_SPACE_PARAMS = dict(
     num_worker_warps=[4, 8],
 )
 
-#: The library op's space for 16-bit inputs, shrunk from the full space with its H200 recording:
-#: GROUP_M 16 and the latency hints never beat GROUP_M 8 / no hint by more than the noise (<= 1%)
-#: and are dropped; the tile shapes stay (small ones for small M / N, big ones for big problems),
-#: TK 128 only for the small tiles; see :data:`GEMM_LIBRARY_CONSTRAINTS`.
-GEMM_SPACE_PARAMS = dict(
-    TM=[64, 128, 256],
-    TN=[64, 128, 256],
-    TK=[32, 64, 128],
-    GROUP_M=[8],
-    LAT=[0],
-    occupancy=[1, 2],
-    num_worker_warps=[4, 8],
-)
+#: The library ops' spaces per input width, from the matmul template
+#: (:func:`tiletune.templates.matmul_space`): 38 configs each.
+GEMM_SPACE_PARAMS = matmul_params(2)
+GEMM_TF32_SPACE_PARAMS = matmul_params(4)
+GEMM_FP8_SPACE_PARAMS = matmul_params(1)
 
-#: fp32 inputs (tf32 tensor cores): a stage of 4-byte elements, so half the K depth.
-GEMM_TF32_SPACE_PARAMS = dict(GEMM_SPACE_PARAMS, TK=[16, 32, 64])
+#: Hand-picked configs, measured first by the tuner (the 16-bit one also for the full space).
+GEMM_BASELINE = matmul_baseline(2)
+GEMM_TF32_BASELINE = matmul_baseline(4)
+GEMM_FP8_BASELINE = matmul_baseline(1)
 
-#: float8_e4m3fn inputs: 1-byte elements, so twice the K depth.
-GEMM_FP8_SPACE_PARAMS = dict(GEMM_SPACE_PARAMS, TK=[64, 128, 256])
-
-#: A sensible hand-picked config; measured first by the tuner.
-GEMM_BASELINE = dict(TM=128, TN=256, TK=64, GROUP_M=8, LAT=0, occupancy=1, num_worker_warps=8)
-GEMM_TF32_BASELINE = dict(GEMM_BASELINE, TK=32)
-GEMM_FP8_BASELINE = dict(GEMM_BASELINE, TK=128)
+#: ``library_constraints(elem_bytes)``: the template's constraints for one input width.
+library_constraints = matmul_constraints
 
 
 def smem_fits(cfg) -> bool:
@@ -111,48 +101,8 @@ def smem_fits(cfg) -> bool:
     return (cfg.TM + cfg.TN) * cfg.TK <= 24576
 
 
-def acc_fits(cfg) -> bool:
-    """``TM * TN * occupancy <= 256 * 128``: the co-resident fp32 accumulators fit in registers."""
-    return cfg.TM * cfg.TN * cfg.occupancy <= 256 * 128
-
-
-def warps_fit(cfg) -> bool:
-    """256x128 / 128x256 accumulators need two consumer warpgroups (``num_worker_warps=8``)."""
-    return cfg.TM * cfg.TN < 256 * 128 or cfg.num_worker_warps == 8
-
-
-#: ``Space(..., constraints=GEMM_CONSTRAINTS)``.
+#: ``Space(..., constraints=GEMM_CONSTRAINTS)``: the full space's constraints.
 GEMM_CONSTRAINTS = {"smem_fits": smem_fits, "acc_fits": acc_fits, "warps_fit": warps_fit}
-
-
-def stage_fits(elem_bytes: int):
-    """Constraint: one ``A`` + ``B`` stage of ``elem_bytes``-byte elements is at most 48 KiB."""
-
-    def fits(cfg) -> bool:
-        return (cfg.TM + cfg.TN) * cfg.TK * elem_bytes <= 49152
-
-    fits.__doc__ = f"One A + B stage of {elem_bytes}-byte elements is at most 48 KiB."
-    return fits
-
-
-def library_shape(elem_bytes: int):
-    """Constraint of the library spaces: two consumer warpgroups only for tiles of at least
-    128x128, and the deepest K tile (``256 // elem_bytes``) only for tiles with ``TM + TN <= 192``."""
-    deepest = 256 // elem_bytes
-
-    def shape_ok(cfg) -> bool:
-        if cfg.num_worker_warps == 8 and not (cfg.TM >= 128 and cfg.TN >= 128):
-            return False
-        return not (cfg.TK >= deepest and cfg.TM + cfg.TN > 192)
-
-    shape_ok.__doc__ = library_shape.__doc__
-    return shape_ok
-
-
-def library_constraints(elem_bytes: int) -> dict:
-    """Constraints of a library GEMM space for inputs of ``elem_bytes`` bytes."""
-    return {"stage_fits": stage_fits(elem_bytes), "acc_fits": acc_fits, "warps_fit": warps_fit,
-            "library_shape": library_shape(elem_bytes)}
 
 
 def _tile_coords(tile, num_m, num_n, GROUP_M):
