@@ -603,6 +603,7 @@ def main() -> int:
         "b_transposed": args.b_transposed,
         "samples_each": args.rounds * args.per_round,
         "backlog_us": args.backlog_us,
+        "backlog_cycles": timer.backlog_cycles,
         "tuning_overrides": overrides,
         "reference_matmul_tf32": not args.fp32_reference,
         "merged_from": merged_from,

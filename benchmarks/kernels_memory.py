@@ -508,6 +508,7 @@ def main() -> int:
         **copy,
         "samples_each": n_samples,
         "backlog_us": args.backlog_us,
+        "backlog_cycles": timer.backlog_cycles,
         "targets": TARGETS,
         "summary": summary,
         "wall_s": round(time.perf_counter() - t_start, 1),

@@ -34,17 +34,23 @@ class ColdL2Timer:
         )
         self._events: list[tuple[Any, Any]] = []
         self.backlog_us = float(backlog_us)
-        self._backlog_cycles = self._calibrate_sleep(self.backlog_us) if self.backlog_us > 0 else 0
+        self.backlog_cycles = self._calibrate_sleep(self.backlog_us) if self.backlog_us > 0 else 0
 
     def _calibrate_sleep(self, us: float) -> int:
-        """Spin-kernel cycles that last about ``us`` microseconds on this device."""
+        """Spin-kernel cycles that last about ``us`` microseconds on this device at its working clock.
+
+        ``torch.cuda._sleep`` counts SM clock cycles, so the GPU is kept busy first (an idle H200
+        sits at 345 MHz, a working one near 1980 MHz: calibrated idle, the spin would be ~6x
+        shorter under load); the shortest of a few probes is taken (the highest clock).
+        """
         torch = self.torch
-        probe = 200_000
+        probe = 1_000_000
         with torch.cuda.device(self.device):
             torch.cuda._sleep(probe)  # first call loads the kernel
+            self.spin(0.1)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             best = float("inf")
-            for _ in range(3):
+            for _ in range(5):
                 start.record()
                 torch.cuda._sleep(probe)
                 end.record()
@@ -65,8 +71,8 @@ class ColdL2Timer:
         for start, end in pairs:
             if buf is not None:
                 buf.zero_()
-            if self._backlog_cycles:
-                self.torch.cuda._sleep(self._backlog_cycles)
+            if self.backlog_cycles:
+                self.torch.cuda._sleep(self.backlog_cycles)
             start.record()
             launch()
             end.record()
