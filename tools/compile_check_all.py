@@ -10,10 +10,14 @@ cuTile compiles under one process-wide lock, so configs are compiled in ``--work
 
 Spaces (each listed baseline first, in the tuner's candidate order):
 
-* ``gemm``: :data:`tiletune.kernels.gemm.GEMM_SPACE` (persistent GEMM);
-  variant ``main`` = bf16 4096 x 4096 x 4096 (the recorded problem), others: fp16 with
-  ``B`` transposed (``x @ W.T``, 8192 x 4096 x 4096), tf32 (fp32 inputs), bf16 with ``A``
-  transposed and odd sizes (1000 x 1000 x 1000: no 16-byte aligned rows).
+* ``gemm``: :data:`tiletune.kernels.gemm.GEMM_SPACE` (persistent GEMM, 16-bit inputs);
+  variant ``main`` = bf16 4096 x 4096 x 4096, others: fp16 with ``B`` transposed (``x @ W.T``,
+  8192 x 4096 x 4096), bf16 with ``A`` transposed and odd sizes (1000 x 1000 x 1000: no
+  16-byte aligned rows), a bf16 batch of 8 x 512^3.
+* ``gemm_tf32`` / ``gemm_fp8``: ``GEMM_TF32_SPACE`` (fp32 inputs) / ``GEMM_FP8_SPACE`` (e4m3
+  with per-tensor scales, ``B`` as ``N x K`` and row-major).
+* ``gemm_full`` / ``attention_full`` (only with ``--only``): the 512- and 330-config spaces
+  recorded on the H200 (``GEMM_FULL_SPACE``, ``ATTENTION_FULL_SPACE``), main variant.
 * ``attention``: :data:`tiletune.kernels.attention.ATTENTION_SPACE`;
   variant ``main`` = bf16 B=4, H=16, S=4096, D=128, causal (the recorded problem), others:
   fp16 D=64 non-causal GQA (H=16, Hkv=4, S=1000), bf16 D=128 non-causal Sq=512 / Sk=3000.
@@ -142,6 +146,11 @@ def space_defs() -> dict[str, SpaceDef]:
             return ln.layernorm_args(cfg, A((m, n), dt), A((n,), dt), A((n,), dt), A((m, n), dt), 1e-5)
         return make
 
+    att_variants = (
+        Variant("main", "bf16 B4 H16 S4096 D128 causal", att_v(4, 16, 16, 4096, 4096, 128, bf16, True)),
+        Variant("gqa_d64", "fp16 B2 H16 Hkv4 S1000 D64 non-causal", att_v(2, 16, 4, 1000, 1000, 64, f16, False)),
+        Variant("cross", "bf16 B1 H8 Sq512 Sk3000 D128 non-causal", att_v(1, 8, 8, 512, 3000, 128, bf16, False)),
+    )
     ln_space = Space(**ln.LAYERNORM_SPACE_PARAMS, constraints=ln.LAYERNORM_CONSTRAINTS,
                      baseline=ln.LAYERNORM_BASELINE)
     return {
@@ -164,16 +173,9 @@ def space_defs() -> dict[str, SpaceDef]:
         "gemm_full": SpaceDef("gemm_full", gk.gemm_kernel, GEMM_FULL_SPACE, gk.gemm_hints, (
             Variant("main", "bf16 4096x4096x4096", gemm_v(4096, 4096, 4096, bf16)),
         )),
-        "attention": SpaceDef("attention", at.attention_kernel, ATTENTION_SPACE, at.attention_hints, (
-            Variant("main", "bf16 B4 H16 S4096 D128 causal", att_v(4, 16, 16, 4096, 4096, 128, bf16, True)),
-            Variant("gqa_d64", "fp16 B2 H16 Hkv4 S1000 D64 non-causal", att_v(2, 16, 4, 1000, 1000, 64, f16, False)),
-            Variant("cross", "bf16 B1 H8 Sq512 Sk3000 D128 non-causal", att_v(1, 8, 8, 512, 3000, 128, bf16, False)),
-        )),
-        "attention_full": SpaceDef("attention_full", at.attention_kernel, ATTENTION_FULL_SPACE, at.attention_hints, (
-            Variant("main", "bf16 B4 H16 S4096 D128 causal", att_v(4, 16, 16, 4096, 4096, 128, bf16, True)),
-            Variant("gqa_d64", "fp16 B2 H16 Hkv4 S1000 D64 non-causal", att_v(2, 16, 4, 1000, 1000, 64, f16, False)),
-            Variant("cross", "bf16 B1 H8 Sq512 Sk3000 D128 non-causal", att_v(1, 8, 8, 512, 3000, 128, bf16, False)),
-        )),
+        "attention": SpaceDef("attention", at.attention_kernel, ATTENTION_SPACE, at.attention_hints, att_variants),
+        "attention_full": SpaceDef("attention_full", at.attention_kernel, ATTENTION_FULL_SPACE, at.attention_hints,
+                                   att_variants),
         "layernorm": SpaceDef("layernorm", ln.layernorm_kernel, ln_space, ln.layernorm_hints, (
             Variant("main", "bf16 16384x4096", ln_v(16384, 4096, bf16)),
             Variant("odd", "bf16 4096x3000", ln_v(4096, 3000, bf16)),
