@@ -208,18 +208,23 @@ def test_row_regimes():
 
 def test_elementwise_chunked_and_rope_spaces():
     e = elementwise_space()
-    assert 4 <= len(e.candidates("sm_90")) <= 12
+    assert len(e.candidates("sm_90")) == 16
     for c in e.candidates("sm_90"):
-        assert 16 <= c.TILE // (32 * c.num_worker_warps) <= 32
+        assert 8 <= c.TILE // (32 * c.num_worker_warps) <= 32
+        assert 8192 <= c.TILE * c.occupancy <= 65536
     c = chunked_row_space(10**5, chunks=(4096, 8192, 16384), lat=(0, 10))
     assert len(c.candidates("sm_90")) == 12
-    assert len(ce_mod.loss_space().candidates("sm_90")) == 6
+    wide = chunked_row_space(10**5, chunks=(8192, 16384), occupancies=(2,), values_per_sm=32768, worker_warps=(4, 8))
+    assert {(c.CHUNK, c.num_worker_warps) for c in wide.candidates("sm_90")} == {
+        (8192, 4), (8192, 8), (16384, 4), (16384, 8)}
+    assert len(ce_mod.loss_space().candidates("sm_90")) == 8
+    assert max(c.CHUNK * c.occupancy for c in ce_mod.loss_space().candidates("sm_90")) == 32768
     for he in (64, 512, 2048):
         r = rope_space(he)
         assert 3 <= len(r.candidates("sm_90")) <= 12
     assert len(rope_space(8192).candidates("sm_90")) >= 1
     assert ce_mod.loss_space().hash != ce_mod.grad_space().hash
-    assert len(ce_mod.grad_space().candidates("sm_90")) == 12
+    assert len(ce_mod.grad_space().candidates("sm_90")) == 8
 
 
 def test_space_hashes_are_stable_across_calls():

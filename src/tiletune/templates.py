@@ -183,29 +183,29 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: b
 
 def chunked_row_space(n_cols: int, *, streams: int = 1, chunks: Sequence[int] = (4096, 8192),
                       grid_fracs: Sequence[float] = (1.0,), lat: Sequence[int] = (0, 10),
-                      store_tma: Sequence[bool] = (False,), occupancies: Sequence[int] = (1, 2, 4)) -> Space:
+                      store_tma: Sequence[bool] = (False,), occupancies: Sequence[int] = (1, 2, 4),
+                      values_per_sm: int = FP32_VALUES_PER_SM, worker_warps: Sequence[int] = ()) -> Space:
     """Space of a two-pass (or online) kernel that walks long rows in ``CHUNK``-column pieces.
 
     Pass 1 reduces over the chunks, pass 2 reloads them (L2 hits while ``blocks * row bytes`` is
-    below the L2 size) and writes. ``CHUNK`` x ``occupancy`` pairs that fit the registers (5 with
-    the default chunks), times ``LAT`` and ``GRID_FRAC`` (the persistent grid is
-    ``GRID_FRAC * num_SMs * occupancy`` blocks: fewer rows in flight keep pass-2 reloads in L2).
+    below the L2 size) and writes. ``CHUNK`` x ``occupancy`` pairs with at most ``values_per_sm``
+    chunk values per SM (5 with the defaults), times ``LAT``, ``GRID_FRAC`` (the persistent grid is
+    ``GRID_FRAC * num_SMs * occupancy`` blocks: fewer rows in flight keep pass-2 reloads in L2) and,
+    when given, ``num_worker_warps``.
     """
     del n_cols
-    pairs = [(c, o) for c in chunks for o in occupancies if fits_registers(c, o, streams)]
+    pairs = [(c, o) for c in chunks for o in occupancies if int(c) * int(o) * max(1, int(streams)) <= values_per_sm]
     occ = sorted({o for _, o in pairs})
     first = pairs[0]
-    return Space(
-        TM=[1],
-        CHUNK=list(chunks),
-        occupancy=occ,
-        LAT=list(lat),
-        STORE_TMA=list(store_tma),
-        GRID_FRAC=[float(g) for g in grid_fracs],
-        constraints={"regs_fit": lambda c: [c.CHUNK, c.occupancy] in [list(p) for p in pairs]},
-        baseline=dict(TM=1, CHUNK=first[0], occupancy=first[1], LAT=lat[0], STORE_TMA=store_tma[0],
-                      GRID_FRAC=float(grid_fracs[-1])),
-    )
+    params: dict[str, Any] = dict(TM=[1], CHUNK=list(chunks), occupancy=occ, LAT=list(lat),
+                                  STORE_TMA=list(store_tma), GRID_FRAC=[float(g) for g in grid_fracs])
+    baseline: dict[str, Any] = dict(TM=1, CHUNK=first[0], occupancy=first[1], LAT=lat[0], STORE_TMA=store_tma[0],
+                                    GRID_FRAC=float(grid_fracs[-1]))
+    if worker_warps:
+        params["num_worker_warps"] = list(worker_warps)
+        baseline["num_worker_warps"] = worker_warps[0]
+    return Space(**params, constraints={"regs_fit": lambda c: [c.CHUNK, c.occupancy] in [list(p) for p in pairs]},
+                 baseline=baseline)
 
 
 def elementwise_space(*, streams: int = 2) -> Space:
@@ -214,25 +214,26 @@ def elementwise_space(*, streams: int = 2) -> Space:
     Probed on sm_90 (cubin resources and SASS): tileiras compiles a reduction-free streaming loop
     to vectorized ``LDG.128``/``STG.128`` without TMA or warp specialization, so the load latency
     hint and ``allow_tma`` change nothing there (identical SASS) and are not searched. What moves
-    the bandwidth is how many bytes each SM has in flight and how they are spread over threads:
-    ``TILE`` (elements per tile) x ``occupancy`` x ``num_worker_warps`` (128 or 256 threads per
-    block), restricted to 16-32 elements per thread and 8192-16384 elements per SM (beyond that
-    the 64K registers of an SM spill): 7 configs.
+    the bandwidth is how many blocks and bytes each SM has in flight: ``TILE`` (elements per tile)
+    x ``occupancy`` x ``num_worker_warps``. On the H200 (``benchmarks/results/h200/probe_memory.json``,
+    36 configs per shape) the best SwiGLU/GeGLU configs ran 4096-element tiles at occupancy 8-16
+    with 4 warps, 15-20% faster than occupancy <= 4 (the grid is then effectively not persistent);
+    kept: 8-32 elements per thread and 8192-65536 elements per SM, 16 configs.
     """
     del streams  # the probed bounds already assume two input tiles (gate and up)
 
     def in_flight(c: Any) -> bool:
         per_thread = c.TILE // (32 * c.num_worker_warps)
-        return 16 <= per_thread <= 32 and 8192 <= c.TILE * c.occupancy <= 16384
+        return 8 <= per_thread <= 32 and 8192 <= c.TILE * c.occupancy <= 65536
 
     return Space(
-        TILE=[2048, 4096, 8192],
-        occupancy=occupancy_values(),
+        TILE=[1024, 2048, 4096, 8192],
+        occupancy=[4, 8, 16],
         num_worker_warps=[4, 8],
         LAT=[0],
         STORE_TMA=[True],
         constraints={"in_flight": in_flight},
-        baseline=dict(TILE=4096, occupancy=2, num_worker_warps=4, LAT=0, STORE_TMA=True),
+        baseline=dict(TILE=4096, occupancy=8, num_worker_warps=4, LAT=0, STORE_TMA=True),
     )
 
 

@@ -15,7 +15,7 @@ in the input's dtype, rows may be strided.
 Kernel: the op passes the gate and up halves as two 2-D views of ``x`` (row stride ``2H``);
 a persistent grid walks ``TM x TH`` tiles of the output (``TILE = TM * TH`` elements; tileiras
 streams this reduction-free loop with vectorized plain loads and stores). Space:
-:func:`tiletune.templates.elementwise_space` (tile size x occupancy x worker warps, 7 configs).
+:func:`tiletune.templates.elementwise_space` (tile size x occupancy x worker warps, 16 configs).
 """
 
 from __future__ import annotations
