@@ -85,9 +85,11 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def fits_registers(tile_elems: int, occupancy: int, streams: int = 1) -> bool:
-    """Whether ``occupancy`` blocks, each holding ``streams`` fp32 tiles of ``tile_elems``, fit."""
-    return int(tile_elems) * int(occupancy) * max(1, int(streams)) <= FP32_VALUES_PER_SM
+def fits_registers(tile_elems: int, occupancy: int, streams: int = 1,
+                   values_per_sm: int = FP32_VALUES_PER_SM) -> bool:
+    """Whether ``occupancy`` blocks, each holding ``streams`` fp32 tiles of ``tile_elems``, stay within
+    ``values_per_sm`` values per SM (by default what the registers hold)."""
+    return int(tile_elems) * int(occupancy) * max(1, int(streams)) <= int(values_per_sm)
 
 
 def thread_regs_fit(values_per_thread: int, occupancy: int, threads: int, per_value: float = 4.0,
@@ -102,7 +104,7 @@ def thread_regs_fit(values_per_thread: int, occupancy: int, threads: int, per_va
 def occupancy_values(kind: str = "stream") -> Any:
     """Occupancy candidates by architecture, as a :func:`per_arch` value.
 
-    ``kind="stream"``: persistent streaming kernels (norms, softmax, gated activations, RoPE).
+    ``kind="stream"``: persistent streaming kernels.
     Hopper and Blackwell (TMA) reach full bandwidth with few big blocks per SM; Ampere (no TMA,
     plain loads) needs more blocks in flight.
     """
@@ -194,7 +196,7 @@ def chunked_row_space(n_cols: int, *, streams: int = 1, chunks: Sequence[int] = 
     when given, ``num_worker_warps``.
     """
     del n_cols
-    pairs = [(c, o) for c in chunks for o in occupancies if int(c) * int(o) * max(1, int(streams)) <= values_per_sm]
+    pairs = [(c, o) for c in chunks for o in occupancies if fits_registers(c, o, streams, values_per_sm)]
     occ = sorted({o for _, o in pairs})
     first = pairs[0]
     params: dict[str, Any] = dict(TM=[1], CHUNK=list(chunks), occupancy=occ, LAT=list(lat),
@@ -217,8 +219,9 @@ def elementwise_space(*, streams: int = 2) -> Space:
     the bandwidth is how many blocks and bytes each SM has in flight: ``TILE`` (elements per tile)
     x ``occupancy`` x ``num_worker_warps``. On the H200 (``benchmarks/results/h200/probe_memory.json``,
     36 configs per shape) the best SwiGLU/GeGLU configs ran 4096-element tiles at occupancy 8-16
-    with 4 warps, 15-20% faster than occupancy <= 4 (the grid is then effectively not persistent);
-    kept: 8-32 elements per thread and 8192-65536 elements per SM, 16 configs.
+    with 4 warps, 15-20% faster than occupancy <= 4 (the grid is then effectively not persistent),
+    although those cubins spill a few bytes per thread; kept: 8-32 elements per thread and
+    8192-65536 elements per SM, 16 configs.
     """
     del streams  # the probed bounds already assume two input tiles (gate and up)
 

@@ -14,9 +14,9 @@ scalar tensor; ``grad`` has the logits' shape and dtype and equals
 Kernel: persistent over rows; each row is walked in ``CHUNK``-column pieces with an *online*
 logsumexp (running max, running sum rescaled on every new max); the target's logit is one gathered
 element, so the loss needs one read of the logits and two block reductions per chunk. With
-``return_grad`` a second pass over the same row writes the gradient (the re-read mostly hits L2). Every block first counts the valid targets
-(a few KB from L2) so each row's loss and gradient are scaled by ``1 / n_valid`` in the kernel;
-the op returns ``loss_rows.sum()``.
+``return_grad`` a second pass over the same row writes the gradient (the re-read mostly hits L2).
+Every block first counts the valid targets (a few KB from L2) so each row's loss and gradient are
+scaled by ``1 / n_valid`` in the kernel; the op returns ``loss_rows.sum()``.
 
 Differences from torch: no ``weight``/``label_smoothing``; out-of-range targets are not checked
 (torch raises a device-side assert; here the row's loss is its logsumexp); when every target is
