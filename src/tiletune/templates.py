@@ -62,7 +62,6 @@ __all__ = [
     "matmul_params",
     "matmul_space",
     "next_power_of_2",
-    "occupancy_values",
     "row_regime",
     "thread_regs_fit",
     "tma_rows",
@@ -99,18 +98,6 @@ def thread_regs_fit(values_per_thread: int, occupancy: int, threads: int, per_va
     RoPE kernel spilled exactly where it predicts a miss)."""
     budget = min(255, 65536 // max(1, int(occupancy) * int(threads)))
     return fixed + per_value * values_per_thread <= budget
-
-
-def occupancy_values(kind: str = "stream") -> Any:
-    """Occupancy candidates by architecture, as a :func:`per_arch` value.
-
-    ``kind="stream"``: persistent streaming kernels.
-    Hopper and Blackwell (TMA) reach full bandwidth with few big blocks per SM; Ampere (no TMA,
-    plain loads) needs more blocks in flight.
-    """
-    if kind != "stream":
-        raise ValueError(f"occupancy_values: unknown kernel kind {kind!r}")
-    return per_arch(sm_80=[2, 4, 8], sm_90=[1, 2, 4], sm_100=[1, 2, 4], default=[1, 2, 4])
 
 
 def row_regime(n_cols: int, streams: int = 1) -> str:
