@@ -10,9 +10,10 @@ config of the probe space and of the library space side by side.
 
     python benchmarks/probe_memory.py [--out DIR] [--only rope,swiglu] [--deadline S]
 
-Writes ``<out>/probe_memory.json``: per problem, ``rows`` (config, status, median_us, gbps), the
-probe's best, the library space's best (its configs are a subset of the probe's), and the space
-sizes. Bandwidth counts the same minimal bytes as ``kernels_memory.py``.
+Writes ``<out>/probe_memory.json``: per problem, ``rows`` (config, status, median_us, gbps,
+``in_library``), the probe's best, the best config that is also in the library space (null where the
+probe adds a parameter, e.g. ``num_worker_warps``, that the library space does not have), and the
+space sizes; ``probe_memory.partial.json`` is rewritten after every problem. Bandwidth counts the same minimal bytes as ``kernels_memory.py``.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(",")) if args.only else None
     results = []
+    partial = out / "probe_memory.partial.json"
     t0 = time.perf_counter()
     for op, shape, dn, make in PROBLEMS:
         if only and op not in only:
@@ -180,8 +182,9 @@ def main() -> int:
                  "traceback": traceback.format_exc()[-3000:]}
             print("    ERROR " + r["error"].splitlines()[0], flush=True)
         results.append(r)
-        write_result("probe_memory", {"problems": results, "partial": True}, out)
+        partial.write_text(json.dumps({"problems": results}, indent=1, default=str) + "\n")
     path = write_result("probe_memory", {"problems": results, "wall_s": round(time.perf_counter() - t0, 1)}, out)
+    partial.unlink(missing_ok=True)
     print(f"wrote {path}")
     return 0
 
