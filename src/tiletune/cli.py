@@ -152,7 +152,8 @@ def recording_import(
 
 @db_app.command("stats")
 def db_stats(path: Optional[Path] = typer.Option(None, help="Database file (default: TILETUNE_DB or the user cache).")) -> None:
-    """Counts and size of the tuning database."""
+    """Counts (sessions, measurements, winners, leases, progress rows of unfinished sessions) and size
+    of the tuning database."""
     from .store import TuningDB
 
     console.print_json(json.dumps(TuningDB(path).stats(), default=str))

@@ -4,7 +4,10 @@ One file holds every tuning session ever recorded on a machine:
 
 * ``sessions``: one row per tuning session (its identity, its winner, how many measurements it has);
 * ``measurements``: one row per measured (or failed) candidate of a session;
-* ``winners``: one row per :attr:`TuningIdentity.digest`, the winner of the newest session.
+* ``winners``: one row per :attr:`TuningIdentity.digest`, the winner of the newest session;
+* ``leases``: one row per digest being tuned right now, and ``progress``: the per-config results of
+  a session not yet recorded (both used by :mod:`tiletune.leases`; ``progress`` rows of a digest are
+  deleted when its session is recorded).
 
 Every value is stored as plain SQL scalars or canonical JSON text, so the file can be inspected with
 any SQLite tool and exported to / imported from a JSON document (:meth:`TuningDB.export_json`,
@@ -44,8 +47,9 @@ __all__ = [
     "default_db_path",
 ]
 
-#: Version of the SQL schema, stored in ``PRAGMA user_version``.
-SCHEMA_VERSION = 1
+#: Version of the SQL schema, stored in ``PRAGMA user_version``. Version 2 added the ``leases`` and
+#: ``progress`` tables; a version-1 file gains them (and keeps its data) the first time it is opened.
+SCHEMA_VERSION = 2
 #: ``PRAGMA application_id`` that marks a file as a tiletune database ("ttDB").
 APPLICATION_ID = 0x74744442
 #: ``format`` field of an export document.
@@ -114,6 +118,24 @@ _SCHEMA = (
         session_id   TEXT NOT NULL,
         created      REAL NOT NULL,
         tied         TEXT NOT NULL
+    )""",
+    # Schema version 2 (tiletune.leases): who is tuning a digest now, and the per-config results of
+    # a session that is not recorded yet.
+    """CREATE TABLE IF NOT EXISTS leases (
+        digest       TEXT PRIMARY KEY,
+        holder       TEXT NOT NULL,
+        host         TEXT NOT NULL,
+        pid          INTEGER NOT NULL,
+        acquired     REAL NOT NULL,
+        expires      REAL NOT NULL,
+        name         TEXT
+    )""",
+    """CREATE TABLE IF NOT EXISTS progress (
+        digest       TEXT NOT NULL,
+        config_hash  TEXT NOT NULL,
+        measurement  TEXT NOT NULL,
+        recorded     REAL NOT NULL,
+        PRIMARY KEY (digest, config_hash)
     )""",
     "CREATE INDEX IF NOT EXISTS measurements_digest ON measurements(digest)",
     "CREATE INDEX IF NOT EXISTS measurements_kernel ON measurements(kernel_id)",
@@ -261,6 +283,18 @@ class TuningDB:
                         conn.execute("ROLLBACK")
                 raise
 
+    def _drop_thread_connection(self) -> None:
+        """Close the calling thread's own connection, if it has one (for a helper thread that ends,
+        such as a lease heartbeat). The shared connection of an in-memory database is kept."""
+        self._check_fork()
+        if self._memory:
+            return
+        with self._lock:
+            conn = self._conns.pop(threading.get_ident(), None)
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
     def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         return self._transaction("BEGIN IMMEDIATE")
 
@@ -285,17 +319,22 @@ class TuningDB:
             with self._translate():
                 conn.row_factory = sqlite3.Row
                 conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                fresh = self._classify(conn)
+                version = self._classify(conn)
                 if not self._memory:
                     self._enable_wal(conn)
                 conn.execute("PRAGMA synchronous = NORMAL")
-                if fresh:
+                if version < SCHEMA_VERSION:
                     conn.execute("BEGIN IMMEDIATE")
                     try:
-                        if self._classify(conn):  # another process may have initialised it meanwhile
+                        # Another process may have initialised or migrated it meanwhile.
+                        version = self._classify(conn)
+                        if version < SCHEMA_VERSION:
+                            # Every statement is IF NOT EXISTS: on an empty file this creates the whole
+                            # schema, on an older one only what later versions added (rows are kept).
                             for statement in _SCHEMA:
                                 conn.execute(statement)
-                            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                            if version == 0:
+                                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                         conn.execute("COMMIT")
                     except BaseException:
@@ -309,8 +348,9 @@ class TuningDB:
             raise
         return conn
 
-    def _classify(self, conn: sqlite3.Connection) -> bool:
-        """True for an empty file (to be initialised), False for a current tiletune database.
+    def _classify(self, conn: sqlite3.Connection) -> int:
+        """The schema version of a tiletune database: 0 for an empty file (to be initialised), 1 up
+        to :data:`SCHEMA_VERSION` for a database to use (migrated first if older).
 
         Raises DatabaseError for anything else, before the file is modified in any way.
         """
@@ -331,7 +371,7 @@ class TuningDB:
                 f"move it away or choose another path"
             ) from e
         if app_id == 0 and version == 0 and n_objects == 0:
-            return True
+            return 0
         if app_id != APPLICATION_ID:
             raise DatabaseError(
                 f"{self.where} is an SQLite file but not a tiletune tuning database "
@@ -344,7 +384,7 @@ class TuningDB:
             )
         if version < 1:
             raise DatabaseError(f"tuning database {self.where} has invalid schema version {version}")
-        return False
+        return int(version)
 
     @staticmethod
     def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -393,6 +433,8 @@ class TuningDB:
         rows = _session_rows(session)  # serialise before taking the write lock
         with self._write() as conn:
             _insert_rows(conn, *rows)
+            # The session is complete: its per-config progress (tiletune.leases) is no longer needed.
+            conn.execute("DELETE FROM progress WHERE digest = ?", (identity.digest,))
         return session.session_id
 
     def delete(
@@ -416,11 +458,14 @@ class TuningDB:
         return n
 
     def clear(self) -> int:
-        """Remove everything; returns the number of winner and measurement rows removed."""
+        """Remove everything (leases and progress rows included); returns the number of winner and
+        measurement rows removed."""
         with self._write() as conn:
             n = conn.execute("DELETE FROM winners").rowcount
             n += conn.execute("DELETE FROM measurements").rowcount
             conn.execute("DELETE FROM sessions")
+            conn.execute("DELETE FROM leases")
+            conn.execute("DELETE FROM progress")
         return n
 
     # ------------------------------------------------------------------ reading
@@ -464,11 +509,13 @@ class TuningDB:
         return [r[0] for r in rows]
 
     def stats(self) -> dict[str, Any]:
-        """Counts of sessions, measurements and winners, and the size of the file(s) in bytes."""
+        """Counts of sessions, measurements, winners, leases (rows, expired ones included) and
+        progress rows (per-config results of unfinished sessions), and the size of the file(s) in
+        bytes."""
         with self._read() as conn:
             counts = {
                 table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-                for table in ("sessions", "measurements", "winners")
+                for table in ("sessions", "measurements", "winners", "leases", "progress")
             }
         size = 0
         if self.path is not None:
