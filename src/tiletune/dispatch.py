@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 from .backends.base import Backend, Candidate, Launch
@@ -44,6 +45,30 @@ def _check_strategy_name(name: str) -> None:
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}")
 
 
+ISOLATION_MODES = ("process", "none")
+
+
+def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
+    """``isolation=`` or ``TILETUNE_ISOLATION``; by default "process" for the live cuTile backend and
+    "none" for a backend object passed in (simulated ones run in this process unless asked)."""
+    value = isolation
+    if value is None:
+        env = os.environ.get("TILETUNE_ISOLATION", "").strip().lower()
+        if env:
+            value = {"off": "none", "0": "none", "false": "none"}.get(env, env)
+            if value not in ISOLATION_MODES:
+                raise ValueError(f"TILETUNE_ISOLATION={env!r}: choose one of {', '.join(ISOLATION_MODES)}")
+            if backend is not None and isolation is None and value == "process":
+                value = "none"  # the environment switch is for the live backend
+    if value is None:
+        value = "process" if backend is None else "none"
+    if value not in ISOLATION_MODES:
+        raise ValueError(f"isolation={value!r}: choose one of {', '.join(ISOLATION_MODES)}")
+    from .workers import in_worker
+
+    return "none" if in_worker() else value
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
@@ -71,6 +96,7 @@ class TunedOp:
         budget: Budget | None = None,
         seed: int = 0,
         strategy_options: Mapping[str, Any] | None = None,
+        isolation: str | None = None,
     ) -> None:
         if not isinstance(space, Space):
             raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
@@ -94,6 +120,9 @@ class TunedOp:
         self.seed = seed
         self.strategy_options = dict(strategy_options or {})
         self._backend = backend
+        self.isolation = _resolve_isolation(isolation, backend)
+        self._isolated: Backend | None = None
+        self._warned_unshippable = False
         self._db_arg = db
         self._db: TuningDB | None = None
         self._params = list(inspect.signature(plan).parameters)[1:]
@@ -112,6 +141,10 @@ class TunedOp:
             from .backends import prewarm_default
 
             prewarm_default()
+            if self.isolation == "process":
+                from .workers import prestart
+
+                prestart()
 
     # ------------------------------------------------------------------ hot path
     def __call__(self, *args: Any) -> None:
@@ -231,7 +264,9 @@ class TunedOp:
                     result = self._tune(args, identity, backend, dev, arch)
                     self.results[key] = result
                     cfg = self.space.config(arch, **dict(result.winner))
-                    launched = True  # the session left exactly one launch of the winner
+                    # an in-process session left exactly one launch of the winner; after a worker
+                    # session the caller launches the (verified) winner itself below
+                    launched = bool(result.stats.get("launched_winner", True))
             spec = self._launch_spec(cfg, args)
             entry, replays = build_entry(
                 self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev), self.cache_plan
@@ -283,16 +318,7 @@ class TunedOp:
             limits = [x for x in (options.max_seconds, self.budget.max_seconds) if x is not None]
             options = dataclasses.replace(options, max_seconds=min(limits))
         t0 = time.perf_counter()
-        session = backend.open_session(
-            self._launch_spec_plan(),
-            args,
-            device_index=dev,
-            writes=self.writes,
-            inplace=self.inplace,
-            reference=self.reference,
-            tolerance=self._tolerance_for(args),
-            name=self.name,
-        )
+        session = self._open_session(backend, args, dev)
         winner = None
         extra: dict[str, Any] = {}
         try:
@@ -323,13 +349,47 @@ class TunedOp:
             tied=tuple(c.config.as_dict() for c in loop.tied),
             wall_s=time.perf_counter() - t0,
             stats={"samples": loop.samples_taken, "session_clock_s": loop.wall_s, **extra,
-                   **getattr(session, "stats", {})},
+                   **getattr(session, "stats", {}),
+                   "launched_winner": bool(getattr(session, "launches_winner", True))},
         )
         db = self.db
         if db is not None:
             db.record_session(identity, result.measurements, result.winner, result.winner_median_us, result.tied)
         logger.info("%s: tuned %s\n%s", self.name, identity.key, result.summary())
         return result
+
+    def _tuning_backend(self, backend: Backend) -> Backend:
+        """Where candidates run: a worker process (isolation "process") or this process."""
+        if self.isolation != "process":
+            return backend
+        if self._isolated is None:
+            from .workers import IsolatedBackend
+
+            spec = "cutile" if self._backend is None else backend
+            self._isolated = IsolatedBackend(backend, worker_spec=spec)
+        return self._isolated
+
+    def _open_session(self, backend: Backend, args: tuple[Any, ...], dev: int) -> Any:
+        kwargs = dict(device_index=dev, writes=self.writes, inplace=self.inplace, reference=self.reference,
+                      tolerance=self._tolerance_for(args), name=self.name)
+        tuning = self._tuning_backend(backend)
+        if tuning is not backend:
+            from .workers import Unshippable
+
+            try:
+                # the raw plan travels (the worker makes Launch records of what it returns)
+                return tuning.open_session(self.plan, args, **kwargs)  # type: ignore[arg-type]
+            except Unshippable as exc:
+                if not self._warned_unshippable:
+                    self._warned_unshippable = True
+                    warnings.warn(
+                        f"tiletune: {self.name} cannot be tuned in a worker process ({exc}); tuning in this "
+                        "process without isolation (a faulting candidate can take this process down)",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+        plan = self.plan if getattr(backend, "ships_plan", False) else self._launch_spec_plan()
+        return backend.open_session(plan, args, **kwargs)  # type: ignore[arg-type]
 
     def _candidates(self, arch: str) -> list[Candidate]:
         cfgs = self.space.candidates(arch)
@@ -358,6 +418,7 @@ def autotune(
     budget: Budget | None = None,
     seed: int = 0,
     strategy_options: Mapping[str, Any] | None = None,
+    isolation: str | None = None,
 ) -> Callable[[Plan], TunedOp]:
     """Make a cuTile launch plan an autotuned op.
 
@@ -389,6 +450,10 @@ def autotune(
         budget: a :class:`tiletune.Budget` limiting evaluations and/or seconds (compile included).
         seed: seeds the strategy (same seed, same proposals).
         strategy_options: keyword options of the strategy (e.g. ``{"population": 12}``).
+        isolation: ``"process"`` (default for the live cuTile backend, or ``TILETUNE_ISOLATION``):
+            candidates are compiled, checked and timed in a worker process, so a faulting or hanging
+            candidate fails alone and this process never launches an unverified config;
+            ``"none"``: in this process (the default for a ``backend=`` object).
     """
 
     if strategy is not None:
@@ -413,6 +478,7 @@ def autotune(
             budget=budget,
             seed=seed,
             strategy_options=strategy_options,
+            isolation=isolation,
         )
 
     return wrap

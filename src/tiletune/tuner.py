@@ -135,7 +135,7 @@ def run_loop(
         try:
             st.add(session.sample(st.cand, options.batch))
         except Exception as exc:  # a launch failing mid-measurement is a failed candidate
-            st.status, st.reason = Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
+            st.status, st.reason = _fault_status(exc), _fault_reason(exc)
             st.done = "failed"
 
     def judge(st: _State) -> None:
@@ -258,7 +258,7 @@ def showdown(
             try:
                 fresh[cand.order].extend(session.sample(cand, options.batch))
             except Exception as exc:
-                errors[cand.order] = f"{type(exc).__name__}: {exc}"
+                errors[cand.order] = _fault_reason(exc)
     return {o: v for o, v in fresh.items() if v and o not in errors}, errors
 
 
@@ -272,6 +272,16 @@ def _showdown(session: TuningSession, ok: Sequence[_State], options: TunerOption
     for order, samples in fresh.items():
         by_order[order].add(samples)
     return {o: summarize(v) for o, v in fresh.items()}
+
+
+def _fault_status(exc: BaseException) -> Status:
+    """The status of a candidate whose sampling raised ``exc`` (a worker fault may say TIMEOUT)."""
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, Status) and status.failed else Status.LAUNCH_ERROR
+
+
+def _fault_reason(exc: BaseException) -> str:
+    return str(exc) if hasattr(exc, "status") else f"{type(exc).__name__}: {exc}"
 
 
 def _log_candidate(name: str, st: _State) -> None:

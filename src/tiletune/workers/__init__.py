@@ -1,0 +1,25 @@
+"""Tuning in worker processes: a candidate that faults, hangs or crashes never takes the caller down.
+
+* :mod:`.client`: start, talk to (with deadlines), kill and replace a worker process.
+* :mod:`.worker_main`: the worker itself (``python -m tiletune.workers.worker_main``).
+* :mod:`.session`: the caller's tuning session over a worker, which turns every fault into a failed
+  candidate.
+* :mod:`.shipping` and :mod:`.protocol`: what travels between them (live objects out, JSON back).
+"""
+
+from .client import WorkerFault, WorkerProcess, in_worker, prestart, shutdown_all
+from .session import CandidateFault, IsolatedBackend, IsolationOptions, WorkerSession
+from .shipping import Unshippable
+
+__all__ = [
+    "CandidateFault",
+    "IsolatedBackend",
+    "IsolationOptions",
+    "Unshippable",
+    "WorkerFault",
+    "WorkerProcess",
+    "WorkerSession",
+    "in_worker",
+    "prestart",
+    "shutdown_all",
+]

@@ -1,0 +1,180 @@
+"""Shipping live objects (launch plans, kernels, references, tensors) to a tuning worker process.
+
+Only for the caller -> worker direction of a live session, never for stored data: the worker's
+answers are JSON (:mod:`tiletune.workers.protocol`), and nothing here is written to disk.
+
+* Functions go by reference when the worker can import them: a plan decorated by ``@tt.autotune`` in
+  an importable module is found as ``module.<name>.plan``; a cuTile kernel bound to a module name
+  likewise. Anything else (a ``__main__`` script, a notebook cell, a closure) goes by value through
+  ``cloudpickle``. A kernel shipped by value is rebuilt from its Python function and compiler
+  options, and the source lines of its file travel with it (registered in :mod:`linecache` in the
+  worker), because cuTile parses the kernel's source text: a notebook cell has no file on disk.
+* CUDA tensors go by CUDA IPC (PyTorch's own reduction); the worker copies them into buffers of its
+  own at once (:func:`own_copy`), so a wild write in the worker can never reach the caller's memory.
+* CPU tensors go as raw bytes with dtype, shape, strides and offset.
+"""
+
+from __future__ import annotations
+
+import io
+import linecache
+import os
+import sys
+from typing import Any
+
+from ..errors import TiletuneError
+
+__all__ = ["Unshippable", "dumps", "loads", "own_copy"]
+
+
+class Unshippable(TiletuneError):
+    """An object (plan, reference, argument) cannot be sent to a worker process."""
+
+
+def _import_attr(module: str, path: str) -> Any:
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_plan(module: str, path: str) -> Any:
+    """The plan of the tuned op found at ``module.path`` (or the function itself)."""
+    obj = _import_attr(module, path)
+    return getattr(obj, "plan", obj)
+
+
+def _rebuild_kernel(cls_name: str, pyfunc: Any, options: dict, sources: dict) -> Any:
+    """A cuTile kernel rebuilt in the worker from its Python function and compiler options."""
+    import cuda.tile as ct
+
+    for filename, lines in sources.items():
+        # cuTile reads the kernel's source through inspect/linecache; mtime None keeps the entry
+        # through linecache.checkcache (as for interactive input).
+        linecache.cache[filename] = (sum(len(x) for x in lines), None, list(lines), filename)
+    return ct.kernel(pyfunc, **options)
+
+
+def _rebuild_cpu_tensor(data: bytes, dtype: Any, size: tuple, stride: tuple, offset: int) -> Any:
+    import torch
+
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return torch.empty(0, dtype=dtype).set_(buf.untyped_storage(), offset, size, stride)
+
+
+def _module_binding(obj: Any, fn: Any) -> tuple[str, str] | None:
+    """``(module, qualname)`` when ``obj`` is importable under its function's module and qualname."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<locals>" in qualname:
+        return None
+    mod = sys.modules.get(module)
+    if mod is None or getattr(mod, "__file__", None) is None:
+        return None
+    target: Any = mod
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            return None
+    if target is obj or getattr(target, "plan", None) is obj:
+        return module, qualname
+    return None
+
+
+def _source_lines(fn: Any) -> dict[str, list[str]]:
+    """The source lines of ``fn``'s file when the worker could not read them from disk."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}
+    filename = code.co_filename
+    if os.path.exists(filename):
+        return {}
+    lines = linecache.getlines(filename)
+    return {filename: lines} if lines else {}
+
+
+def _pickler_class() -> type:
+    import cloudpickle
+
+    class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc, name-defined]
+        def reducer_override(self, obj: Any) -> Any:
+            kernel_cls = _cutile_kernel_class()
+            if kernel_cls is not None and isinstance(obj, kernel_cls):
+                pyfunc = obj._pyfunc
+                bound = _module_binding(obj, pyfunc)
+                if bound is not None:
+                    return _import_attr, bound
+                import dataclasses
+
+                options = dataclasses.asdict(obj._compiler_options)
+                return _rebuild_kernel, (type(obj).__name__, pyfunc, options, _source_lines(pyfunc))
+            if type(obj).__name__ == "function":
+                bound = _module_binding(obj, obj)
+                if bound is not None and _import_attr(*bound) is not obj:  # a plan under @autotune
+                    return _import_plan, bound
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(obj, torch.Tensor):
+                if obj.is_cuda:
+                    from torch.multiprocessing.reductions import reduce_tensor
+
+                    return reduce_tensor(obj)
+                if obj.device.type == "cpu":
+                    st = obj.untyped_storage()
+                    raw = torch.empty(0, dtype=torch.uint8).set_(st).numpy().tobytes() if st.nbytes() else b""
+                    return _rebuild_cpu_tensor, (raw, obj.dtype, tuple(obj.shape), obj.stride(), obj.storage_offset())
+                raise Unshippable(f"a tensor on device {obj.device} cannot be sent to a worker")
+            return super().reducer_override(obj)
+
+    return _Pickler
+
+
+_PICKLER: type | None = None
+
+
+def _cutile_kernel_class() -> type | None:
+    mod = sys.modules.get("cuda.tile")
+    return getattr(mod, "kernel", None) if mod is not None else None
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialise ``obj`` for a worker; raises :class:`Unshippable` with the reason when it cannot."""
+    global _PICKLER
+    if _PICKLER is None:
+        _PICKLER = _pickler_class()
+    buf = io.BytesIO()
+    try:
+        _PICKLER(buf, protocol=5).dump(obj)
+    except Unshippable:
+        raise
+    except Exception as exc:
+        raise Unshippable(f"{type(exc).__name__}: {exc}") from exc
+    return buf.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    """The worker-side inverse of :func:`dumps` (the caller never loads what a worker sends)."""
+    import pickle
+
+    return pickle.loads(data)
+
+
+def own_copy(t: Any) -> Any:
+    """A worker-owned copy of a tensor with the same shape, strides, storage offset and dtype.
+
+    The whole underlying storage is copied (not only the viewed elements), so the kernel sees the
+    same layout and 16-byte alignment as in the caller, while writing only to the worker's memory.
+    """
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return t
+    st = t.untyped_storage()
+    mine = torch.empty(st.nbytes(), dtype=torch.uint8, device=t.device)
+    if st.nbytes():
+        mine.copy_(torch.empty(0, dtype=torch.uint8, device=t.device).set_(st))
+    out = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        mine.untyped_storage(), t.storage_offset(), tuple(t.shape), t.stride()
+    )
+    return out

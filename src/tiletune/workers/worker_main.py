@@ -1,0 +1,294 @@
+"""The tuning worker process: compiles, checks and times candidates for its caller.
+
+Started by :class:`tiletune.workers.client.WorkerProcess` as ``python -m tiletune.workers.worker_main``
+(a fresh interpreter: the caller's ``__main__`` script is never re-run here). It connects back to the
+caller over a Unix socket, then serves requests one at a time on its main thread, while compilation
+runs in a background thread and streams ``compiled`` events.
+
+It hosts an ordinary :class:`~tiletune.backends.base.Backend` (the live cuTile one, or a shipped
+simulated one in tests) and drives that backend's session primitives on its *own copies* of the
+caller's arguments. After any launch error it probes its CUDA context; when the context is gone (a
+sticky error: illegal or misaligned address, device-side trap) it reports the error as fatal and
+exits, and the caller starts a new worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+
+def _context_ok(backend: Any, device_index: int) -> str | None:
+    """None when the worker's CUDA context still works, else the error that shows it does not."""
+    torch = getattr(backend, "torch", None)
+    if torch is None:
+        return None
+    try:
+        torch.cuda.synchronize(device_index)
+        x = torch.ones(1, device=f"cuda:{device_index}")
+        float((x + 1).item())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _storage_bytes(t: Any) -> Any:
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+class _Served:
+    """One worker-side tuning session.
+
+    Besides the backend's session it keeps a pristine copy of every read-only tensor argument: after a
+    candidate's checked run an input that changed fails that candidate ("wrote into its input"), and
+    inputs are put back after every run, so one candidate's stray write never skews the next.
+    """
+
+    def __init__(self, session: Any, args: tuple, written: set[int], copy_s: float) -> None:
+        self.session = session
+        self.candidates: dict[int, Any] = {}
+        self.copy_s = copy_s
+        self.args = args
+        self.pristine = {
+            i: _storage_bytes(a).clone()
+            for i, a in enumerate(args)
+            if i not in written and hasattr(a, "untyped_storage")
+        }
+
+    def changed_inputs(self) -> list[int]:
+        """Positions of read-only inputs that differ from their pristine copy (restored here)."""
+        changed = []
+        for i, saved in self.pristine.items():
+            now = _storage_bytes(self.args[i])
+            if not bool((now == saved).all()):
+                changed.append(i)
+                now.copy_(saved)
+        return changed
+
+    def restore_inputs(self) -> None:
+        for i, saved in self.pristine.items():
+            _storage_bytes(self.args[i]).copy_(saved)
+
+
+class Worker:
+    """The request loop (one per process)."""
+
+    def __init__(self, conn: Any) -> None:
+        from .protocol import encode_reply
+
+        self.conn = conn
+        self.encode = encode_reply
+        self.send_lock = threading.Lock()
+        self.backends: dict[str, Any] = {}
+        self.sessions: dict[int, _Served] = {}
+        self.device_index = 0
+
+    def send(self, msg: dict) -> None:
+        data = self.encode(msg)
+        with self.send_lock:
+            self.conn.send_bytes(data)
+
+    # -- requests --------------------------------------------------------------------------
+    def serve(self) -> None:
+        from .shipping import loads
+
+        while True:
+            try:
+                raw = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                return  # the caller is gone
+            try:
+                msg = loads(raw)
+            except Exception as exc:  # an unloadable request (e.g. a plan that cannot be imported here)
+                rid = -1
+                self.send({"id": rid, "ok": False, "error": f"cannot load request: {type(exc).__name__}: {exc}"})
+                continue
+            rid = msg.get("id", -1)
+            op = msg.get("op")
+            if op == "exit":
+                self.send({"id": rid, "ok": True})
+                return
+            try:
+                handler = getattr(self, f"op_{op}")
+                reply = handler(msg)
+            except Exception as exc:
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                         "trace": traceback.format_exc()[-2000:]}
+            reply["id"] = rid
+            self.send(reply)
+            if reply.get("fatal"):
+                sys.stderr.flush()
+                os._exit(3)
+
+    def op_ping(self, msg: dict) -> dict:
+        return {"ok": True, "pid": os.getpid()}
+
+    def op_hello(self, msg: dict) -> dict:
+        self.device_index = int(msg.get("device_index", 0))
+        backend = self._backend(msg.get("backend"))
+        info = backend.device_info(self.device_index)
+        return {"ok": True, "pid": os.getpid(), "device": info.as_dict(), "versions": dict(backend.versions())}
+
+    def _backend(self, spec: Any) -> Any:
+        if spec is None or spec == "cutile":
+            be = self.backends.get("cutile")
+            if be is None:
+                from ..backends.cutile import CutileBackend
+
+                be = self.backends["cutile"] = CutileBackend()
+                be.torch.cuda.set_device(self.device_index)
+                be.torch.cuda.init()
+            return be
+        return spec  # a shipped backend object (tests)
+
+    def op_open(self, msg: dict) -> dict:
+        from ..backends.base import Launch
+        from .shipping import own_copy
+
+        sid = int(msg["session"])
+        backend = self._backend(msg.get("backend"))
+        t0 = time.perf_counter()
+        args = tuple(own_copy(a) for a in msg["args"])
+        torch = getattr(backend, "torch", None)
+        if torch is not None:
+            torch.cuda.synchronize(int(msg["device_index"]))
+        copy_s = time.perf_counter() - t0
+        del msg["args"]  # drop the IPC views of the caller's memory now
+        plan = msg["plan"]
+        memo: dict[int, Any] = {}
+
+        def planned(cfg: Any, *a: Any) -> Launch:
+            # the launch plan is evaluated once per candidate and carried with it
+            key = id(cfg)
+            spec = memo.get(key)
+            if spec is None:
+                spec = plan(cfg, *a)
+                if not isinstance(spec, Launch):
+                    spec = Launch(*spec)
+                memo[key] = spec
+            return spec
+
+        session = backend.open_session(
+            planned,
+            args,
+            device_index=int(msg["device_index"]),
+            writes=tuple(msg["writes"]),
+            inplace=tuple(msg["inplace"]),
+            reference=msg.get("reference"),
+            tolerance=msg.get("tolerance"),
+            name=str(msg.get("name", "op")),
+        )
+        written = set(msg["writes"]) | set(msg["inplace"])
+        self.sessions[sid] = _Served(session, args, written, copy_s)
+        return {"ok": True, "copy_s": copy_s}
+
+    def _candidates(self, served: _Served, wire: list) -> list[Any]:
+        from ..backends.base import Candidate
+        from ..space import Config
+
+        out = []
+        for order, names, values, hints, is_base in wire:
+            c = served.candidates.get(order)
+            if c is None:
+                cfg = Config(dict(zip(names, values)), hints)
+                c = served.candidates[order] = Candidate(cfg, int(order), bool(is_base))
+            out.append(c)
+        return out
+
+    def op_compile(self, msg: dict) -> dict:
+        sid = int(msg["session"])
+        served = self.sessions[sid]
+        cands = self._candidates(served, msg["candidates"])
+
+        def run() -> None:
+            try:
+                for outcome in served.session.compile(cands):
+                    self.send({"event": "compiled", "session": sid, "order": outcome.candidate.order,
+                               "status": outcome.status.value, "seconds": float(outcome.seconds or 0.0),
+                               "reason": outcome.reason})
+            except Exception as exc:  # the compile machinery itself broke: fail what is left
+                sys.stderr.write(traceback.format_exc())
+                for c in cands:
+                    self.send({"event": "compiled", "session": sid, "order": c.order, "status": "compile_error",
+                               "seconds": 0.0, "reason": f"compile pool failed: {type(exc).__name__}: {exc}"})
+
+        threading.Thread(target=run, name="tiletune-worker-compile", daemon=True).start()
+        return {"ok": True}
+
+    def _fault_reply(self, exc_text: str) -> dict:
+        dead = _context_ok(self.backends.get("cutile"), self.device_index) if "cutile" in self.backends else None
+        if dead is not None:
+            return {"ok": False, "fatal": True, "error": f"{exc_text} (CUDA context lost: {dead})"}
+        return {"ok": False, "error": exc_text}
+
+    def op_check(self, msg: dict) -> dict:
+        served = self.sessions[int(msg["session"])]
+        cand = self._candidates(served, [msg["candidate"]])[0]
+        outcome = served.session.check(cand)
+        reply: dict = {"ok": True, "status": outcome.status.value, "reason": outcome.reason}
+        if outcome.status.value in ("ok", "mismatch"):
+            changed = served.changed_inputs()
+            if changed:
+                reply["status"] = "mismatch"
+                reply["reason"] = (f"the kernel wrote into read-only argument(s) {changed}"
+                                   + (f"; {outcome.reason}" if outcome.reason else ""))
+        if outcome.status.value == "launch_error":
+            dead = _context_ok(self.backends.get("cutile"), self.device_index) if "cutile" in self.backends else None
+            if dead is not None:
+                reply["fatal"] = True
+                reply["reason"] = f"{outcome.reason} (CUDA context lost: {dead})"
+        return reply
+
+    def op_sample(self, msg: dict) -> dict:
+        served = self.sessions[int(msg["session"])]
+        cand = self._candidates(served, [msg["candidate"]])[0]
+        try:
+            samples = served.session.sample(cand, int(msg["n"]))
+            served.restore_inputs()
+        except Exception as exc:
+            return self._fault_reply(f"{type(exc).__name__}: {exc}")
+        return {"ok": True, "samples": [float(x) for x in samples]}
+
+    def op_close(self, msg: dict) -> dict:
+        served = self.sessions.pop(int(msg["session"]), None)
+        if served is not None:
+            try:
+                served.session.finish(None)
+            except Exception as exc:
+                return self._fault_reply(f"{type(exc).__name__}: {exc}")
+        return {"ok": True}
+
+
+def main() -> None:
+    """Entry point: connect to the caller named in the environment and serve it."""
+    from multiprocessing.connection import Client
+
+    os.environ["TILETUNE_IN_WORKER"] = "1"
+    address = os.environ["TILETUNE_WORKER_ADDRESS"]
+    authkey = bytes.fromhex(os.environ.pop("TILETUNE_WORKER_AUTHKEY"))
+    extra = os.environ.get("TILETUNE_WORKER_SYSPATH")
+    if extra:
+        import json
+
+        for p in json.loads(extra):
+            if p not in sys.path:
+                sys.path.append(p)
+    conn = Client(address, family="AF_UNIX", authkey=authkey)
+    try:
+        import torch.multiprocessing  # noqa: F401  (CUDA IPC rebuild functions)
+    except ImportError:
+        pass
+    Worker(conn).serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

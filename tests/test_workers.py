@@ -1,0 +1,257 @@
+"""Tuning in worker processes (CPU): fake kernels that raise, exit, hang, kill themselves or make the
+worker send garbage must each fail alone, while the search finishes with the right winner and the
+caller's tensors stay untouched.
+
+The workers here are real child processes (``python -m tiletune.workers.worker_main``) hosting a
+shipped :class:`~tiletune.backends.FakeBackend`; the "kernels" are Python functions run there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cloudpickle")
+
+import tiletune as tt
+from tiletune.backends import FakeBackend
+from tiletune.records import Status
+from tiletune.workers import IsolatedBackend, IsolationOptions, WorkerFault, WorkerProcess
+from tiletune.workers.protocol import ProtocolError, decode_reply
+
+SPACE = tt.Space(K=[0, 1, 2, 3, 4, 5, 6, 7], baseline=dict(K=0))
+FAST = IsolationOptions(watchdog_factor=20.0, watchdog_floor_s=1.0, first_watchdog_s=4.0)
+
+
+def model(cfg) -> float:
+    return 100.0 - 5.0 * cfg.K  # K=7 would be fastest, K=6 next
+
+
+def good_kernel(x, y):
+    y.copy_(x * 2)
+
+
+def wrong_kernel(x, y):
+    y.copy_(x * 2 + 1)
+
+
+def raising_kernel(x, y):
+    raise RuntimeError("boom from the kernel")
+
+
+def exiting_kernel(x, y):
+    os._exit(7)
+
+
+def hanging_kernel(x, y):
+    time.sleep(3600)
+
+
+def sigkill_kernel(x, y):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def scribbling_kernel(x, y):
+    x.fill_(-1.0)  # a wild write into an input: must only hit the worker's copy
+    y.copy_(x * 2)
+
+
+BAD = {
+    1: raising_kernel,
+    2: exiting_kernel,
+    3: hanging_kernel,
+    4: sigkill_kernel,
+    5: wrong_kernel,
+    6: scribbling_kernel,
+}
+
+
+def plan(cfg, x, y):
+    return tt.Launch(BAD.get(cfg.K, good_kernel), (1,), (x, y))
+
+
+def make_op(bad: dict[int, object] | None = None, options: IsolationOptions = FAST, **kw):
+    be = FakeBackend(model, noise=0.002)
+    iso = IsolatedBackend(be, worker_spec=be, options=options)
+
+    @tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False, backend=iso, progress=False,
+                 isolation="none", **kw)
+    def op(cfg, x, y):
+        return plan(cfg, x, y)
+
+    return op, be
+
+
+def test_every_fault_is_a_failed_candidate_and_the_winner_is_correct():
+    op, be = make_op()
+    x = torch.randn(64)
+    x0 = x.clone()
+    y = torch.full((64,), 123.0)
+    t0 = time.perf_counter()
+    op(x, y)
+    wall = time.perf_counter() - t0
+    (result,) = op.results.values()
+    by_k = {m.config["K"]: m for m in result.measurements}
+    assert by_k[1].status is Status.LAUNCH_ERROR and "boom from the kernel" in by_k[1].reason
+    assert by_k[2].status is Status.LAUNCH_ERROR and "exit code 7" in by_k[2].reason
+    assert by_k[3].status is Status.TIMEOUT and "watchdog" in by_k[3].reason
+    assert by_k[4].status is Status.LAUNCH_ERROR and "SIGKILL" in by_k[4].reason
+    assert by_k[5].status is Status.MISMATCH
+    # the scribbler wrote into its input: wrong output there, and the caller's x is never touched
+    assert by_k[6].status is Status.MISMATCH and "wrote into read-only argument(s) [0]" in by_k[6].reason
+    assert by_k[0].status is Status.OK and by_k[7].status is Status.OK
+    assert result.winner == {"K": 7}
+    assert len(result.measurements) == 8  # nothing lost
+    # the caller's input is intact, the output holds exactly the winner's result, launched here
+    assert torch.equal(x, x0)
+    torch.testing.assert_close(y, x0 * 2)
+    assert [c.as_dict() for c, _, _ in be.launches] == [{"K": 7}]
+    assert result.stats["isolation"] == "process"
+    assert result.stats["worker_restarts"] == 3  # exit, hang, SIGKILL
+    assert wall < 60
+
+
+def test_only_verified_configs_ever_run_in_the_caller():
+    op, be = make_op()
+    x, y = torch.randn(8), torch.empty(8)
+    op(x, y)
+    op(x, y)
+    assert {c["K"] for c, _, _ in be.launches} == {7}
+
+
+def test_all_failing_raises_with_every_reason():
+    space = tt.Space(K=[1, 2, 5], baseline=dict(K=1))
+    be = FakeBackend(model)
+    iso = IsolatedBackend(be, worker_spec=be, options=FAST)
+
+    @tt.autotune(space, reference=lambda x, y: x * 2, writes=["y"], db=False, backend=iso, progress=False)
+    def op(cfg, x, y):
+        return plan(cfg, x, y)
+
+    with pytest.raises(tt.AllCandidatesFailed) as info:
+        op(torch.randn(4), torch.empty(4))
+    text = str(info.value)
+    assert "boom" in text and "exit code 7" in text and "mismatch" in text
+
+
+def test_unshippable_plan_falls_back_with_one_warning():
+    import threading
+
+    lock = threading.Lock()  # cannot be pickled: the plan closes over it
+    be = FakeBackend(model)
+
+    @tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False, backend=be, progress=False,
+                 isolation="process")
+    def op(cfg, x, y):
+        with lock:
+            return tt.Launch(good_kernel, (1,), (x, y))
+
+    with pytest.warns(RuntimeWarning, match="cannot be tuned in a worker process") as rec:
+        op(torch.randn(4), torch.empty(4))
+        op(torch.randn(5), torch.empty(5))
+    assert len([w for w in rec if "worker process" in str(w.message)]) == 1
+    assert op.tuning_count == 2
+
+
+def test_isolation_argument_and_environment(monkeypatch):
+    with pytest.raises(ValueError, match="isolation"):
+        tt.autotune(SPACE, backend=FakeBackend(model), isolation="threads")(plan)
+    monkeypatch.setenv("TILETUNE_ISOLATION", "bogus")
+    with pytest.raises(ValueError, match="TILETUNE_ISOLATION"):
+        tt.autotune(SPACE, backend=FakeBackend(model))(plan)
+    monkeypatch.setenv("TILETUNE_ISOLATION", "none")
+    assert tt.autotune(SPACE, backend=FakeBackend(model))(plan).isolation == "none"
+    monkeypatch.delenv("TILETUNE_ISOLATION")
+    assert tt.autotune(SPACE, backend=FakeBackend(model), isolation="process")(plan).isolation == "process"
+
+
+GARBAGE_WORKER = r"""
+import os, sys, json
+from multiprocessing.connection import Client
+conn = Client(os.environ["TILETUNE_WORKER_ADDRESS"], family="AF_UNIX",
+              authkey=bytes.fromhex(os.environ["TILETUNE_WORKER_AUTHKEY"]))
+mode = os.environ["GARBAGE_MODE"]
+while True:
+    raw = conn.recv_bytes()
+    if mode == "bytes":
+        conn.send_bytes(b"\x80\x04garbage")
+    elif mode == "json":
+        conn.send_bytes(json.dumps({"id": "seven", "ok": 1}).encode())
+    elif mode == "wrong_id":
+        conn.send_bytes(json.dumps({"id": 99999, "ok": True}).encode())
+"""
+
+
+@pytest.mark.parametrize("mode", ["bytes", "json", "wrong_id"])
+def test_garbage_from_a_worker_is_a_protocol_fault(mode):
+    w = WorkerProcess("none", 0, command=[sys.executable, "-c", GARBAGE_WORKER], env={"GARBAGE_MODE": mode})
+    with pytest.raises(WorkerFault) as info:
+        w.start()
+    assert info.value.kind == "protocol"
+    assert not w.alive  # killed
+
+
+def test_worker_that_never_connects_times_out(monkeypatch):
+    import tiletune.workers.client as client
+
+    monkeypatch.setattr(client, "START_TIMEOUT_S", 1.0)
+    w = WorkerProcess("none", 0, command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    t0 = time.perf_counter()
+    with pytest.raises(WorkerFault) as info:
+        w.start()
+    assert info.value.kind == "timeout" and time.perf_counter() - t0 < 10
+    assert not w.alive
+
+
+def test_worker_that_dies_at_start_reports_its_output():
+    w = WorkerProcess("none", 0, command=[sys.executable, "-c", "import sys; print('no cuda here'); sys.exit(4)"])
+    with pytest.raises(WorkerFault) as info:
+        w.start()
+    assert info.value.kind == "died" and "exit code 4" in str(info.value) and "no cuda here" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"ok": true}',
+        b'{"id": 1, "ok": "yes"}',
+        b'{"event": "compiled", "session": 1, "order": 0, "status": "fine", "seconds": 0.1}',
+        b'{"event": "compiled", "session": 1, "order": 0, "status": "ok", "seconds": -1}',
+        b'{"event": "exploded"}',
+    ],
+)
+def test_decode_reply_rejects_garbage(raw):
+    with pytest.raises(ProtocolError):
+        decode_reply(raw)
+
+
+def test_samples_are_validated():
+    from tiletune.workers.protocol import Reply, samples_from
+
+    assert samples_from(Reply(1, True, {"samples": [1.0, 2]}), 2) == [1.0, 2.0]
+    for bad in ([1.0], [1.0, -2.0], [1.0, "x"], [True, 1.0]):
+        with pytest.raises(ProtocolError):
+            samples_from(Reply(1, True, {"samples": bad}), 2)
+
+
+def test_shipping_round_trips_tensor_layout():
+    from tiletune.workers.shipping import dumps, loads, own_copy
+
+    base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+    view = base[1:5, 2:9].t()  # strided, offset, not contiguous
+    got = loads(dumps(view))
+    assert got.shape == view.shape and got.stride() == view.stride()
+    assert got.storage_offset() == view.storage_offset()
+    assert torch.equal(got, view)
+    mine = own_copy(got)
+    mine.fill_(0)
+    assert torch.equal(got, view)  # the copy owns its memory
+    bf = torch.randn(5).to(torch.bfloat16)
+    assert torch.equal(loads(dumps(bf)), bf)
