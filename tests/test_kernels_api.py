@@ -299,11 +299,48 @@ def test_int64_twins_and_the_index_limit():
 # references: the tuner's correctness gate must be right
 # ---------------------------------------------------------------------------------------------
 
+def _rms_norm_elementwise(x, w, eps):
+    """RMSNorm written out element by element in Python floats (float64), independent of the library's
+    vectorized formula: y[i][j] = x[i][j] / sqrt(sum_k x[i][k]^2 / n + eps) * w[j]."""
+    rows = x.double().tolist()
+    ws = w.double().tolist() if w is not None else None
+    out = []
+    for row in rows:
+        n = len(row)
+        ms = sum(v * v for v in row) / n
+        inv = 1.0 / math.sqrt(ms + eps)
+        out.append([v * inv * (ws[j] if ws is not None else 1.0) for j, v in enumerate(row)])
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_rms_norm_references_match_an_independent_computation():
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 33, generator=gen) * 3 + 0.5, torch.randn(33, generator=gen)
+    for eps in (1e-6, 0.5):  # a large eps shows whether (and where) it is added
+        want = _rms_norm_elementwise(x, w, eps)
+        got = norms.rms_norm_reference(x, w, torch.empty_like(x), eps, True)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+        got = norms.rms_norm_reference(x, None, torch.empty_like(x), eps, False)  # no weight
+        torch.testing.assert_close(got.double(), _rms_norm_elementwise(x, None, eps), rtol=1e-6, atol=1e-6)
+        if hasattr(F, "rms_norm"):  # torch's own RMSNorm agrees too
+            torch.testing.assert_close(got, F.rms_norm(x, (33,), None, eps))
+    # the demo op's reference (tiletune.kernels.rmsnorm) agrees as well
+    from tiletune.kernels import rmsnorm as demo_rms
+
+    torch.testing.assert_close(demo_rms._reference(x, w, torch.empty_like(x), 1e-6).double(),
+                               _rms_norm_elementwise(x, w, 1e-6), rtol=1e-6, atol=1e-6)
+    # a bf16 output is the float result rounded once (not computed in bf16)
+    xb = x.to(BF16)
+    got = norms.rms_norm_reference(xb, w, torch.empty_like(xb), 1e-6, True)
+    assert got.dtype == BF16
+    want = _rms_norm_elementwise(xb, w, 1e-6)
+    torch.testing.assert_close(got.double(), want, rtol=2.0**-8, atol=0.0)  # within one bf16 rounding
+
+
 def test_norm_references_match_torch():
     x, w, b = torch.randn(5, 33), torch.randn(33), torch.randn(33)
     y = torch.empty_like(x)
-    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-    torch.testing.assert_close(norms.rms_norm_reference(x, w, y, 1e-6, True), ref)
     torch.testing.assert_close(norms.layer_norm_reference(x, w, b, y, 1e-5, True, True),
                                F.layer_norm(x, (33,), w, b, 1e-5))
     r = torch.randn(5, 33).to(BF16)
@@ -311,7 +348,8 @@ def test_norm_references_match_torch():
     yy, hh = norms.rms_norm_residual_reference(xb, r, w, xb.clone(), xb.clone(), 1e-6, True)
     h = (xb.float() + r.float()).to(BF16)
     assert torch.equal(hh, h)
-    torch.testing.assert_close(yy, norms.rms_norm_reference(h, w, yy, 1e-6, True))
+    # y is the RMSNorm of the rounded sum h, checked against the element-by-element reference
+    torch.testing.assert_close(yy.double(), _rms_norm_elementwise(h, w, 1e-6).to(BF16).double())
 
 
 def test_softmax_and_glu_references():

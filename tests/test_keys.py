@@ -80,10 +80,32 @@ def test_args_key_json_non_contiguous_tensor_records_strides():
 
 
 def test_size_one_dims_do_not_break_contiguity():
-    row = torch.zeros(4, 8)[:1, :]  # shape (1, 8), strides (8, 1): contiguous
-    assert tensor_json(row) == {"shape": [1, 8], "dtype": "float32", "contiguous": True}
+    # The stride of a size-1 dimension is never used to address memory, so it must not matter. These
+    # tensors are contiguous although a size-1 dim's stride differs from the row-major stride (the
+    # code path the test is named after: a row slice like zeros(4, 8)[:1] has the row-major stride
+    # anyway and would not reach it).
+    col = torch.zeros(1, 8).t()  # shape (8, 1), strides (1, 8); row-major would be (1, 1)
+    assert col.is_contiguous() and col.stride() == (1, 8)
+    assert tensor_json(col) == {"shape": [8, 1], "dtype": "float32", "contiguous": True}
+    mid = torch.zeros(2, 1, 3).transpose(0, 1)  # shape (1, 2, 3), strides (3, 3, 1); row-major (6, 3, 1)
+    assert mid.is_contiguous() and mid.stride() == (3, 3, 1)
+    assert tensor_json(mid) == {"shape": [1, 2, 3], "dtype": "float32", "contiguous": True}
+    odd = torch.zeros(8).as_strided((1, 8), (99, 1))
+    assert tensor_json(odd)["contiguous"] is True and "strides" not in tensor_json(odd)
+    # ...while a size > 1 dimension with the wrong stride still breaks contiguity
     col = torch.zeros(4, 8)[:, :1]  # shape (4, 1), strides (8, 1): not contiguous
     assert tensor_json(col)["contiguous"] is False and tensor_json(col)["strides"] == [8, 1]
+    # and a size-1 dim still counts in the strides expected of the dims before it
+    assert tensor_json(torch.zeros(4, 1, 8))["contiguous"] is True  # strides (8, 8, 1)
+    assert tensor_json(torch.zeros(4, 2, 8)[:, :1])["contiguous"] is False  # strides (16, 8, 1)
+
+
+def test_zero_size_dims_keep_contiguity_and_stay_in_the_key():
+    # an empty dimension does not make the rest of the strides zero
+    empty = torch.zeros(3, 0)
+    assert tensor_json(empty) == {"shape": [3, 0], "dtype": "float32", "contiguous": True}
+    assert tensor_json(torch.zeros(0, 3)) == {"shape": [0, 3], "dtype": "float32", "contiguous": True}
+    assert default_key((empty,)) != default_key((torch.zeros(0, 3),))
 
 
 def test_args_key_json_scalars_floats_and_objects():
@@ -161,3 +183,63 @@ def test_user_key_with_dtype_is_stored_by_name():
     op(torch.zeros(5, dtype=torch.float16))
     (res,) = op.results.values()
     assert res.identity.key == '[5,"float16"]'
+
+
+# ---------------------------------------------------------------------------------------------
+# first sight of a type (the per-type caches must not hide the detection code; issue 21)
+
+
+def _fresh_duck(*, drop: str | None = None):
+    """A new class (so no cache has seen it) with the tensor attributes, less ``drop``."""
+    attrs = {
+        "shape": (2, 3),
+        "dtype": "float16",
+        "stride": lambda self: (3, 1),
+        "get_device": lambda self: 5,
+    }
+    if drop is not None:
+        del attrs[drop]
+    return type(f"Duck{drop or ''}", (), attrs)()
+
+
+def test_a_new_duck_typed_tensor_is_detected_and_keyed_on_first_sight():
+    d = _fresh_duck()
+    assert default_key((d,)) == ((2, 3), (3, 1), "float16", 5)  # the first call detects it
+    assert is_tensor(d) and is_tensor(type(d)())  # and the answer is cached per type
+    d2 = _fresh_duck()
+    assert is_tensor(d2)
+
+
+@pytest.mark.parametrize("missing", ["shape", "dtype", "stride", "get_device"])
+def test_an_object_missing_a_tensor_attribute_is_not_a_tensor(missing):
+    d = _fresh_duck(drop=missing)
+    assert not is_tensor(d)
+    assert not is_tensor(d)  # the cached answer agrees
+    assert default_key((d,)) == (type(d), None)
+    assert args_key_json((d,)) == [{"type": type(d).__name__}]
+
+
+def test_torch_dtypes_are_registered_by_value_on_first_sight(monkeypatch):
+    import tiletune.keys as keys
+
+    monkeypatch.setattr(keys, "_BY_VALUE", set(keys._SCALARS))
+    assert torch.dtype not in keys._BY_VALUE
+    keys.is_tensor(_fresh_duck(drop="shape"))  # any first sight of a type registers torch's dtype
+    assert torch.dtype in keys._BY_VALUE and None not in keys._BY_VALUE
+
+
+def test_by_value_numpy_ints_and_dtypes_in_the_stored_key():
+    np = pytest.importorskip("numpy")
+    assert args_key_json((np.int32(5), torch.float16, np.bool_(True))) == [
+        {"value": 5, "type": "int32"},
+        {"value": "float16", "type": "dtype"},
+        {"value": True, "type": np.bool_.__name__},
+    ]
+    assert default_key((np.int64(3),)) != default_key((np.int64(4),))
+
+
+def test_key_to_json_error_says_what_a_key_may_hold():
+    with pytest.raises(TypeError) as info:
+        key_to_json((Opaque(),))
+    assert str(info.value).endswith(
+        "a key function must return ints, floats, strings, bools, None, dtypes or tuples of them")

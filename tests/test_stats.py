@@ -338,3 +338,113 @@ def test_rank_errors():
         rank([Entry(0, False, make_summary(1.0)), Entry(0, True, make_summary(2.0))])
     with pytest.raises(ValueError):
         rank([Entry(0, False, make_summary(1.0))], min_band=0.05, max_band=0.01)
+
+
+# ----------------------------------------------------------------------------- mutation-testing gaps (issue 21)
+
+
+def test_rank_uses_the_median_not_the_mean():
+    # A is faster in the median, but a few preempted samples drag its mean far above B's;
+    # B is steady and slower in the median. Ranking by the mean would pick B.
+    a = summarize([100.0] * 45 + [1000.0] * 5)
+    b = summarize([110.0] * 50)
+    assert a.median < b.median and a.mean > b.mean  # the scenario: the two statistics disagree
+    r = rank([Entry(0, False, b), Entry(1, False, a)])
+    assert r.fastest.ident == 1 and r.winner.ident == 1
+    assert [e.ident for e in r.ordered] == [1, 0]
+    # and the baseline does not win on its mean either
+    assert rank([Entry(0, True, b), Entry(1, False, a)]).winner.ident == 1
+
+
+def test_summarize_computes_in_float64():
+    # float32 input must not be summed in float32: 2**24 + 1 + 1 is not representable there
+    xs = np.array([2.0**24, 1.0, 1.0], dtype=np.float32)
+    s = summarize(xs)
+    assert s.mean == (2.0**24 + 2.0) / 3
+    assert isinstance(s.median, float) and isinstance(s.mean, float)
+
+
+def test_summarize_passes_its_confidence_to_the_ranks():
+    xs = [float(v) for v in range(1, 11)]
+    assert (summarize(xs, confidence=0.95).ci_low, summarize(xs, confidence=0.95).ci_high) == (2.0, 9.0)
+    assert (summarize(xs, confidence=0.99).ci_low, summarize(xs, confidence=0.99).ci_high) == (1.0, 10.0)
+    assert (summarize(xs, confidence=0.5).ci_low, summarize(xs, confidence=0.5).ci_high) == (4.0, 7.0)
+
+
+def test_rel_halfwidth_for_a_median_below_one():
+    s = summarize([0.4, 0.5, 0.6, 0.5, 0.5, 0.45, 0.55])  # sub-microsecond samples
+    assert s.median == 0.5
+    assert s.rel_halfwidth == pytest.approx((s.ci_high - s.ci_low) / 2 / 0.5)
+    assert math.isfinite(s.rel_halfwidth)
+
+
+def test_error_messages_name_the_problem():
+    with pytest.raises(ValueError, match=r"confidence must be in \(0, 1\), got 1.5"):
+        median_ci_ranks(10, 1.5)
+    with pytest.raises(ValueError, match=r"n must be >= 1, got 0"):
+        median_ci_ranks(0)
+    with pytest.raises(ValueError, match=r"^summarize\(\) needs at least one sample$"):
+        summarize([])
+    with pytest.raises(ValueError, match=r"^samples must be finite$"):
+        summarize([1.0, math.nan])
+    with pytest.raises(ValueError, match=r"^min_samples must be >= 1, got 0$"):
+        StoppingRule(min_samples=0)
+    with pytest.raises(ValueError, match=r"^max_samples \(10\) must be >= min_samples \(20\)$"):
+        StoppingRule(min_samples=20, max_samples=10)
+    with pytest.raises(ValueError, match=r"^rel_ci and abs_ci_us must be >= 0$"):
+        StoppingRule(abs_ci_us=-1.0)
+    with pytest.raises(ValueError, match=r"^max_seconds must be > 0, got 0.0$"):
+        StoppingRule(max_seconds=0.0)
+    with pytest.raises(ValueError, match=r"^rank\(\) needs at least one entry$"):
+        rank([])
+    with pytest.raises(ValueError, match=r"^need 0 <= min_band <= max_band, got 0.05, 0.01$"):
+        rank([Entry(0, False, make_summary(1.0))], min_band=0.05, max_band=0.01)
+    with pytest.raises(ValueError, match=r"^need 0 <= min_band"):
+        rank([Entry(0, False, make_summary(1.0))], min_band=-0.01, max_band=0.01)
+    with pytest.raises(ValueError, match=r"^entry idents must be unique$"):
+        rank([Entry(0, False, make_summary(1.0)), Entry(0, True, make_summary(2.0))])
+
+
+def test_stopping_rule_accepts_its_boundaries():
+    StoppingRule(min_samples=5, max_samples=5)  # equal is fine
+    StoppingRule(rel_ci=0.0, abs_ci_us=0.0)  # zero targets mean "never converge early"
+    with pytest.raises(ValueError):
+        StoppingRule(rel_ci=-1e-9)
+
+
+def test_stopping_thresholds_are_inclusive():
+    rule = StoppingRule(rel_ci=0.25, abs_ci_us=0.0, min_samples=1)
+    assert rule.decide(make_summary(8.0, 0.25, n=20), spent_s=0.0) == "converged"  # exactly at rel_ci
+    rule = StoppingRule(rel_ci=0.0, abs_ci_us=0.5, min_samples=1)
+    assert rule.decide(make_summary(4.0, 0.125, n=20), spent_s=0.0) == "abs_converged"  # half-width 0.5
+
+
+def test_raced_out_boundaries():
+    best = make_summary(100.0, 0.0, n=5)
+    assert raced_out(make_summary(200.0, 0.0, n=5), best)  # five samples each are enough
+    assert not raced_out(make_summary(200.0, 0.0, n=4), best)
+    assert not raced_out(make_summary(200.0, 0.0, n=5), make_summary(100.0, 0.0, n=4))
+    # exactly at the margin: not (yet) raced out
+    assert not raced_out(make_summary(150.0, 0.0, n=5), best, margin=0.5)
+    assert raced_out(make_summary(150.0, 0.0, n=5), best, margin=0.25)
+    # an undefined interval never races a candidate out
+    open_low = dataclasses.replace(make_summary(500.0, 0.0, n=5), ci_low=-math.inf)
+    assert not raced_out(open_low, best)
+    open_high = dataclasses.replace(best, ci_high=math.inf)
+    assert not raced_out(make_summary(500.0, 0.0, n=5), open_high)
+
+
+def test_hopeless_is_strict_at_the_factor():
+    best = make_summary(10.0, n=3)
+    assert not hopeless(make_summary(30.0, n=3), best)  # exactly 3x: still measured
+    assert hopeless(make_summary(30.5, n=3), best)
+
+
+def test_rank_band_edge_is_tied_and_equal_bands_are_valid():
+    entries = [Entry(0, True, make_summary(150.0)), Entry(1, False, make_summary(100.0))]
+    # min_band == max_band == 0.5: 150 is exactly at the edge of 100's band -> tied -> baseline
+    assert rank(entries, min_band=0.5, max_band=0.5).winner.ident == 0
+    assert rank(entries, min_band=0.25, max_band=0.25).winner.ident == 1
+    # min_band 0 is valid: no band at all
+    assert rank([Entry(0, True, make_summary(100.5)), Entry(1, False, make_summary(100.0))],
+                min_band=0.0, max_band=0.0).winner.ident == 1

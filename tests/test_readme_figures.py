@@ -1,0 +1,227 @@
+"""Every figure in README.md's tables is read from a committed result file (issue 21).
+
+The README's markdown tables are parsed; every number in a cell other than the first (the row's label:
+a benchmark, a space, an op, with its shapes) must appear in some JSON file under
+``benchmarks/results/`` at the precision it is shown with: a figure shown with ``d`` decimals matches a
+value within half a unit of its last digit (so 88.3 matches 88.25 and 0.142 matches 0.1418); a
+percentage also matches a fraction (0.17% matches 0.0017). Shapes (``4096^3``, ``16x1024^3``,
+``1024x4096x4096``) are labels, not figures. A figure that is derived from a result file rather than
+stored in one must be listed in :data:`DERIVED` with the computation that gives it.
+
+Each table is checked against the files its caption names (:data:`TABLE_SOURCES`). Only table cells
+are checked: prose around the tables may change freely. A hand-edited table figure that no result
+file of its table holds fails this test; one edited into another value the same files happen to hold
+(likelier for small integers and two-digit figures) passes: the check is a set lookup, not a
+cell-by-cell recomputation.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _load(rel: str):
+    return json.loads((RESULTS / rel).read_text())
+
+
+def _strategy(space: str, strategy: str) -> dict:
+    return next(r for r in _load("h200/strategies_no_baseline.json")
+                if r["space"].startswith(space) and r["strategy"] == strategy)
+
+
+#: The result files each README table is read from, by the table's first header cell (the files its
+#: caption names). A table not listed here is checked against every result file.
+TABLE_SOURCES: dict[str, list[str]] = {
+    "benchmark": ["h200/tuning_speed.json", "h200/warm_start.json", "h200/dispatch_overhead.json",
+                  "h200/determinism.json"],
+    "space (valid configs)": ["h200/strategies_no_baseline.json"],
+    "memory-bound op": ["h200/kernels_memory.json"],
+    "compute-bound": ["h200/kernels_compute.json"],
+}
+
+#: Figures computed from a result file (not stored in one): (table row label prefix, figure as shown)
+#: -> a function returning the unrounded value. Keep this short, each with its reason.
+#: Empty today: every table figure is stored as shown (rounded) in its files.
+DERIVED: dict[tuple[str, str], object] = {}
+
+
+def _numbers(obj) -> list[float]:
+    out: list[float] = []
+    if isinstance(obj, bool):
+        return out
+    if isinstance(obj, (int, float)):
+        if math.isfinite(obj):
+            out.append(float(obj))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            out += _numbers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            out += _numbers(v)
+    return out
+
+
+def stored_numbers(files: list[Path]) -> list[float]:
+    values: set[float] = set()
+    for f in files:
+        values.update(_numbers(json.loads(f.read_text())))
+    return sorted(values)
+
+
+def sources(first_header: str) -> list[Path]:
+    for prefix, files in TABLE_SOURCES.items():
+        if first_header.startswith(prefix):
+            return [RESULTS / f for f in files]
+    return sorted(RESULTS.rglob("*.json"))
+
+
+
+
+def readme_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Markdown tables of ``text``: (header cells, body rows of cells)."""
+    tables = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if (lines[i].lstrip().startswith("|") and i + 1 < len(lines)
+                and re.match(r"^\s*\|?\s*:?-{3,}", lines[i + 1])):
+            header = _cells(lines[i])
+            body = []
+            i += 2
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                body.append(_cells(lines[i]))
+                i += 1
+            tables.append((header, body))
+        else:
+            i += 1
+    return tables
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+_SHAPE = re.compile(r"\d+(?:x\d+)+(?:\^\d+)?|\d+\^\d+")
+_NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(%?)")
+
+
+def figures(cell: str) -> list[tuple[str, bool]]:
+    """Numbers shown in a cell, as written, and whether each is a percentage (shapes left out)."""
+    cell = _SHAPE.sub(" ", cell.replace("**", "").replace("`", ""))
+    return [(m.group(1), m.group(2) == "%") for m in _NUMBER.finditer(cell)]
+
+
+def _held(stored: list[float], shown: str, percent: bool) -> bool:
+    value = float(shown)
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
+    half = 0.5 * 10.0 ** -decimals * (1 + 1e-9) + 1e-12
+    targets = [value] + ([value / 100.0] if percent else [])
+    halves = [half] + ([half / 100.0] if percent else [])
+    for t, h in zip(targets, halves):
+        i = bisect.bisect_left(stored, t - h)
+        if i < len(stored) and stored[i] <= t + h:
+            return True
+    return False
+
+
+def table_figures(text: str | None = None) -> list[tuple[str, str, str, bool, str]]:
+    """(row label, column header, figure, is a percentage, table's first header cell) of every figure
+    in README's tables (or in ``text``'s)."""
+    out = []
+    for header, body in readme_tables(README.read_text() if text is None else text):
+        for row in body:
+            for col, cell in enumerate(row[1:], start=1):
+                name = header[col] if col < len(header) else f"column {col}"
+                for shown, percent in figures(cell):
+                    out.append((row[0], name, shown, percent, header[0]))
+    return out
+
+
+def test_table_sources_exist():
+    for files in TABLE_SOURCES.values():
+        for f in files:
+            assert (RESULTS / f).is_file(), f
+    heads = [h[0] for h, _ in readme_tables(README.read_text())]
+    for prefix in TABLE_SOURCES:  # every listed table is still in the README
+        assert any(h.startswith(prefix) for h in heads), prefix
+
+
+def test_readme_has_the_tables_this_test_checks():
+    tables = readme_tables(README.read_text())
+    assert len(tables) >= 4
+    assert len(table_figures()) >= 80
+
+
+def unsourced_figures(text: str | None = None) -> list[str]:
+    """README table figures that no result file of their table holds."""
+    missing = []
+    cache: dict[str, list[float]] = {}
+    for label, column, shown, percent, head in table_figures(text):
+        if head not in cache:
+            cache[head] = stored_numbers(sources(head))
+        derived = next((fn for (prefix, fig), fn in DERIVED.items() if label.startswith(prefix) and fig == shown),
+                       None)
+        if derived is not None:
+            decimals = len(shown.split(".")[1]) if "." in shown else 0
+            if abs(derived() - float(shown)) <= 0.5 * 10.0 ** -decimals * (1 + 1e-9):
+                continue
+        if not _held(cache[head], shown, percent):
+            missing.append(f"{label[:50]!r} / {column!r}: {shown}{'%' if percent else ''}")
+    return missing
+
+
+def test_every_readme_table_figure_is_in_a_result_file():
+    missing = unsourced_figures()
+    assert not missing, "README table figures found in no result file:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("ratio **0.142**", "ratio **0.140**"),
+    ("gap **0.17%**", "gap **0.27%**"),
+    ("| 88.3 / 117.7 |", "| 88.3 / 111.7 |"),
+    ("| 43 / 47.5 |", "| 43 / 49.5 |"),
+    ("| rope (in place vs HF out of place) | 6.68x |", "| rope (in place vs HF out of place) | 6.88x |"),
+    ("748 vs 752 TFLOP/s", "748 vs 762 TFLOP/s"),
+])
+def test_a_hand_edited_table_figure_fails_the_check(old, new):
+    text = README.read_text()
+    assert old in text, "the README changed: pick another figure for this test"
+    assert unsourced_figures(text.replace(old, new, 1))
+
+
+def test_prose_outside_tables_is_not_checked():
+    text = README.read_text() + "\n\nA new section quoting 12345.678 us and 99.99% of nothing.\n"
+    assert not unsourced_figures(text)
+
+
+def test_a_hand_edited_figure_is_caught():
+    # the check is not vacuous: figures next to real ones are not "found" by accident
+    speed = stored_numbers(sources("benchmark"))
+    assert _held(speed, "0.142", False) and _held(speed, "0.17", True) and _held(speed, "1.46", False)
+    assert not _held(speed, "0.143", False)
+    assert not _held(speed, "0.18", True)
+    assert not _held(speed, "1.47", False)
+    strategies = stored_numbers(sources("space (valid configs)"))
+    assert _held(strategies, "88.3", False) and not _held(strategies, "88.4", False)
+    memory = stored_numbers(sources("memory-bound op"))
+    assert _held(memory, "73.2", True) and not _held(memory, "73.3", True)
+
+
+def test_figures_parser():
+    assert figures("tiletune 3.69 s vs `exhaustive_search` 26.03 s: ratio **0.142**") == [
+        ("3.69", False), ("26.03", False), ("0.142", False)]
+    assert figures("gap **0.17%** (same config)") == [("0.17", True)]
+    assert figures("0.92-1.05x for M >= 1024 except 1024x4096x4096 at 0.64x; fp16 GEMM 4096^3, 16x1024^3") == [
+        ("0.92", False), ("1.05", False), ("1024", False), ("0.64", False)]
+    tables = readme_tables("text\n\n| a | b |\n|---|---|\n| x | 1.5 |\n| y | 2 |\n\nmore | text\n")
+    assert tables == [(["a", "b"], [["x", "1.5"], ["y", "2"]])]
