@@ -1,34 +1,31 @@
 """The ``@autotune`` decorator and the tuned op's hot path.
 
 A tuned op wraps a *launch plan*: ``plan(config, *args) -> Launch(kernel, grid, kernel_args)``.
-On a call with a new problem key the op looks the key up in the tuning database, or tunes; then it
+On a call with a new problem key the op asks :func:`tiletune.tuning.resolve` for its config (the
+tuning database, another process's session, or tuning, by default in a worker process); then it
 caches the winning config with a launcher that holds the hinted kernel object, so every later call
 with that key costs the key lookup, the plan and one ``ct.launch``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import logging
 import os
 import threading
-import time
-import warnings
 from typing import Any, Callable, Mapping, Sequence
 
-from .backends.base import Backend, Candidate, Launch
-from .errors import AllCandidatesFailed, TiletuneError
-from .identity import kernel_identity
+from .backends.base import Backend, Launch
+from .errors import TiletuneError
 from .hotpath import Entry, build_entry
-from .keys import args_key_json, default_key, key_to_json
-from .progress import configure_logging_from_env, tuning_progress
-from .records import TuneResult, TuningIdentity, canonical_json
+from .keys import default_key
+from .progress import configure_logging_from_env
+from .records import TuneResult
 from .space import Config, Space
 from .store import TuningDB
-from .strategies.base import Budget, Strategy, make_strategy
-from .tuner import TunerOptions, run_loop
+from .strategies.base import Budget
+from .tuner import TunerOptions
 
 #: ``tolerance(*args) -> {dtype name: (rtol, atol)}``: a problem-dependent tolerance.
 ToleranceFn = Callable[..., Mapping[str, "tuple[float, float]"]]
@@ -219,27 +216,6 @@ class TunedOp:
                 ) from exc
         return spec
 
-    def _identity(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> TuningIdentity:
-        sources = []
-        seen: set[int] = set()
-        for cfg in self.space.candidates(arch):
-            k = self._launch_spec(cfg, args).kernel
-            if id(k) not in seen:
-                seen.add(id(k))
-                sources.append(backend.kernel_sources(k))
-        try:
-            key_json = canonical_json(args_key_json(args) if self.key_fn is None else key_to_json(key))
-        except TypeError as exc:
-            raise TiletuneError(f"{self.name}: {exc}") from exc
-        return TuningIdentity(
-            kernel_id=kernel_identity(self.plan, sources),
-            space_hash=self.space.hash,
-            key=key_json,
-            device=backend.device_info(dev),
-            versions=canonical_json(dict(backend.versions())),
-            name=self.name,
-        )
-
     def _miss(self, args: tuple[Any, ...], key: Any) -> None:
         with self._lock:
             entry = self._cache.get(key)
@@ -254,19 +230,12 @@ class TunedOp:
             if _env_flag("TILETUNE_DISABLE"):
                 cfg = self.space.baseline(arch) or self.space.candidates(arch)[0]
             else:
-                identity = self._identity(args, key, backend, dev, arch)
-                db = self.db
-                record = db.lookup(identity) if db is not None else None
-                cfg = self._config_from_record(record.config, arch) if record is not None else None
-                if cfg is not None:
-                    logger.info("%s: database hit for %s -> %s", self.name, identity.key, cfg)
-                else:
-                    result = self._tune(args, identity, backend, dev, arch)
-                    self.results[key] = result
-                    cfg = self.space.config(arch, **dict(result.winner))
-                    # an in-process session left exactly one launch of the winner; after a worker
-                    # session the caller launches the (verified) winner itself below
-                    launched = bool(result.stats.get("launched_winner", True))
+                from .tuning import resolve
+
+                res = resolve(self, args, key, backend, dev, arch)
+                cfg, launched = res.config, res.launched
+                if res.result is not None:
+                    self.results[key] = res.result
             spec = self._launch_spec(cfg, args)
             entry, replays = build_entry(
                 self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev), self.cache_plan
@@ -279,85 +248,6 @@ class TunedOp:
                 entry(args)
             return None
 
-    def _config_from_record(self, values: Mapping[str, Any], arch: str) -> Config | None:
-        try:
-            cfg = self.space.config(arch, **dict(values))
-        except TiletuneError:
-            return None
-        return cfg if cfg in set(self.space.candidates(arch)) else None
-
-    def _uses_search(self) -> bool:
-        """Whether tuning goes through a strategy (:func:`tiletune.search.run_search`).
-
-        Exhaustive search without an evaluation budget keeps the one-shot loop over every candidate
-        (the compile pool sees the whole space at once); anything else asks a strategy batch by batch.
-        """
-        if self.strategy not in (None, "exhaustive"):
-            return True
-        return self.budget is not None and self.budget.max_evals is not None
-
-    def _make_strategy(self, arch: str) -> Strategy:
-        return make_strategy(self.strategy or "exhaustive", self.space, arch, self.seed, **self.strategy_options)
-
-    def _tolerance_for(self, args: tuple[Any, ...]) -> Mapping[str, tuple[float, float]] | None:
-        """The tolerance overrides for this problem (a callable tolerance is evaluated on ``args``)."""
-        tol = self.tolerance
-        if tol is None or not callable(tol):
-            return tol
-        got = tol(*args)
-        if got is not None and not isinstance(got, Mapping):
-            raise TypeError(f"{self.name}: the tolerance callable returned {type(got).__name__}, not a mapping")
-        return dict(got) if got else None
-
-    def _tune(self, args: tuple[Any, ...], identity: TuningIdentity, backend: Backend, dev: int, arch: str) -> TuneResult:
-        candidates = self._candidates(arch)
-        searching = self._uses_search()
-        strategy = self._make_strategy(arch) if searching else None
-        options = self.options
-        if not searching and self.budget is not None and self.budget.max_seconds is not None:
-            limits = [x for x in (options.max_seconds, self.budget.max_seconds) if x is not None]
-            options = dataclasses.replace(options, max_seconds=min(limits))
-        t0 = time.perf_counter()
-        session = self._open_session(backend, args, dev)
-        winner = None
-        extra: dict[str, Any] = {}
-        try:
-            if strategy is not None:
-                from .search import run_search
-
-                budget = self.budget or Budget()
-                total = budget.max_evals if budget.max_evals is not None else len(candidates)
-                with tuning_progress(self.name, min(total, len(candidates)), self.progress) as progress:
-                    loop = run_search(session, strategy, budget, options, progress=progress, name=self.name)
-                extra = {"strategy": loop.strategy, "evaluations": len(loop.evaluations), "stopped": loop.stopped,
-                         "batches": loop.batches, "space_size": len(candidates)}
-            else:
-                with tuning_progress(self.name, len(candidates), self.progress) as progress:
-                    loop = run_loop(session, candidates, options, progress, self.name)
-                extra = {"strategy": "exhaustive", "evaluations": len(candidates)}
-            winner = loop.winner
-        finally:
-            session.finish(winner)
-        self.tuning_count += 1
-        if winner is None:
-            raise AllCandidatesFailed(self.name, loop.measurements)
-        result = TuneResult(
-            identity=identity,
-            winner=winner.config.as_dict(),
-            winner_median_us=float(loop.winner_median_us or 0.0),
-            measurements=loop.measurements,
-            tied=tuple(c.config.as_dict() for c in loop.tied),
-            wall_s=time.perf_counter() - t0,
-            stats={"samples": loop.samples_taken, "session_clock_s": loop.wall_s, **extra,
-                   **getattr(session, "stats", {}),
-                   "launched_winner": bool(getattr(session, "launches_winner", True))},
-        )
-        db = self.db
-        if db is not None:
-            db.record_session(identity, result.measurements, result.winner, result.winner_median_us, result.tied)
-        logger.info("%s: tuned %s\n%s", self.name, identity.key, result.summary())
-        return result
-
     def _tuning_backend(self, backend: Backend) -> Backend:
         """Where candidates run: a worker process (isolation "process") or this process."""
         if self.isolation != "process":
@@ -368,36 +258,6 @@ class TunedOp:
             spec = "cutile" if self._backend is None else backend
             self._isolated = IsolatedBackend(backend, worker_spec=spec)
         return self._isolated
-
-    def _open_session(self, backend: Backend, args: tuple[Any, ...], dev: int) -> Any:
-        kwargs = dict(device_index=dev, writes=self.writes, inplace=self.inplace, reference=self.reference,
-                      tolerance=self._tolerance_for(args), name=self.name)
-        tuning = self._tuning_backend(backend)
-        if tuning is not backend:
-            from .workers import Unshippable
-
-            try:
-                # the raw plan travels (the worker makes Launch records of what it returns)
-                return tuning.open_session(self.plan, args, **kwargs)  # type: ignore[arg-type]
-            except Unshippable as exc:
-                if not self._warned_unshippable:
-                    self._warned_unshippable = True
-                    warnings.warn(
-                        f"tiletune: {self.name} cannot be tuned in a worker process ({exc}); tuning in this "
-                        "process without isolation (a faulting candidate can take this process down)",
-                        RuntimeWarning,
-                        stacklevel=4,
-                    )
-        plan = self.plan if getattr(backend, "ships_plan", False) else self._launch_spec_plan()
-        return backend.open_session(plan, args, **kwargs)  # type: ignore[arg-type]
-
-    def _candidates(self, arch: str) -> list[Candidate]:
-        cfgs = self.space.candidates(arch)
-        base = self.space.baseline(arch)
-        return [Candidate(c, i, is_baseline=(base is not None and c == base)) for i, c in enumerate(cfgs)]
-
-    def _launch_spec_plan(self) -> Callable[..., Launch]:
-        return lambda cfg, *a: self._launch_spec(cfg, a)
 
 
 def autotune(

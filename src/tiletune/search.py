@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 from .backends.base import Candidate, TuningSession
 from .records import Measurement, Status
 from .space import Config
@@ -107,6 +107,8 @@ def run_search(
     progress: ProgressFn | None = None,
     name: str = "op",
     stop_when: Callable[[Sequence[Evaluation]], bool] | None = None,
+    prior: Mapping[str, Measurement] | None = None,
+    on_result: Callable[[Measurement], None] | None = None,
 ) -> SearchResult:
     """Search with ``strategy`` in ``session`` under ``budget``; return every measurement and the winner.
 
@@ -125,6 +127,7 @@ def run_search(
         stop_when: called with all evaluations so far after each batch; True ends the search
             (e.g. "a config below 100 us was found"; the strategy evaluation stops a run once it
             is within 1% of a recorded optimum).
+        prior / on_result: resuming an interrupted session, see :func:`tiletune.tuner.run_loop`.
     """
     size = _batch_size(session, batch)
     limits = [s for s in (options.max_seconds, budget.max_seconds) if s is not None]
@@ -167,7 +170,8 @@ def run_search(
             for i, c in enumerate(configs)
         ]
         loop: LoopResult = run_loop(
-            session, cands, loop_options, batch_progress, name, incumbent=incumbent, showdown=False
+            session, cands, loop_options, batch_progress, name, incumbent=incumbent, showdown=False,
+            prior=prior, on_result=on_result,
         )
         told: list[tuple[Config, float | None]] = []
         for cand, m, known in zip(cands, loop.measurements, loop.known_at_s or (None,) * len(cands)):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .backends.base import Candidate, TuningSession
-from .records import Measurement, Status
+from .records import Measurement, Status, stable_hash
 from .stats import Entry, SampleSummary, StoppingRule, hopeless, raced_out, rank, summarize
 
 logger = logging.getLogger("tiletune")
@@ -97,6 +97,8 @@ def run_loop(
     name: str = "op",
     incumbent: SampleSummary | None = None,
     showdown: bool = True,
+    prior: Mapping[str, Measurement] | None = None,
+    on_result: Callable[[Measurement], None] | None = None,
 ) -> LoopResult:
     """Compile, check and measure ``candidates`` in ``session``; return the ranked result.
 
@@ -105,10 +107,29 @@ def run_loop(
     raced out as if it were part of this batch. The ranking covers ``candidates`` only.
     ``showdown=False`` skips the final interleaved re-measurement (a caller that runs the loop on
     several batches holds one showdown at the end, see :func:`showdown_rank`).
+
+    ``prior`` (by :attr:`Measurement.config_hash`) resumes an interrupted session: a config that
+    failed there fails again without running; one measured there is compiled and checked (it must
+    pass here too) and keeps its samples instead of taking new ones (the showdown still re-times
+    it when it leads). ``on_result`` is called with a candidate's measurement as soon as its first
+    result is known and again at the end (a resumable session records them).
     """
     states = {c.order: _State(c) for c in candidates}
     total = len(candidates)
     finished = 0
+    prior = prior or {}
+    resumed: dict[int, Measurement] = {}
+    for c in candidates:
+        m = prior.get(_config_hash(c.config)) if prior else None
+        if m is not None:
+            resumed[c.order] = m
+
+    def record(st: _State) -> None:
+        if on_result is not None:
+            try:
+                on_result(st.measurement())
+            except Exception as exc:  # recording progress must never end the search
+                logger.warning("%s: could not record progress: %s", name, exc)
 
     def report(msg: str) -> None:
         if progress is not None:
@@ -153,8 +174,19 @@ def run_loop(
         if verdict is not None:
             st.done = verdict
 
+    to_compile = []
+    for c in candidates:
+        m = resumed.get(c.order)
+        if m is not None and m.status.failed:
+            st = states[c.order]
+            st.status, st.reason, st.done, st.compile_s = m.status, m.reason, "failed", m.compile_s
+            st.known_at_s = session.clock()
+            finished += 1
+        else:
+            to_compile.append(c)
+
     # Phase 1: as candidates finish compiling, check them and take a first batch.
-    for outcome in session.compile(candidates):
+    for outcome in session.compile(to_compile):
         st = states[outcome.candidate.order]
         st.compile_s = outcome.seconds
         finished += 1
@@ -162,6 +194,7 @@ def run_loop(
             st.status, st.reason, st.done = outcome.status, outcome.reason, "failed"
             st.known_at_s = session.clock()
             _log_candidate(name, st)
+            record(st)
             report(f"{st.cand.config} {outcome.status.value}")
             continue
         if out_of_time() and (best_state() is not None or incumbent is not None):
@@ -172,11 +205,18 @@ def run_loop(
             st.status, st.reason, st.done = check.status, check.reason, "failed"
             st.known_at_s = session.clock()
             _log_candidate(name, st)
+            record(st)
             report(f"{st.cand.config} {check.status.value}")
             continue
-        measure_batch(st)
+        earlier = resumed.get(st.cand.order)
+        if earlier is not None and earlier.samples_us:
+            st.add(earlier.samples_us)
+            st.done = "resumed"
+        else:
+            measure_batch(st)
         st.known_at_s = session.clock()
         judge(st)
+        record(st)
         report(f"{st.cand.config} {st.summary.median:.2f} us" if st.summary else str(st.cand.config))
 
     # Phase 2: race. Contenders get batches, fastest first, until every one has stopped.
@@ -214,6 +254,8 @@ def run_loop(
         winner_median = ranking.winner.summary.median
         tied = tuple(states[e.ident].cand for e in ranking.tied)
 
+    for c in candidates:
+        record(states[c.order])
     measurements = tuple(states[c.order].measurement() for c in candidates)
     return LoopResult(
         measurements=measurements,
@@ -272,6 +314,10 @@ def _showdown(session: TuningSession, ok: Sequence[_State], options: TunerOption
     for order, samples in fresh.items():
         by_order[order].add(samples)
     return {o: summarize(v) for o, v in fresh.items()}
+
+
+def _config_hash(config: Any) -> str:
+    return stable_hash(dict(config))
 
 
 def _fault_status(exc: BaseException) -> Status:
