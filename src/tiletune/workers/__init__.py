@@ -7,7 +7,7 @@
 * :mod:`.shipping` and :mod:`.protocol`: what travels between them (live objects out, JSON back).
 """
 
-from .client import WorkerFault, WorkerProcess, in_worker, prestart, shutdown_all
+from .client import WorkerFault, WorkerProcess, in_worker, prestart, shutdown_all, wait_for_worker
 from .session import CandidateFault, IsolatedBackend, IsolationOptions, WorkerSession
 from .shipping import Unshippable
 
@@ -22,4 +22,5 @@ __all__ = [
     "in_worker",
     "prestart",
     "shutdown_all",
+    "wait_for_worker",
 ]

@@ -32,7 +32,7 @@ from .shipping import dumps
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["WorkerFault", "WorkerProcess", "worker_for", "prestart", "shutdown_all", "in_worker"]
+__all__ = ["WorkerFault", "WorkerProcess", "worker_for", "prestart", "shutdown_all", "in_worker", "wait_for_worker"]
 
 #: Seconds a new worker may take to import torch and cuda.tile and create its CUDA context.
 START_TIMEOUT_S = float(os.environ.get("TILETUNE_WORKER_START_TIMEOUT", "180"))
@@ -74,6 +74,8 @@ class WorkerProcess:
         self._next_id = 0
         self._log_path = ""
         self._ready = threading.Event()
+        self._starting = False
+        self._start_lock = threading.Lock()
         self._start_error: BaseException | None = None
 
     # -- life cycle ------------------------------------------------------------------------
@@ -268,7 +270,11 @@ class WorkerProcess:
 
     # -- background start ------------------------------------------------------------------
     def start_in_background(self) -> None:
-        """Start the worker on a daemon thread; :meth:`wait_ready` joins it."""
+        """Start the worker on a daemon thread, unless it runs or is starting (:meth:`wait_ready`)."""
+        with self._start_lock:
+            if self._starting or self.alive:
+                return
+            self._starting = True
 
         def run() -> None:
             try:
@@ -277,6 +283,7 @@ class WorkerProcess:
             except BaseException as exc:  # reported by wait_ready; tuning retries the start
                 self._start_error = exc
             finally:
+                self._starting = False
                 self._ready.set()
 
         self._ready.clear()
@@ -321,12 +328,36 @@ def prestart(device_index: int | None = None) -> None:
                 return
             dev = torch.cuda.current_device() if device_index is None else device_index
             w = worker_for("cutile", dev, lambda: WorkerProcess("cutile", dev))
-            if not w.alive and not w._ready.is_set() and w.starts == 0:
+            if w.starts == 0:
                 w.start_in_background()
         except Exception:  # best effort; tuning starts the worker itself otherwise
             pass
 
     threading.Thread(target=run, name="tiletune-worker-prestart", daemon=True).start()
+
+
+def wait_for_worker(device_index: int | None = None, timeout: float | None = None) -> bool:
+    """Wait until the live cuTile worker of a GPU (the current one by default) is running.
+
+    Starts it if nothing has (returns False when it cannot start, e.g. without a GPU). Useful
+    before timing a first call, or to pay the worker's start-up at a moment of your choosing.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or in_worker():
+        return False
+    dev = torch.cuda.current_device() if device_index is None else device_index
+    w = worker_for("cutile", dev, lambda: WorkerProcess("cutile", dev))
+    if not w.alive:
+        w.start_in_background()
+    t0 = time.monotonic()
+    while not w.alive:
+        if not w._starting and w._ready.is_set():
+            return w.alive
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def shutdown_all() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..backends.base import Backend, Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
@@ -44,13 +44,27 @@ class CandidateFault(Exception):
         self.status = status
 
 
+def _env_float(name: str, default: float) -> float:
+    import os
+
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
 @dataclass(frozen=True)
 class IsolationOptions:
-    """Deadlines of the worker watchdog (seconds)."""
+    """Deadlines of the worker watchdog (seconds).
 
-    watchdog_factor: float = 20.0
+    ``first_watchdog_s`` (``TILETUNE_WATCHDOG_S``) bounds a check before anything of the session
+    has been timed; afterwards a request may take ``watchdog_floor_s + watchdog_factor x`` the
+    expected time of its launches (``TILETUNE_WATCHDOG_FACTOR``).
+    """
+
+    watchdog_factor: float = field(default_factory=lambda: _env_float("TILETUNE_WATCHDOG_FACTOR", 20.0))
     watchdog_floor_s: float = 2.0
-    first_watchdog_s: float = 20.0
+    first_watchdog_s: float = field(default_factory=lambda: _env_float("TILETUNE_WATCHDOG_S", 20.0))
     flush_us: float = 60.0  # cache flush and event pair per sample
     compile_timeout_s: float = 300.0  # the assembler's own limit; the worker gets this plus slack
     open_timeout_s: float = 120.0

@@ -54,6 +54,7 @@ class _Served:
         self.session = session
         self.candidates: dict[int, Any] = {}
         self.copy_s = copy_s
+        self.compile_threads: list[threading.Thread] = []
         self.args = args
         self.pristine = {
             i: _storage_bytes(a).clone()
@@ -218,7 +219,9 @@ class Worker:
                     self.send({"event": "compiled", "session": sid, "order": c.order, "status": "compile_error",
                                "seconds": 0.0, "reason": f"compile pool failed: {type(exc).__name__}: {exc}"})
 
-        threading.Thread(target=run, name="tiletune-worker-compile", daemon=True).start()
+        t = threading.Thread(target=run, name="tiletune-worker-compile", daemon=True)
+        served.compile_threads.append(t)
+        t.start()
         return {"ok": True}
 
     def _fault_reply(self, exc_text: str) -> dict:
@@ -258,6 +261,8 @@ class Worker:
     def op_close(self, msg: dict) -> dict:
         served = self.sessions.pop(int(msg["session"]), None)
         if served is not None:
+            for t in served.compile_threads:  # cubins reach cuTile's disk cache before the caller
+                t.join(60.0)                  # compiles the winner for itself
             try:
                 served.session.finish(None)
             except Exception as exc:

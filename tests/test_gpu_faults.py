@@ -1,0 +1,84 @@
+"""Isolation on the GPU (issue 11): real cuTile kernels with planted faults are tuned in a worker
+process; every fault fails its candidate alone, the winner is correct, the caller's CUDA context and
+tensors are intact. Plus several processes tuning one key, and a SIGKILL mid-tune then a resume
+(through benchmarks/fault_matrix.py, whose rows are asserted here).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines deselect -m gpu anyway
+    pytest.skip("needs a GPU", allow_module_level=True)
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE / "helpers"))
+sys.path.insert(0, str(HERE.parent / "benchmarks"))
+
+from fault_kernels import FAULTS, make_fault_op  # noqa: E402
+
+from tiletune.records import Status  # noqa: E402
+
+EXPECTED = {
+    "oob_gather": {Status.LAUNCH_ERROR, Status.MISMATCH},
+    "oob_scatter": {Status.LAUNCH_ERROR, Status.MISMATCH},
+    "misaligned": {Status.LAUNCH_ERROR, Status.MISMATCH},
+    "endless_loop": {Status.TIMEOUT},
+    "trap": {Status.LAUNCH_ERROR},
+    "wrong_result": {Status.MISMATCH},
+    "nan_output": {Status.MISMATCH},
+    "plan_exception": {Status.COMPILE_ERROR},
+    "compile_error": {Status.COMPILE_ERROR},
+}
+
+
+def test_every_planted_fault_fails_alone_in_one_session(monkeypatch):
+    monkeypatch.setenv("TILETUNE_WATCHDOG_S", "8")
+    op = make_fault_op(name="fault_all")
+    x = torch.randn(1 << 20, device="cuda")
+    x0 = x.clone()
+    y = torch.full_like(x, 7.0)
+    op(x, y)
+    (res,) = op.results.values()
+    assert res.stats["isolation"] == "process"
+    by_mode = {m.config["MODE"]: m for m in res.measurements}
+    for mode, fault in FAULTS.items():
+        m = by_mode[mode]
+        assert m.status in EXPECTED[fault], (fault, m.status, m.reason[:300])
+    assert by_mode[4].status is Status.TIMEOUT and "watchdog" in by_mode[4].reason
+    assert by_mode[5].status is Status.LAUNCH_ERROR
+    assert res.winner["MODE"] == 0
+    assert len(res.measurements) == len(op.space.candidates("sm_90"))
+    # the caller's context works, its input is intact, its output holds the winner's result
+    torch.cuda.synchronize()
+    assert torch.equal(x, x0) and torch.equal(y, x * 2)
+    assert float((torch.ones(4, device="cuda") * 3).sum().item()) == 12.0
+    assert res.stats["worker_restarts"] >= 2  # at least the trap and the endless loop
+
+
+def test_library_op_tunes_in_a_worker_and_then_runs_in_the_caller(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILETUNE_DB", str(tmp_path / "t.db"))
+    import tiletune.kernels as K
+
+    x = torch.randn(333, 1000, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    y = K.rms_norm(x, w)
+    ref = torch.nn.functional.rms_norm(x.float(), (1000,), w.float(), eps=1e-6)
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_concurrent_processes_and_kill9_resume():
+    import fault_matrix
+
+    conc = fault_matrix.concurrent_row(8)
+    assert conc["survived"] and conc["winner_correct"], conc
+    assert conc["sessions"] == 1 and conc["tuned"] == 1 and conc["records_lost"] == 0, conc
+    k9 = fault_matrix.kill9_row()
+    assert k9["killed_mid_tune"] and k9["recorded_before_kill"] >= 8, k9
+    assert k9["winner_correct"] and k9["records_lost"] == 0, k9
