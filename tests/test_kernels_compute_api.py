@@ -202,6 +202,12 @@ def test_fp8_tolerance_scales_with_the_per_tensor_scales():
     args = (ones(1, 8, 64), ones(1, 64, 8), ones(1, 8, 8))
     unit = gemm_mod._fp8_tolerance(*args, torch.tensor(1.0), torch.tensor([1.0]), False)
     half = gemm_mod._fp8_tolerance(*args, torch.tensor(0.5), torch.tensor([0.25]), False)
-    assert unit == gemm_mod._tf32_tolerance(*args, None, None, False)
+    assert unit["float32"] == gemm_mod._tf32_tolerance(*args, None, None, False)["float32"]
     assert half["float32"][1] == pytest.approx(unit["float32"][1] / 8)
-    assert set(half) == {"float32"}  # bf16 / fp16 results keep the default tolerance
+    assert half["float32"].agg_atol == pytest.approx(unit["float32"].agg_atol / 8)
+    # bf16 / fp16 results: their own rounding (as the bf16 GEMM) plus the accumulator's absolute terms
+    assert set(half) == {"float32", "float16", "bfloat16"}
+    own = gemm_mod._tolerance(*args, None, None, False)
+    for d in ("float16", "bfloat16"):
+        assert half[d].rtol == own[d].rtol and half[d].atol_rms == own[d].atol_rms
+        assert half[d].atol == half["float32"].atol and half[d].agg_atol == half["float32"].agg_atol

@@ -26,6 +26,7 @@ from ..backends.base import Launch
 from ..dispatch import autotune
 from ..space import Space
 from ..templates import matmul_space
+from ..verify import Tolerance, derived_tolerance, eps
 from .gemm_kernels import GEMM_BASELINE, GEMM_CONSTRAINTS, GEMM_FULL_SPACE_PARAMS, gemm_args, gemm_grid, gemm_kernel
 
 __all__ = [
@@ -84,29 +85,53 @@ def _reference(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool
     return out.to(c.dtype)
 
 
-def _tf32_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, *_: Any) -> dict[str, tuple[float, float]]:
-    """tf32 keeps 10 mantissa bits: each product is off by up to ~2^-10 relative, and ``K`` of them
-    add up like a random walk. ``atol = rms(a) * rms(b) * sqrt(K) * 2^-6`` (about 8 standard
-    deviations of that error, 1/64 of a typical output) plus ``rtol = 1%``: tf32 passes at any K,
-    while a wrong tile, index or mask is off by the size of the output itself and fails."""
+def _k_of(a: Any, trans_a: bool) -> int:
+    return int(a.shape[1] if trans_a else a.shape[2])
+
+
+def _input_scale(a: Any, b: Any, trans_a: bool) -> float:
+    """``rms(a) * rms(b) * sqrt(K)``: the size of an output of ``K`` products of random sign."""
     import torch
 
-    k = a.shape[1] if trans_a else a.shape[2]
     rms = lambda t: float(torch.linalg.vector_norm(t.float())) / math.sqrt(max(1, t.numel()))  # noqa: E731
-    atol = rms(a) * rms(b) * math.sqrt(max(1, k)) * 2.0 ** -6
-    return {"float32": (1e-2, max(atol, 1e-5))}
+    return rms(a) * rms(b) * math.sqrt(max(1, _k_of(a, trans_a)))
 
 
-def _fp8_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, *_: Any) -> dict[str, tuple[float, float]]:
-    """Hopper's fp8 tensor cores add products with a reduced-precision accumulator, so a float32
-    result carries errors of the tf32 kind (:func:`_tf32_tolerance`, times the scales); 16-bit
-    results keep their default tolerance (their own rounding dominates)."""
-    rtol, atol = _tf32_tolerance(a, b, c, scale_a, scale_b, trans_a)["float32"]
+def _tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, *_: Any) -> dict[str, Tolerance]:
+    """bf16 / fp16 products accumulated in float32 over ``K`` and rounded once (the reference is
+    exact, float64): two ulps relative, 2 ulps of the output's RMS for outputs near zero (sums of
+    products of both signs), the float32 accumulation over ``K`` on top."""
+    k = _k_of(a, trans_a)
+    return {d: derived_tolerance(d, length=k, atol_ulps=2.0) for d in ("float16", "bfloat16")}
+
+
+def _tf32_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, *_: Any) -> dict[str, Tolerance]:
+    """tf32 keeps 10 mantissa bits (``eps_tf32 = 2^-10``): each product is off by up to ``eps_tf32``
+    relative, and ``K`` of them add up like a random walk, an error of about ``0.4 eps_tf32 * S``
+    with ``S = rms(a) * rms(b) * sqrt(K)`` (the size of a typical output). Per element
+    ``atol = 16 eps_tf32 * S`` (``S * 2^-6``, far beyond the largest of millions of such errors) and
+    ``rtol = 8 eps_tf32``; the aggregate allows ``2 eps_tf32`` of the output's RMS plus
+    ``2 eps_tf32 * S`` (five times the expected RMS error even if tf32 truncates): tf32 passes at any
+    K, while a wrong tile, index or mask, or a bias of a few tf32 ulps of the largest output, fails."""
+    e = eps("tfloat32")
+    s = _input_scale(a, b, trans_a)
+    return {"float32": Tolerance(rtol=8 * e, atol=max(16 * e * s, 1e-5), atol_rms=0.0, agg=2 * e, agg_atol=2 * e * s)}
+
+
+def _fp8_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, *_: Any) -> dict[str, Tolerance]:
+    """Hopper's fp8 tensor cores add products with a reduced-precision accumulator, so every result
+    carries errors of the tf32 kind (:func:`_tf32_tolerance`, times the scales): a float32 result
+    gets exactly that bound, a 16-bit one its own rounding (:func:`_tolerance`) plus the same
+    absolute terms."""
+    t = _tf32_tolerance(a, b, c, scale_a, scale_b, trans_a)["float32"]
     s = abs(float(scale_a.reshape(-1)[0]) * float(scale_b.reshape(-1)[0]))
-    return {"float32": (rtol, max(atol * s, 1e-5))}
+    out = {"float32": t._replace(atol=max(t.atol * s, 1e-5), agg_atol=t.agg_atol * s)}
+    for d, own in _tolerance(a, b, c, scale_a, scale_b, trans_a).items():
+        out[d] = own._replace(atol=out["float32"].atol, agg_atol=out["float32"].agg_atol)
+    return out
 
 
-gemm_into = autotune(GEMM_SPACE, reference=_reference, writes=["c"], name="tiletune.gemm")(_plan)
+gemm_into = autotune(GEMM_SPACE, reference=_reference, writes=["c"], tolerance=_tolerance, name="tiletune.gemm")(_plan)
 gemm_into.__doc__ = "The bfloat16 / float16 GEMM op (:data:`GEMM_SPACE`); launch plan :func:`_plan`."
 gemm_tf32_into = autotune(GEMM_TF32_SPACE, reference=_reference, writes=["c"], tolerance=_tf32_tolerance,
                           name="tiletune.gemm_tf32")(_plan)

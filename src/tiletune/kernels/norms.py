@@ -33,6 +33,7 @@ from ..backends.base import Launch
 from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, row_regime, rowwise_space, tma_rows
 from ._tile_ops import load_zero_padded as _ld
+from ..verify import derived_tolerances
 from ._membound import (
     OpFamily,
     Prepared,
@@ -299,13 +300,25 @@ def layer_norm_plan(cfg: Any, x: Any, w: Any, b: Any, y: Any, eps: float, has_w:
                   (x, w, b, y, eps, tm, tn, chunked, has_w, has_b, cfg.LAT, cfg.STORE_TMA))
 
 
+def _norm_tolerance(x: Any, *_: Any) -> dict:
+    """Products of the input with float32 row statistics (a sum of ``N`` squares), rounded once:
+    two ulps relative plus the float32 accumulation over the row (see :func:`tiletune.verify.derived_tolerance`)."""
+    return derived_tolerances(length=x.shape[-1])
+
+
+def _layer_norm_tolerance(x: Any, *_: Any) -> dict:
+    """As :func:`_norm_tolerance`, with 2 ulps of the output's RMS for the cancellation of
+    ``(x - mean) * rstd * w`` against ``b`` (and of ``x`` against its mean)."""
+    return derived_tolerances(length=x.shape[-1], atol_ulps=2.0)
+
+
 RMS_NORM = OpFamily("tiletune.rms_norm", row_space_for(1), rms_norm_plan,
-                    reference=rms_norm_reference, writes=["y"])
+                    reference=rms_norm_reference, writes=["y"], tolerance=_norm_tolerance)
 RMS_NORM_RESIDUAL = OpFamily("tiletune.rms_norm_residual", row_space_for(2), rms_norm_residual_plan,
-                             reference=rms_norm_residual_reference, writes=["y", "h"])
+                             reference=rms_norm_residual_reference, writes=["y", "h"], tolerance=_norm_tolerance)
 # LayerNorm keeps x and x - mean live at once: it spills where RMSNorm does not (streams=2)
 LAYER_NORM = OpFamily("tiletune.layer_norm", row_space_for(2), layer_norm_plan,
-                      reference=layer_norm_reference, writes=["y"])
+                      reference=layer_norm_reference, writes=["y"], tolerance=_layer_norm_tolerance)
 
 
 # ---------------------------------------------------------------------------------------------

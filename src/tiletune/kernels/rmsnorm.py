@@ -8,6 +8,7 @@ from typing import Any
 from ..backends.base import Launch
 from ..dispatch import autotune
 from ..space import Space
+from ..verify import derived_tolerances
 from .rmsnorm_kernels import RMSNORM_BASELINE, RMSNORM_SPACE_PARAMS, next_power_of_2, rmsnorm_kernel
 
 #: The 4-config space: occupancy in {1, 2, 4, 8} (also sets the persistent grid size).
@@ -26,7 +27,12 @@ def _reference(x: Any, w: Any, y: Any, eps: float) -> Any:
     return (xf * (xf.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt() * w.float()).to(y.dtype)
 
 
-@autotune(RMSNORM_SPACE, reference=_reference, writes=["y"], name="tiletune.rms_norm")
+def _tolerance(x: Any, *_: Any) -> dict:
+    """Products with float32 row statistics (a sum of ``N`` squares), rounded once."""
+    return derived_tolerances(length=x.shape[-1])
+
+
+@autotune(RMSNORM_SPACE, reference=_reference, writes=["y"], name="tiletune.rms_norm", tolerance=_tolerance)
 def rms_norm_into(cfg: Any, x: Any, w: Any, y: Any, eps: float) -> Launch:
     """Launch plan: ``y = x * rsqrt(mean(x^2, -1) + eps) * w`` for 2-D ``x`` and ``y``."""
     m = x.shape[0]

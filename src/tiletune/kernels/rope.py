@@ -35,6 +35,7 @@ import cuda.tile as ct
 from ..backends.base import Launch
 from ..space import Space
 from ..templates import next_power_of_2, rope_space
+from ..verify import derived_tolerances
 from ._membound import OpFamily, Prepared, check_device, check_float, int64_twin, needs_int64, persistent_grid
 
 __all__ = ["ROPE", "apply_rope_", "prepare_rope", "rope_plan", "rope_reference"]
@@ -115,7 +116,13 @@ def _space_for(regime: Any) -> Space:
     return rope_space(int(regime))
 
 
-ROPE = OpFamily("tiletune.rope", _space_for, rope_plan, reference=rope_reference,
+def rope_tolerance(*_: Any) -> dict:
+    """``x1 * c - x2 * s``: a difference of two products (contracted to an FMA or not), rounded once:
+    two ulps relative and 2 ulps of the output's RMS for the cancellation."""
+    return derived_tolerances(atol_ulps=2.0)
+
+
+ROPE = OpFamily("tiletune.rope", _space_for, rope_plan, reference=rope_reference, tolerance=rope_tolerance,
                 inplace=["q1", "q2", "k1", "k2"])
 
 

@@ -31,6 +31,7 @@ from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
 from ._membound import OpFamily, Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
 from ._tile_ops import load_zero_padded as _ld
+from ..verify import derived_tolerances, exp_range
 
 __all__ = ["SOFTMAX", "prepare_softmax", "softmax", "softmax_plan", "softmax_reference"]
 
@@ -107,7 +108,15 @@ def softmax_plan(cfg: Any, x: Any, y: Any) -> Launch:
     return Launch(kernel, grid, (x, y, tm, tn, chunked, n % tn == 0, cfg.LAT, cfg.STORE_TMA))
 
 
-SOFTMAX = OpFamily("tiletune.softmax", _space_for, softmax_plan, reference=softmax_reference, writes=["y"])
+def softmax_tolerance(x: Any, y: Any) -> dict:
+    """Quotients of exponentials, no cancellation: two ulps relative and no absolute slack tied to
+    the output's scale (a probability of 1e-5 must be right relative to itself), plus the float32
+    error of a row sum of ``N`` terms and of ``exp`` over the row's spread of logits."""
+    return derived_tolerances(length=x.shape[-1], atol_ulps=0.0, exp_range=exp_range(x))
+
+
+SOFTMAX = OpFamily("tiletune.softmax", _space_for, softmax_plan, reference=softmax_reference, writes=["y"],
+                   tolerance=softmax_tolerance)
 
 
 def prepare_softmax(x: Any) -> Prepared:
