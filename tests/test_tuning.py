@@ -141,3 +141,21 @@ def test_resume_skips_recorded_failures():
     assert by_k[0].status is Status.LAUNCH_ERROR and "earlier run" in by_k[0].reason
     assert by_k[1].samples_us == (11.0,) * 10 and by_k[1].reason == "resumed"
     assert {m.config["K"] for m in seen} == set(range(8))
+
+
+def test_a_plan_that_raises_for_one_config_fails_that_config_only():
+    def kernel(x, y):
+        y.copy_(x * 2)
+
+    @tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False, backend=FakeBackend(lambda c: 10.0 + c.K),
+                 progress=False)
+    def op(cfg, x, y):
+        if cfg.K == 3:
+            raise ValueError("no such tile")
+        return tt.Launch(kernel, (1,), (x, y))
+
+    x, y = torch.randn(4), torch.empty(4)
+    op(x, y)
+    (res,) = op.results.values()
+    bad = [m for m in res.measurements if m.status is not Status.OK]
+    assert [m.config["K"] for m in bad] == [3] and "no such tile" in bad[0].reason

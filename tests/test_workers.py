@@ -255,3 +255,35 @@ def test_shipping_round_trips_tensor_layout():
     assert torch.equal(got, view)  # the copy owns its memory
     bf = torch.randn(5).to(torch.bfloat16)
     assert torch.equal(loads(dumps(bf)), bf)
+
+
+def test_plan_the_worker_cannot_import_falls_back_with_one_warning():
+    import types
+
+    mod = types.ModuleType("tiletune_test_only_in_caller")
+    mod.__file__ = "/nonexistent/tiletune_test_only_in_caller.py"
+    sys.modules[mod.__name__] = mod
+    try:
+        def kernel_plan(cfg, x, y):
+            return tt.Launch(good_kernel, (1,), (x, y))
+
+        kernel_plan.__module__ = mod.__name__
+        kernel_plan.__qualname__ = "kernel_plan"
+        mod.kernel_plan = tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False,
+                                      backend=FakeBackend(model), progress=False, isolation="process")(kernel_plan)
+        op = mod.kernel_plan
+        with pytest.warns(RuntimeWarning, match="cannot load request"):
+            op(torch.randn(4), torch.empty(4))
+        assert op.tuning_count == 1
+    finally:
+        del sys.modules[mod.__name__]
+
+
+def test_sticky_cuda_errors_are_recognised():
+    from tiletune.workers.worker_main import sticky_error
+
+    assert sticky_error("AcceleratorError: CUDA error: an illegal memory access was encountered")
+    assert sticky_error("RuntimeError: CUDA error: misaligned address")
+    assert sticky_error("RuntimeError: operation not supported on global/shared address space")
+    assert not sticky_error("TileCompilerExecutionError: failed to compile Tile IR program")
+    assert not sticky_error("ValueError: grid must be positive")

@@ -71,7 +71,11 @@ def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backe
     sources = []
     seen: set[int] = set()
     for cfg in op.space.candidates(arch):
-        k = plans(cfg).kernel
+        try:
+            k = plans(cfg).kernel
+        except Exception as exc:  # the session records this config as failed; the identity notes it
+            sources.append(f"#plan raised {type(exc).__name__} for {cfg.as_dict()}")
+            continue
         if id(k) not in seen:
             seen.add(id(k))
             sources.append(backend.kernel_sources(k))
@@ -155,12 +159,12 @@ def open_session(op: "TunedOp", backend: Backend, args: tuple[Any, ...], dev: in
                   tolerance=_tolerance_for(op, args), name=op.name)
     tuning = op._tuning_backend(backend)
     if tuning is not backend:
-        from .workers import Unshippable
+        from .workers import IsolationUnavailable
 
         try:
             # the raw plan travels (the worker evaluates it once per candidate there)
             return tuning.open_session(op.plan, args, **kwargs)  # type: ignore[arg-type]
-        except Unshippable as exc:
+        except IsolationUnavailable as exc:
             if not op._warned_unshippable:
                 op._warned_unshippable = True
                 warnings.warn(

@@ -9,12 +9,13 @@
 
 from .client import WorkerFault, WorkerProcess, in_worker, prestart, shutdown_all, wait_for_worker
 from .session import CandidateFault, IsolatedBackend, IsolationOptions, WorkerSession
-from .shipping import Unshippable
+from .shipping import IsolationUnavailable, Unshippable
 
 __all__ = [
     "CandidateFault",
     "IsolatedBackend",
     "IsolationOptions",
+    "IsolationUnavailable",
     "Unshippable",
     "WorkerFault",
     "WorkerProcess",

@@ -210,8 +210,7 @@ class WorkerProcess:
             raise WorkerFault("died", "the worker is not running")
         self._next_id += 1
         rid = self._next_id
-        msg = dict(msg, id=rid)
-        data = dumps(msg)
+        data = rid.to_bytes(8, "little", signed=True) + dumps(msg)  # the id travels outside the pickle
         try:
             assert self.conn is not None
             self.conn.send_bytes(data)

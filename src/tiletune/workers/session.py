@@ -29,7 +29,7 @@ from ..backends.base import Backend, Candidate, CheckOutcome, CompileOutcome, La
 from ..records import DeviceInfo, Status
 from .client import WorkerFault, WorkerProcess, worker_for
 from .protocol import ProtocolError, candidate_wire, samples_from, status_from
-from .shipping import Unshippable, dumps
+from .shipping import IsolationUnavailable, Unshippable, dumps
 
 logger = logging.getLogger("tiletune")
 
@@ -131,7 +131,10 @@ class IsolatedBackend:
             "name": name,
         }
         dumps(payload)  # fail here, before any worker is involved, when something cannot be shipped
-        return WorkerSession(self.worker(device_index), payload, self.options)
+        try:
+            return WorkerSession(self.worker(device_index), payload, self.options)
+        except WorkerFault as fault:
+            raise IsolationUnavailable(f"the worker process failed ({fault.kind}): {fault}") from fault
 
 
 class WorkerSession:

@@ -24,10 +24,14 @@ from typing import Any
 
 from ..errors import TiletuneError
 
-__all__ = ["Unshippable", "dumps", "loads", "own_copy"]
+__all__ = ["IsolationUnavailable", "Unshippable", "dumps", "loads", "own_copy"]
 
 
-class Unshippable(TiletuneError):
+class IsolationUnavailable(TiletuneError):
+    """Tuning cannot run in a worker process here (the caller then tunes in-process, with a warning)."""
+
+
+class Unshippable(IsolationUnavailable):
     """An object (plan, reference, argument) cannot be sent to a worker process."""
 
 

@@ -22,6 +22,29 @@ import traceback
 from typing import Any
 
 
+#: CUDA errors after which a context is unusable (CUDA's "sticky" errors); matched in error texts.
+STICKY_CUDA_ERRORS = (
+    "illegal memory access",
+    "misaligned address",
+    "not supported on global/shared address space",
+    "illegal instruction",
+    "unspecified launch failure",
+    "device-side assert",
+    "hardware stack error",
+    "invalid program counter",
+    "launch timed out",
+    "uncorrectable ecc",
+    "trap",
+    "Failed to get a CUDA context",
+)
+
+
+def sticky_error(text: str) -> bool:
+    """Whether an error text names a CUDA error that leaves the context unusable."""
+    low = text.lower()
+    return "acceleratorerror" in low or any(s.lower() in low for s in STICKY_CUDA_ERRORS)
+
+
 def _context_ok(backend: Any, device_index: int) -> str | None:
     """None when the worker's CUDA context still works, else the error that shows it does not."""
     torch = getattr(backend, "torch", None)
@@ -34,6 +57,11 @@ def _context_ok(backend: Any, device_index: int) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+class _Holder:
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
 
 
 def _storage_bytes(t: Any) -> Any:
@@ -104,13 +132,12 @@ class Worker:
                 raw = self.conn.recv_bytes()
             except (EOFError, OSError):
                 return  # the caller is gone
+            rid = int.from_bytes(raw[:8], "little", signed=True)
             try:
-                msg = loads(raw)
+                msg = loads(raw[8:])
             except Exception as exc:  # an unloadable request (e.g. a plan that cannot be imported here)
-                rid = -1
                 self.send({"id": rid, "ok": False, "error": f"cannot load request: {type(exc).__name__}: {exc}"})
                 continue
-            rid = msg.get("id", -1)
             op = msg.get("op")
             if op == "exit":
                 self.send({"id": rid, "ok": True})
@@ -121,9 +148,24 @@ class Worker:
             except Exception as exc:
                 reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                          "trace": traceback.format_exc()[-2000:]}
+            if op in ("check", "sample", "close", "open") and not reply.get("fatal") and (
+                not reply.get("ok") or reply.get("status") == "launch_error"
+            ):
+                text = str(reply.get("error") or reply.get("reason") or "")
+                dead = self._dead_context(msg)
+                if dead is None and self._live(msg) and sticky_error(text):
+                    dead = "sticky CUDA error (the context cannot be trusted after it)"
+                if os.environ.get("TILETUNE_WORKER_TRACE"):
+                    sys.stderr.write(f"tiletune worker: probe {dead!r} backends={list(self.backends)} live={self._live(msg)}\n")
+                if dead is not None:  # a sticky CUDA error: this worker is done for
+                    reply = {"ok": False, "fatal": True,
+                             "error": f"{reply.get('error') or reply.get('reason')} (CUDA context lost: {dead})"}
             reply["id"] = rid
+            if os.environ.get("TILETUNE_WORKER_TRACE"):
+                sys.stderr.write(f"tiletune worker: {op} -> {str(reply)[:300]}\n")
             self.send(reply)
             if reply.get("fatal"):
+                sys.stderr.write(f"tiletune worker: fatal: {reply.get('error')}\n")
                 sys.stderr.flush()
                 os._exit(3)
 
@@ -224,28 +266,36 @@ class Worker:
         t.start()
         return {"ok": True}
 
-    def _fault_reply(self, exc_text: str) -> dict:
-        dead = _context_ok(self.backends.get("cutile"), self.device_index) if "cutile" in self.backends else None
-        if dead is not None:
-            return {"ok": False, "fatal": True, "error": f"{exc_text} (CUDA context lost: {dead})"}
-        return {"ok": False, "error": exc_text}
+    def _torch_of(self, msg: dict) -> Any:
+        """The torch module of the live backend serving this request (None for simulated ones)."""
+        served = self.sessions.get(msg.get("session", -1)) if isinstance(msg.get("session"), int) else None
+        be = getattr(served, "session", None)
+        torch = getattr(be, "torch", None)
+        if torch is None:
+            torch = getattr(self.backends.get("cutile"), "torch", None)
+        return torch
+
+    def _live(self, msg: dict) -> bool:
+        return self._torch_of(msg) is not None
+
+    def _dead_context(self, msg: dict) -> str | None:
+        """The error that shows the CUDA context is gone, or None (also for simulated backends)."""
+        torch = self._torch_of(msg)
+        return _context_ok(_Holder(torch), self.device_index) if torch is not None else None
 
     def op_check(self, msg: dict) -> dict:
         served = self.sessions[int(msg["session"])]
         cand = self._candidates(served, [msg["candidate"]])[0]
         outcome = served.session.check(cand)
         reply: dict = {"ok": True, "status": outcome.status.value, "reason": outcome.reason}
+        if outcome.status.value == "launch_error":
+            return reply  # serve() probes the context
         if outcome.status.value in ("ok", "mismatch"):
             changed = served.changed_inputs()
             if changed:
                 reply["status"] = "mismatch"
                 reply["reason"] = (f"the kernel wrote into read-only argument(s) {changed}"
                                    + (f"; {outcome.reason}" if outcome.reason else ""))
-        if outcome.status.value == "launch_error":
-            dead = _context_ok(self.backends.get("cutile"), self.device_index) if "cutile" in self.backends else None
-            if dead is not None:
-                reply["fatal"] = True
-                reply["reason"] = f"{outcome.reason} (CUDA context lost: {dead})"
         return reply
 
     def op_sample(self, msg: dict) -> dict:
@@ -255,7 +305,7 @@ class Worker:
             samples = served.session.sample(cand, int(msg["n"]))
             served.restore_inputs()
         except Exception as exc:
-            return self._fault_reply(f"{type(exc).__name__}: {exc}")
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return {"ok": True, "samples": [float(x) for x in samples]}
 
     def op_close(self, msg: dict) -> dict:
@@ -266,7 +316,7 @@ class Worker:
             try:
                 served.session.finish(None)
             except Exception as exc:
-                return self._fault_reply(f"{type(exc).__name__}: {exc}")
+                return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return {"ok": True}
 
 
