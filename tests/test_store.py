@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import multiprocessing
 import os
 import pathlib
@@ -676,3 +677,144 @@ def test_no_pickle_in_store() -> None:
     source = pathlib.Path(store.__file__).read_text()
     for forbidden in ("import pickle", "pickle.load", "marshal", "eval(", "exec("):
         assert forbidden not in source
+
+
+# ---------------------------------------------------------------------- exact import messages (issue 21)
+
+#: What the user reads for each malformed document, after "import file PATH: " (the messages name the
+#: field and what was wrong with it; mutation testing showed fragments alone let them rot).
+MALFORMED_MESSAGES = {
+    "top level not an object": "document: expected an object, got list",
+    "wrong format": "format is 'pickle', expected 'tiletune-db'",
+    "missing format": "document: missing field 'format'",
+    "newer version": "unsupported version 2 (this tiletune reads version 1)",
+    "version as text": "unsupported version '1' (this tiletune reads version 1)",
+    "missing sessions": "document: missing field 'sessions'",
+    "sessions not a list": "sessions: expected a list, got dict",
+    "session not an object": "sessions[1]: expected an object, got str",
+    "missing session_id": "sessions[0]: missing field 'session_id'",
+    "empty session_id": "sessions[0].session_id: must be a non-empty string of at most 128 characters",
+    "created as text": "sessions[0].created: expected a number, got str",
+    "missing identity": "sessions[0]: missing field 'identity'",
+    "missing kernel_id": "sessions[0].identity: missing field 'kernel_id'",
+    "key not a string": "sessions[0].identity.key: expected a string, got dict",
+    "device missing arch": "sessions[0].identity.device: missing field 'arch'",
+    "sm_count as float": "sessions[0].identity.device.sm_count: expected an integer, got float",
+    "winner not an object": "sessions[0].winner: expected an object, got list",
+    "winner without median": "sessions[0].winner_median_us: missing for the winner",
+    "missing tied": "sessions[0]: missing field 'tied'",
+    "missing measurements": "sessions[3]: missing field 'measurements'",
+    "bad status": "sessions[0].measurements[2].status: 'exploded' is not one of "
+                  "['compile_error', 'launch_error', 'mismatch', 'ok', 'timeout']",
+    "config not an object": "sessions[0].measurements[0].config: expected an object, got str",
+    "sample not a number": "sessions[0].measurements[1].samples_us[1]: expected a number, got str",
+    "compile_s as text": "sessions[0].measurements[1].compile_s: expected a number, got str",
+    "order as bool": "sessions[0].measurements[1].order: expected an integer, got bool",
+    "baseline as int": "sessions[0].measurements[0].is_baseline: expected true or false, got int",
+    "missing reason": "sessions[0].measurements[0]: missing field 'reason'",
+}
+
+MORE_MALFORMED = {
+    "version as bool": (_mutate("version", True), "unsupported version True (this tiletune reads version 1)"),
+    "session_id too long": (_mutate("sessions.0.session_id", "s" * 129),
+                            "sessions[0].session_id: must be a non-empty string of at most 128 characters"),
+    "session_id not a string": (_mutate("sessions.0.session_id", 7),
+                                "sessions[0].session_id: expected a string, got int"),
+    "created not finite": (_mutate("sessions.0.created", float("inf")), "sessions[0].created: must be finite"),
+    "median without winner": (lambda d: (d["sessions"][0].update(winner=None, winner_median_us=1.0), d)[1],
+                              "sessions[0].winner_median_us: given without a winner"),
+    "median as text": (_mutate("sessions.0.winner_median_us", "fast"),
+                       "sessions[0].winner_median_us: expected a number, got str"),
+    "tied entry not an object": (_mutate("sessions.0.tied", [3]), "sessions[0].tied[0]: expected an object, got int"),
+    "tied not a list": (_mutate("sessions.0.tied", {}), "sessions[0].tied: expected a list, got dict"),
+    "measurements not a list": (_mutate("sessions.0.measurements", {}),
+                                "sessions[0].measurements: expected a list, got dict"),
+    "measurement not an object": (_mutate("sessions.0.measurements.1", 5),
+                                  "sessions[0].measurements[1]: expected an object, got int"),
+    "samples not a list": (_mutate("sessions.0.measurements.1.samples_us", 5.0),
+                           "sessions[0].measurements[1].samples_us: expected a list, got float"),
+    "status not a string": (_mutate("sessions.0.measurements.0.status", 3),
+                            "sessions[0].measurements[0].status: expected a string, got int"),
+    "name not a string": (_mutate("sessions.0.identity.name", 3), "sessions[0].identity.name: expected a string, got int"),
+    "identity not an object": (_mutate("sessions.0.identity", "x"), "sessions[0].identity: expected an object, got str"),
+    "device not an object": (_mutate("sessions.0.identity.device", "H200"),
+                             "sessions[0].identity.device: expected an object, got str"),
+    "missing device": (_mutate("sessions.0.identity.device", _DELETE), "sessions[0].identity: missing field 'device'"),
+    "missing device name": (_mutate("sessions.0.identity.device.name", _DELETE),
+                            "sessions[0].identity.device: missing field 'name'"),
+    "missing sm_count": (_mutate("sessions.0.identity.device.sm_count", _DELETE),
+                         "sessions[0].identity.device: missing field 'sm_count'"),
+    "missing space_hash": (_mutate("sessions.0.identity.space_hash", _DELETE),
+                           "sessions[0].identity: missing field 'space_hash'"),
+    "missing key": (_mutate("sessions.0.identity.key", _DELETE), "sessions[0].identity: missing field 'key'"),
+    "missing versions": (_mutate("sessions.0.identity.versions", _DELETE),
+                         "sessions[0].identity: missing field 'versions'"),
+    "missing created": (_mutate("sessions.0.created", _DELETE), "sessions[0]: missing field 'created'"),
+    "missing winner": (_mutate("sessions.0.winner", _DELETE), "sessions[0]: missing field 'winner'"),
+    "missing version": (_mutate("version", _DELETE), "document: missing field 'version'"),
+    "missing config": (_mutate("sessions.0.measurements.0.config", _DELETE),
+                       "sessions[0].measurements[0]: missing field 'config'"),
+    "missing status": (_mutate("sessions.0.measurements.0.status", _DELETE),
+                       "sessions[0].measurements[0]: missing field 'status'"),
+    "missing samples": (_mutate("sessions.0.measurements.0.samples_us", _DELETE),
+                        "sessions[0].measurements[0]: missing field 'samples_us'"),
+    "missing compile_s": (_mutate("sessions.0.measurements.0.compile_s", _DELETE),
+                          "sessions[0].measurements[0]: missing field 'compile_s'"),
+    "missing order": (_mutate("sessions.0.measurements.0.order", _DELETE),
+                      "sessions[0].measurements[0]: missing field 'order'"),
+    "missing is_baseline": (_mutate("sessions.0.measurements.0.is_baseline", _DELETE),
+                            "sessions[0].measurements[0]: missing field 'is_baseline'"),
+    "reason not a string": (_mutate("sessions.0.measurements.0.reason", None),
+                            "sessions[0].measurements[0].reason: expected a string, got NoneType"),
+}
+
+
+def _exact_cases():
+    cases = {name: (MALFORMED[name][0], msg) for name, msg in MALFORMED_MESSAGES.items()}
+    cases.update(MORE_MALFORMED)
+    return cases
+
+
+@pytest.mark.parametrize("case", list(_exact_cases()))
+def test_malformed_import_message_is_exact(tmp_path: pathlib.Path, case: str) -> None:
+    mutate, message = _exact_cases()[case]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(mutate(_good_doc())))
+    with TuningDB(":memory:") as d:
+        with pytest.raises(DatabaseError) as info:
+            d.import_json(bad)
+        assert str(info.value) == f"import file {bad}: {message}"
+        assert d.stats()["sessions"] == 0
+
+
+def test_every_malformed_case_has_its_exact_message() -> None:
+    assert set(MALFORMED_MESSAGES) == set(MALFORMED)
+
+
+def test_import_accepts_the_limits(tmp_path: pathlib.Path) -> None:
+    doc = _good_doc()
+    doc["sessions"][0]["session_id"] = "s" * 128  # the longest allowed id
+    doc["sessions"][0]["created"] = 5  # an integer time is a number
+    doc["sessions"][0]["measurements"][1]["compile_s"] = None  # no compile time recorded
+    doc["sessions"][0]["identity"].pop("name", None)  # the name is optional
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(doc))
+    with TuningDB(":memory:") as d:
+        assert d.import_json(good) == 4
+        assert "s" * 128 in d.sessions()
+
+
+def test_export_to_an_unwritable_place_says_where(tmp_path: pathlib.Path) -> None:
+    dest = tmp_path / "no-such-dir" / "out.json"
+    with TuningDB(":memory:") as d:
+        with pytest.raises(DatabaseError, match=rf"^cannot write export file {re.escape(str(dest))}: "):
+            d.export_json(dest)
+    assert not dest.parent.exists()
+
+
+def test_export_leaves_no_temporary_file(tmp_path: pathlib.Path) -> None:
+    dest = tmp_path / "out.json"
+    with TuningDB(":memory:") as d:
+        assert d.export_json(dest) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+    assert json.loads(dest.read_text(encoding="utf-8"))["sessions"] == []
