@@ -117,6 +117,7 @@ class TunedOp:
         self.seed = seed
         self.strategy_options = dict(strategy_options or {})
         self._backend = backend
+        self._backend_given = backend is not None  # the live backend is created lazily into _backend
         self.isolation = _resolve_isolation(isolation, backend)
         self._isolated: Backend | None = None
         self._warned_unshippable = False
@@ -255,7 +256,7 @@ class TunedOp:
         if self._isolated is None:
             from .workers import IsolatedBackend
 
-            spec = "cutile" if self._backend is None else backend
+            spec = backend if self._backend_given else "cutile"  # the live backend is rebuilt in the worker
             self._isolated = IsolatedBackend(backend, worker_spec=spec)
         return self._isolated
 

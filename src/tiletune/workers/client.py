@@ -85,6 +85,15 @@ class WorkerProcess:
 
     def start(self) -> None:
         """Start the child and wait until it answers ``hello`` (raises WorkerFault if it cannot)."""
+        logger.debug("tiletune worker: starting (thread %s, previous pid %s)", threading.current_thread().name,
+                     self.proc.pid if self.proc is not None else None)
+        self._ready.clear()
+        try:
+            self._start()
+        finally:
+            self._ready.set()  # started or failed: waiters look at `alive`
+
+    def _start(self) -> None:
         self.kill()
         t0 = time.perf_counter()
         tmp = tempfile.mkdtemp(prefix="tiletune-worker-")
@@ -150,6 +159,8 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill the child (SIGKILL: a kernel stuck on the GPU ends with its context)."""
+        if self.proc is not None and self.proc.poll() is None:
+            logger.debug("tiletune worker: killing pid %s", self.proc.pid)
         if self.conn is not None:
             try:
                 self.conn.close()
@@ -347,16 +358,14 @@ def wait_for_worker(device_index: int | None = None, timeout: float | None = Non
         return False
     dev = torch.cuda.current_device() if device_index is None else device_index
     w = worker_for("cutile", dev, lambda: WorkerProcess("cutile", dev))
-    if not w.alive:
+    if not w.alive and not w._starting:
         w.start_in_background()
     t0 = time.monotonic()
-    while not w.alive:
-        if not w._starting and w._ready.is_set():
-            return w.alive
+    while w._starting or not w._ready.is_set():  # until it has answered hello (or failed)
         if timeout is not None and time.monotonic() - t0 > timeout:
             return False
         time.sleep(0.02)
-    return True
+    return w.alive
 
 
 def shutdown_all() -> None:
