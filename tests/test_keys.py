@@ -98,6 +98,7 @@ def test_size_one_dims_do_not_break_contiguity():
     # and a size-1 dim still counts in the strides expected of the dims before it
     assert tensor_json(torch.zeros(4, 1, 8))["contiguous"] is True  # strides (8, 8, 1)
     assert tensor_json(torch.zeros(4, 2, 8)[:, :1])["contiguous"] is False  # strides (16, 8, 1)
+    assert tensor_json(torch.zeros(2, 4)[:, :3])["contiguous"] is False  # a size-2 dim's stride counts
 
 
 def test_zero_size_dims_keep_contiguity_and_stay_in_the_key():
@@ -203,8 +204,11 @@ def _fresh_duck(*, drop: str | None = None):
 
 
 def test_a_new_duck_typed_tensor_is_detected_and_keyed_on_first_sight():
+    import tiletune.keys as keys
+
     d = _fresh_duck()
     assert default_key((d,)) == ((2, 3), (3, 1), "float16", 5)  # the first call detects it
+    assert type(d) in keys._tensor_types  # remembered: later calls skip the attribute probe
     assert is_tensor(d) and is_tensor(type(d)())  # and the answer is cached per type
     d2 = _fresh_duck()
     assert is_tensor(d2)

@@ -357,10 +357,10 @@ def test_rank_uses_the_median_not_the_mean():
 
 
 def test_summarize_computes_in_float64():
-    # float32 input must not be summed in float32: 2**24 + 1 + 1 is not representable there
-    xs = np.array([2.0**24, 1.0, 1.0], dtype=np.float32)
+    # float32 input must not be summed in float32: (sorted) 1 + 1 + 1 + 2**24 rounds to 2**24 + 4 there
+    xs = np.array([2.0**24, 1.0, 1.0, 1.0], dtype=np.float32)
     s = summarize(xs)
-    assert s.mean == (2.0**24 + 2.0) / 3
+    assert s.mean == (2.0**24 + 3.0) / 4
     assert isinstance(s.median, float) and isinstance(s.mean, float)
 
 
