@@ -818,3 +818,97 @@ def test_export_leaves_no_temporary_file(tmp_path: pathlib.Path) -> None:
         assert d.export_json(dest) == 0
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
     assert json.loads(dest.read_text(encoding="utf-8"))["sessions"] == []
+
+
+# ---------------------------------------------------------------------- more mutation survivors (issue 21)
+
+
+def test_sessions_and_delete_filter_by_kernel_id_and_name(db: TuningDB) -> None:
+    a, b, c = ident("ka", name="matmul"), ident("kb", name="matmul"), ident("ka", name="softmax")
+    sa, sb, sc = (db.record_session(i, sample_measurements(), WINNER, 9.5) for i in (a, b, c))
+    assert set(db.sessions()) == {sa, sb, sc}
+    assert set(db.sessions(kernel_id="ka")) == {sa, sc}
+    assert db.sessions(name="matmul") == [sa, sb]  # in the order they were recorded
+    assert db.sessions(kernel_id="ka", name="matmul") == [sa]
+    n = len(sample_measurements())
+    assert db.delete(kernel_id="kb") == 1 + n
+    assert db.lookup(b) is None and db.lookup(a) is not None and db.lookup(c) is not None
+    with pytest.raises(ValueError, match=r"^delete\(\) needs identity, kernel_id or name; use clear\(\) "
+                                         r"to remove everything$"):
+        db.delete()
+
+
+def test_record_session_needs_the_winner_median(db: TuningDB) -> None:
+    with pytest.raises(ValueError, match=r"^record_session: winner_median_us is required when a winner is given$"):
+        db.record_session(ident(), sample_measurements(), WINNER, None)
+
+
+def test_stats_fields_and_size_counts_the_wal(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    with TuningDB(path) as d:
+        d.record_session(ident(), sample_measurements(), WINNER, 9.5)
+        st = d.stats()
+        assert st["path"] == str(path) and st["schema_version"] == SCHEMA_VERSION
+        wal = pathlib.Path(str(path) + "-wal")
+        on_disk = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+        assert st["size_bytes"] == on_disk and wal.exists() and wal.stat().st_size > 0
+    with TuningDB(":memory:") as d:
+        assert d.stats()["size_bytes"] == 0
+
+
+def test_export_text_is_sorted_and_indented_by_one(tmp_path: pathlib.Path) -> None:
+    with TuningDB(":memory:") as d:
+        d.record_session(ident(), sample_measurements(), WINNER, 9.5, TIED)
+        buf = io.StringIO()
+        d.export_json(buf)
+    text = buf.getvalue()
+    doc = json.loads(text)
+    assert text == json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    assert doc["exported"].endswith("+00:00")  # an aware UTC time
+
+
+def test_import_from_streams_bytes_and_named_files(tmp_path: pathlib.Path) -> None:
+    with TuningDB(":memory:") as d:
+        buf = io.StringIO()
+        d.record_session(ident(), sample_measurements(), WINNER, 9.5)
+        d.export_json(buf)
+    text = buf.getvalue()
+    with TuningDB(":memory:") as d:
+        assert d.import_json(io.BytesIO(text.encode("utf-8"))) == 1  # bytes are decoded as UTF-8
+    with TuningDB(":memory:") as d:
+        with pytest.raises(DatabaseError, match=r"^import file <stream>: not UTF-8 text: "):
+            d.import_json(io.BytesIO(b"\xff\xfe{}"))
+        with pytest.raises(DatabaseError, match=r"^import file <stream>: "):
+            d.import_json(io.StringIO("[]"))
+    named = tmp_path / "named.json"
+    named.write_text(text, encoding="utf-8")
+    with open(named, encoding="utf-8") as f, TuningDB(":memory:") as d:
+        with pytest.raises(DatabaseError, match=rf"^import file {re.escape(str(named))}: cannot read it: "):
+            class Broken(io.StringIO):
+                name = str(named)
+
+                def read(self, *a):
+                    raise OSError("disk on fire")
+
+            d.import_json(Broken())
+        assert d.import_json(f) == 1
+
+
+def test_import_skips_present_sessions_and_keeps_going(tmp_path: pathlib.Path) -> None:
+    with TuningDB(":memory:") as d:
+        d.record_session(ident("ka"), sample_measurements(), WINNER, 9.5)
+        d.record_session(ident("kb"), sample_measurements(), WINNER, 9.5)
+        buf = io.StringIO()
+        d.export_json(buf)
+    doc = json.loads(buf.getvalue())
+    with TuningDB(":memory:") as d:
+        first = {**doc, "sessions": doc["sessions"][:1]}
+        assert d.import_json(io.StringIO(json.dumps(first))) == 1
+        assert d.import_json(io.StringIO(json.dumps(doc))) == 1  # the present one is skipped, not the rest
+        assert len(d.sessions()) == 2
+
+
+def test_a_directory_as_database_path_is_refused(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(DatabaseError, match=rf"^tuning database {re.escape(str(tmp_path))}: is a directory, not a file$"):
+        with TuningDB(tmp_path) as d:
+            d.stats()
