@@ -150,8 +150,10 @@ def _cases(dev: str, dtype: Any) -> list[tuple[str, Any, Callable[[int], tuple],
     """``(op name, tuned op, make_args(seed), output names)`` per library op (launch-plan args)."""
     import torch
 
-    from tiletune.kernels import attention as att_mod
-    from tiletune.kernels import gemm as gemm_mod
+    import importlib
+
+    att_mod = importlib.import_module("tiletune.kernels.attention")  # the package's attention() shadows it
+    gemm_mod = importlib.import_module("tiletune.kernels.gemm")
     from tiletune.kernels.cross_entropy import prepare_cross_entropy
     from tiletune.kernels.glu import ACT_GELU_TANH, ACT_SILU, prepare_glu
     from tiletune.kernels.norms import prepare_layer_norm, prepare_rms_norm, prepare_rms_norm_residual
