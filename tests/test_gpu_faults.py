@@ -82,3 +82,65 @@ def test_concurrent_processes_and_kill9_resume():
     k9 = fault_matrix.kill9_row()
     assert k9["killed_mid_tune"] and k9["recorded_before_kill"] >= 8, k9
     assert k9["winner_correct"] and k9["records_lost"] == 0, k9
+
+
+MAIN_SCRIPT = '''
+from __future__ import annotations
+import json, warnings
+import torch, cuda.tile as ct
+import tiletune as tt
+ConstInt = ct.Constant[int]
+
+@ct.kernel
+def double(X, Y, TILE: ConstInt):
+    t = ct.load(X, index=(ct.bid(0),), shape=(TILE,))
+    ct.store(Y, index=(ct.bid(0),), tile=t * 2)
+
+SPACE = tt.Space(TILE=[256, 512, 1024], baseline=dict(TILE=512))
+
+@tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False, progress=False)
+def op(cfg, x, y):
+    return tt.Launch(double, ((x.shape[0] + cfg.TILE - 1) // cfg.TILE,), (x, y, cfg.TILE))
+
+CELL = """
+@ct.kernel
+def triple(X, Y, TILE: ConstInt):
+    t = ct.load(X, index=(ct.bid(0),), shape=(TILE,))
+    ct.store(Y, index=(ct.bid(0),), tile=t * 3)
+
+@tt.autotune(SPACE, reference=lambda x, y: x * 3, writes=["y"], db=False, progress=False)
+def cell_op(cfg, x, y):
+    return tt.Launch(triple, ((x.shape[0] + cfg.TILE - 1) // cfg.TILE,), (x, y, cfg.TILE))
+"""
+
+if __name__ == "__main__":
+    import linecache
+    name = "<ipython-input-3-0123456789ab>"  # a notebook cell: its source lives in linecache only
+    linecache.cache[name] = (len(CELL), None, CELL.splitlines(True), name)
+    exec(compile(CELL, name, "exec"), globals())
+    out = {}
+    x = torch.randn(1 << 20, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to in-process tuning
+        for label, f, k in (("main", op, 2), ("cell", cell_op, 3)):
+            y = torch.empty_like(x)
+            f(x, y)
+            (r,) = f.results.values()
+            out[label] = {"isolation": r.stats["isolation"], "ok": len(r.successes), "right": bool(torch.equal(y, x * k))}
+    print("RESULT " + json.dumps(out))
+'''
+
+
+def test_kernels_from_a_main_script_and_a_notebook_cell_tune_in_the_worker(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    script = tmp_path / "user_script.py"
+    script.write_text(MAIN_SCRIPT)
+    env = dict(os.environ, CUDA_TILE_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads([l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    for label in ("main", "cell"):
+        assert res[label] == {"isolation": "process", "ok": 3, "right": True}, res

@@ -287,3 +287,48 @@ def test_sticky_cuda_errors_are_recognised():
     assert sticky_error("RuntimeError: operation not supported on global/shared address space")
     assert not sticky_error("TileCompilerExecutionError: failed to compile Tile IR program")
     assert not sticky_error("ValueError: grid must be positive")
+
+
+NOTEBOOK_CELL = '''
+from __future__ import annotations
+import cuda.tile as ct
+ConstInt = ct.Constant[int]
+
+@ct.kernel(occupancy=2)
+def cell_kernel(X, Y, TILE: ConstInt):
+    t = ct.load(X, index=(ct.bid(0),), shape=(TILE,))
+    ct.store(Y, index=(ct.bid(0),), tile=t * 2)
+
+def cell_plan(cfg, x, y):
+    return (cell_kernel, (1,), (x, y, cfg.TILE))
+'''
+
+CHECK_IN_FRESH_PROCESS = r"""
+import inspect, sys
+from tiletune.workers.shipping import loads
+plan = loads(sys.stdin.buffer.read())
+k = plan.__globals__["cell_kernel"]
+src = inspect.getsource(k._pyfunc)
+assert "t * 2" in src, src
+assert k._compiler_options.occupancy == 2
+print("ANNOT", k._pyfunc.__annotations__["TILE"])
+"""
+
+
+def test_a_kernel_from_a_notebook_cell_ships_with_its_source_and_annotations():
+    """A plan and kernel defined in a notebook cell (source only in linecache, string annotations)
+    are rebuilt in a fresh interpreter with the source cuTile parses and evaluated annotations."""
+    pytest.importorskip("cuda.tile")
+    import linecache
+    import subprocess
+
+    from tiletune.workers.shipping import dumps
+
+    filename = "<ipython-input-7-tiletune-test>"
+    linecache.cache[filename] = (len(NOTEBOOK_CELL), None, NOTEBOOK_CELL.splitlines(True), filename)
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(NOTEBOOK_CELL, filename, "exec"), ns)
+    data = dumps(ns["cell_plan"])
+    out = subprocess.run([sys.executable, "-c", CHECK_IN_FRESH_PROCESS], input=data, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert b"ANNOT typing.Annotated[int" in out.stdout

@@ -6,9 +6,10 @@ answers are JSON (:mod:`tiletune.workers.protocol`), and nothing here is written
 * Functions go by reference when the worker can import them: a plan decorated by ``@tt.autotune`` in
   an importable module is found as ``module.<name>.plan``; a cuTile kernel bound to a module name
   likewise. Anything else (a ``__main__`` script, a notebook cell, a closure) goes by value through
-  ``cloudpickle``. A kernel shipped by value is rebuilt from its Python function and compiler
-  options, and the source lines of its file travel with it (registered in :mod:`linecache` in the
-  worker), because cuTile parses the kernel's source text: a notebook cell has no file on disk.
+  ``cloudpickle``. A kernel shipped by value is rebuilt from its Python function, compiler options
+  and evaluated annotations. Code shipped by value keeps its file name (cloudpickle would rename it),
+  and the lines of a file that exists only in the caller's :mod:`linecache` (a notebook cell) travel
+  with it, because cuTile parses a kernel's source text and keys its disk cache on the file name.
 * CUDA tensors go by CUDA IPC (PyTorch's own reduction); the worker copies them into buffers of its
   own at once (:func:`own_copy`), so a wild write in the worker can never reach the caller's memory.
 * CPU tensors go as raw bytes with dtype, shape, strides and offset.
@@ -50,14 +51,17 @@ def _import_plan(module: str, path: str) -> Any:
     return getattr(obj, "plan", obj)
 
 
-def _rebuild_kernel(cls_name: str, pyfunc: Any, options: dict, sources: dict) -> Any:
-    """A cuTile kernel rebuilt in the worker from its Python function and compiler options."""
+def _rebuild_kernel(cls_name: str, pyfunc: Any, options: dict, annotations: dict | None = None) -> Any:
+    """A cuTile kernel rebuilt in the worker from its Python function and compiler options.
+
+    ``annotations`` are the parameter annotations as the caller evaluated them: under
+    ``from __future__ import annotations`` they are strings naming globals (``ct.Constant[int]``
+    aliases) that a function shipped by value does not carry.
+    """
     import cuda.tile as ct
 
-    for filename, lines in sources.items():
-        # cuTile reads the kernel's source through inspect/linecache; mtime None keeps the entry
-        # through linecache.checkcache (as for interactive input).
-        linecache.cache[filename] = (sum(len(x) for x in lines), None, list(lines), filename)
+    if annotations:
+        pyfunc.__annotations__ = dict(annotations)
     return ct.kernel(pyfunc, **options)
 
 
@@ -87,22 +91,45 @@ def _module_binding(obj: Any, fn: Any) -> tuple[str, str] | None:
     return None
 
 
-def _source_lines(fn: Any) -> dict[str, list[str]]:
-    """The source lines of ``fn``'s file when the worker could not read them from disk."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return {}
-    filename = code.co_filename
-    if os.path.exists(filename):
-        return {}
-    lines = linecache.getlines(filename)
-    return {filename: lines} if lines else {}
+def _evaluated_annotations(fn: Any) -> dict | None:
+    """``fn``'s annotations with string annotations evaluated in its globals (None if that fails)."""
+    import inspect
+
+    try:
+        return dict(inspect.get_annotations(fn, eval_str=True))
+    except Exception:
+        return None
+
+
+def _make_code(ctor: Any, args: tuple, filename: str, lines: list[str] | None) -> Any:
+    """A code object shipped by value, with its real file name (and the file's lines when that file
+    exists only in the caller's :mod:`linecache`, as a notebook cell does)."""
+    if lines and filename not in linecache.cache:  # mtime None: kept by linecache.checkcache
+        linecache.cache[filename] = (sum(len(x) for x in lines), None, list(lines), filename)
+    return ctor(*args).replace(co_filename=filename)
+
+
+def _code_reduce_keeping_filename(obj: Any) -> Any:
+    """cloudpickle's code reduction, minus its renaming of ``co_filename`` to ``<dynamic-code>``:
+    cuTile reads a kernel's source through its file name, and its disk-cache key contains it."""
+    from cloudpickle import cloudpickle as cp
+
+    ctor, args = cp._code_reduce(obj)  # private, present in cloudpickle 3.x (pinned >= 3.0)
+    filename = obj.co_filename
+    lines = None if os.path.exists(filename) else (linecache.getlines(filename) or None)
+    return _make_code, (ctor, args, filename, lines)
 
 
 def _pickler_class() -> type:
+    import collections
+    import types
+
     import cloudpickle
 
     class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc, name-defined]
+        dispatch_table = collections.ChainMap(
+            {types.CodeType: _code_reduce_keeping_filename}, cloudpickle.CloudPickler.dispatch_table
+        )
         def reducer_override(self, obj: Any) -> Any:
             kernel_cls = _cutile_kernel_class()
             if kernel_cls is not None and isinstance(obj, kernel_cls):
@@ -113,7 +140,7 @@ def _pickler_class() -> type:
                 import dataclasses
 
                 options = dataclasses.asdict(obj._compiler_options)
-                return _rebuild_kernel, (type(obj).__name__, pyfunc, options, _source_lines(pyfunc))
+                return _rebuild_kernel, (type(obj).__name__, pyfunc, options, _evaluated_annotations(pyfunc))
             if type(obj).__name__ == "function":
                 bound = _module_binding(obj, obj)
                 if bound is not None and _import_attr(*bound) is not obj:  # a plan under @autotune
