@@ -9,10 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tiletune.backends.base import Candidate
-from tiletune.backends.replay import RecordedTiming, Recording, load_any
+from tiletune.backends.replay import RecordedTiming
 from tiletune.backends.simulated import SimulatedSession
 from tiletune.cli import app
 from tiletune.errors import TiletuneError
+from tiletune.recordings import Recording, load_any
 from tiletune.records import Status
 from tiletune.search import run_search
 from tiletune.strategies import Budget, make_strategy

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 import tiletune as tt
 from tiletune.backends import FakeBackend
-from tiletune.backends.replay import Recording, ReplayBackend, save_recording
+from tiletune.backends.replay import ReplayBackend
 from tiletune.cli import app
 from tiletune.demo import DemoRow, ShapeOnly, packaged_recordings, run_replay
+from tiletune.recordings import Recording, save_recording
 from tiletune.records import DeviceInfo, Measurement, Status
 
 try:  # the demo's matmul and RMSNorm plans import cuda.tile (no GPU needed)

@@ -12,8 +12,9 @@ import tiletune as tt
 import tiletune.dispatch
 import tiletune.search
 from tiletune.backends import FakeBackend
-from tiletune.backends.replay import RecordedTiming, Recording, ReplayBackend
+from tiletune.backends.replay import RecordedTiming, ReplayBackend
 from tiletune.backends.simulated import SimulatedSession
+from tiletune.recordings import Recording
 from tiletune.records import Status
 from tiletune.search import run_search
 from tiletune.strategies import STRATEGY_NAMES, Budget, make_strategy

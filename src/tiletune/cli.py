@@ -59,7 +59,7 @@ def demo(
         console.print(f"[bold yellow]{why}:[/] replaying measurements recorded on an H200 through the same tuning "
                       "loop, with a simulated clock. Nothing runs on a GPU.")
         for p in recs:
-            from .backends.replay import Recording
+            from .recordings import Recording
 
             r = Recording.load(p)
             console.print(f"  {p.name}: {r.device.name} ({r.device.arch}), recorded {r.recorded}, "
@@ -140,7 +140,7 @@ def recording_import(
     device: Optional[str] = typer.Option(None, help="Device name for T4 files (they do not name it)."),
 ) -> None:
     """Convert a public recorded space to a tiletune recording (replayable, searchable)."""
-    from .backends.replay import Recording, load_any, save_recording
+    from .recordings import Recording, load_any, save_recording
 
     rec = load_any(src, arch=arch, device=device or "unknown")
     save_recording(dest, name=rec.name, key=rec.key, device=rec.device, versions=rec.versions,

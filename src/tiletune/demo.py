@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .backends.replay import Recording, ReplayBackend, save_recording
+from .backends.replay import ReplayBackend
+from .recordings import Recording, save_recording
 from .records import TuneResult
 
 

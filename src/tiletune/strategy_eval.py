@@ -33,8 +33,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .backends.replay import RecordedTiming, Recording, load_any
+from .backends.replay import RecordedTiming
 from .backends.simulated import SimulatedSession
+from .recordings import Recording, load_any
 from .records import Status
 from .search import Evaluation, run_search
 from .space import Config, Space
@@ -110,7 +111,7 @@ class SpaceTruth:
 
 
 def load_truth(source: str | os.PathLike | Recording, name: str | None = None, baseline: bool = True) -> SpaceTruth:
-    """Load a recording (any format :func:`tiletune.backends.replay.load_any` knows) with its truth.
+    """Load a recording (any format :func:`tiletune.recordings.load_any` knows) with its truth.
 
     ``baseline=False`` drops the recorded baseline from the space, so strategies start from their own
     first proposals: with a good hand-picked baseline the "within 5%" figures otherwise measure the

@@ -1,0 +1,17 @@
+"""Recorded spaces: the tiletune recording format and importers of public recorded spaces.
+
+* :mod:`.format`: the ``tiletune-recording`` document (:data:`FORMAT`, :func:`save_recording`,
+  :class:`Recording`, :class:`RecordedConfigs`) and :func:`load_any`, which tells the three
+  formats apart;
+* :mod:`.kernel_tuner`: Kernel Tuner's JSON cache files (:meth:`Recording.from_kernel_tuner_cache`);
+* :mod:`.t4`: the T4 auto-tuning results format (:meth:`Recording.from_t4`).
+
+Replaying a recording through the tuning loop is a backend's job:
+:class:`tiletune.backends.replay.ReplayBackend`.
+"""
+
+from __future__ import annotations
+
+from .format import FORMAT, RecordedConfigs, Recording, load_any, save_recording
+
+__all__ = ["FORMAT", "RecordedConfigs", "Recording", "load_any", "save_recording"]
