@@ -332,3 +332,52 @@ def test_a_kernel_from_a_notebook_cell_ships_with_its_source_and_annotations():
     out = subprocess.run([sys.executable, "-c", CHECK_IN_FRESH_PROCESS], input=data, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     assert b"ANNOT typing.Annotated[int" in out.stdout
+
+
+class _CompileCrashSession:
+    """A simulated session whose compiler takes its process down (or hangs) on one config."""
+
+    def __init__(self, inner, mode: str) -> None:
+        self.inner, self.mode = inner, mode
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def compile(self, candidates):
+        for c in candidates:
+            if c.config["K"] == 2:
+                if self.mode == "exit":
+                    os._exit(9)  # the compiler crashed and took the worker with it
+                time.sleep(3600)  # the compiler hangs
+        yield from self.inner.compile(candidates)
+
+
+class CompileCrashBackend(FakeBackend):
+    def __init__(self, mode: str) -> None:
+        super().__init__(model, noise=0.002)
+        self.mode = mode
+
+    def open_session(self, *a, **k):
+        return _CompileCrashSession(super().open_session(*a, **k), self.mode)
+
+
+@pytest.mark.parametrize("mode", ["exit", "hang"])
+def test_a_compiler_that_crashes_or_hangs_the_worker_fails_only_its_config(mode):
+    from tiletune.workers.session import IsolationOptions as Opts
+
+    be = CompileCrashBackend(mode)
+    iso = IsolatedBackend(be, worker_spec=be, options=Opts(first_watchdog_s=4.0, compile_timeout_s=1.0, compile_slack_s=2.0))
+
+    @tt.autotune(tt.Space(K=[0, 1, 2, 3], baseline=dict(K=0)), reference=lambda x, y: x * 2, writes=["y"],
+                 db=False, backend=iso, progress=False)
+    def op(cfg, x, y):
+        return tt.Launch(good_kernel, (1,), (x, y))
+
+    x, y = torch.randn(8), torch.empty(8)
+    op(x, y)
+    (res,) = op.results.values()
+    by_k = {m.config["K"]: m for m in res.measurements}
+    assert by_k[2].status in (Status.COMPILE_ERROR, Status.TIMEOUT) and "compiling took the worker down" in by_k[2].reason
+    assert all(by_k[k].status is Status.OK for k in (0, 1, 3))
+    assert res.winner == {"K": 3}
+    torch.testing.assert_close(y, x * 2)

@@ -67,6 +67,7 @@ class IsolationOptions:
     first_watchdog_s: float = field(default_factory=lambda: _env_float("TILETUNE_WATCHDOG_S", 20.0))
     flush_us: float = 60.0  # cache flush and event pair per sample
     compile_timeout_s: float = 300.0  # the assembler's own limit; the worker gets this plus slack
+    compile_slack_s: float = 60.0  # no compile result for this long past the assembler's limit: hung
     open_timeout_s: float = 120.0
 
 
@@ -157,6 +158,7 @@ class WorkerSession:
         self._cands: dict[int, Candidate] = {}
         self._best_us: float | None = None
         self._failed: set[int] = set()
+        self._stash: dict[int, tuple[int, Any]] = {}  # order -> (worker generation, compile event)
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
         worker.lock.acquire()
         try:
@@ -198,73 +200,83 @@ class WorkerSession:
     def _wire(self, cand: Candidate) -> tuple:
         return candidate_wire(cand.order, cand.config, cand.is_baseline)
 
+    def _event_for(self, orders: Sequence[int], limit: float) -> tuple[int, Any]:
+        """The next compile event of this session for one of ``orders`` (with the worker generation
+        it came from); events for other candidates are kept for whoever waits for them."""
+        while True:
+            for o in orders:
+                got = self._stash.pop(o, None)
+                if got is not None:
+                    return got
+            ev = self.worker.next_event(limit)
+            if ev.session == self.sid:
+                self._stash[ev.order] = (self.worker.generation, ev)
+
     def _ensure_compiled(self, cand: Candidate) -> None:
         """After a worker restart, compile ``cand`` in the new worker before it runs there."""
         self._open()
         if cand.order in self._compiled:
             return
-        w = self.worker
-        w.request({"op": "compile", "session": self.sid, "candidates": [self._wire(cand)]}, 30.0)
-        limit = self.options.compile_timeout_s + 60.0
+        self._stash.pop(cand.order, None)
+        self.worker.request({"op": "compile", "session": self.sid, "candidates": [self._wire(cand)]}, 30.0)
+        limit = self.options.compile_timeout_s + self.options.compile_slack_s
         while True:
-            ev = w.next_event(limit)
-            if ev.session != self.sid:
-                continue
+            gen, ev = self._event_for([cand.order], limit)
+            if gen != self.worker.generation:
+                continue  # a result from a worker that has since been replaced
             self._compiled.add(ev.order)
-            if ev.order == cand.order:
-                if ev.status is not Status.OK:
-                    raise CandidateFault(ev.status, f"recompiling in a new worker failed: {ev.reason}")
-                return
+            if ev.status is not Status.OK:
+                raise CandidateFault(ev.status, f"recompiling in a new worker failed: {ev.reason}")
+            return
 
     def _fault_status(self, fault: WorkerFault) -> Status:
         return Status.TIMEOUT if fault.kind == "timeout" else Status.LAUNCH_ERROR
 
     # -- TuningSession ---------------------------------------------------------------------
     def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+        """Compile in the worker; yield outcomes as they arrive.
+
+        A worker that dies or stops answering while compiling is replaced and the candidates still
+        pending are sent again, then one at a time: the one in flight when it dies again is the
+        culprit and fails (``compiling took the worker down``).
+        """
         for c in candidates:
             self._cands[c.order] = c
         pending = {c.order: c for c in candidates}
-        deaths_without_progress = 0
         serial = False
-        sent_gen = -1
+        need_send = True
         in_flight: list[int] = []
-        limit = self.options.compile_timeout_s + 60.0
+        limit = self.options.compile_timeout_s + self.options.compile_slack_s
         while pending:
             try:
-                if sent_gen != self.worker.generation or not self.worker.alive:
+                if need_send or not self.worker.alive:
                     self._open()
-                    batch = list(pending.values())
-                    if serial:  # after repeated deaths: one at a time, so the culprit is known
-                        batch = batch[:1]
+                    batch = list(pending.values())[:1] if serial else list(pending.values())
+                    in_flight = [c.order for c in batch]  # before sending: it may die before it answers
+                    need_send = False
                     self.worker.request(
                         {"op": "compile", "session": self.sid, "candidates": [self._wire(c) for c in batch]}, 30.0
                     )
-                    sent_gen = self.worker.generation
-                    in_flight = [c.order for c in batch]
-                ev = self.worker.next_event(limit)
+                gen, ev = self._event_for(list(pending), limit)
             except WorkerFault as fault:
                 self._restarted(fault, None)
-                deaths_without_progress += 1
-                if serial and len(in_flight) == 1:
+                need_send = True
+                if serial and in_flight and in_flight[0] in pending:
                     culprit = pending.pop(in_flight[0])
                     self._failed.add(culprit.order)
-                    yield CompileOutcome(culprit, Status.COMPILE_ERROR if fault.kind != "timeout" else Status.TIMEOUT,
-                                         0.0, f"compiling took the worker down: {fault}")
-                elif deaths_without_progress >= 1:
-                    serial = True
-                sent_gen = -1
+                    status = Status.TIMEOUT if fault.kind == "timeout" else Status.COMPILE_ERROR
+                    yield CompileOutcome(culprit, status, 0.0, f"compiling took the worker down: {fault}")
+                serial = True
                 continue
-            if ev.session != self.sid or ev.order not in pending:
-                continue
-            deaths_without_progress = 0
             c = pending.pop(ev.order)
             if ev.status is Status.OK:
-                self._compiled.add(ev.order)
+                if gen == self.worker.generation:
+                    self._compiled.add(ev.order)
             else:
                 self._failed.add(ev.order)
             yield CompileOutcome(c, ev.status, ev.seconds, ev.reason)
             if serial and not any(o in pending for o in in_flight):
-                sent_gen = -1  # next one
+                need_send = True  # the next one
 
     def check(self, candidate: Candidate) -> CheckOutcome:
         try:
