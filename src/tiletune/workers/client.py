@@ -73,6 +73,7 @@ class WorkerProcess:
         self.start_s: list[float] = []
         self._next_id = 0
         self._log_path = ""
+        self._tmp_dir = ""  # the worker's socket and log (removed with the worker)
         self._ready = threading.Event()
         self._starting = False
         self._start_lock = threading.Lock()
@@ -96,7 +97,7 @@ class WorkerProcess:
     def _start(self) -> None:
         self.kill()
         t0 = time.perf_counter()
-        tmp = tempfile.mkdtemp(prefix="tiletune-worker-")
+        tmp = self._tmp_dir = tempfile.mkdtemp(prefix="tiletune-worker-")
         address = os.path.join(tmp, "sock")
         authkey = secrets.token_bytes(32)
         listener = Listener(address, family="AF_UNIX", authkey=authkey)
@@ -178,6 +179,11 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
                 pass
         self.events.clear()
+        if self._tmp_dir and not os.environ.get("TILETUNE_WORKER_TRACE"):
+            import shutil
+
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)  # fault reasons quoted the log already
+            self._tmp_dir = ""
 
     def close(self) -> None:
         """Ask the worker to exit, then make sure it has."""
