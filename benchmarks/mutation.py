@@ -120,9 +120,67 @@ PATTERN_EXPLANATIONS: list[tuple[str, object, str]] = [
      "equivalent: when the check fails the journal mode is set to WAL again, which is idempotent"),
     ("verify", lambda o, m: 'float("nan")' in o and 'float("NAN")' in m,
      "equivalent: float() parses 'NAN' as NaN too"),
-    ("verify", lambda o, m: True,
-     "gap: no test in tests/test_verify.py catches it (that file belongs to the verify.py rewrite, "
-     "written in the same session by another engineer; listed for a follow-up test there)"),
+    ("verify", lambda o, m: 'float("inf")' in o and 'float("INF")' in m,
+     "equivalent: float() parses 'INF' as infinity too"),
+    ("verify", lambda o, m: o == "if e <= 0.0:" and m == "if e < 0.0:",
+     "equivalent: a non-float dtype (e = 0) then takes the general path with ec = min(e, ec) = 0, where "
+     "every term is 0.0: the same all-zero Tolerance (for finite length and exp_range)"),
+    ("verify", lambda o, m: o == "if e < ec:" and m == "if e <= ec:",
+     "equivalent: when e == ec, setting ec = e changes nothing"),
+    ("verify", lambda o, m: o.startswith("return Tolerance(rtol=ulps * e + c, atol=0.0,") and ", atol=0.0," not in m
+     and "agg_atol=0.0" in m,
+     "equivalent: atol defaults to 0.0 in Tolerance"),
+    ("verify", lambda o, m: o.startswith('inf = torch.tensor(float("inf")') and "device=x.device" not in m,
+     "not testable on CPU: the tests' tensors are on the CPU, the default device; the device only matters "
+     "for a GPU x (exp_range there runs through the ops' softmax_tolerance in the GPU tests)"),
+    ("verify", lambda o, m: o.startswith('inf = torch.tensor(float("inf")') and "dtype=x.dtype" not in m,
+     "equivalent: a 0-d float32 tensor does not change the result dtype of torch.where with a floating x "
+     "(0-d tensors do not promote within a category), and +-inf is +-inf in every floating dtype"),
+    ("verify", lambda o, m: o.startswith("spread = ") and ".clamp_(None, cap)" in m,
+     "equivalent: after nan_to_num no spread is negative (a row with a finite value has max >= min, a row "
+     "without one gives -inf, mapped to 0)"),
+    ("verify", lambda o, m: o.startswith("spread = ") and ".nan_to_num_(None, 0.0, 0.0)" in m,
+     "equivalent: nan=None maps NaN to 0.0 too"),
+    ("verify", lambda o, m: o.startswith("spread = ") and (".nan_to_num_(0.0, 0.0, None)" in m
+                                                          or ".nan_to_num_(0.0, 0.0)." in m
+                                                          or ".nan_to_num_(0.0, 0.0, )." in m),
+     "equivalent: -inf (a row without finite values) then becomes the most negative float instead of 0, "
+     "which clamp_(0.0, cap) maps to 0 again; NaN and +inf still go to 0"),
+    ("verify", lambda o, m: o.startswith("spread = ") and (".nan_to_num_(0.0, None, 0.0)" in m
+                                                          or ".nan_to_num_(0.0, 1.0, 0.0)" in m),
+     "not killed on purpose (bug reported): +inf arises only when a row's max - min overflows float32 "
+     "(values near +-3.4e38, or float64 values beyond float32's range); the original maps it to 0 where "
+     "the docstring promises cap (exp_range([[-3e38, 3e38]]) == 0.0), this mutant gives cap (None) or 1; "
+     "a test would pin the wrong value"),
+    ("verify", lambda o, m: o == 'elif str(t.dtype) == "torch.bool":' and "!=" not in m,
+     "equivalent: a bool tensor then takes the integer branch, and fill_(INT_SENTINEL) on a bool tensor "
+     "stores True (nonzero), the same as fill_(True)"),
+    ("verify", lambda o, m: o == "want = torch.as_tensor(want, device=got.device)",
+     "not testable on CPU: every tensor of the tests is on the CPU, the default device; the device= moves "
+     "a reference computed on another device onto the output's"),
+    ("verify", lambda o, m: o.startswith("work = torch.float64 if") and "or True" in m,
+     "not worth a test: float64 arithmetic for every output evaluates the same rule more precisely than "
+     "float32 (differences below float32's rounding of a bound); a test would pin float32 rounding, an "
+     "implementation detail"),
+    ("verify", lambda o, m: o == "g = got.to(work)" and m == "g = got.to(None)",
+     "equivalent: got in its own dtype (at most as wide as the working dtype) holds the same values, and "
+     "every use of g (isfinite, isnan, g - w, g != wr) promotes to the working dtype of w"),
+    ("verify", lambda o, m: o.startswith("wr = want.to(got.dtype).to(work)"),
+     "equivalent: wr is used only in isfinite, isnan and g != wr, which promote; converting it to the "
+     "working dtype changes no value"),
+    ("verify", lambda o, m: o == "if not bool(both.all()):" and m == "if not bool(None):",
+     "equivalent: with every element finite the NaN/Inf checks count 0 (line 322), and filtering by an "
+     "all-true mask keeps every element, flattened (line 336; the script places both at 322)"),
+    ("verify", lambda o, m: o.startswith("inf_bad = ") and "~(g_nan | w_nan)" in m,
+     "equivalent: at that point g is NaN exactly where wr is (the two checks above returned otherwise), "
+     "so g_nan & w_nan == g_nan | w_nan"),
+    ("verify", lambda o, m: o.startswith("i = int(torch.argmax(") and "(err + bound)" in m,
+     "equivalent: (err + bound) / bound and (err - bound) / bound differ by the constant 2, so argmax picks "
+     "the same worst element (only named in the message)"),
+    ("verify", lambda o, m: (o.startswith("agg = tol.agg if") or o.startswith("agg_atol = tol.agg_atol if"))
+     and "or True" in m,
+     "equivalent: tolerance_for always returns float agg and agg_atol (never None), so the fallback is "
+     "never taken in compare_tensors"),
     ("stats", lambda o, m: "math.isfinite(candidate.ci_low) and math.isfinite(best.ci_high)" in o,
      "equivalent: with an infinite bound the final comparison (ci_low > ci_high * (1 + margin)) is False "
      "anyway, so the guard only saves the arithmetic"),

@@ -24,6 +24,8 @@ from tiletune.backends import FakeBackend
 from tiletune.records import Status
 from tiletune.verify import (
     DEFAULT_TOLERANCE,
+    FLOAT32_TINY,
+    INT_SENTINEL,
     ArgGuard,
     Checker,
     Tolerance,
@@ -33,6 +35,8 @@ from tiletune.verify import (
     dtype_name,
     eps,
     exp_range,
+    floor_for,
+    output_tolerance,
     poison,
     tolerance_for,
 )
@@ -549,3 +553,295 @@ def test_benchmark_gate_path_on_the_fake_backend():
     assert len(planted) == 2 * len(BUGS) and all(r["rejected"] for r in planted), [
         (r["op"], r["bug"]) for r in planted if not r["rejected"]]
     assert {r["op"] for r in planted} == {"fake", "fake[h]"}
+
+
+# ---------------------------------------------------------------------------------------------
+# exact values and boundaries (issue 21, item 2: what mutation testing found unpinned)
+# ---------------------------------------------------------------------------------------------
+
+def test_derived_tolerance_exact_values():
+    """The documented formula, to the bit: ``rtol = ulps*e + c``, ``atol_rms = atol_ulps*e + c``,
+    ``agg = agg_ulps*e + c`` with ``c = (compute_ulps + 4 sqrt(max(1, length)) + 2 exp_range) * ec``."""
+    e32, e16, e64 = 2.0 ** -23, 2.0 ** -10, 2.0 ** -52
+    c = 20 * e32  # defaults: 16 compute ulps + 4 sqrt(1)
+    assert derived_tolerance("float32") == Tolerance(2 * e32 + c, 0.0, e32 + c, e32 + c, 0.0)
+    assert derived_tolerance(torch.float16) == Tolerance(2 * e16 + c, 0.0, e16 + c, e16 + c, 0.0)
+    # a length below one counts as one term
+    assert derived_tolerance("float32", length=0) == derived_tolerance("float32", length=1)
+    c = (16 + 4 * 8 + 2 * 3) * e32
+    assert derived_tolerance("float32", length=64, exp_range=3) == Tolerance(2 * e32 + c, 0.0, e32 + c, e32 + c, 0.0)
+    # every knob on its own
+    t = derived_tolerance("float16", length=4, ulps=3, atol_ulps=5, agg_ulps=7, compute_ulps=1)
+    c = (1 + 4 * 2) * e32
+    assert t == Tolerance(3 * e16 + c, 0.0, 5 * e16 + c, 7 * e16 + c, 0.0)
+    # float64 is wider than the float32 compute: its own epsilon for both
+    assert derived_tolerance("float64") == Tolerance(22 * e64, 0.0, 21 * e64, 21 * e64, 0.0)
+    # atol_ulps=0: no slack tied to the output's RMS at all (not even the compute term)
+    assert derived_tolerance("float32", atol_ulps=0).atol_rms == 0.0
+    assert derived_tolerance("bfloat16", atol_ulps=0, length=4096).atol_rms == 0.0
+    # non-float dtypes: exact
+    for d in (torch.int32, torch.bool, "int64"):
+        t = derived_tolerance(d)
+        assert t == Tolerance(0.0, 0.0, 0.0, 0.0, 0.0) and all(type(v) is float for v in t)
+    assert derived_tolerances(("int8", "float32"))["int8"] == Tolerance(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def test_exp_range_per_row_spread():
+    assert exp_range(torch.empty(3, 0)) == 0.0 and exp_range(torch.empty(0, 5)) == 0.0
+    assert exp_range(torch.tensor([[1.0, 4.0], [10.0, 11.0]])) == 3.0  # per row, not max - min overall
+    assert exp_range(torch.tensor([2.0, -1.5, 0.5])) == 3.5  # one row
+    x = torch.tensor([[[0.0, 1.0], [5.0, 6.0]], [[2.0, 2.5], [7.0, 7.0]]])
+    assert exp_range(x) == 1.0  # the last dimension of a 3-d tensor
+    assert exp_range(x.transpose(1, 2)) == 5.0
+    # rows below one unit of spread, and rows without a finite value count as no spread
+    assert exp_range(torch.tensor([[0.0, 0.5], [-float("inf"), -float("inf")], [float("nan"), float("inf")]])) == 0.5
+    assert exp_range(torch.tensor([[float("nan")] * 4])) == 0.0
+    # identical values beyond float32's range: no spread
+    assert exp_range(torch.tensor([[1e300, 1e300, 1e300]], dtype=torch.float64)) == 0.0
+    for dtype in DTYPES + [torch.float64]:
+        assert exp_range(torch.tensor([[0.0, 3.0, -float("inf")]], dtype=dtype)) == 3.0
+    assert exp_range(torch.tensor([[0.0, 40.0]]), cap=16.0) == 16.0
+
+
+def test_tolerance_for_lists_and_malformed_tuples():
+    d32 = DEFAULT_TOLERANCE["float32"]
+    # a Tolerance sent as a list (e.g. from JSON): None fields take their defaults
+    t = tolerance_for(torch.float32, {"float32": [1e-3, 1e-4, 1e-2, None, None]})
+    assert t == Tolerance(1e-3, 1e-4, 1e-2, max(d32.agg, 1e-3), 1e-4)
+    t = tolerance_for(torch.float32, {"float32": [1e-3, 1e-4, 1e-2]})  # three fields: not a pair
+    assert t == Tolerance(1e-3, 1e-4, 1e-2, max(d32.agg, 1e-3), 1e-4)
+    t = tolerance_for(torch.float32, {"float32": (1e-3, 1e-4, 0.0, 0.5, 0.25)})
+    assert t == Tolerance(1e-3, 1e-4, 0.0, 0.5, 0.25)
+    # a tiny rtol does not make the aggregate tighter than the dtype's default
+    assert tolerance_for(torch.float32, {"float32": Tolerance(1e-9)}).agg == d32.agg
+    assert tolerance_for(torch.float32, {"float32": (1e-9, 0.0)}).agg == d32.agg
+    # a dtype without default (all zero): the aggregate is rtol itself
+    assert tolerance_for(torch.int32, {"int32": (0.25, 0.5)}) == Tolerance(0.25, 0.5, 0.0, 0.25, 0.5)
+    assert tolerance_for(torch.int32, {"int32": Tolerance(0.25)}) == Tolerance(0.25, 0.0, 0.0, 0.25, 0.0)
+    # one value: rtol alone, as Tolerance(rtol)
+    assert tolerance_for(torch.float32, {"float32": [1e-3]}) == Tolerance(1e-3, 0.0, 0.0, max(d32.agg, 1e-3), 0.0)
+    # malformed: no value, too many, not numbers
+    for bad in ((), (1, 2, 3, 4, 5, 6), ("a", 0.0)):
+        with pytest.raises((TypeError, ValueError)):
+            tolerance_for(torch.float32, {"float32": bad})
+
+
+def test_output_tolerance_picks_the_outputs_own_mapping():
+    own = {"float32": (0.5, 0.0)}
+    tol = {"float32": (1e-3, 0.0), "output:1": own}
+    assert output_tolerance(tol, 1) is own
+    assert output_tolerance(tol, 0) is tol and output_tolerance(tol, 2) is tol
+    assert output_tolerance(None, 0) is None and output_tolerance({}, 3) == {}
+
+
+def test_floor_per_dtype():
+    assert floor_for(torch.float64) == 2.0 ** -1074  # float64 has no flush-to-zero slack
+    assert floor_for(torch.float32) == FLOAT32_TINY == 2.0 ** -126
+    assert floor_for(torch.bfloat16) == FLOAT32_TINY
+    assert floor_for(torch.float16) == 2.0 ** -24  # its subnormal step is larger than float32's tiny
+    assert floor_for("tfloat32") == FLOAT32_TINY  # no subnormal entry: float32 flush-to-zero
+    # through the comparison: a float32 output may flush a tiny reference to zero, float64 may not
+    tiny = torch.full((16,), 2.0 ** -127, dtype=torch.float64)
+    assert compare_tensors(torch.zeros(16), tiny) is None
+    assert compare_tensors(torch.zeros(16, dtype=torch.float64), tiny) is not None
+    assert compare_tensors(torch.full((16,), 1e-300, dtype=torch.float64), torch.zeros(16, dtype=torch.float64)) is not None
+
+
+def test_poison_fills_every_kind():
+    f = torch.zeros(4, dtype=torch.bfloat16)
+    poison(f)
+    assert f.isnan().all()
+    i = torch.zeros(4, dtype=torch.int32)
+    poison(i)
+    assert i.eq(INT_SENTINEL).all()
+    b = torch.zeros(4, dtype=torch.bool)
+    poison(b)
+    assert b.all()
+    u = torch.zeros(4, dtype=torch.int64)
+    poison(u)
+    assert u.eq(INT_SENTINEL).all()
+
+
+def test_poisoned_bool_output_fails_where_false_is_expected():
+    want = torch.tensor([True, False, True])
+    got = torch.empty(3, dtype=torch.bool)
+    poison(got)
+    assert compare_tensors(got, want) == "exact: 1 of 3 elements differ (integer/bool output, bound 0)"
+
+
+def test_kind_mismatch_reason_names_both_dtypes_and_kinds():
+    i, b, f = torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.bool), torch.ones(3)
+    assert compare_tensors(i, f) == "dtype int32 (int) but the reference is float32 (float)"
+    assert compare_tensors(f, i) == "dtype float32 (float) but the reference is int32 (int)"
+    assert compare_tensors(i, b) == "dtype int32 (int) but the reference is bool (bool)"
+    assert compare_tensors(b, i) == "dtype bool (bool) but the reference is int32 (int)"
+    assert compare_tensors(i, torch.ones(3, dtype=torch.int64)) is None  # any integer dtype is "int"
+
+
+def test_integer_reference_is_compared_as_the_output_dtype_holds_it():
+    want = torch.tensor([-1, 3, 300], dtype=torch.int64)
+    got = want.to(torch.uint8)  # 255, 3, 44: what a kernel writing uint8 stores
+    assert compare_tensors(got, want) is None
+    got[0] = 0
+    assert compare_tensors(got, want) == "exact: 1 of 3 elements differ (integer/bool output, bound 0)"
+
+
+def test_one_element_output_is_compared():
+    assert compare_tensors(torch.tensor([1.0]), torch.tensor([1.0])) is None
+    assert compare_tensors(torch.tensor([2.0]), torch.tensor([1.0])).startswith("elementwise: 1 of 1")
+    assert compare_tensors(torch.tensor(2.0), torch.tensor(1.0)) is not None  # 0-d
+
+
+def test_float64_outputs_are_compared_in_float64():
+    want = norm_like((16, 64))
+    t = DEFAULT_TOLERANCE["float64"]
+    # 1e-12 relative: invisible in float32, far beyond float64's 22 ulps
+    assert compare_tensors(want * (1 + 1e-12), want) is not None
+    assert compare_tensors(want * (1 + 4 * eps("float64")), want) is None
+    assert t.rtol < 1e-14
+    # a float32 output against a float64 reference: float32's tolerance, float64 arithmetic
+    assert compare_tensors(want.float(), want) is None
+    assert compare_tensors((want * (1 + 1e-5)).float(), want) is not None
+
+
+def _at_bound_tol(rtol=1.0, agg=1e9):
+    return {"float32": Tolerance(rtol=rtol, atol=0.0, atol_rms=0.0, agg=agg, agg_atol=0.0)}
+
+
+def test_elementwise_bound_is_inclusive():
+    """``|g - w| <= rtol |w| + floor``: exactly at the bound passes, one ulp above fails (floor is below
+    the float32 rounding of these values, so the bound is exactly ``0.25 * |w|``)."""
+    want = torch.tensor([1.0, 2.0, -4.0, 0.5])
+    at = want + 0.25 * want.abs()
+    assert compare_tensors(at, want, _at_bound_tol(rtol=0.25)) is None
+    assert compare_tensors(want - 0.25 * want.abs(), want, _at_bound_tol(rtol=0.25)) is None
+    above = at.clone()
+    above[1] = torch.nextafter(above[1], torch.tensor(10.0))
+    reason = compare_tensors(above, want, _at_bound_tol(rtol=0.25))
+    assert reason is not None and reason.startswith("elementwise: 1 of 4") and "at want 2;" in reason
+    # zero reference, zero tolerance: the floor alone, inclusive
+    zero = torch.zeros(4)
+    assert compare_tensors(torch.full((4,), FLOAT32_TINY), zero, _at_bound_tol(rtol=0.0, agg=0.0)) is None
+    assert compare_tensors(torch.full((4,), 2 * FLOAT32_TINY), zero, _at_bound_tol(rtol=0.0, agg=0.0)) is not None
+
+
+def test_worst_element_is_the_one_furthest_beyond_its_bound():
+    want = torch.tensor([1.0, 100.0, 3.0])
+    got = want * torch.tensor([1.5, 1.2, 1.0])  # 0.5 over a bound of 0.1 (5x) vs 20 over 10 (2x)
+    reason = compare_tensors(got, want, _at_bound_tol(rtol=0.1))
+    assert reason.startswith("elementwise: 2 of 3") and "at want 1;" in reason
+
+
+def test_aggregate_bound_is_inclusive_and_reports_the_normalized_error():
+    """``rms(g - w) <= agg * rms(w) + agg_atol + floor``, with ``rms(w) = 0.5`` and ``agg = 0.25``:
+    an error of exactly 0.125 everywhere passes, one ulp more fails with normalized error 0.25."""
+    want = torch.full((4,), 0.5)
+    at = want + 0.125
+    assert compare_tensors(at, want, _at_bound_tol(agg=0.25)) is None
+    above = torch.nextafter(at, torch.tensor(10.0))
+    reason = compare_tensors(above, want, _at_bound_tol(agg=0.25))
+    assert reason is not None and reason.startswith("aggregate: ")
+    assert "normalized error 0.25 vs 0.25" in reason and "rms(want) 0.5" in reason
+
+
+def test_aggregate_with_a_zero_reference():
+    """A zero reference has rms 0: only ``agg_atol + floor`` is left, the normalized error is inf."""
+    zero = torch.zeros(8)
+    tol = {"float32": Tolerance(rtol=0.1, atol=2.0 ** -9, atol_rms=0.0, agg=0.1, agg_atol=2.0 ** -12)}
+    assert compare_tensors(torch.full((8,), 2.0 ** -12), zero, tol) is None
+    reason = compare_tensors(torch.full((8,), 2.0 ** -10), zero, tol)  # each within atol, the rms is not
+    assert reason is not None and reason.startswith("aggregate: ") and "normalized error inf" in reason
+    assert compare_tensors(torch.full((8,), 2.0 ** -8), zero, tol).startswith("elementwise")
+    assert compare_tensors(zero.clone(), zero) is None
+
+
+def test_expected_nan_does_not_hide_other_errors():
+    want = torch.tensor([float("nan"), 1.0, 2.0, float("inf")])
+    got = want.clone()
+    assert compare_tensors(got, want) is None
+    got[1] = 1.5
+    reason = compare_tensors(got, want)
+    assert reason is not None and reason.startswith("elementwise: 1 of 4")
+    got = torch.tensor([float("nan"), 1.0, 2.0, float("inf")])
+    got[2] = 2 + 1e-3
+    assert compare_tensors(got, want, _at_bound_tol(rtol=0.0, agg=1e-5)).startswith("elementwise")
+
+
+def test_arg_guard_restores_inplace_and_keeps_pristine_copies():
+    x = torch.arange(4.0)
+    y = torch.zeros(4)
+    guard = ArgGuard((x, y, 3), outputs=(1,), inplace=(0,))
+    x.mul_(10)
+    y.fill_(7)
+    pristine = guard.pristine_args()
+    assert torch.equal(pristine[0], torch.arange(4.0)) and torch.equal(pristine[1], torch.zeros(4))
+    assert pristine[2] == 3
+    guard.prepare_checked_run()
+    assert torch.equal(x, torch.arange(4.0)) and y.isnan().all()
+    x.add_(1)
+    guard.restore()
+    assert torch.equal(x, torch.arange(4.0)) and torch.equal(y, torch.zeros(4))
+
+
+def test_checker_reference_gets_copies_and_non_tensor_args():
+    x = torch.arange(4.0)
+    y = torch.zeros(4)
+    guard = ArgGuard((x, y, 2.0), outputs=(1,), inplace=(0,))
+
+    def reference(x, y, scale):  # an in-place reference: writes its output and scales its input
+        x.mul_(scale)
+        y.copy_(x + 1)
+        return y, x
+
+    checker = Checker(reference, guard)
+    assert torch.equal(guard.saved[0], torch.arange(4.0)) and torch.equal(guard.saved[1], torch.zeros(4))
+    assert torch.equal(x, torch.arange(4.0)) and torch.equal(y, torch.zeros(4))
+    guard.prepare_checked_run()
+    reference(x, y, 2.0)
+    assert checker.compare() is None
+    guard.restore()
+    assert torch.equal(x, torch.arange(4.0)) and torch.equal(y, torch.zeros(4))
+
+
+def test_checker_without_reference_or_outputs():
+    x, y = torch.ones(3), torch.zeros(3)
+    checker = Checker(None, ArgGuard((x, y), outputs=(1,)))
+    assert checker.expected is None and checker.compare() is None
+    calls = []
+    checker = Checker(lambda *a: calls.append(a), ArgGuard((x, y), outputs=()))
+    assert calls == [] and checker.expected is None and checker.compare() is None
+    with pytest.raises(ValueError, match=r"^the reference returned 1 value\(s\) but the op writes 2 argument\(s\) "
+                                         r"\(outputs then in-place ones\)$"):
+        Checker(lambda x, y: x, ArgGuard((x, y), outputs=(1,), inplace=(0,)))
+
+
+def test_checker_uses_each_outputs_own_tolerance_and_joins_reasons():
+    x = torch.randn(8, 16, generator=gen(40))
+    y1, y2 = torch.empty(8, 16), torch.empty(8, 16)
+    guard = ArgGuard((x, y1, y2), outputs=(1, 2))
+    loose = {"float32": (0.5, 0.0), "output:1": {"float32": (1.0, 1.0)}}
+    checker = Checker(lambda x, a, b: (x * 2, x * 3), guard, loose)
+    y1.copy_(x * 2)
+    y2.copy_(x * 3 + 0.5)  # outside output 0's bound, inside output 1's own
+    assert checker.compare() is None
+    y1.copy_(x * 2 + 0.5 + x.abs())
+    assert checker.compare().startswith("output 0 (argument 1): elementwise")
+    strict = Checker(lambda x, a, b: (x * 2, x * 3), guard)
+    y1.copy_(x * 3)
+    reason = strict.compare()
+    assert reason.startswith("output 0 (argument 1): ") and "; output 1 (argument 2): " in reason
+
+
+def test_bound_is_not_rounded_to_a_low_precision_output_dtype():
+    """bfloat16 outputs are compared in float32: every element two bf16 ulps off passes an rtol of
+    exactly 2**-6 and fails one 2**-12 relative below it (which bfloat16 itself would round up to 2**-6)."""
+    want = torch.tensor([1.0, 2.0, 0.5, -1.0], dtype=torch.bfloat16)
+    got = (want.float() * (1 + 2.0 ** -6)).to(torch.bfloat16)
+    assert torch.equal((got.float() - want.float()).abs(), want.float().abs() * 2.0 ** -6)
+
+    def tol(rtol):
+        return {"bfloat16": Tolerance(rtol=rtol, atol=0.0, atol_rms=0.0, agg=1.0, agg_atol=0.0)}
+
+    assert compare_tensors(got, want, tol(2.0 ** -6)) is None
+    reason = compare_tensors(got, want, tol(2.0 ** -6 * (1 - 2.0 ** -12)))
+    assert reason is not None and reason.startswith("elementwise: 4 of 4")
