@@ -845,3 +845,14 @@ def test_bound_is_not_rounded_to_a_low_precision_output_dtype():
     assert compare_tensors(got, want, tol(2.0 ** -6)) is None
     reason = compare_tensors(got, want, tol(2.0 ** -6 * (1 - 2.0 ** -12)))
     assert reason is not None and reason.startswith("elementwise: 4 of 4")
+
+
+def test_exp_range_of_a_spread_that_overflows_is_the_cap():
+    assert exp_range(torch.tensor([[-3e38, 3e38]])) == 128.0
+    assert exp_range(torch.tensor([[0.0, 1e300]], dtype=torch.float64)) == 128.0
+    assert exp_range(torch.tensor([[float("inf"), float("-inf")]])) == 0.0
+
+
+def test_a_tolerance_pair_with_a_missing_number_is_refused():
+    with pytest.raises(TypeError, match="must both be numbers"):
+        tolerance_for(torch.float32, {"float32": (1e-3, None)})

@@ -158,7 +158,8 @@ def exp_range(x: Any, cap: float = 128.0) -> float:
     inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
     hi = torch.where(fin, x, -inf).amax(dim=-1)
     lo = torch.where(fin, x, inf).amin(dim=-1)
-    spread = (hi.float() - lo.float()).nan_to_num_(0.0, 0.0, 0.0).clamp_(0.0, cap)
+    # a spread that overflows float32 is beyond the cap; rows without finite values have none
+    spread = (hi.float() - lo.float()).nan_to_num_(0.0, cap, 0.0).clamp_(0.0, cap)
     return float(spread.max())
 
 
@@ -180,6 +181,8 @@ def tolerance_for(dtype: Any, overrides: Mapping[str, Any] | None = None) -> Tol
     if not isinstance(tol, Tolerance):
         vals = tuple(None if v is None else float(v) for v in tol)  # a pair, or a Tolerance sent as a list
         if len(vals) == 2:
+            if None in vals:
+                raise TypeError(f"tolerance for {name}: (rtol, atol) must both be numbers, got {tuple(tol)!r}")
             rtol, atol = vals
             return Tolerance(rtol, atol, 0.0, max(default.agg or 0.0, rtol), atol)
         tol = Tolerance(*vals)
