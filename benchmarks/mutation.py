@@ -26,6 +26,11 @@ Not run in CI (minutes per module on 2 cores)::
     python benchmarks/mutation.py --modules stats keys # a subset; merges into the existing JSON
     python benchmarks/mutation.py --keep DIR           # keep the scratch copy in DIR (for `mutmut show`)
     python benchmarks/mutation.py --reexplain          # re-apply the explanations to the JSON
+    python benchmarks/mutation.py --modules store --tests tests/test_store.py \
+        --mutants-file names.txt                       # only the named mutants, merged into the module's
+                                                       # entry (each must be one the JSON counts as not
+                                                       # run, or one of its survivors: re-run after new
+                                                       # tests); recorded under per_module[m]["reruns"]
 
 Needs ``pip install mutmut`` (and the test extra) in the running interpreter's environment.
 """
@@ -59,6 +64,28 @@ TESTS: dict[str, list[str]] = {
 #: mutant's line stripped) -> why no test kills it. Matched on the text, not the line number, so the
 #: mapping survives edits elsewhere in the module.
 EXPLANATIONS: dict[tuple[str, str, str], str] = {}
+
+#: Explanations of single mutants by their mutmut name, checked first: for a line whose text occurs in
+#: more than one place (or whose rule above would be wrong for it). mutmut numbers the mutants of a
+#: function in order, so these hold while the function's source is unchanged.
+MUTANT_EXPLANATIONS: dict[str, str] = {
+    "tiletune.store.xǁTuningDBǁ_connect__mutmut_53":
+        "equivalent: the ROLLBACK after a failed migration fails (suppressed), but the outer handler "
+        "closes the connection at once, and closing rolls its open transaction back "
+        "(test_failed_migration_leaves_the_file_as_it_was: still version 1, no new tables)",
+    "tiletune.store.xǁTuningDBǁ_enable_wal__mutmut_27":
+        "not worth a test: breaks only the 'busy' alternative of the retry condition ('BUSY' is never in "
+        "the lowercased text); SQLite words the lock conflict of switching to WAL as 'database is locked', "
+        "the case test_enable_wal_retries_while_another_connection_holds_the_lock covers",
+    "tiletune.store.xǁTuningDBǁ_enable_wal__mutmut_10":
+        "equivalent: the lowercased journal mode never equals 'WAL', so the mode is always set to WAL "
+        "again, which is idempotent",
+    "tiletune.store.xǁTuningDBǁstats__mutmut_20":
+        "equivalent: stats' own connection stays open in WAL mode, and SQLite keeps the -wal file while "
+        "any connection is open, so getsize of it does not fail (the rule by text would call this the "
+        "temp-file cleanup of _atomic_write)",
+}
+
 
 def _case_only(original: str, mutated: str) -> bool:
     return original != mutated and original.lower() == mutated.lower()
@@ -99,8 +126,9 @@ PATTERN_EXPLANATIONS: list[tuple[str, object, str]] = [
      "not worth a test: removes the temporary file after a write that failed midway (needs an OSError "
      "injected between mkstemp and os.replace); the export itself is still atomic"),
     ("store", lambda o, m: "timeout=BUSY_TIMEOUT_MS / 1000" in o and "isolation_level=None" in m,
-     "not worth a test: the busy timeout only shows when another writer holds the lock for longer than "
-     "sqlite3's default 5 s"),
+     "equivalent: the PRAGMA busy_timeout = BUSY_TIMEOUT_MS that _connect runs before any other statement "
+     "replaces the busy handler sqlite3.connect's timeout installed (both are sqlite3_busy_timeout; "
+     "test_fresh_file_gets_the_whole_schema_and_connection_settings reads it back)"),
     ("store", lambda o, m: "isolation_level=None" in o and "isolation_level" not in m,
      "equivalent here: every statement that writes runs inside an explicit BEGIN, so the sqlite3 "
      "module's implicit transactions never start"),
@@ -114,8 +142,10 @@ PATTERN_EXPLANATIONS: list[tuple[str, object, str]] = [
      "not worth a test: drops a finished thread's connection; a mutant only leaks one connection"),
     ("store", lambda o, m: "BUSY_TIMEOUT_MS / 1000" in o and "deadline" in o or "time.monotonic() > deadline" in o
      or "time.sleep(0.01)" in o or '"locked" not in str(e)' in o,
-     "not worth a test: the retry loop for switching a fresh file to WAL while another process holds a "
-     "lock (needs two processes racing on the first open)"),
+     "not worth a test: the retry loop for switching to WAL while another connection holds a lock; "
+     "test_enable_wal_retries_while_another_connection_holds_the_lock covers a 'database is locked' "
+     "retry that succeeds within the deadline; what is left changes the 30 s deadline (its length, > or "
+     ">=), the 10 ms sleep or the 'busy' alternative, seen only in timing or with a lock held past 30 s"),
     ("store", lambda o, m: '.lower() == "wal"' in o,
      "equivalent: when the check fails the journal mode is set to WAL again, which is idempotent"),
     ("verify", lambda o, m: 'float("nan")' in o and 'float("NAN")' in m,
@@ -254,7 +284,9 @@ def mutmut_config(module: str, tests: list[str]) -> str:
     )
 
 
-def explain(module: str, original: str, mutant: str) -> str:
+def explain(module: str, original: str, mutant: str, name: str = "") -> str:
+    if name in MUTANT_EXPLANATIONS:
+        return MUTANT_EXPLANATIONS[name]
     key = (module, original.strip(), mutant.strip())
     if key in EXPLANATIONS:
         return EXPLANATIONS[key]
@@ -276,6 +308,9 @@ def diff_offset(diff: str) -> int | None:
     started = False
     for l in diff.splitlines():
         if l.startswith("@@"):
+            # the hunk may start inside the function: "@@ -5,4 +5,4 @@" is its 5th line
+            m = re.match(r"@@ -(\d+)", l)
+            k = int(m.group(1)) - 1 if m else 0
             started = True
             continue
         if not started or l.startswith("+"):
@@ -300,32 +335,80 @@ def line_of(source_lines: list[str], removed: list[str], func: str, offset: int 
             if re.match(rf"\s*(async\s+)?def {re.escape(name)}\(", l):
                 start = i
                 break
-    target = removed[0].rstrip()
+    # compared stripped: mutmut shows a method's body dedented by one level
+    target = removed[0].strip()
     if name and offset is not None and 0 <= start + offset < len(source_lines) and \
-            source_lines[start + offset].rstrip() == target:
+            source_lines[start + offset].strip() == target:
         return start + offset + 1
     for i in range(start, len(source_lines)):
-        if source_lines[i].rstrip() == target:
+        if source_lines[i].strip() == target:
             return i + 1
     for i, l in enumerate(source_lines):
-        if l.rstrip() == target:
+        if l.strip() == target:
             return i + 1
     return None
 
 
-def run_module(module: str, work: Path, log, max_children: int, collect_only: bool = False) -> dict:
+def func_of(mutant: str) -> str:
+    """``tiletune.store.xǁTuningDBǁ_connect__mutmut_3`` -> ``TuningDB._connect``."""
+    return re.sub(r"__mutmut_\d+$", "", mutant.rsplit(".", 1)[-1]).replace("ǁ", ".").lstrip("x_.")
+
+
+def merge_rerun(prev: dict, new: dict, names: list[str], tests: list[str], prev_survivors: list[dict]) -> dict:
+    """Merge a run of the named mutants into the module's earlier entry. Only mutants the earlier run
+    left out (its ``not_run_by_function``) or reported as survivors (``prev_survivors``: their old
+    results are taken out first) are allowed, so that no mutant is counted twice."""
+    left = dict(prev.get("not_run_by_function", {}))
+    old_status = {sv["mutant"]: sv["status"] for sv in prev_survivors}
+    merged = dict(prev)
+    n_survivors = 0
+    for n in names:
+        if n in old_status:
+            merged["mutants"] -= 1
+            merged["survived" if old_status[n] == "survived" else "other"] -= 1
+            n_survivors += 1
+            continue
+        f = func_of(n)
+        if left.get(f, 0) <= 0:
+            raise SystemExit(f"{n}: neither left out nor a survivor of the earlier run of this module")
+        left[f] -= 1
+    ran = new["mutants"]
+    for k in ("mutants", "killed", "survived", "timeout", "other"):
+        merged[k] = merged.get(k, 0) + new[k]
+    merged["score"] = round(merged["killed"] / merged["mutants"], 4) if merged["mutants"] else None
+    # named mutants that this run did not check either stay not run
+    still = new.get("not_run_by_function", {})
+    left = {f: c + still.get(f, 0) for f, c in left.items() if c + still.get(f, 0)}
+    merged["not_run"] = sum(left.values())
+    if left:
+        merged["not_run_by_function"] = left
+    else:
+        merged.pop("not_run_by_function", None)
+    merged.setdefault("reruns", []).append({
+        "mutants": ran, "killed": new["killed"], "survived": new["survived"], "other": new["other"],
+        "of_which_earlier_survivors": n_survivors,
+        "functions": sorted({func_of(n) for n in names}), "tests": tests, "wall_s": new["wall_s"],
+        "names": sorted(names),
+    })
+    return merged
+
+
+def run_module(module: str, work: Path, log, max_children: int, collect_only: bool = False,
+               tests_override: list[str] | None = None, mutant_names: list[str] | None = None) -> dict:
     repo = work / module
     if not collect_only:
         scratch_copy(repo)
-    tests = [t for t in TESTS[module] if (repo / t).is_file()]
-    missing = [t for t in TESTS[module] if t not in tests]
+    wanted = tests_override or TESTS[module]
+    tests = [t for t in wanted if (repo / t).is_file()]
+    missing = [t for t in wanted if t not in tests]
     if not tests:
         return {"module": module, "skipped": f"no test files ({', '.join(missing)} missing)"}
     t0 = time.time()
     if not collect_only:
         with open(repo / "pyproject.toml", "a") as f:
             f.write(mutmut_config(module, tests))
-        p = _run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], repo, log)
+        p = _run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children),
+                  *(mutant_names or [])], repo, log)
         if p.returncode != 0:
             raise RuntimeError(f"mutmut run failed for {module} (see the log):\n{p.stdout[-3000:]}")
     wall = time.time() - t0
@@ -340,9 +423,11 @@ def run_module(module: str, work: Path, log, max_children: int, collect_only: bo
     survivors = []
     not_run_funcs: dict[str, int] = {}
     for name, status in sorted(statuses.items()):
+        if mutant_names is not None and name not in mutant_names:
+            continue  # a run of named mutants: the others keep their results of the earlier run
         if status == "not checked":  # a run stopped early (--collect of an interrupted run)
             counts["not_run"] += 1
-            func = re.sub(r"__mutmut_\d+$", "", name.rsplit(".", 1)[-1]).replace("ǁ", ".").lstrip("x_.")
+            func = func_of(name)
             not_run_funcs[func] = not_run_funcs.get(func, 0) + 1
             continue
         counts["mutants"] += 1
@@ -367,7 +452,7 @@ def run_module(module: str, work: Path, log, max_children: int, collect_only: bo
             "mutated": mutated.strip(),
             "mutant": name,
             "status": status,
-            "explanation": explain(module, original, mutated),
+            "explanation": explain(module, original, mutated, name),
         })
     counts["score"] = round(counts["killed"] / counts["mutants"], 4) if counts["mutants"] else None
     if not_run_funcs:
@@ -389,12 +474,23 @@ def main() -> int:
                     help="collect the results already in --keep DIR (e.g. of an interrupted run) without running")
     ap.add_argument("--reexplain", action="store_true",
                     help="only re-apply EXPLANATIONS to the survivors of the existing JSON (no mutmut run)")
+    ap.add_argument("--tests", nargs="+", default=None,
+                    help="test files for the module(s), instead of TESTS[module]")
+    ap.add_argument("--mutants-file", default=None,
+                    help="run only the mutants named in this file (one full mutmut name a line, e.g. "
+                         "tiletune.store.xǁTuningDBǁ_connect__mutmut_3), each left out or survived by the earlier run "
+                         "of the one module given; their results are merged into its entry")
     args = ap.parse_args()
+    names = None
+    if args.mutants_file:
+        if len(args.modules) != 1:
+            ap.error("--mutants-file needs exactly one module")
+        names = [l.strip() for l in Path(args.mutants_file).read_text().splitlines() if l.strip()]
     if args.reexplain:
         out = Path(args.out)
         doc = json.loads(out.read_text())
         for sv in doc["survivors"]:
-            sv["explanation"] = explain(sv["module"], sv.get("original", ""), sv.get("mutated", ""))
+            sv["explanation"] = explain(sv["module"], sv.get("original", ""), sv.get("mutated", ""), sv["mutant"])
         finalize(doc)
         out.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"re-explained {len(doc['survivors'])} survivors, {doc['unexplained']} unexplained")
@@ -411,13 +507,14 @@ def main() -> int:
     out = Path(args.out)
     previous = json.loads(out.read_text()) if out.is_file() else {}
     per_module = dict(previous.get("per_module", {}))
-    survivors = [s for s in previous.get("survivors", []) if s["module"] not in args.modules]
+    survivors = [s for s in previous.get("survivors", []) if s["module"] not in args.modules or names]
     skipped = {}
     with open(work / "mutation.log", "a") as log:
         for module in args.modules:
             print(f"mutating {module} ...", flush=True)
             try:
-                r = run_module(module, work, log, args.max_children, collect_only=args.collect)
+                r = run_module(module, work, log, args.max_children, collect_only=args.collect,
+                               tests_override=args.tests, mutant_names=names)
             except RuntimeError as exc:
                 skipped[module] = str(exc).splitlines()[0]
                 print(f"  failed: {exc}", flush=True)
@@ -426,7 +523,15 @@ def main() -> int:
                 skipped[module] = r["skipped"]
                 print(f"  skipped: {r['skipped']}", flush=True)
                 continue
-            per_module[module] = r["counts"]
+            if names:
+                if module not in per_module:
+                    raise SystemExit(f"--mutants-file: no earlier entry for {module} to merge into")
+                earlier = [sv for sv in survivors if sv["module"] == module]
+                per_module[module] = merge_rerun(per_module[module], r["counts"], names, r["counts"]["tests"],
+                                                 earlier)
+                survivors = [sv for sv in survivors if sv["module"] != module or sv["mutant"] not in names]
+            else:
+                per_module[module] = r["counts"]
             survivors += r["survivors"]
             c = r["counts"]
             print(f"  {c['killed']}/{c['mutants']} killed ({c['score']:.1%}), {c['wall_s']} s", flush=True)
@@ -448,6 +553,7 @@ def main() -> int:
         "target": 0.9,
         "per_module": per_module,
         "not_run": skipped or None,
+        "notes": previous.get("notes"),
         "unexplained": sum(sv["explanation"] == "UNEXPLAINED" for sv in survivors),
         "survivors": sorted(survivors, key=lambda s: (modules.index(s["module"]), s["line"] or 0)),
     }

@@ -912,3 +912,306 @@ def test_a_directory_as_database_path_is_refused(tmp_path: pathlib.Path) -> None
     with pytest.raises(DatabaseError, match=rf"^tuning database {re.escape(str(tmp_path))}: is a directory, not a file$"):
         with TuningDB(tmp_path) as d:
             d.stats()
+
+
+# ---------------------------------------------------------------------- opening: schema, migration, WAL, fork, close
+# (fast tests of TuningDB.__init__, _connect, _classify, _enable_wal, _check_fork and close, written
+# for the mutation run of issue 21: their other covering tests are test_leases' multi-process races)
+
+import tiletune.store as _store  # noqa: E402
+
+_V2_TABLES = {"sessions", "measurements", "winners", "leases", "progress"}
+_INDEXES = {
+    "measurements_digest", "measurements_kernel", "measurements_session",
+    "sessions_digest", "sessions_kernel", "winners_kernel",
+}
+
+
+def _objects(path: pathlib.Path) -> tuple[set[str], set[str]]:
+    raw = sqlite3.connect(path)
+    try:
+        rows = raw.execute("SELECT type, name FROM sqlite_master").fetchall()
+    finally:
+        raw.close()
+    return {n for t, n in rows if t == "table"}, {n for t, n in rows if t == "index"}
+
+
+def _pragmas(path: pathlib.Path) -> tuple[int, int, str]:
+    raw = sqlite3.connect(path)
+    try:
+        return (raw.execute("PRAGMA application_id").fetchone()[0], raw.execute("PRAGMA user_version").fetchone()[0],
+                raw.execute("PRAGMA journal_mode").fetchone()[0])
+    finally:
+        raw.close()
+
+
+def test_init_is_lazy_and_names_its_path(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "a" / "t.db"
+    d = TuningDB(str(path))  # a str path
+    assert d.path == path and isinstance(d.path, pathlib.Path) and d.where == str(path)
+    assert not path.parent.exists() and d._conns == {} and d._pid == os.getpid()
+    assert not d._memory
+    d.close()  # closing before first use is fine and creates nothing
+    assert not path.parent.exists()
+    m = TuningDB(":memory:")
+    assert m._memory and m.path is None and m.where == ":memory:" and repr(m) == "TuningDB(':memory:')"
+    assert TuningDB(pathlib.PurePath(":memory:"))._memory  # any os.PathLike spelling of ":memory:"
+
+
+def test_fresh_file_gets_the_whole_schema_and_connection_settings(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    with TuningDB(path) as d:
+        with d._connection() as conn:
+            assert conn.row_factory is sqlite3.Row
+            assert conn.isolation_level is None and not conn.in_transaction
+            assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == _store.BUSY_TIMEOUT_MS
+            assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert _pragmas(path) == (_store.APPLICATION_ID, SCHEMA_VERSION, "wal")
+    tables, indexes = _objects(path)
+    assert tables == _V2_TABLES and indexes >= _INDEXES
+
+
+def test_empty_file_is_initialised(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    path.write_bytes(b"")
+    with TuningDB(path) as d:
+        d.record_session(ident(), sample_measurements(), WINNER, 9.6875)
+        assert d.lookup(ident()) is not None
+    assert _pragmas(path) == (_store.APPLICATION_ID, SCHEMA_VERSION, "wal")
+
+
+def _make_v1(path: pathlib.Path) -> None:
+    """A schema-version-1 database (before the leases and progress tables) holding one session."""
+    with TuningDB(path) as d:
+        d.record_session(ident(), sample_measurements(), WINNER, 9.6875)
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TABLE leases")
+    raw.execute("DROP TABLE progress")
+    raw.execute("PRAGMA user_version = 1")
+    raw.execute("PRAGMA journal_mode = DELETE")
+    raw.close()
+
+
+def test_version_1_database_is_migrated_keeping_its_rows(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    _make_v1(path)
+    assert _pragmas(path) == (_store.APPLICATION_ID, 1, "delete")
+    assert _objects(path)[0] == _V2_TABLES - {"leases", "progress"}
+    with TuningDB(path) as d:
+        rec = d.lookup(ident())
+        assert rec is not None and rec.config == WINNER and rec.median_us == 9.6875
+        assert d.stats()["measurements"] == len(sample_measurements())
+        with d._connection() as conn:  # the new tables are usable
+            conn.execute("INSERT INTO progress VALUES ('d', 'h', '{}', 1.0)")
+            assert conn.execute("SELECT count(*) FROM leases").fetchone()[0] == 0
+            assert not conn.in_transaction  # the migration committed
+    assert _pragmas(path) == (_store.APPLICATION_ID, SCHEMA_VERSION, "wal")  # and switched to WAL
+    assert _objects(path)[0] == _V2_TABLES
+
+
+def test_failed_migration_leaves_the_file_as_it_was(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t.db"
+    _make_v1(path)
+    monkeypatch.setattr(_store, "_SCHEMA", _store._SCHEMA + ("CREATE TABLE broken (",))
+    with pytest.raises(DatabaseError, match=rf"^tuning database {re.escape(str(path))}: "):
+        TuningDB(path).stats()
+    assert _pragmas(path)[:2] == (_store.APPLICATION_ID, 1)  # rolled back: still version 1
+    assert _objects(path)[0] == _V2_TABLES - {"leases", "progress"}
+    monkeypatch.undo()
+    with TuningDB(path) as d:  # and a later open migrates it
+        assert d.lookup(ident()) is not None
+    assert _pragmas(path)[:2] == (_store.APPLICATION_ID, SCHEMA_VERSION)
+
+
+def _raw_file(path: pathlib.Path, app_id: int, version: int, table: bool) -> bytes:
+    raw = sqlite3.connect(path)
+    raw.execute(f"PRAGMA application_id = {app_id}")
+    raw.execute(f"PRAGMA user_version = {version}")
+    if table:
+        raw.execute("CREATE TABLE t (x)")
+    raw.commit()
+    raw.close()
+    return path.read_bytes()
+
+
+_FOREIGN = "{{p}} is an SQLite file but not a tiletune tuning database (application_id {app}); refusing to modify it"
+
+
+@pytest.mark.parametrize(
+    "app_id, version, table, message",
+    [
+        (0, 0, True, _FOREIGN.format(app="0")),
+        (0, 1, False, _FOREIGN.format(app="0")),
+        (0x74744443, 2, True, _FOREIGN.format(app="1953776707")),
+        (_store.APPLICATION_ID, 0, False, "tuning database {p} has invalid schema version 0"),
+        (_store.APPLICATION_ID, -1, True, "tuning database {p} has invalid schema version -1"),
+        (_store.APPLICATION_ID, SCHEMA_VERSION + 1, True, "tuning database {p} has schema version 3, newer than this "
+         "tiletune supports (2); upgrade tiletune or use another file"),
+    ],
+)
+def test_classify_refuses_exactly(tmp_path: pathlib.Path, app_id: int, version: int, table: bool, message: str) -> None:
+    path = tmp_path / "x.db"
+    before = _raw_file(path, app_id, version, table)
+    d = TuningDB(path)
+    with pytest.raises(DatabaseError) as info:
+        d.stats()
+    assert str(info.value) == message.format(p=path)
+    assert path.read_bytes() == before and _pragmas(path)[2] == "delete"  # not modified, not switched to WAL
+    assert d._conns == {}  # the refused connection was not kept
+
+
+def test_unreadable_file_message_is_exact(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "x.db"
+    path.write_bytes(b"not a database at all " * 50)
+    with pytest.raises(DatabaseError) as info:
+        TuningDB(path).stats()
+    assert re.fullmatch(rf"{re.escape(str(path))} is not a tiletune tuning database \(SQLite cannot read it: "
+                        r"file is not a database\); move it away or choose another path", str(info.value))
+
+
+def test_classify_versions_and_its_own_snapshot(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    with TuningDB(path) as d:
+        d.stats()
+    conn = sqlite3.connect(path, isolation_level=None)
+    d = TuningDB(path)
+    assert d._classify(conn) == SCHEMA_VERSION and type(d._classify(conn)) is int
+    assert not conn.in_transaction  # its own BEGIN is committed
+    conn.execute("BEGIN")  # inside the caller's transaction it neither begins nor commits
+    assert d._classify(conn) == SCHEMA_VERSION and conn.in_transaction
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA user_version = 1")
+    assert d._classify(conn) == 1
+    conn.close()
+    empty = sqlite3.connect(tmp_path / "e.db", isolation_level=None)
+    assert d._classify(empty) == 0 and not empty.in_transaction
+    empty.close()
+
+
+def test_classify_reads_its_three_values_in_one_transaction(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    with TuningDB(path) as d:
+        d.stats()
+    conn = sqlite3.connect(path, isolation_level=None)
+    seen: list[str] = []
+    conn.set_trace_callback(lambda sql: seen.append(sql.upper()))
+    assert d._classify(conn) == SCHEMA_VERSION
+    assert seen[0] == "BEGIN" and seen[-1] == "COMMIT" and len(seen) == 5  # a snapshot of all three reads
+    seen.clear()
+    conn.execute("BEGIN")
+    seen.clear()
+    d._classify(conn)  # inside the caller's transaction: no BEGIN or COMMIT of its own
+    assert len(seen) == 3 and not any(s in ("BEGIN", "COMMIT") for s in seen)
+    conn.execute("ROLLBACK")
+    conn.close()
+
+
+def test_enable_wal_switches_a_rollback_journal_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE t (x)")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    TuningDB._enable_wal(conn)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    TuningDB._enable_wal(conn)  # already WAL: nothing to do
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+def test_enable_wal_retries_while_another_connection_holds_the_lock(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0)  # "database is locked" at once, no busy wait
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        conn.execute("PRAGMA journal_mode = WAL")
+    release = threading.Timer(0.2, lambda: holder.execute("COMMIT"))
+    release.start()
+    t0 = time.monotonic()
+    TuningDB._enable_wal(conn)  # retries until the writer commits
+    release.join()
+    assert 0.15 < time.monotonic() - t0 < 5
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+    conn.close()
+    holder.close()
+
+
+def test_in_memory_database_is_not_switched_to_wal() -> None:
+    with TuningDB(":memory:") as d:
+        d.record_session(ident(), sample_measurements(), WINNER, 1.0)
+        with d._connection() as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "memory"
+            assert conn.execute("PRAGMA application_id").fetchone()[0] == _store.APPLICATION_ID
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_close_closes_every_connection_and_reopens_lazily(tmp_path: pathlib.Path) -> None:
+    d = TuningDB(tmp_path / "t.db")
+    d.record_session(ident(), sample_measurements(), WINNER, 1.0)
+    with d._connection() as main_conn:
+        pass
+    other: list[sqlite3.Connection] = []
+
+    def use() -> None:
+        with d._connection() as c:
+            other.append(c)
+
+    t = threading.Thread(target=use)
+    t.start()
+    t.join()
+    assert len(d._conns) == 2
+    d.close()
+    assert d._conns == {}
+    for c in (main_conn, other[0]):
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            c.execute("SELECT 1")
+    assert d.lookup(ident()) is not None  # a fresh connection
+    with d._connection() as again:
+        assert again is not main_conn
+    d.close()
+    d.close()  # twice is fine
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="needs fork")
+def test_check_fork_orphans_the_parents_connections(tmp_path: pathlib.Path) -> None:
+    d = TuningDB(tmp_path / "t.db")
+    d.stats()
+    with d._connection() as parent_conn:
+        pass
+    parent_lock = d._lock
+    d._check_fork()  # same process: nothing changes
+    assert d._conns and d._lock is parent_lock and parent_conn not in _store._FORK_ORPHANS
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            d.close()  # closes only the child's (none): the parent's connection stays open
+            ok = (
+                d._conns == {} and d._pid == os.getpid() and d._lock is not parent_lock
+                and isinstance(d._lock, type(threading.RLock())) and parent_conn in _store._FORK_ORPHANS
+            )
+            parent_conn.execute("SELECT 1")  # not closed in the child
+            code = 0 if ok else 2
+        finally:
+            os.write(w, bytes([code]))
+            os._exit(code)
+    os.close(w)
+    os.waitpid(pid, 0)
+    code = os.read(r, 1)
+    os.close(r)
+    assert code == b"\x00"
+    assert d._conns and d._lock is parent_lock  # the parent's object is untouched
+    assert d.stats()["sessions"] == 0
+    d.close()
+
+
+def test_a_file_in_the_way_of_the_folder_is_reported(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "f").write_text("x")
+    path = tmp_path / "f" / "sub" / "t.db"
+    with pytest.raises(DatabaseError, match=rf"^tuning database {re.escape(str(path))}: cannot create its folder: "):
+        TuningDB(path).stats()
