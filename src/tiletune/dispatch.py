@@ -55,7 +55,7 @@ def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
             value = {"off": "none", "0": "none", "false": "none"}.get(env, env)
             if value not in ISOLATION_MODES:
                 raise ValueError(f"TILETUNE_ISOLATION={env!r}: choose one of {', '.join(ISOLATION_MODES)}")
-            if backend is not None and isolation is None and value == "process":
+            if backend is not None and value == "process":
                 value = "none"  # the environment switch is for the live backend
     if value is None:
         value = "process" if backend is None else "none"

@@ -29,6 +29,11 @@ def stable_hash(value: Any, length: int = 16) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:length]
 
 
+def config_hash(config: Mapping[str, Any]) -> str:
+    """The stable hash of a configuration's ``name -> value`` mapping (a Config or a plain dict)."""
+    return stable_hash(dict(config))
+
+
 class Status(str, Enum):
     """Outcome of one candidate configuration."""
 
@@ -94,7 +99,7 @@ class Measurement:
 
     @property
     def config_hash(self) -> str:
-        return stable_hash(dict(self.config))
+        return config_hash(self.config)
 
     @property
     def median_us(self) -> float | None:

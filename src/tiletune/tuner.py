@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .backends.base import Candidate, TuningSession
-from .records import Measurement, Status, stable_hash
+from .records import Measurement, Status, config_hash
 from .stats import Entry, SampleSummary, StoppingRule, hopeless, raced_out, rank, summarize
 
 logger = logging.getLogger("tiletune")
@@ -117,10 +117,9 @@ def run_loop(
     states = {c.order: _State(c) for c in candidates}
     total = len(candidates)
     finished = 0
-    prior = prior or {}
     resumed: dict[int, Measurement] = {}
-    for c in candidates:
-        m = prior.get(_config_hash(c.config)) if prior else None
+    for c in candidates if prior else ():
+        m = prior.get(config_hash(c.config))  # type: ignore[union-attr]
         if m is not None:
             resumed[c.order] = m
 
@@ -314,10 +313,6 @@ def _showdown(session: TuningSession, ok: Sequence[_State], options: TunerOption
     for order, samples in fresh.items():
         by_order[order].add(samples)
     return {o: summarize(v) for o, v in fresh.items()}
-
-
-def _config_hash(config: Any) -> str:
-    return stable_hash(dict(config))
 
 
 def _fault_status(exc: BaseException) -> Status:

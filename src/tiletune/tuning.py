@@ -15,6 +15,7 @@ measures only the configs still missing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
@@ -39,11 +40,14 @@ __all__ = ["PlanCache", "Resolution", "resolve", "make_identity", "tune"]
 
 
 class PlanCache:
-    """The launch plan's output per config for one call's arguments: the plan runs once per candidate."""
+    """The launch plan's output per config for one call's arguments: the plan runs once per candidate.
 
-    def __init__(self, op: "TunedOp", args: tuple[Any, ...]) -> None:
-        self.op = op
-        self.args = args
+    ``spec_for(cfg)`` evaluates the plan on the fixed arguments; the cache is called like a plan,
+    ``cache(cfg, *args)`` (the arguments are those it was made for), so a session can use it as one.
+    """
+
+    def __init__(self, spec_for: Callable[[Config], Launch]) -> None:
+        self.spec_for = spec_for
         self.specs: dict[Config, Launch] = {}
         self.calls = 0
 
@@ -51,7 +55,7 @@ class PlanCache:
         spec = self.specs.get(cfg)
         if spec is None:
             self.calls += 1
-            spec = self.specs[cfg] = self.op._launch_spec(cfg, self.args)
+            spec = self.specs[cfg] = self.spec_for(cfg)
         return spec
 
 
@@ -103,7 +107,7 @@ def _config_from_record(op: "TunedOp", values: Mapping[str, Any], arch: str) -> 
 
 def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Resolution:
     """The config this op uses for ``key``: from the database, from another process's session, or tuned."""
-    plans = PlanCache(op, args)
+    plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
     identity = make_identity(op, args, key, backend, dev, arch, plans)
     db = op.db
     if db is None:
@@ -196,8 +200,7 @@ def tune(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend
         if prior:
             logger.info("%s: resuming %s from %d recorded config(s)", op.name, identity.key, len(prior))
 
-        def on_result(m: Measurement) -> None:
-            record_progress(db, identity, m)
+        on_result = functools.partial(record_progress, db, identity)
 
     strategy = make_strategy(op.strategy or "exhaustive", op.space, arch, op.seed, **op.strategy_options)
     budget = op.budget or Budget()

@@ -77,7 +77,6 @@ class WorkerProcess:
         self._ready = threading.Event()
         self._starting = False
         self._start_lock = threading.Lock()
-        self._start_error: BaseException | None = None
 
     # -- life cycle ------------------------------------------------------------------------
     @property
@@ -185,15 +184,6 @@ class WorkerProcess:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)  # fault reasons quoted the log already
             self._tmp_dir = ""
 
-    def close(self) -> None:
-        """Ask the worker to exit, then make sure it has."""
-        if self.alive:
-            try:
-                self.request({"op": "exit"}, 5.0)
-            except WorkerFault:
-                pass
-        self.kill()
-
     def _exit_text(self) -> str:
         code = self.proc.poll() if self.proc is not None else None
         if code is None:
@@ -286,7 +276,7 @@ class WorkerProcess:
 
     # -- background start ------------------------------------------------------------------
     def start_in_background(self) -> None:
-        """Start the worker on a daemon thread, unless it runs or is starting (:meth:`wait_ready`)."""
+        """Start the worker on a daemon thread, unless it runs or is starting."""
         with self._start_lock:
             if self._starting or self.alive:
                 return
@@ -296,8 +286,8 @@ class WorkerProcess:
             try:
                 with self.lock:
                     self.ensure()
-            except BaseException as exc:  # reported by wait_ready; tuning retries the start
-                self._start_error = exc
+            except BaseException:  # a failed start: the first tuning starts (and reports) it again
+                pass
             finally:
                 self._starting = False
                 self._ready.set()
@@ -305,15 +295,10 @@ class WorkerProcess:
         self._ready.clear()
         threading.Thread(target=run, name="tiletune-worker-start", daemon=True).start()
 
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait for a background start; True when the worker is running."""
-        if self._ready.is_set() or self._ready.wait(timeout):
-            return self.alive
-        return False
-
 
 _workers: dict[tuple[str, int], WorkerProcess] = {}
 _workers_lock = threading.Lock()
+_prestarted: set[int | None] = set()  # prestart() arguments already handled
 
 
 def worker_for(backend_key: str, device_index: int, factory: Callable[[], WorkerProcess]) -> WorkerProcess:
@@ -328,13 +313,16 @@ def worker_for(backend_key: str, device_index: int, factory: Callable[[], Worker
 def prestart(device_index: int | None = None) -> None:
     """Start the live cuTile worker for the current (or given) GPU in the background.
 
-    Does nothing inside a worker, with ``TILETUNE_ISOLATION=none``, with
-    ``TILETUNE_WORKER_PRESTART=0``, or when torch sees no GPU.
+    Called by every isolated op when it is defined; only the first call per GPU argument does
+    anything. Does nothing inside a worker, with ``TILETUNE_WORKER_PRESTART=0``, or when torch sees
+    no GPU.
     """
     if in_worker() or os.environ.get("TILETUNE_WORKER_PRESTART", "1") == "0":
         return
-    if os.environ.get("TILETUNE_ISOLATION", "process").strip().lower() in ("none", "off", "0"):
-        return
+    with _workers_lock:
+        if device_index in _prestarted:
+            return
+        _prestarted.add(device_index)
 
     def run() -> None:
         try:

@@ -155,9 +155,7 @@ class WorkerSession:
         self.stats: dict[str, Any] = {"isolation": "process", "worker_restarts": 0, "faults": []}
         self._opened_gen = -1  # worker generation the session is open in
         self._compiled: set[int] = set()  # candidates compiled in the current worker generation
-        self._cands: dict[int, Candidate] = {}
         self._best_us: float | None = None
-        self._failed: set[int] = set()
         self._stash: dict[int, tuple[int, Any]] = {}  # order -> (worker generation, compile event)
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
         worker.lock.acquire()
@@ -240,8 +238,6 @@ class WorkerSession:
         pending are sent again, then one at a time: the one in flight when it dies again is the
         culprit and fails (``compiling took the worker down``).
         """
-        for c in candidates:
-            self._cands[c.order] = c
         pending = {c.order: c for c in candidates}
         serial = False
         need_send = True
@@ -263,17 +259,13 @@ class WorkerSession:
                 need_send = True
                 if serial and in_flight and in_flight[0] in pending:
                     culprit = pending.pop(in_flight[0])
-                    self._failed.add(culprit.order)
                     status = Status.TIMEOUT if fault.kind == "timeout" else Status.COMPILE_ERROR
                     yield CompileOutcome(culprit, status, 0.0, f"compiling took the worker down: {fault}")
                 serial = True
                 continue
             c = pending.pop(ev.order)
-            if ev.status is Status.OK:
-                if gen == self.worker.generation:
-                    self._compiled.add(ev.order)
-            else:
-                self._failed.add(ev.order)
+            if ev.status is Status.OK and gen == self.worker.generation:
+                self._compiled.add(ev.order)
             yield CompileOutcome(c, ev.status, ev.seconds, ev.reason)
             if serial and not any(o in pending for o in in_flight):
                 need_send = True  # the next one

@@ -72,23 +72,19 @@ def _rebuild_cpu_tensor(data: bytes, dtype: Any, size: tuple, stride: tuple, off
     return torch.empty(0, dtype=dtype).set_(buf.untyped_storage(), offset, size, stride)
 
 
-def _module_binding(obj: Any, fn: Any) -> tuple[str, str] | None:
-    """``(module, qualname)`` when ``obj`` is importable under its function's module and qualname."""
+def _module_binding(fn: Any) -> tuple[str, str, Any] | None:
+    """``(module, qualname, what that name holds)`` for a function of an imported module file (not
+    ``__main__``, not a local): the worker can import the name; the caller checks what it holds."""
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
     if not module or not qualname or module == "__main__" or "<locals>" in qualname:
         return None
-    mod = sys.modules.get(module)
-    if mod is None or getattr(mod, "__file__", None) is None:
+    if getattr(sys.modules.get(module), "__file__", None) is None:
         return None
-    target: Any = mod
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            return None
-    if target is obj or getattr(target, "plan", None) is obj:
-        return module, qualname
-    return None
+    try:
+        return module, qualname, _import_attr(module, qualname)  # the module is imported already
+    except AttributeError:
+        return None
 
 
 def _evaluated_annotations(fn: Any) -> dict | None:
@@ -134,17 +130,17 @@ def _pickler_class() -> type:
             kernel_cls = _cutile_kernel_class()
             if kernel_cls is not None and isinstance(obj, kernel_cls):
                 pyfunc = obj._pyfunc
-                bound = _module_binding(obj, pyfunc)
-                if bound is not None:
-                    return _import_attr, bound
+                bound = _module_binding(pyfunc)
+                if bound is not None and bound[2] is obj:
+                    return _import_attr, bound[:2]
                 import dataclasses
 
                 options = dataclasses.asdict(obj._compiler_options)
                 return _rebuild_kernel, (type(obj).__name__, pyfunc, options, _evaluated_annotations(pyfunc))
             if type(obj).__name__ == "function":
-                bound = _module_binding(obj, obj)
-                if bound is not None and _import_attr(*bound) is not obj:  # a plan under @autotune
-                    return _import_plan, bound
+                bound = _module_binding(obj)
+                if bound is not None and getattr(bound[2], "plan", None) is obj:  # a plan under @autotune
+                    return _import_plan, bound[:2]
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(obj, torch.Tensor):
                 if obj.is_cuda:

@@ -45,11 +45,8 @@ def sticky_error(text: str) -> bool:
     return "acceleratorerror" in low or any(s.lower() in low for s in STICKY_CUDA_ERRORS)
 
 
-def _context_ok(backend: Any, device_index: int) -> str | None:
+def _context_ok(torch: Any, device_index: int) -> str | None:
     """None when the worker's CUDA context still works, else the error that shows it does not."""
-    torch = getattr(backend, "torch", None)
-    if torch is None:
-        return None
     try:
         torch.cuda.synchronize(device_index)
         x = torch.ones(1, device=f"cuda:{device_index}")
@@ -57,11 +54,6 @@ def _context_ok(backend: Any, device_index: int) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
-
-
-class _Holder:
-    def __init__(self, torch: Any) -> None:
-        self.torch = torch
 
 
 def _storage_bytes(t: Any) -> Any:
@@ -78,10 +70,9 @@ class _Served:
     inputs are put back after every run, so one candidate's stray write never skews the next.
     """
 
-    def __init__(self, session: Any, args: tuple, written: set[int], copy_s: float) -> None:
+    def __init__(self, session: Any, args: tuple, written: set[int]) -> None:
         self.session = session
         self.candidates: dict[int, Any] = {}
-        self.copy_s = copy_s
         self.compile_threads: list[threading.Thread] = []
         self.args = args
         self.pristine = {
@@ -151,12 +142,7 @@ class Worker:
             if op in ("check", "sample", "close", "open") and not reply.get("fatal") and (
                 not reply.get("ok") or reply.get("status") == "launch_error"
             ):
-                text = str(reply.get("error") or reply.get("reason") or "")
-                dead = self._dead_context(msg)
-                if dead is None and self._live(msg) and sticky_error(text):
-                    dead = "sticky CUDA error (the context cannot be trusted after it)"
-                if os.environ.get("TILETUNE_WORKER_TRACE"):
-                    sys.stderr.write(f"tiletune worker: probe {dead!r} backends={list(self.backends)} live={self._live(msg)}\n")
+                dead = self._dead_context(msg, str(reply.get("error") or reply.get("reason") or ""))
                 if dead is not None:  # a sticky CUDA error: this worker is done for
                     reply = {"ok": False, "fatal": True,
                              "error": f"{reply.get('error') or reply.get('reason')} (CUDA context lost: {dead})"}
@@ -192,6 +178,7 @@ class Worker:
 
     def op_open(self, msg: dict) -> dict:
         from ..backends.base import Launch
+        from ..tuning import PlanCache
         from .shipping import own_copy
 
         sid = int(msg["session"])
@@ -204,21 +191,13 @@ class Worker:
         copy_s = time.perf_counter() - t0
         del msg["args"]  # drop the IPC views of the caller's memory now
         plan = msg["plan"]
-        memo: dict[int, Any] = {}
 
-        def planned(cfg: Any, *a: Any) -> Launch:
-            # the launch plan is evaluated once per candidate and carried with it
-            key = id(cfg)
-            spec = memo.get(key)
-            if spec is None:
-                spec = plan(cfg, *a)
-                if not isinstance(spec, Launch):
-                    spec = Launch(*spec)
-                memo[key] = spec
-            return spec
+        def spec_for(cfg: Any) -> Launch:
+            spec = plan(cfg, *args)
+            return spec if isinstance(spec, Launch) else Launch(*spec)
 
         session = backend.open_session(
-            planned,
+            PlanCache(spec_for),  # the launch plan is evaluated once per candidate
             args,
             device_index=int(msg["device_index"]),
             writes=tuple(msg["writes"]),
@@ -228,7 +207,7 @@ class Worker:
             name=str(msg.get("name", "op")),
         )
         written = set(msg["writes"]) | set(msg["inplace"])
-        self.sessions[sid] = _Served(session, args, written, copy_s)
+        self.sessions[sid] = _Served(session, args, written)
         return {"ok": True, "copy_s": copy_s}
 
     def _candidates(self, served: _Served, wire: list) -> list[Any]:
@@ -275,13 +254,16 @@ class Worker:
             torch = getattr(self.backends.get("cutile"), "torch", None)
         return torch
 
-    def _live(self, msg: dict) -> bool:
-        return self._torch_of(msg) is not None
-
-    def _dead_context(self, msg: dict) -> str | None:
-        """The error that shows the CUDA context is gone, or None (also for simulated backends)."""
+    def _dead_context(self, msg: dict, error: str) -> str | None:
+        """Why the CUDA context cannot be used after a request failed with ``error``, or None
+        (always None for simulated backends): a probe that fails, or an error of the sticky kind."""
         torch = self._torch_of(msg)
-        return _context_ok(_Holder(torch), self.device_index) if torch is not None else None
+        if torch is None:
+            return None
+        dead = _context_ok(torch, self.device_index)
+        if dead is None and sticky_error(error):
+            dead = "sticky CUDA error (the context cannot be trusted after it)"
+        return dead
 
     def op_check(self, msg: dict) -> dict:
         served = self.sessions[int(msg["session"])]
