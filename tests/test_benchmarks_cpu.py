@@ -1,0 +1,203 @@
+"""CPU tests of benchmark scripts: the parts that decide what a GPU run measures.
+
+``benchmarks/host_cost.py`` (issue 12, item 2): its row list covers every op of
+``tiletune.kernels.__all__`` and both matmul weight layouts at M = 1, 8, 128; it imports only the
+standard library at module level (cuda.tile and triton are not needed to read it); the summary and
+table are pure; and the torch candidates of each row, built on CPU, agree with each other (and RoPE
+with a float32 rotate-half reference), so a wrong torch formulation is caught before a GPU run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import host_cost  # noqa: E402
+
+
+def _all_ops() -> list[str]:
+    import tiletune.kernels as K
+
+    return list(K.__all__)
+
+
+def test_import_is_cpu_safe():
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import host_cost, json; "
+            "print(json.dumps([m for m in ('torch', 'triton', 'cuda.tile', 'tiletune') if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_rows_cover_every_library_op():
+    specs = host_cost.row_specs(quick=False)
+    assert set(_all_ops()) <= {s["op"] for s in specs}
+    assert {s["op"] for s in specs} <= set(_all_ops())
+    names = [s["name"] for s in specs]
+    assert len(names) == len(set(names)), [n for n, c in Counter(names).items() if c > 1]
+    for s in specs:
+        assert {"name", "op", "variant", "m", "shape", "dtype"} <= set(s)
+        assert s["dtype"] == "bfloat16"
+
+
+def test_rows_m_values():
+    specs = host_cost.row_specs()
+    ms: dict[tuple, set] = {}
+    for s in specs:
+        ms.setdefault((s["op"], s["variant"]), set()).add(s["m"])
+    for op in ("rms_norm_residual", "layer_norm", "softmax", "swiglu", "geglu", "apply_rope_"):
+        assert ms[(op, "")] == {1, 8, 128}, op
+    assert ms[("rms_norm", "weight")] == {1, 8, 128}
+    assert ms[("rms_norm", "no weight")] == {8}
+    assert ms[("cross_entropy", "")] == {8, 128}
+    assert ms[("attention", "causal")] == {None} and ms[("attention", "non-causal")] == {None}
+    assert [s["causal"] for s in specs if s["op"] == "attention"] == [False, True]
+
+
+def test_matmul_layouts_at_each_m():
+    mm = [s for s in host_cost.row_specs() if s["op"] == "matmul"]
+    got = {(s["layout"], s["m"]) for s in mm}
+    assert got == {(lay, m) for lay in ("nk", "kn") for m in (1, 8, 128)}
+    assert len(mm) == 6
+
+
+def test_quick_rows():
+    specs = host_cost.row_specs(quick=True)
+    assert set(_all_ops()) <= {s["op"] for s in specs}
+    assert {s["m"] for s in specs} <= {8, None}
+    assert {s["layout"] for s in specs if s["op"] == "matmul"} == {"nk", "kn"}
+
+
+def test_row_specs_is_pure():
+    a, b = host_cost.row_specs(), host_cost.row_specs()
+    assert a == b
+    a[0]["m"] = -1
+    assert host_cost.row_specs()[0]["m"] != -1
+
+
+def test_calls_for_caps_queued_launches():
+    assert host_cost.calls_for(None, 300) == 300
+    assert host_cost.calls_for(1.0, 300) == 300
+    assert host_cost.calls_for(12.0, 300) == host_cost.QUEUE_BUDGET // 12
+    assert host_cost.calls_for(12.0, 300) * 12 <= host_cost.QUEUE_BUDGET
+    assert host_cost.calls_for(1000.0, 300) == host_cost.MIN_CALLS
+    assert host_cost.calls_for(0.5, 100) == 100
+
+
+def _row(name_op, ratio, **kw):
+    r = host_cost._row(name_op, "", 8, "8x4096")
+    r.update(ratio=ratio, **kw)
+    return r
+
+
+def test_summarize_and_table():
+    rows = [
+        _row("rms_norm", 1.5, tiletune_host_us=15.0, torch_host_us=10.0, tiletune_gpu_us=2.0, torch_gpu_us=3.0,
+             torch_route="F.rms_norm", agree=True),
+        _row("softmax", 0.5, tiletune_host_us=5.0, torch_host_us=10.0, tiletune_gpu_us=None, torch_gpu_us=3.0,
+             torch_route="torch.softmax", agree=False),
+        _row("geglu", None, error="RuntimeError: boom\nsecond line"),
+    ]
+    s = host_cost.summarize(rows)
+    assert s["max_ratio"] == 1.5 and s["max_ratio_row"] == "rms_norm M=8"
+    assert s["rows_over_1"] == 1 and s["rows_over_1_names"] == ["rms_norm M=8"]
+    assert s["n_rated"] == 2 and s["n_errors"] == 1 and s["n_disagree"] == 1
+    assert s["geomean_ratio"] == pytest.approx((1.5 * 0.5) ** 0.5)
+    assert host_cost.summarize([])["max_ratio"] is None
+    text = host_cost.table(rows)
+    lines = text.splitlines()
+    assert len(lines) == 4
+    assert "1.50" in lines[1] and "NO" in lines[2] and "ERROR: RuntimeError: boom" in lines[3]
+    assert "second line" not in text
+
+
+@pytest.mark.parametrize("spec", host_cost.row_specs(quick=True), ids=lambda s: s["name"])
+def test_torch_candidates_agree_on_cpu(spec):
+    torch = pytest.importorskip("torch")
+    case = host_cost.build_case(spec, device="cpu")
+    assert callable(case["tiletune"]) and case["routes"]
+    outs = {}
+    for name, fn in case["routes"].items():
+        args = case["make"](3)  # fresh inputs: the RoPE candidates rotate in place
+        outs[name] = [t.float() for t in host_cost._flat(fn(*args))]
+        if case["inplace"]:
+            q, k = args[0], args[1]
+            assert torch.equal(outs[name][0], q.float())
+            assert torch.equal(outs[name][1], k.float())
+    first = next(iter(outs.values()))
+    for name, out in outs.items():
+        assert len(out) == len(first), name
+        for a, b in zip(out, first):
+            torch.testing.assert_close(a, b, rtol=2e-2, atol=4e-2, msg=name)
+    if spec["op"] == "apply_rope_":
+        q, k, cos, sin = case["make"](3)
+        qkv_before = q._base.clone()
+        h = cos.shape[-1] // 2
+        c, s = cos.float()[:, None, :], sin.float()[:, None, :]
+        for x, got in zip((q, k), first):
+            x = x.float()
+            rot = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+            torch.testing.assert_close(got, x * c + rot * s, rtol=2e-2, atol=4e-2)
+        # the candidates touch q and k only, not the rest of the qkv tensor (v)
+        for fn in case["routes"].values():
+            q2, k2, c2, s2 = case["make"](3)
+            fn(q2, k2, c2, s2)
+            nq, nk = q2.shape[2], k2.shape[2]
+            assert torch.equal(q2._base[:, :, nq + nk:], qkv_before[:, :, nq + nk:])
+
+
+def test_main_with_cpu_fakes(monkeypatch, tmp_path):
+    """The whole driver on CPU: tiletune faked by the first torch candidate, no CUDA graphs; a row that
+    fails records its error and the others still run; the result has the fields the issue asks for."""
+    torch = pytest.importorskip("torch")
+    from tiletune.kernels import _membound
+
+    configured = []
+    written = {}
+    monkeypatch.setenv("TILETUNE_DB", "unchanged")  # main sets both; monkeypatch restores them
+    monkeypatch.setenv("TILETUNE_PROGRESS", "0")
+    monkeypatch.setattr(_membound.OpFamily, "configure", lambda **kw: configured.append(kw))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(host_cost, "gpu_time", lambda fn, args: {"gpu_us": 1.0, "launches_per_call": 4.0})
+    real_build = host_cost.build_case
+
+    def cpu_case(spec):
+        case = real_build(spec, device="cpu")
+        case["tiletune"] = next(iter(case["routes"].values()))
+        return case
+
+    monkeypatch.setattr(host_cost, "build_case", cpu_case)
+    rope = next(s for s in host_cost.row_specs(quick=True) if s["op"] == "apply_rope_")
+    bogus = host_cost._row("no_such_op", "", 8, "8x8")
+    monkeypatch.setattr(host_cost, "row_specs", lambda quick=False: [rope, bogus])
+    monkeypatch.setattr(host_cost, "write_result",
+                        lambda name, data, out: written.update(name=name, data=data, out=out))
+    assert host_cost.main(["--quick", "--calls", "20", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    import os
+
+    db = os.environ["TILETUNE_DB"]
+    assert db.endswith("tt.db") and configured == [{"db": db, "progress": False}]
+    assert not Path(db).parent.exists()  # the temporary database is removed
+    assert written["name"] == "host_cost" and written["out"] == str(tmp_path)
+    data = written["data"]
+    ok, bad = data["rows"]
+    for key in ("op", "shape", "tiletune_host_us", "torch_host_us", "ratio", "tiletune_gpu_us", "torch_gpu_us",
+                "torch_route"):
+        assert key in ok and key in bad
+    assert ok["agree"] is True and ok["ratio"] > 0 and ok["tiletune_gpu_us"] == 1.0
+    assert ok["calls_per_batch"] == {"tiletune": 20, "torch": 20}
+    assert set(ok["torch_routes_host_us"]) == set(real_build(rope, device="cpu")["routes"])
+    assert ok["torch_route"] in ok["torch_routes_host_us"]
+    assert bad["ratio"] is None and "no case for op" in bad["error"]
+    assert data["n_errors"] == 1 and data["n_rated"] == 1 and "max_ratio" in data and "rows_over_1" in data
+    assert "perf_counter" in data["method"]
