@@ -14,11 +14,13 @@ import inspect
 import logging
 import os
 import threading
+import weakref
+from operator import itemgetter
 from typing import Any, Callable, Mapping, Sequence
 
 from .backends.base import Backend, Launch
 from .errors import TiletuneError
-from .hotpath import Entry, build_entry
+from .hotpath import Entry, bound_launcher, build_entry
 from .keys import default_key
 from .progress import configure_logging_from_env
 from .records import TuneResult
@@ -68,6 +70,93 @@ def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _no_outputs(args: tuple[Any, ...]) -> None:
+    return None
+
+
+#: threads recording which tuned-op launches a call makes (see :mod:`tiletune.fastcall`); empty
+#: almost always, so the hot path pays one truthiness test
+_recorders: dict[int, list[tuple["TunedOp", Any, tuple[Any, ...]]]] = {}
+#: called whenever a tuned op's choice for a key changes (cache cleared, a pending key tuned)
+_change_hooks: list[Callable[[], None]] = []
+
+
+def _note_launch(op: "TunedOp", key: Any, args: tuple[Any, ...]) -> None:
+    rec = _recorders.get(threading.get_ident())
+    if rec is not None:
+        rec.append((op, key, args))
+
+
+def _choices_changed() -> None:
+    for hook in list(_change_hooks):
+        hook()
+
+
+def _stream_capturing(backend: Backend, dev: int) -> bool:
+    """Whether the stream a launch on ``dev`` goes to is being captured into a CUDA graph."""
+    probe = getattr(backend, "stream_capturing", None)
+    return bool(probe(dev)) if probe is not None else False
+
+
+class _ArgTemplate:
+    """What :meth:`TunedOp.tune_pending` needs to tune a key later: weak references to the call's
+    tensors (strong ones to other values) and their shapes, strides, dtypes and devices."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        from .keys import is_tensor
+
+        self.parts: list[tuple[str, Any, Any]] = []
+        for a in args:
+            if is_tensor(a):
+                try:
+                    ref: Any = weakref.ref(a)
+                except TypeError:
+                    ref = lambda a=a: a  # noqa: E731 - not weak-referenceable: keep it
+                meta = (tuple(a.shape), tuple(a.stride()), a.dtype, getattr(a, "device", None))
+                self.parts.append(("tensor", ref, meta))
+            else:
+                self.parts.append(("value", a, None))
+
+    def arguments(self) -> tuple[Any, ...]:
+        """The original arguments while they live, else fresh tensors like them."""
+        out: list[Any] = []
+        for kind, ref, meta in self.parts:
+            if kind == "value":
+                out.append(ref)
+                continue
+            t = ref()
+            if t is None:
+                t = _synthesize(*meta)
+            out.append(t)
+        return tuple(out)
+
+
+def _synthesize(shape: tuple[int, ...], stride: tuple[int, ...], dtype: Any, device: Any) -> Any:
+    import torch
+
+    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    if t.is_floating_point():
+        t.normal_()
+    else:
+        t.zero_()
+    return t
+
+
+class _Pending:
+    """A key launched during capture without tuning: its config, launcher and arguments template."""
+
+    __slots__ = ("config", "entry", "template")
+
+    def __init__(self, config: Config, entry: Entry, template: _ArgTemplate | None) -> None:
+        self.config = config
+        self.entry = entry
+        self.template = template
+
+    def arguments(self) -> tuple[Any, ...]:
+        assert self.template is not None
+        return self.template.arguments()
 
 
 class TunedOp:
@@ -123,7 +212,9 @@ class TunedOp:
         self._warned_unshippable = False
         self._db_arg = db
         self._db: TuningDB | None = None
-        self._params = list(inspect.signature(plan).parameters)[1:]
+        sig = inspect.signature(plan)
+        self._params = list(sig.parameters)[1:]
+        self._signature = sig.replace(parameters=list(sig.parameters.values())[1:])
         self.inplace = self._resolve_positions(inplace, "inplace")
         self.writes = tuple(p for p in self._resolve_positions(writes, "writes") if p not in self.inplace)
         self.cache_plan = cache_plan and key is None  # a user key may omit what the plan reads
@@ -131,6 +222,10 @@ class TunedOp:
         self._cache: dict[Any, Entry] = {}
         self._configs: dict[Any, Config] = {}
         self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
+        self._pending: dict[Any, _Pending] = {}  # keys met during CUDA graph capture, not tuned yet
+        outs = sorted(set(self.writes) | set(self.inplace))
+        #: ``outputs(args)``: what a call returns: None, the one written argument, or a tuple of them
+        self._outputs: Callable[[tuple[Any, ...]], Any] = itemgetter(*outs) if outs else _no_outputs
         self._lock = threading.RLock()
         self.results: dict[Any, TuneResult] = {}
         self.tuning_count = 0
@@ -145,21 +240,49 @@ class TunedOp:
                 prestart()
 
     # ------------------------------------------------------------------ hot path
-    def __call__(self, *args: Any) -> None:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
         key = self._key(args)
         entry = self._cache.get(key)
         if entry is None:
             return self._miss(args, key)
+        if _recorders:
+            _note_launch(self, key, args)
         entry(args)
-        return None
+        return self._outputs(args)
 
     # ------------------------------------------------------------------ public helpers
-    def config_for(self, *args: Any) -> Config:
+    def config_for(self, *args: Any, **kwargs: Any) -> Config:
         """The config this op uses for these arguments (tunes if the key is new, without launching twice)."""
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
         key = self._key(args)
         if key not in self._configs:
             self._miss(args, key)
-        return self._configs[key]
+        pend = self._pending.get(key)
+        return pend.config if pend is not None else self._configs[key]
+
+    def bind(self, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """A launcher of this op on these exact arguments: ``bound()`` launches the chosen config's kernel
+        with no key, lookup or plan on the way (the cheapest call there is).
+
+        The key is resolved now (a new key is tuned, which launches the winner once on these
+        arguments, as a call would); ``bind`` itself launches nothing otherwise. The bound launcher
+        keeps references to the arguments and passes the same tensors on every call: it is for
+        fixed buffers (static inputs and outputs, CUDA-graph style). Rebind after reallocating them.
+        It returns what a call returns; its ``config`` attribute is the config it launches.
+        """
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
+        key = self._key(args)
+        with self._lock:
+            if key not in self._cache:
+                self._miss(args, key, launch=False)
+            cfg = self._configs[key]
+        spec = self._launch_spec(cfg, args)
+        parts = self.backend.launch_parts(cfg, spec[0], self.backend.arg_device(args))
+        return bound_launcher(parts, tuple(spec[1]), tuple(spec[2]), self._outputs(args), config=cfg, op=self)
 
     def cache_clear(self) -> None:
         """Forget in-memory choices (the database keeps its records)."""
@@ -167,6 +290,39 @@ class TunedOp:
             self._cache.clear()
             self._configs.clear()
             self.recipe_keys.clear()
+            self._pending.clear()
+        _choices_changed()
+
+    @property
+    def pending(self) -> list[Any]:
+        """Keys first met during a CUDA graph capture and launched without tuning (see :meth:`tune_pending`)."""
+        return list(self._pending)
+
+    def tune_pending(self) -> dict[Any, Config]:
+        """Tune every key that was first met during a CUDA graph capture (and launched there with the
+        database's record or the baseline config). Call it outside any capture.
+
+        The arguments of the capture-time call are used when they are still alive (the tuning session
+        saves and restores them like any call's); otherwise fresh tensors of the recorded shapes,
+        strides and dtypes (floats normal, integers zero). Graphs captured before keep the config they
+        captured: capture again to use the tuned one. Returns ``{key: tuned config}``; a key that cannot
+        be tuned stays pending (logged).
+        """
+        done: dict[Any, Config] = {}
+        for key in list(self._pending):
+            pend = self._pending.get(key)
+            if pend is None:
+                continue
+            try:
+                args = pend.arguments()
+            except Exception as exc:  # noqa: BLE001 - reported, the key stays pending
+                logger.warning("%s: cannot rebuild the arguments of pending key %r (%s); it stays pending",
+                               self.name, key, exc)
+                continue
+            self._miss(args, key, launch=False)
+            if key in self._cache:
+                done[key] = self._configs[key]
+        return done
 
     @property
     def db(self) -> TuningDB | None:
@@ -217,16 +373,41 @@ class TunedOp:
                 ) from exc
         return spec
 
-    def _miss(self, args: tuple[Any, ...], key: Any) -> None:
+    def _bind_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """Keyword arguments bound to the plan's parameters: the positional tuple the plan is called with
+        (defaults filled in only up to the last argument given)."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}(): {exc}") from None
+        if bound.kwargs:
+            bound.apply_defaults()
+            if bound.kwargs:
+                raise TypeError(f"{self.name}(): keyword-only parameters of a launch plan cannot be passed "
+                                f"({', '.join(bound.kwargs)}); make them positional")
+        return tuple(bound.args)
+
+    def _miss(self, args: tuple[Any, ...], key: Any, launch: bool = True) -> Any:
+        if _recorders:
+            _note_launch(self, None, args)  # not a cached choice: nothing a recipe could replay
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None:  # another thread finished first
-                entry(args)
-                return None
+                if launch:
+                    entry(args)
+                return self._outputs(args)
             configure_logging_from_env()
             backend = self.backend
             dev = backend.arg_device(args)
             arch = backend.device_info(dev).arch
+            capturing = _stream_capturing(backend, dev) and not _env_flag("TILETUNE_DISABLE")
+            pend = self._pending.get(key)
+            if capturing:
+                if pend is None:
+                    pend = self._pending_entry(args, key, backend, dev, arch)
+                if launch:
+                    pend.entry(args)
+                return self._outputs(args)
             launched = False
             if _env_flag("TILETUNE_DISABLE"):
                 cfg = self.space.baseline(arch) or self.space.candidates(arch)[0]
@@ -237,17 +418,49 @@ class TunedOp:
                 cfg, launched = res.config, res.launched
                 if res.result is not None:
                     self.results[key] = res.result
-            spec = self._launch_spec(cfg, args)
-            entry, replays = build_entry(
-                self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev), self.cache_plan
-            )
-            self._configs[key] = cfg
-            self._cache[key] = entry
-            if replays:
-                self.recipe_keys.add(key)
-            if not launched:
+            entry = self._install(cfg, args, key, backend, dev)
+            if pend is not None:
+                del self._pending[key]
+                _choices_changed()
+            if launch and not launched:
                 entry(args)
-            return None
+            return self._outputs(args)
+
+    def _install(self, cfg: Config, args: tuple[Any, ...], key: Any, backend: Backend, dev: int) -> Entry:
+        spec = self._launch_spec(cfg, args)
+        entry, replays = build_entry(
+            self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev), self.cache_plan
+        )
+        self._configs[key] = cfg
+        self._cache[key] = entry
+        if replays:
+            self.recipe_keys.add(key)
+        return entry
+
+    def _pending_entry(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> "_Pending":
+        """A key met during CUDA graph capture: no tuning, no lease, no waiting (any of them would break
+        or stall the capture). The database's record if there is one (installed for good), else the
+        baseline config, kept pending: tuned at the next call outside capture or by :meth:`tune_pending`."""
+        from .tuning import lookup
+
+        try:
+            cfg = lookup(self, args, key, backend, dev, arch)
+        except Exception as exc:  # noqa: BLE001 - the baseline is the answer without a database
+            logger.debug("%s: database lookup during capture failed: %s", self.name, exc)
+            cfg = None
+        if cfg is not None:
+            logger.info("%s: database hit during CUDA graph capture -> %s", self.name, cfg)
+            return _Pending(cfg, self._install(cfg, args, key, backend, dev), None)
+        cfg = self.space.baseline(arch) or self.space.candidates(arch)[0]
+        spec = self._launch_spec(cfg, args)
+        entry, _ = build_entry(self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev),
+                               self.cache_plan)
+        pend = _Pending(cfg, entry, _ArgTemplate(args))
+        self._pending[key] = pend
+        logger.warning("tiletune: %s met a new problem key during CUDA graph capture; launching the baseline "
+                       "config %s untuned; it is tuned at the next call outside capture or by tune_pending()",
+                       self.name, cfg)
+        return pend
 
     def _tuning_backend(self, backend: Backend) -> Backend:
         """Where candidates run: a worker process (isolation "process") or this process."""

@@ -130,3 +130,21 @@ def build_entry(
         p[0](p[1](p[3]), g, p[2], ka)
 
     return entry, False
+
+
+def bound_launcher(parts: LaunchParts, grid: tuple[int, ...], kargs: tuple[Any, ...], result: Any,
+                   **attrs: Any) -> Callable[[], Any]:
+    """``launch()``: one launch of a hinted kernel on fixed kernel arguments, returning ``result``.
+
+    The closure holds everything in cells: a call costs the raw-stream read and the launch.
+    ``attrs`` become attributes of the function (e.g. its config).
+    """
+    launch, stream, hinted, dev = parts
+
+    def bound() -> Any:
+        launch(stream(dev), grid, hinted, kargs)
+        return result
+
+    for name, value in attrs.items():
+        setattr(bound, name, value)
+    return bound

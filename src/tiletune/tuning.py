@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["PlanCache", "Resolution", "resolve", "make_identity", "tune"]
+__all__ = ["PlanCache", "Resolution", "lookup", "resolve", "make_identity", "tune"]
 
 
 class PlanCache:
@@ -103,6 +103,17 @@ def _config_from_record(op: "TunedOp", values: Mapping[str, Any], arch: str) -> 
     except TiletuneError:
         return None
     return cfg if cfg in set(op.space.candidates(arch)) else None
+
+
+def lookup(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Config | None:
+    """The database's config for this key, or None: no lease, no waiting, no tuning (what a call made
+    during CUDA graph capture may do)."""
+    db = op.db
+    if db is None:
+        return None
+    plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
+    record = db.lookup(make_identity(op, args, key, backend, dev, arch, plans))
+    return _config_from_record(op, record.config, arch) if record is not None else None
 
 
 def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Resolution:

@@ -100,6 +100,10 @@ class Backend(Protocol):
     def arg_device(self, args: Sequence[Any]) -> int:
         """The device index the call's arguments live on."""
 
+    # Optional: ``stream_capturing(device_index) -> bool``, True while the stream launches go to is
+    # being captured into a CUDA graph; a tuned op then launches the database's record or the
+    # baseline config instead of tuning (see TunedOp.tune_pending).
+
     def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
         """How to launch ``kernel`` with this config's hints (applied once, up front)."""
 

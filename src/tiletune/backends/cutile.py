@@ -59,6 +59,8 @@ class CutileBackend:
     """Compiles in parallel, verifies and times cuTile kernels on the GPU; launches tuned ones."""
 
     name = "cutile"
+    #: ``ct.launch`` reads ``__cuda_array_interface__`` objects (recipes pass views that way)
+    accepts_array_interface = True
 
     def __init__(self, workers: int | None = None, compile_timeout_s: float | None = 300.0) -> None:
         self.torch, self.ct = _import_cutile()
@@ -89,6 +91,10 @@ class CutileBackend:
         fn = getattr(kernel, "_pyfunc", kernel)
         opts = getattr(kernel, "_compiler_options", None)
         return function_source(fn) + f"\n#options {opts!r}"
+
+    def stream_capturing(self, device_index: int) -> bool:
+        """Whether the current stream is being captured into a CUDA graph (tuning must not run then)."""
+        return bool(self.torch.cuda.is_current_stream_capturing())
 
     def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
         # replace_hints runs here, once per (kernel, hints), never on the hot path

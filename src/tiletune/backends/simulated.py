@@ -147,6 +147,8 @@ class SimulatedBackend:
     :attr:`launches` (subclasses decide what a launch records or runs, in :meth:`_execute`)."""
 
     name = "simulated"
+    #: set True to simulate a CUDA graph capture in progress (tests of the capture fallback)
+    capturing: bool = False
     device: DeviceInfo
     _versions: dict[str, str]
     launches: list[Any]
@@ -159,6 +161,9 @@ class SimulatedBackend:
 
     def arg_device(self, args: Sequence[Any]) -> int:
         return 0
+
+    def stream_capturing(self, device_index: int) -> bool:
+        return self.capturing
 
     def kernel_sources(self, kernel: Any) -> str:
         from ..identity import function_source

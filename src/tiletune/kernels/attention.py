@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from ..backends.base import Launch
+from ..fastcall import custom_op_route, fast_op
 from ..dispatch import autotune
 from ..space import Space
 from ..verify import Tolerance, derived_tolerance, eps
@@ -80,6 +81,7 @@ def _strided_ok(t: Any) -> Any:
     return t.contiguous()
 
 
+@fast_op(route=custom_op_route("attention"))
 def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
     """Scaled dot-product attention of ``(B, H, S, D)`` CUDA tensors, autotuned.
 

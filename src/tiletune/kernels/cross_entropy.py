@@ -33,6 +33,7 @@ from typing import Any
 import cuda.tile as ct
 
 from ..backends.base import Launch
+from ..fastcall import constant_tensor, custom_op_route, fast_op
 from ..space import Space
 from ..templates import chunked_row_space
 from ._membound import OpFamily, Prepared, check_device, check_float, check_tensor, int64_twin, needs_int64, persistent_grid
@@ -47,6 +48,7 @@ __all__ = [
     "cross_entropy_grad_reference",
     "cross_entropy_plan",
     "cross_entropy_reference",
+    "cross_entropy_rows",
     "prepare_cross_entropy",
 ]
 
@@ -210,6 +212,7 @@ CE_GRAD = OpFamily("tiletune.cross_entropy_grad", lambda regime: grad_space(), c
 _INT_TARGETS = ("torch.int64", "torch.int32")
 
 
+@fast_op(route=custom_op_route("cross_entropy"), learn=False)
 def cross_entropy(logits: Any, target: Any, return_grad: bool = False, ignore_index: int = -100) -> Any:
     """Mean cross-entropy of ``logits`` ``[..., V]`` against class indices ``target`` ``[...]``.
 
@@ -222,6 +225,15 @@ def cross_entropy(logits: Any, target: Any, return_grad: bool = False, ignore_in
     Returns:
         ``loss`` (a float32 scalar tensor), or ``(loss, grad)`` with ``return_grad=True``.
     """
+    loss_rows, grad = cross_entropy_rows(logits, target, bool(return_grad), ignore_index)
+    loss = loss_rows.sum()
+    return (loss, grad) if return_grad else loss
+
+
+@fast_op()
+def cross_entropy_rows(logits: Any, target: Any, return_grad: bool = False, ignore_index: int = -100) -> tuple:
+    """The launch of :func:`cross_entropy` (checks included): ``(loss_rows, grad or None)`` with
+    ``loss = loss_rows.sum()``; one launch, so repeated calls replay a recipe (:mod:`tiletune.fastcall`)."""
     op = "cross_entropy"
     check_float(op, "logits", logits)
     check_tensor(op, "target", target)
@@ -239,12 +251,9 @@ def cross_entropy(logits: Any, target: Any, return_grad: bool = False, ignore_in
     if logits.numel() == 0:
         import torch
 
-        loss = torch.zeros((), dtype=torch.float32, device=logits.device)
-        return (loss, logits.new_zeros(logits.shape)) if return_grad else loss
-    prep = prepare_cross_entropy(logits, target, return_grad, ignore_index)
-    loss_rows, grad = prep.run()
-    loss = loss_rows.sum()
-    return (loss, grad) if return_grad else loss
+        rows = torch.zeros((0,), dtype=torch.float32, device=logits.device)
+        return rows, (logits.new_zeros(logits.shape) if return_grad else None)
+    return prepare_cross_entropy(logits, target, return_grad, ignore_index).run()
 
 
 def prepare_cross_entropy(logits: Any, target: Any, return_grad: bool = False, ignore_index: int = -100) -> Prepared:
@@ -268,7 +277,20 @@ def prepare_cross_entropy(logits: Any, target: Any, return_grad: bool = False, i
         grad = torch.empty((m, v), dtype=logits.dtype, device=logits.device)
         return Prepared(CE_GRAD, "grad", (l2, t1, loss_rows, grad, int(ignore_index)),
                         (loss_rows, grad.view(logits.shape)))
-    return Prepared(CE_LOSS, "loss", (l2, t1, loss_rows, l2.new_empty((1, 1)), int(ignore_index)), (loss_rows, None))
+    return Prepared(CE_LOSS, "loss", (l2, t1, loss_rows, _grad_placeholder(l2), int(ignore_index)), (loss_rows, None))
+
+
+_PLACEHOLDERS: dict[tuple, Any] = {}
+
+
+def _grad_placeholder(like: Any) -> Any:
+    """The gradient argument of the loss-only kernel (never written: ``WRITE_GRAD`` is off), cached
+    per device and dtype so a recipe may keep it."""
+    key = (like.device, like.dtype)
+    ph = _PLACEHOLDERS.get(key)
+    if ph is None:
+        ph = _PLACEHOLDERS[key] = constant_tensor(like.new_empty((1, 1)))
+    return ph
 
 
 make_module_callable(__name__, "cross_entropy")

@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from ..backends.base import Launch
+from ..fastcall import constant_tensor, custom_op_route, fast_op
 from ..dispatch import autotune
 from ..space import Space
 from ..templates import matmul_space
@@ -182,11 +183,14 @@ def _scale_tensor(s: Any, name: str, device: Any) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def _unit_scale(device: Any) -> Any:
+    """The scale placeholder of a non-fp8 product: the kernel reads it only with ``SCALED`` (fp8), so it
+    is allocated without a kernel (safe to create during CUDA graph capture) and never read."""
     import torch
 
-    return torch.ones(1, dtype=torch.float32, device=device)
+    return constant_tensor(torch.empty(1, dtype=torch.float32, device=device))
 
 
+@fast_op(route=custom_op_route("matmul"))
 def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtype: Any = None) -> Any:
     """``a @ b`` like ``torch.matmul``, autotuned, with fp32 accumulation.
 

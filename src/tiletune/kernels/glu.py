@@ -25,6 +25,7 @@ from typing import Any
 import cuda.tile as ct
 
 from ..backends.base import Launch
+from ..fastcall import custom_op_route, fast_op
 from ..templates import elementwise_space, next_power_of_2
 from ._membound import OpFamily, Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
 from ._tile_ops import load_zero_padded as _ld
@@ -145,6 +146,7 @@ def _glu(op: str, x: Any, act: int) -> Any:
     return prepare_glu(x, act).run()
 
 
+@fast_op(route=custom_op_route("swiglu"))
 def swiglu(x: Any) -> Any:
     """SwiGLU: ``silu(x[..., :H]) * x[..., H:]`` for a CUDA tensor ``[..., 2H]`` (bf16, fp16, fp32).
 
@@ -153,6 +155,7 @@ def swiglu(x: Any) -> Any:
     return _glu("swiglu", x, ACT_SILU)
 
 
+@fast_op(route=custom_op_route("geglu"))
 def geglu(x: Any, approximate: str = "none") -> Any:
     """GeGLU: ``gelu(x[..., :H], approximate) * x[..., H:]`` for a CUDA tensor ``[..., 2H]``.
 

@@ -34,6 +34,7 @@ from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, row_regime, rowwise_space, tma_rows
 from ._tile_ops import load_zero_padded as _ld
 from ..verify import derived_tolerances
+from ..fastcall import constant_tensor, custom_op_route, fast_op
 from ._membound import (
     OpFamily,
     Prepared,
@@ -341,10 +342,18 @@ def _check_input(op: str, x: Any) -> None:
         raise ValueError(f"{op}(): the normalized (last) dimension must not be empty, got shape {tuple(x.shape)}")
 
 
+_PLACEHOLDERS: dict[tuple, Any] = {}
+
+
 def _vector_arg(v: Any, like: Any) -> Any:
-    """A weight/bias as the kernel reads it (contiguous), or a 1-element placeholder when absent."""
+    """A weight/bias as the kernel reads it (contiguous), or a cached 1-element placeholder when absent
+    (never read: the kernel's HAS_W / HAS_B constant is False)."""
     if v is None:
-        return like.new_zeros((1,))
+        key = (like.device, like.dtype)
+        ph = _PLACEHOLDERS.get(key)
+        if ph is None:
+            ph = _PLACEHOLDERS[key] = constant_tensor(like.new_empty((1,)))
+        return ph
     return v if v.stride(0) == 1 else v.contiguous()
 
 
@@ -383,6 +392,7 @@ def prepare_layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float 
                     y.view(x.shape))
 
 
+@fast_op(route=custom_op_route("rms_norm"))
 def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6) -> Any:
     """RMSNorm over the last dimension: ``x * rsqrt(mean(x^2, -1) + eps) * weight``.
 
@@ -404,6 +414,7 @@ def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6) -> Any:
     return prepare_rms_norm(x, weight, eps).run()
 
 
+@fast_op(route=custom_op_route("rms_norm_residual"))
 def rms_norm_residual(x: Any, residual: Any, weight: Any = None, eps: float = 1e-6) -> tuple[Any, Any]:
     """Fused residual add and RMSNorm: ``h = x + residual``, ``y = rms_norm(h, weight, eps)``.
 
@@ -428,6 +439,7 @@ def rms_norm_residual(x: Any, residual: Any, weight: Any = None, eps: float = 1e
     return prepare_rms_norm_residual(x, residual, weight, eps).run()
 
 
+@fast_op(route=custom_op_route("layer_norm"))
 def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
     """LayerNorm over the last dimension, like ``torch.nn.functional.layer_norm(x, (N,), weight, bias, eps)``.
 

@@ -33,6 +33,7 @@ from typing import Any
 import cuda.tile as ct
 
 from ..backends.base import Launch
+from ..fastcall import custom_op_route, fast_op
 from ..space import Space
 from ..templates import next_power_of_2, rope_space
 from ..verify import derived_tolerances
@@ -126,6 +127,11 @@ ROPE = OpFamily("tiletune.rope", _space_for, rope_plan, reference=rope_reference
                 inplace=["q1", "q2", "k1", "k2"])
 
 
+def _distinct(q: Any, k: Any, *_: Any) -> bool:
+    return q.data_ptr() != k.data_ptr()
+
+
+@fast_op(route=custom_op_route("apply_rope_"), precheck=_distinct)
 def apply_rope_(q: Any, k: Any, cos: Any, sin: Any, layout: str = "bshd") -> tuple[Any, Any]:
     """Rotate ``q`` and ``k`` in place by the rotary embedding ``cos``/``sin``; returns ``(q, k)``.
 

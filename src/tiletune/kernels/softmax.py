@@ -27,6 +27,7 @@ from typing import Any, Hashable
 import cuda.tile as ct
 
 from ..backends.base import Launch
+from ..fastcall import custom_op_route, fast_op
 from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
 from ._membound import OpFamily, Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
@@ -130,6 +131,7 @@ def prepare_softmax(x: Any) -> Prepared:
     return Prepared(SOFTMAX, row_key(x2), (x2, y), y.view(x.shape))
 
 
+@fast_op(route=custom_op_route("softmax"))
 def softmax(x: Any, dim: int = -1) -> Any:
     """Softmax along ``dim`` (default: the last), like ``torch.softmax(x, dim)``.
 

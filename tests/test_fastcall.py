@@ -1,0 +1,260 @@
+"""Recipes of library-style ops (tiletune.fastcall) on the fake backend with CPU tensors: when a call
+is replayed without the op's Python, what it launches, and every reason a signature keeps the slow path."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tiletune as tt
+from tiletune import fastcall
+from tiletune.backends import FakeBackend
+
+SPACE = tt.Space(TM=[32, 64, 128], baseline=dict(TM=64))
+
+
+def model(cfg) -> float:
+    return 100.0 - 0.2 * cfg.TM
+
+
+def scale_rows(x2, w, y2, eps):
+    y2.copy_(x2 * w * eps)
+
+
+def make_library(be):
+    """A miniature library op: checks, a 2-D view, a new output, one tuned launch, an N-D result."""
+    calls = {"slow": 0}
+
+    @tt.autotune(SPACE, reference=lambda x, w, y, eps: x * w * eps, writes=["y"], db=False, backend=be,
+                 progress=False, name="scale")
+    def plan(cfg, x2, w, y, eps):
+        return tt.Launch(scale_rows, (cfg.TM,), (x2, w, y, eps))
+
+    @fastcall.fast_op()
+    def scale(x, w, eps=1.0):
+        calls["slow"] += 1
+        if x.shape[-1] != w.shape[0]:
+            raise ValueError("scale(): w does not match x")
+        x2 = x.reshape(-1, x.shape[-1])
+        y = torch.empty(x2.shape, dtype=x.dtype)
+        plan(x2, w, y, float(eps))
+        return y.view(x.shape)
+
+    return scale, plan, calls
+
+
+def test_third_call_replays_the_recipe_with_new_data():
+    be = FakeBackend(model, noise=0.0)
+    scale, plan, calls = make_library(be)
+    w = torch.randn(8)
+    for i in range(5):
+        x = torch.randn(2, 3, 8)
+        y = scale(x, w, 0.5)
+        torch.testing.assert_close(y, x * w * 0.5)
+        assert y.shape == (2, 3, 8) and y.is_contiguous()
+    # call 1 tunes, call 2 learns, calls 3-5 replay
+    assert calls["slow"] == 2
+    assert plan.tuning_count == 1
+    assert len(scale.fastcall.recipes) == 1
+    assert all(c == SPACE.config(TM=128) for c, _, _ in be.launches[-3:])
+    # keyword arguments reach the same recipe
+    x = torch.randn(2, 3, 8)
+    torch.testing.assert_close(scale(x, w=w, eps=0.5), x * w * 0.5)
+    assert calls["slow"] == 2
+
+
+def test_another_signature_takes_the_slow_path_again():
+    be = FakeBackend(model, noise=0.0)
+    scale, plan, calls = make_library(be)
+    w = torch.randn(8)
+    for _ in range(3):
+        scale(torch.randn(4, 8), w, 0.5)
+    n = calls["slow"]
+    scale(torch.randn(4, 8, dtype=torch.float64), w.double(), 0.5)  # dtype
+    scale(torch.randn(8, 4).t(), w, 0.5)  # strides
+    scale(torch.randn(4, 8), w, 0.25)  # a float by value
+    assert calls["slow"] == n + 3
+    with pytest.raises(ValueError, match="does not match"):
+        scale(torch.randn(4, 7), w, 0.5)
+
+
+def test_cache_clear_of_the_tuned_op_drops_recipes():
+    be = FakeBackend(model, noise=0.0)
+    scale, plan, calls = make_library(be)
+    w = torch.randn(8)
+    for _ in range(3):
+        scale(torch.randn(4, 8), w)
+    assert fastcall.recipe_count() >= 1 and scale.fastcall.recipes
+    plan.cache_clear()
+    assert not scale.fastcall.recipes
+    n = calls["slow"]
+    scale(torch.randn(4, 8), w)
+    assert calls["slow"] == n + 1
+
+
+def test_views_into_the_arguments_are_rebuilt_per_call():
+    be = FakeBackend(model, noise=0.0)
+
+    def gated(a, b, y):
+        y.copy_(a * torch.sigmoid(b))
+
+    @tt.autotune(SPACE, reference=lambda a, b, y: a * torch.sigmoid(b), writes=["y"], db=False, backend=be,
+                 progress=False)
+    def plan(cfg, a, b, y):
+        return tt.Launch(gated, (cfg.TM,), (a, b, y))
+
+    @fastcall.fast_op()
+    def glu(x):
+        h = x.shape[-1] // 2
+        x2 = x.reshape(-1, x.shape[-1])
+        y = torch.empty((x2.shape[0], h))
+        plan(x2[:, :h], x2[:, h:], y)
+        return y.view(*x.shape[:-1], h)
+
+    for _ in range(4):
+        big = torch.randn(3, 20)
+        x = big[:, 2:18]  # a strided view with a storage offset
+        got = glu(x)
+        torch.testing.assert_close(got, x[:, :8] * torch.sigmoid(x[:, 8:]))
+    assert len(glu.fastcall.recipes) == 1
+    recipe = next(iter(glu.fastcall.recipes.values()))
+    assert "as_strided" in recipe.source  # the fake backend takes torch views (cuTile: array interface)
+
+
+def test_in_place_op_returns_its_arguments():
+    be = FakeBackend(model, noise=0.0)
+
+    def bump(q):
+        q.add_(1)
+
+    @tt.autotune(SPACE, reference=lambda q: q + 1, inplace=["q"], db=False, backend=be, progress=False)
+    def plan(cfg, q):
+        return tt.Launch(bump, (cfg.TM,), (q,))
+
+    @fastcall.fast_op()
+    def bump_(q, k):
+        plan(q)
+        return q, k
+
+    for _ in range(3):
+        q, k = torch.zeros(4), torch.zeros(2)
+        out = bump_(q, k)
+        assert out[0] is q and out[1] is k
+        torch.testing.assert_close(q, torch.ones(4))
+    assert len(bump_.fastcall.recipes) == 1
+
+
+def _refusal(fn, *make_args, calls=4):
+    for _ in range(calls):
+        fn(*[m() for m in make_args])
+    assert not fn.fastcall.recipes
+    return next(iter(fn.fastcall.refusals.values()))
+
+
+def test_refusals():
+    be = FakeBackend(model, noise=0.0)
+
+    def copy(x, y):
+        y.copy_(x)
+
+    @tt.autotune(SPACE, reference=lambda x, y: x.clone(), writes=["y"], db=False, backend=be, progress=False)
+    def plan(cfg, x, y):
+        return tt.Launch(copy, (cfg.TM,), (x, y))
+
+    @fastcall.fast_op()
+    def copies_input(x):
+        y = torch.empty(x.shape)
+        plan(x.contiguous().clone(), y)
+        return y
+
+    assert "copy or scratch" in _refusal(copies_input, lambda: torch.randn(4))
+
+    @fastcall.fast_op()
+    def post_processes(x):
+        y = torch.empty(x.shape)
+        plan(x, y)
+        return y.sum()
+
+    assert "written whole" in _refusal(post_processes, lambda: torch.randn(4))
+
+    @fastcall.fast_op()
+    def two_launches(x):
+        y = torch.empty(x.shape)
+        plan(x, y)
+        plan(y, y.clone())
+        return y
+
+    assert "2 tuned-op launches" in _refusal(two_launches, lambda: torch.randn(4))
+
+    @fastcall.fast_op()
+    def partial_result(x):
+        y = torch.empty((2,) + tuple(x.shape))
+        plan(x, y[0])
+        return y[0]
+
+    assert "whole new contiguous" in _refusal(partial_result, lambda: torch.randn(4))
+
+    @fastcall.fast_op()
+    def scratch(x):
+        y = torch.empty(x.shape)
+        tmp = torch.empty(x.shape)
+        plan(x, tmp)
+        return y
+
+    assert "written whole" in _refusal(scratch, lambda: torch.randn(4))
+
+    # after MAX_ATTEMPTS refusals the signature is no longer recorded
+    assert max(scratch.fastcall.attempts.values()) == fastcall.MAX_ATTEMPTS
+
+
+def test_constant_tensors_and_precheck():
+    be = FakeBackend(model, noise=0.0)
+    placeholder = fastcall.constant_tensor(torch.zeros(1))
+
+    def add(x, p, y):
+        y.copy_(x + p)
+
+    @tt.autotune(SPACE, reference=lambda x, p, y: x + p, writes=["y"], db=False, backend=be, progress=False)
+    def plan(cfg, x, p, y):
+        return tt.Launch(add, (cfg.TM,), (x, p, y))
+
+    seen = []
+
+    @fastcall.fast_op(precheck=lambda x, z: z.data_ptr() != x.data_ptr())
+    def op(x, z):
+        seen.append(1)
+        if z.data_ptr() == x.data_ptr():
+            raise ValueError("x and z must not share memory")
+        y = torch.empty(x.shape)
+        plan(x, placeholder, y)
+        return y
+
+    for _ in range(4):
+        op(torch.randn(4), torch.randn(4))
+    assert len(op.fastcall.recipes) == 1 and len(seen) == 2
+    x = torch.randn(4)
+    with pytest.raises(ValueError, match="share memory"):
+        op(x, x)
+
+
+def test_aliased_arguments_refuse_and_unhashable_arguments_pass_through():
+    be = FakeBackend(model, noise=0.0)
+
+    def copy(x, y):
+        y.copy_(x)
+
+    @tt.autotune(SPACE, reference=lambda x, y: x.clone(), writes=["y"], db=False, backend=be, progress=False)
+    def plan(cfg, x, y):
+        return tt.Launch(copy, (cfg.TM,), (x, y))
+
+    @fastcall.fast_op()
+    def op(a, b, opts=None):
+        y = torch.empty(a.shape)
+        plan(a, y)
+        return y
+
+    buf = torch.randn(8)
+    assert "several call tensors" in _refusal(op, lambda: buf, lambda: buf)
+    x = torch.randn(3)
+    torch.testing.assert_close(op(x, x, [1, 2]), x)  # a list argument: no signature, still works
