@@ -258,3 +258,46 @@ def test_aliased_arguments_refuse_and_unhashable_arguments_pass_through():
     assert "several call tensors" in _refusal(op, lambda: buf, lambda: buf)
     x = torch.randn(3)
     torch.testing.assert_close(op(x, x, [1, 2]), x)  # a list argument: no signature, still works
+
+
+def test_views_of_one_fused_buffer_are_told_apart():
+    """q and k as views of one qkv tensor: their extents interleave, their elements do not."""
+    be = FakeBackend(model, noise=0.0)
+
+    def scale_pair(q1, k1):
+        q1.mul_(2)
+        k1.mul_(3)
+
+    @tt.autotune(SPACE, reference=lambda q1, k1: (q1 * 2, k1 * 3), inplace=["q1", "k1"], db=False, backend=be,
+                 progress=False)
+    def plan(cfg, q1, k1):
+        return tt.Launch(scale_pair, (cfg.TM,), (q1, k1))
+
+    @fastcall.fast_op()
+    def rotate_(q, k):
+        plan(q[..., :2], k[..., :2])  # first half of each head
+        return q, k
+
+    for _ in range(4):
+        qkv = torch.randn(5, 6 * 4)  # 5 positions, 4 q heads + 2 k heads of 4 (as 6 x 4 columns)
+        q = qkv[:, :16].view(5, 4, 4)
+        k = qkv[:, 16:].view(5, 2, 4)
+        q0, k0 = q.clone(), k.clone()
+        rotate_(q, k)
+        torch.testing.assert_close(q[..., :2], q0[..., :2] * 2)
+        torch.testing.assert_close(q[..., 2:], q0[..., 2:])
+        torch.testing.assert_close(k[..., :2], k0[..., :2] * 3)
+    assert len(rotate_.fastcall.recipes) == 1, rotate_.fastcall.refusals
+
+
+def test_addressable_offsets():
+    t = torch.zeros(4, 6)[:, 1:5]  # strides (6, 1), 4 x 4 elements of a 4 x 6 buffer
+    es = t.element_size()
+    assert fastcall._addressable(t, 0) is True
+    assert fastcall._addressable(t, 3 * es) is True
+    assert fastcall._addressable(t, 4 * es) is False  # the gap column
+    assert fastcall._addressable(t, (3 * 6 + 3) * es) is True
+    assert fastcall._addressable(t, (3 * 6 + 4) * es) is False
+    assert fastcall._addressable(t, -es) is False
+    overlapping = torch.zeros(10).as_strided((3, 4), (2, 1))
+    assert fastcall._addressable(overlapping, es) is None

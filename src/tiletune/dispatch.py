@@ -19,6 +19,7 @@ from operator import itemgetter
 from typing import Any, Callable, Mapping, Sequence
 
 from .backends.base import Backend, Launch
+from .binding import positional_binder
 from .errors import TiletuneError
 from .hotpath import Entry, bound_launcher, build_entry
 from .keys import default_key
@@ -214,7 +215,7 @@ class TunedOp:
         self._db: TuningDB | None = None
         sig = inspect.signature(plan)
         self._params = list(sig.parameters)[1:]
-        self._signature = sig.replace(parameters=list(sig.parameters.values())[1:])
+        self._binder = positional_binder(sig.replace(parameters=list(sig.parameters.values())[1:]))
         self.inplace = self._resolve_positions(inplace, "inplace")
         self.writes = tuple(p for p in self._resolve_positions(writes, "writes") if p not in self.inplace)
         self.cache_plan = cache_plan and key is None  # a user key may omit what the plan reads
@@ -269,8 +270,9 @@ class TunedOp:
 
         The key is resolved now (a new key is tuned, which launches the winner once on these
         arguments, as a call would); ``bind`` itself launches nothing otherwise. The bound launcher
-        keeps references to the arguments and passes the same tensors on every call: it is for
-        fixed buffers (static inputs and outputs, CUDA-graph style). Rebind after reallocating them.
+        keeps references to the arguments and passes the same memory on every call (on cuTile as array
+        views made once, skipping the per-call DLPack conversion): it is for fixed buffers (static
+        inputs and outputs, CUDA-graph style). Rebind after reallocating them (``resize_``, ``set_``).
         It returns what a call returns; its ``config`` attribute is the config it launches.
         """
         if kwargs:
@@ -282,7 +284,9 @@ class TunedOp:
             cfg = self._configs[key]
         spec = self._launch_spec(cfg, args)
         parts = self.backend.launch_parts(cfg, spec[0], self.backend.arg_device(args))
-        return bound_launcher(parts, tuple(spec[1]), tuple(spec[2]), self._outputs(args), config=cfg, op=self)
+        views = bool(getattr(self.backend, "accepts_array_interface", False))
+        return bound_launcher(parts, tuple(spec[1]), tuple(spec[2]), self._outputs(args), views=views,
+                              config=cfg, op=self)
 
     def cache_clear(self) -> None:
         """Forget in-memory choices (the database keeps its records)."""
@@ -377,15 +381,13 @@ class TunedOp:
         """Keyword arguments bound to the plan's parameters: the positional tuple the plan is called with
         (defaults filled in only up to the last argument given)."""
         try:
-            bound = self._signature.bind(*args, **kwargs)
+            bound, rest = self._binder(args, kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.name}(): {exc}") from None
-        if bound.kwargs:
-            bound.apply_defaults()
-            if bound.kwargs:
-                raise TypeError(f"{self.name}(): keyword-only parameters of a launch plan cannot be passed "
-                                f"({', '.join(bound.kwargs)}); make them positional")
-        return tuple(bound.args)
+        if rest:
+            raise TypeError(f"{self.name}(): keyword-only parameters of a launch plan cannot be passed "
+                            f"({', '.join(rest)}); make them positional")
+        return bound
 
     def _miss(self, args: tuple[Any, ...], key: Any, launch: bool = True) -> Any:
         if _recorders:

@@ -35,6 +35,8 @@ import threading
 from typing import Any, Callable
 
 from . import dispatch
+from .binding import positional_binder
+from .hotpath import TYPESTR as _TYPESTR, CudaArrayView
 
 logger = logging.getLogger("tiletune")
 
@@ -48,8 +50,6 @@ MAX_ATTEMPTS = 3
 _constants: dict[int, Any] = {}  # id -> tensor registered as a constant kernel argument
 _wrappers: list["_FastOp"] = []
 
-_TYPESTR = {"float32": "<f4", "float16": "<f2", "bfloat16": "<V2", "float64": "<f8", "int32": "<i4",
-            "int64": "<i8", "int16": "<i2", "int8": "|i1", "uint8": "|u1"}
 
 
 def constant_tensor(t: Any) -> Any:
@@ -57,15 +57,6 @@ def constant_tensor(t: Any) -> Any:
     kernel argument recipes may keep; returns ``t``."""
     _constants[id(t)] = t
     return t
-
-
-class CudaArrayView:
-    """A strided view of device memory for cuTile (``__cuda_array_interface__``), built without torch."""
-
-    __slots__ = ("__cuda_array_interface__",)
-
-    def __init__(self, iface: dict) -> None:
-        self.__cuda_array_interface__ = iface
 
 
 def clear_recipes() -> None:
@@ -179,7 +170,7 @@ def fast_op(route: Callable[..., Any] | None = None,
         tensor_type = torch.Tensor
         is_compiling = torch.compiler.is_compiling
         recipes = fast.recipes
-        bind = fast.signature.bind
+        bind = positional_binder(fast.signature)
         recorders = dispatch._recorders
 
         if not learn:
@@ -199,14 +190,12 @@ def fast_op(route: Callable[..., Any] | None = None,
                 return fast.route(*args, **kwargs)
             if kwargs:
                 try:
-                    ba = bind(*args, **kwargs)
+                    bound, rest = bind(args, kwargs)
                 except TypeError:
                     return fn(*args, **kwargs)  # the op raises its own error
-                if ba.kwargs:
-                    ba.apply_defaults()
-                    if ba.kwargs:  # keyword-only parameters: no recipe
-                        return fn(*args, **kwargs)
-                args = tuple(ba.args)
+                if rest:  # keyword-only parameters: no recipe
+                    return fn(*args, **kwargs)
+                args = bound
             try:
                 sig = _call_signature(args, tensor_type)
                 recipe = recipes.get(sig)
@@ -306,8 +295,43 @@ def _learn(args: tuple[Any, ...], result: Any, rec: list) -> Callable[[tuple[Any
                   views_by_interface)
 
 
+def _addressable(src: Any, byte_offset: int) -> bool | None:
+    """Whether ``byte_offset`` from ``src``'s first element is one of ``src``'s elements (an in-bounds
+    index of its shape); None when the strides overlap and it cannot be told."""
+    es = src.element_size()
+    if byte_offset < 0 or byte_offset % es:
+        return False
+    off = byte_offset // es
+    dims = sorted(((int(st), int(n)) for n, st in zip(src.shape, src.stride()) if n > 1 and st != 0), reverse=True)
+    covered = 1
+    for st, n in reversed(dims):  # non-overlapping strides: each stride spans the dims below it
+        if st < covered:
+            return None
+        covered = st * n
+    for st, n in dims:
+        i = off // st
+        if i >= n:
+            return False
+        off -= i * st
+    return off == 0
+
+
+def _derives_from(v: Any, src: Any) -> bool | None:
+    """Whether ``v``'s first and last elements are elements of ``src`` (None: cannot be told)."""
+    lo, hi = _extent(v)
+    first = _addressable(src, v.data_ptr() - src.data_ptr())
+    last = _addressable(src, hi - v.element_size() - src.data_ptr()) if v.numel() > 1 else first
+    if first is None or last is None:
+        return None
+    return first and last
+
+
 def _locate(v: Any, sources: list[tuple[str, int, Any]]) -> tuple:
-    """How a tensor kernel argument derives from the call's tensors and new outputs."""
+    """How a tensor kernel argument derives from the call's tensors and new outputs.
+
+    A source qualifies when ``v`` lies inside its extent and ``v``'s first and last elements are
+    elements of it: views of one fused buffer (q and k of a qkv tensor) interleave their extents,
+    but not their elements."""
     sp = _storage(v)[0]
     lo, hi = _extent(v)
     hits = []
@@ -315,7 +339,7 @@ def _locate(v: Any, sources: list[tuple[str, int, Any]]) -> tuple:
         if src.device != v.device or _storage(src)[0] != sp:
             continue
         slo, shi = _extent(src)
-        if slo <= lo and hi <= shi:
+        if slo <= lo and hi <= shi and _derives_from(v, src) is not False:
             hits.append((kind, idx, src))
     if not hits:
         raise _Refused("a kernel argument is neither a call tensor, a view of one, nor a new output "

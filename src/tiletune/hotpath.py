@@ -28,6 +28,33 @@ from .keys import _BY_VALUE, is_tensor
 
 Entry = Callable[[tuple[Any, ...]], None]
 
+#: ``__cuda_array_interface__`` typestr of the dtypes cuTile reads that way (bfloat16 as ``<V2``)
+TYPESTR = {"float32": "<f4", "float16": "<f2", "bfloat16": "<V2", "float64": "<f8", "int32": "<i4",
+           "int64": "<i8", "int16": "<i2", "int8": "|i1", "uint8": "|u1"}
+
+
+class CudaArrayView:
+    """A strided view of device memory for cuTile (``__cuda_array_interface__``), built without torch.
+
+    ``ct.launch`` converts a torch tensor through DLPack on every call; this object is read as a
+    plain dict instead (shape, byte strides, typestr, data pointer)."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, iface: dict) -> None:
+        self.__cuda_array_interface__ = iface
+
+
+def array_view(t: Any) -> CudaArrayView | None:
+    """A :class:`CudaArrayView` of a CUDA torch tensor as it is now, or None (a dtype without typestr,
+    not a CUDA tensor)."""
+    typestr = TYPESTR.get(str(getattr(t, "dtype", "")).replace("torch.", ""))
+    if typestr is None or not getattr(t, "is_cuda", False):
+        return None
+    es = t.element_size()
+    return CudaArrayView({"shape": tuple(int(n) for n in t.shape), "strides": tuple(int(s) * es for s in t.stride()),
+                          "typestr": typestr, "data": (t.data_ptr(), False)})
+
 _CONST_TYPES = (int, bool, str, type(None))
 
 
@@ -133,13 +160,28 @@ def build_entry(
 
 
 def bound_launcher(parts: LaunchParts, grid: tuple[int, ...], kargs: tuple[Any, ...], result: Any,
-                   **attrs: Any) -> Callable[[], Any]:
+                   views: bool = False, **attrs: Any) -> Callable[[], Any]:
     """``launch()``: one launch of a hinted kernel on fixed kernel arguments, returning ``result``.
 
-    The closure holds everything in cells: a call costs the raw-stream read and the launch.
-    ``attrs`` become attributes of the function (e.g. its config).
+    The closure holds everything in cells: a call costs the raw-stream read and the launch. With
+    ``views`` (a backend that reads ``__cuda_array_interface__``), tensors go to the launch as
+    :class:`CudaArrayView` objects made once (no DLPack conversion per call); the launcher keeps their
+    storages alive, so a bound tensor that is later reallocated (``resize_``, ``set_``) leaves the
+    launcher writing its old memory, never freed memory. ``attrs`` become attributes of the function.
     """
     launch, stream, hinted, dev = parts
+    keep: list[Any] = []
+    if views:
+        out = []
+        for v in kargs:
+            view = array_view(v) if is_tensor(v) else None
+            if view is not None:
+                keep.append(v.untyped_storage())
+                out.append(view)
+            else:
+                out.append(v)
+        kargs = tuple(out)
+    attrs["storages"] = keep
 
     def bound() -> Any:
         launch(stream(dev), grid, hinted, kargs)

@@ -1,0 +1,45 @@
+"""Keyword binding of tuned ops and library ops (tiletune.binding)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from tiletune.binding import positional_binder
+
+
+def f(a, b, c=3, d=4):
+    pass
+
+
+def g(a, *, flag=False):
+    pass
+
+
+@pytest.mark.parametrize("args,kwargs,expected", [
+    ((1,), {"b": 2}, (1, 2)),
+    ((), {"b": 2, "a": 1}, (1, 2)),
+    ((1, 2), {"d": 9}, (1, 2, 3, 9)),  # the gap is filled with its default
+    ((1,), {"b": 2, "c": 5}, (1, 2, 5)),
+])
+def test_binds_like_a_call(args, kwargs, expected):
+    bind = positional_binder(inspect.signature(f))
+    assert bind(args, kwargs) == (expected, {})
+
+
+@pytest.mark.parametrize("args,kwargs,message", [
+    ((1, 2), {"z": 2}, "unexpected keyword argument 'z'"),
+    ((1, 2), {"a": 1}, "multiple values for argument 'a'"),
+    ((), {"a": 1}, "missing a required argument: 'b'"),
+    ((), {"c": 1}, "missing a required argument: 'a'"),
+])
+def test_errors_are_those_of_a_call(args, kwargs, message):
+    bind = positional_binder(inspect.signature(f))
+    with pytest.raises(TypeError, match=message):
+        bind(args, kwargs)
+
+
+def test_keyword_only_parameters_come_back_apart():
+    bind = positional_binder(inspect.signature(g))
+    assert bind((1,), {"flag": True}) == ((1,), {"flag": True})
