@@ -1,0 +1,447 @@
+"""tiletune's library ops as ``torch.library`` custom ops (namespace ``tiletune``).
+
+``torch.compile`` cannot trace into a cuTile launch (the tuned op reads data pointers, keys on
+strides, may tune, and launches through cuTile), so under compilation each public op of
+:mod:`tiletune.kernels` becomes one opaque node of the graph: a custom op whose fake (meta)
+implementation gives the output's shape, dtype and strides without running anything, and whose
+real implementation calls the eager public function (which is not compiling at run time, so it
+launches the tuned kernel as usual).
+
+Registered ops (``torch.ops.tiletune.<name>``; every output is a new tensor)::
+
+    rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor
+    rms_norm_residual(Tensor x, Tensor residual, Tensor? weight, float eps) -> (Tensor, Tensor)
+    layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor
+    softmax(Tensor x, int dim) -> Tensor
+    swiglu(Tensor x) -> Tensor
+    geglu(Tensor x, str approximate) -> Tensor
+    apply_rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, str layout) -> ()
+    cross_entropy(Tensor logits, Tensor target, int ignore_index) -> Tensor           # the loss
+    cross_entropy_grad(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)  # loss, grad
+    matmul(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor
+    attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor
+
+A custom op has one return schema, so ``cross_entropy(..., return_grad=True)`` is its own op
+(``cross_entropy_grad``); ``apply_rope_`` mutates ``q`` and ``k`` and returns nothing (a custom op
+may not return its inputs); ``matmul``'s scales are tensors (a float scale becomes a one-element
+float32 tensor first).
+
+Use :func:`compiled_call` with the public function's name and arguments (as the caller passed
+them): it calls the custom op and returns what the public function returns. The public functions
+route to it while compiling, first thing, before any check that reads data pointers
+(``@fast_op(route=custom_op_route("rms_norm"))`` of :mod:`tiletune.fastcall` does exactly this)::
+
+    def rms_norm(x, weight=None, eps=1e-6):
+        if torch.compiler.is_compiling():
+            from .torch_ops import compiled_call
+
+            return compiled_call("rms_norm", x, weight, eps)
+        ...
+
+Importing this module imports torch only (no cuda.tile); the ops are registered once per process
+at import (:func:`register` is idempotent). The ops have no autograd formula (forward only, like
+the public functions).
+"""
+
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["NAMESPACE", "OP_NAMES", "PUBLIC_OPS", "compiled_call", "register"]
+
+#: The ``torch.library`` namespace of the ops.
+NAMESPACE = "tiletune"
+#: Every registered custom op (``torch.ops.tiletune.<name>``).
+OP_NAMES = (
+    "rms_norm",
+    "rms_norm_residual",
+    "layer_norm",
+    "softmax",
+    "swiglu",
+    "geglu",
+    "apply_rope_",
+    "cross_entropy",
+    "cross_entropy_grad",
+    "matmul",
+    "attention",
+)
+#: Public functions :func:`compiled_call` accepts (the names of :mod:`tiletune.kernels`).
+PUBLIC_OPS = (
+    "rms_norm",
+    "rms_norm_residual",
+    "layer_norm",
+    "softmax",
+    "swiglu",
+    "geglu",
+    "apply_rope_",
+    "cross_entropy",
+    "matmul",
+    "attention",
+)
+
+_LOCK = threading.Lock()
+_REGISTERED = False
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real implementations: the eager public functions (imported lazily: they need cuda.tile)
+# ---------------------------------------------------------------------------------------------
+
+
+def _rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    from .norms import rms_norm
+
+    return rms_norm(x, weight, eps)
+
+
+def _rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
+    from .norms import rms_norm_residual
+
+    y, h = rms_norm_residual(x, residual, weight, eps)
+    return y, h
+
+
+def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+    from .norms import layer_norm
+
+    return layer_norm(x, weight, bias, eps)
+
+
+def _softmax(x: Tensor, dim: int) -> Tensor:
+    from .softmax import softmax
+
+    return softmax(x, dim)
+
+
+def _swiglu(x: Tensor) -> Tensor:
+    from .glu import swiglu
+
+    return swiglu(x)
+
+
+def _geglu(x: Tensor, approximate: str) -> Tensor:
+    from .glu import geglu
+
+    return geglu(x, approximate)
+
+
+def _apply_rope_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str) -> None:
+    from .rope import apply_rope_
+
+    apply_rope_(q, k, cos, sin, layout)
+
+
+def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
+    from .cross_entropy import cross_entropy
+
+    return cross_entropy(logits, target, False, ignore_index)
+
+
+def _cross_entropy_grad(logits: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
+    from .cross_entropy import cross_entropy
+
+    loss, grad = cross_entropy(logits, target, True, ignore_index)
+    return loss, grad
+
+
+def _matmul(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
+            out_dtype: Optional[torch.dtype]) -> Tensor:
+    from .gemm import matmul
+
+    if scale_a is None and scale_b is None and out_dtype is None:
+        return matmul(a, b)  # positional only: the op's per-signature fast path applies
+    return matmul(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float]) -> Tensor:
+    from .attention import attention
+
+    return attention(q, k, v, causal, scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake (meta) implementations: output metadata only, exactly as the eager functions allocate it
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_last_dim(op: str, x: Tensor) -> None:
+    if x.dim() < 1:
+        raise ValueError(f"{op}(): the input must have at least one dimension, got a 0-d tensor")
+
+
+def _rms_norm_fake(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    _check_last_dim("rms_norm", x)
+    return x.new_empty(x.shape)
+
+
+def _rms_norm_residual_fake(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
+    _check_last_dim("rms_norm_residual", x)
+    torch._check(tuple(residual.shape) == tuple(x.shape),
+                 lambda: f"rms_norm_residual(): 'residual' must have the shape of 'x' {tuple(x.shape)}, "
+                         f"got {tuple(residual.shape)}")
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _layer_norm_fake(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+    _check_last_dim("layer_norm", x)
+    return x.new_empty(x.shape)
+
+
+def _softmax_fake(x: Tensor, dim: int) -> Tensor:
+    _check_last_dim("softmax", x)
+    nd = x.dim()
+    if not -nd <= dim < nd:
+        raise ValueError(f"softmax(): dim {dim!r} is out of range for a {nd}-d input")
+    dim = dim % nd
+    if dim == nd - 1:
+        return x.new_empty(x.shape)
+    # the eager op normalizes x.movedim(dim, -1) into a new contiguous tensor and moves the dim back
+    moved = list(x.shape)
+    moved.append(moved.pop(dim))
+    return x.new_empty(moved).movedim(-1, dim)
+
+
+def _glu_fake(x: Tensor) -> Tensor:
+    if x.dim() < 1:
+        raise ValueError("the input of a gated activation must have at least one dimension")
+    torch._check(x.shape[-1] % 2 == 0,
+                 lambda: f"the last dimension must be even (gate and up halves), got shape {tuple(x.shape)}")
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+def _swiglu_fake(x: Tensor) -> Tensor:
+    return _glu_fake(x)
+
+
+def _geglu_fake(x: Tensor, approximate: str) -> Tensor:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"geglu(): approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _glu_fake(x)
+
+
+def _apply_rope_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str) -> None:
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"apply_rope_(): layout must be 'bshd' or 'bhsd', got {layout!r}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"apply_rope_(): q and k must be 4-D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    return None
+
+
+def _cross_entropy_fake(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
+    if logits.dim() < 1:
+        raise ValueError("cross_entropy(): 'logits' must have a class (last) dimension")
+    return logits.new_empty((), dtype=torch.float32)
+
+
+def _cross_entropy_grad_fake(logits: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
+    return _cross_entropy_fake(logits, target, ignore_index), logits.new_empty(logits.shape)
+
+
+def matmul_out_dtype(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
+                     out_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """The result dtype of ``matmul`` (the eager op's dtype rules and refusals)."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"matmul expects two tensors of one dtype, got {a.dtype} and {b.dtype}")
+    if _FP8 is not None and a.dtype == _FP8:
+        if scale_a is None or scale_b is None:
+            raise ValueError("matmul: float8_e4m3fn inputs need scale_a and scale_b (per-tensor scales)")
+        out = torch.bfloat16 if out_dtype is None else out_dtype
+        if out not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"matmul: out_dtype of an fp8 product must be bfloat16, float16 or float32, got {out}")
+        return out
+    if a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"matmul supports bfloat16, float16, float32 and float8_e4m3fn, got {a.dtype}")
+    if scale_a is not None or scale_b is not None:
+        raise ValueError("matmul: scale_a / scale_b are for float8_e4m3fn inputs only")
+    if out_dtype is not None and out_dtype != a.dtype:
+        raise TypeError(f"matmul: out_dtype must be the inputs' dtype ({a.dtype}) for non-fp8 inputs")
+    return a.dtype
+
+
+def matmul_out_shape(a_shape: Tuple[Any, ...], b_shape: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """``torch.matmul``'s result shape: 1-D operands, ``(..., M, K) @ (K, N)``, broadcast batch dims."""
+    if len(a_shape) == 0 or len(b_shape) == 0:
+        raise ValueError("matmul: both arguments need at least one dimension")
+    if len(a_shape) == 1:
+        a_batch, m, ka = (), (), a_shape[0]
+    else:
+        a_batch, m, ka = tuple(a_shape[:-2]), (a_shape[-2],), a_shape[-1]
+    if len(b_shape) == 1:
+        b_batch, n, kb = (), (), b_shape[0]
+    else:
+        b_batch, n, kb = tuple(b_shape[:-2]), (b_shape[-1],), b_shape[-2]
+    torch._check(ka == kb, lambda: f"matmul: inner dimensions differ: {tuple(a_shape)} @ {tuple(b_shape)}")
+    batch = tuple(torch.broadcast_shapes(a_batch, b_batch))
+    return (*batch, *m, *n)
+
+
+def _matmul_fake(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
+                 out_dtype: Optional[torch.dtype]) -> Tensor:
+    dtype = matmul_out_dtype(a, b, scale_a, scale_b, out_dtype)
+    return a.new_empty(matmul_out_shape(tuple(a.shape), tuple(b.shape)), dtype=dtype)
+
+
+def _attention_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float]) -> Tensor:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return q.new_empty(q.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------
+
+#: name -> (real implementation, fake implementation, mutated arguments)
+_DEFS: Dict[str, Tuple[Callable[..., Any], Callable[..., Any], Tuple[str, ...]]] = {
+    "rms_norm": (_rms_norm, _rms_norm_fake, ()),
+    "rms_norm_residual": (_rms_norm_residual, _rms_norm_residual_fake, ()),
+    "layer_norm": (_layer_norm, _layer_norm_fake, ()),
+    "softmax": (_softmax, _softmax_fake, ()),
+    "swiglu": (_swiglu, _swiglu_fake, ()),
+    "geglu": (_geglu, _geglu_fake, ()),
+    "apply_rope_": (_apply_rope_, _apply_rope_fake, ("q", "k")),
+    "cross_entropy": (_cross_entropy, _cross_entropy_fake, ()),
+    "cross_entropy_grad": (_cross_entropy_grad, _cross_entropy_grad_fake, ()),
+    "matmul": (_matmul, _matmul_fake, ()),
+    "attention": (_attention, _attention_fake, ()),
+}
+
+
+def _exists(name: str) -> bool:
+    """Whether ``tiletune::<name>`` is already defined in this process (by an earlier copy of this module)."""
+    return hasattr(getattr(torch.ops, NAMESPACE), name)
+
+
+def register() -> None:
+    """Define every op of :data:`OP_NAMES` with its real and fake implementation (once per process).
+
+    Idempotent and thread-safe; an op already defined under ``tiletune::`` (a reloaded copy of this
+    module defined it) is left as it is.
+    """
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    with _LOCK:
+        if _REGISTERED:
+            return
+        for name in OP_NAMES:
+            if _exists(name):
+                continue
+            impl, fake, mutates = _DEFS[name]
+            op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=mutates)(impl)
+            op.register_fake(fake)
+        _REGISTERED = True
+
+
+# ---------------------------------------------------------------------------------------------
+# compiled_call: the public signatures over the custom ops
+# ---------------------------------------------------------------------------------------------
+
+
+def _ops() -> Any:
+    return getattr(torch.ops, NAMESPACE)
+
+
+# Float defaults are written in the bodies (``eps=None``): dynamo may make a float that is a
+# function default a graph input (a CPU scalar tensor when floats are not specialized), which
+# would also keep CUDA graph trees away; a literal in the body is a constant of the graph.
+
+
+def _call_rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None) -> Tensor:
+    return _ops().rms_norm(x, weight, 1e-6 if eps is None else float(eps))
+
+
+def _call_rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None,
+                            eps: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+    y, h = _ops().rms_norm_residual(x, residual, weight, 1e-6 if eps is None else float(eps))
+    return y, h
+
+
+def _call_layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                     eps: Optional[float] = None) -> Tensor:
+    return _ops().layer_norm(x, weight, bias, 1e-5 if eps is None else float(eps))
+
+
+def _call_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise ValueError(f"softmax(): dim {dim!r} is out of range for a {x.dim()}-d input")
+    return _ops().softmax(x, dim)
+
+
+def _call_swiglu(x: Tensor) -> Tensor:
+    return _ops().swiglu(x)
+
+
+def _call_geglu(x: Tensor, approximate: str = "none") -> Tensor:
+    return _ops().geglu(x, approximate)
+
+
+def _call_apply_rope_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str = "bshd") -> Tuple[Tensor, Tensor]:
+    _ops().apply_rope_(q, k, cos, sin, layout)
+    return q, k
+
+
+def _call_cross_entropy(logits: Tensor, target: Tensor, return_grad: bool = False, ignore_index: int = -100) -> Any:
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"cross_entropy(): 'ignore_index' must be an int, got {type(ignore_index).__name__}")
+    if return_grad:
+        loss, grad = _ops().cross_entropy_grad(logits, target, ignore_index)
+        return loss, grad
+    return _ops().cross_entropy(logits, target, ignore_index)
+
+
+def _scale_arg(s: Any, name: str, like: Tensor) -> Optional[Tensor]:
+    """A matmul scale as the custom op takes it: None, a tensor, or a float made a 1-element tensor."""
+    if s is None or isinstance(s, torch.Tensor):
+        return s
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return torch.full((1,), float(s), dtype=torch.float32, device=like.device)
+    raise TypeError(f"matmul: {name} must be a float or a one-element tensor, got {type(s).__name__}")
+
+
+def _call_matmul(a: Tensor, b: Tensor, *, scale_a: Any = None, scale_b: Any = None,
+                 out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        raise TypeError("matmul expects two torch tensors")
+    return _ops().matmul(a, b, _scale_arg(scale_a, "scale_a", a), _scale_arg(scale_b, "scale_b", a), out_dtype)
+
+
+def _call_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None) -> Tensor:
+    return _ops().attention(q, k, v, bool(causal), None if scale is None else float(scale))
+
+
+_ROUTES: Dict[str, Callable[..., Any]] = {
+    "rms_norm": _call_rms_norm,
+    "rms_norm_residual": _call_rms_norm_residual,
+    "layer_norm": _call_layer_norm,
+    "softmax": _call_softmax,
+    "swiglu": _call_swiglu,
+    "geglu": _call_geglu,
+    "apply_rope_": _call_apply_rope_,
+    "cross_entropy": _call_cross_entropy,
+    "matmul": _call_matmul,
+    "attention": _call_attention,
+}
+
+
+def compiled_call(name: str, *args: Any, **kwargs: Any) -> Any:
+    """Call the public op ``name`` of :mod:`tiletune.kernels` through its custom op(s).
+
+    Takes the public function's arguments (same names and defaults) and returns what it returns:
+    ``apply_rope_`` returns ``(q, k)`` after the in-place op, ``cross_entropy`` the loss or
+    ``(loss, grad)``, ``rms_norm_residual`` ``(y, h)``. Meant for the public functions while
+    ``torch.compiler.is_compiling()`` (the op becomes one graph node); callable eagerly too.
+    """
+    route = _ROUTES.get(name)
+    if route is None:
+        raise ValueError(f"compiled_call: unknown op {name!r}; one of {', '.join(PUBLIC_OPS)}")
+    return route(*args, **kwargs)
+
+
+register()

@@ -1,0 +1,308 @@
+"""GPU tests of the library ops under ``torch.compile`` and CUDA graphs (run with ``pytest -m gpu``).
+
+A small decoder block (hidden 256, 4 query heads and 2 key/value heads of 64, sequence 64, batch 2,
+bfloat16: RMSNorm, fused qkv matmul, in-place RoPE on q/k views of the qkv output, causal GQA
+attention, output projection, fused residual RMSNorm, SwiGLU MLP) written with the public
+functions of :mod:`tiletune.kernels` runs
+
+(a) eagerly and under ``torch.compile(fullgraph=True)`` (the ops become their custom ops);
+(b) under ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees), three calls;
+(c) captured by hand in a ``torch.cuda.graph`` after one eager warm-up, replayed on new data;
+
+each compared with the eager block on the same data (every op runs the same tuned config, so the
+results agree to rounding); the eager block is also checked against torch's own ops once. The
+block runs both through the public functions (which route to the custom ops while compiling) and
+through :func:`tiletune.kernels.torch_ops.compiled_call` directly. Each op alone is compiled too.
+
+Eager calls come first so every key is tuned before compiling; shapes are small and measurements
+short, so tuning is quick (the memory-bound ops tune against no database at all).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cuda.tile")
+
+# a skip for the whole module without CUDA, as a marker: `-m "not gpu"` deselects these tests
+# quietly instead of listing a skipped module
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+import tiletune as tt  # noqa: E402
+from tiletune.kernels import _MEMORY_OPS  # noqa: E402
+from tiletune.kernels._membound import OpFamily  # noqa: E402
+from tiletune.kernels.torch_ops import PUBLIC_OPS, compiled_call  # noqa: E402
+
+F = torch.nn.functional
+DEV = "cuda"
+BF16 = torch.bfloat16
+B, S, H, HKV, D, FF = 2, 64, 4, 2, 64, 512
+HID = H * D
+TOL = 5e-2  # max abs error, relative to max(1, the largest output): a few bfloat16 ulps of the block's O(1) outputs
+
+
+FAST = tt.TunerOptions(stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05),
+                       showdown_rounds=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library_settings(tmp_path_factory):
+    """No database and short measurements for the memory-bound ops; the same measurements and a
+    temporary database (if not opened yet) for matmul's and attention's own tuned ops."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TILETUNE_DB", str(tmp_path_factory.mktemp("tuning") / "t.db"))
+    for mod, name in (("gemm", "gemm_into"), ("gemm", "gemm_fp8_into"), ("attention", "attention_into")):
+        op = getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
+        mp.setattr(op, "options", FAST)
+        mp.setattr(op, "progress", False)
+    OpFamily.configure(db=False, progress=False, options=FAST)
+    yield
+    OpFamily.configure()
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def public_functions():
+    """The public functions, taken from their modules (``tiletune.kernels.attention`` may be the
+    callable submodule rather than the function, and dynamo cannot call a module object)."""
+    where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention"}
+    return types.SimpleNamespace(**{name: getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
+                                    for name, mod in where.items()})
+
+
+def custom_op_functions():
+    """The same names calling the custom ops through :func:`compiled_call`, compiling or not."""
+    return types.SimpleNamespace(**{name: functools.partial(compiled_call, name) for name in PUBLIC_OPS})
+
+
+APIS = {"public": public_functions(), "compiled_call": custom_op_functions()}
+
+
+def gen(seed):
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def randn(*shape, seed, scale=1.0, dtype=BF16):
+    return (torch.randn(shape, device=DEV, generator=gen(seed)) * scale).to(dtype)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return {
+        "norm1": (1.0 + randn(HID, seed=1, scale=0.1, dtype=torch.float32)).to(BF16),
+        "qkv": randn(HID, (H + 2 * HKV) * D, seed=2, scale=HID ** -0.5),
+        "o": randn(HID, HID, seed=3, scale=HID ** -0.5),
+        "norm2": (1.0 + randn(HID, seed=4, scale=0.1, dtype=torch.float32)).to(BF16),
+        "up": randn(HID, 2 * FF, seed=5, scale=HID ** -0.5),
+        "down": randn(FF, HID, seed=6, scale=FF ** -0.5),
+    }
+
+
+def rope_tables(seq):
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, device=DEV, dtype=torch.float32) / D))
+    freqs = torch.outer(torch.arange(seq, device=DEV, dtype=torch.float32), inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(BF16), emb.sin().to(BF16)
+
+
+def block_inputs(seed, seq=S):
+    cos, sin = rope_tables(seq)
+    return randn(B, seq, HID, seed=seed), cos, sin
+
+
+def make_block(K, W):
+    def block(x, cos, sin):
+        b, s, _ = x.shape
+        h = K.rms_norm(x, W["norm1"])
+        qkv = K.matmul(h, W["qkv"])
+        q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)
+        q, k, v = q.view(b, s, H, D), k.view(b, s, HKV, D), v.view(b, s, HKV, D)
+        K.apply_rope_(q, k, cos, sin)  # in place, on views of qkv
+        o = K.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        a = K.matmul(o.transpose(1, 2).reshape(b, s, HID), W["o"])
+        y, res = K.rms_norm_residual(a, x, W["norm2"])
+        return K.matmul(K.swiglu(K.matmul(y, W["up"])), W["down"]) + res
+
+    return block
+
+
+def torch_block(W, x, cos, sin):
+    """The same math with torch ops (float32 inside each op, bfloat16 between ops)."""
+    b, s, _ = x.shape
+
+    def rms(t, w):
+        return F.rms_norm(t.float(), (HID,), w.float(), 1e-6).to(BF16)
+
+    def rope(t):
+        tf, c, sn = t.float(), cos.float()[None, :, None, :], sin.float()[None, :, None, :]
+        rot = torch.cat([-tf[..., D // 2:], tf[..., :D // 2]], dim=-1)
+        return (tf * c + rot * sn).to(BF16)
+
+    qkv = rms(x, W["norm1"]) @ W["qkv"]
+    q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)
+    q, k, v = rope(q.view(b, s, H, D)), rope(k.view(b, s, HKV, D)), v.view(b, s, HKV, D)
+    rep = H // HKV
+    o = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float().repeat_interleave(rep, 1),
+                                       v.transpose(1, 2).float().repeat_interleave(rep, 1), is_causal=True).to(BF16)
+    a = o.transpose(1, 2).reshape(b, s, HID) @ W["o"]
+    res = (a.float() + x.float()).to(BF16)
+    u = (rms(res, W["norm2"]) @ W["up"]).float()
+    g = (F.silu(u[..., :FF]) * u[..., FF:]).to(BF16)
+    return g @ W["down"] + res
+
+
+def max_abs(a, b):
+    return float((a.float() - b.float()).abs().max())
+
+
+def assert_close(got, want, what="", tol=TOL):
+    scale = max(1.0, float(want.float().abs().max()))
+    err = max_abs(got, want)
+    assert err <= tol * scale, f"{what}: max abs error {err:.3g} > {tol} * {scale:.3g}"
+
+
+def rel_rms(a, b):
+    return float(torch.linalg.vector_norm(a.float() - b.float()) / torch.linalg.vector_norm(b.float()))
+
+
+def cudagraph_skips():
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) torch.compile(fullgraph=True) vs eager
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_block_compiled_fullgraph_matches_eager(api, weights):
+    block = make_block(APIS[api], weights)
+    x, cos, sin = block_inputs(seed=10)
+    want = block(x, cos, sin)  # eager first: every key is tuned here
+    torch.cuda.synchronize()
+    assert want.shape == (B, S, HID) and want.dtype == BF16
+    assert rel_rms(want, torch_block(weights, x, cos, sin)) < 2e-2
+
+    compiled = torch.compile(block, fullgraph=True)
+    got = compiled(x, cos, sin)
+    torch.cuda.synchronize()
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert_close(got, want, "compiled")
+
+    x2 = block_inputs(seed=11)[0]  # new data, same shapes: no recompilation needed
+    assert_close(compiled(x2, cos, sin), block(x2, cos, sin), "compiled, new data")
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) torch.compile(mode="reduce-overhead"): CUDA graph trees around the custom ops
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_block_reduce_overhead_matches_eager(api, weights):
+    block = make_block(APIS[api], weights)
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    skips = cudagraph_skips()
+    for i in range(3):  # warm-up run, recording run, replay
+        x, cos, sin = block_inputs(seed=20 + i)
+        want = block(x, cos, sin)
+        got = compiled(x, cos, sin).clone()  # the next replay overwrites the graph's output
+        torch.cuda.synchronize()
+        assert_close(got, want, f"call {i}")
+    assert cudagraph_skips() == skips, "inductor skipped CUDA graphs for the block"
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) manual torch.cuda.graph capture of the eager block
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_block_manual_cuda_graph_capture(api, weights):
+    block = make_block(APIS[api], weights)
+    x, cos, sin = block_inputs(seed=30)
+    static_x = x.clone()
+    first = block(static_x, cos, sin)  # warm-up (tunes if needed)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = block(static_x, cos, sin)
+    for seed in (31, 32):
+        new_x = block_inputs(seed=seed)[0]
+        static_x.copy_(new_x)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = block(new_x, cos, sin)
+        assert_close(static_out, want, f"replay on data {seed}")
+        assert max_abs(static_out, first) > 0.5, "the replay did not recompute"
+
+
+# ---------------------------------------------------------------------------------------------
+# every op alone under torch.compile(fullgraph=True)
+# ---------------------------------------------------------------------------------------------
+
+
+def _rope(K):
+    def fn(q, k, cos, sin):
+        q, k = q.clone(), k.clone()
+        return K.apply_rope_(q, k, cos, sin)
+
+    return fn
+
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
+
+#: name -> (function of the api namespace, inputs(seed))
+SINGLE_OPS = {
+    "rms_norm": (lambda K: lambda x, w: K.rms_norm(x, w), lambda s: (randn(8, 256, seed=s), randn(256, seed=s + 1))),
+    "rms_norm_residual": (lambda K: lambda x, r: K.rms_norm_residual(x, r),
+                          lambda s: (randn(8, 256, seed=s), randn(8, 256, seed=s + 1))),
+    "layer_norm": (lambda K: lambda x, w, b: K.layer_norm(x, w, b),
+                   lambda s: (randn(8, 256, seed=s), randn(256, seed=s + 1), randn(256, seed=s + 2))),
+    "softmax": (lambda K: lambda x: K.softmax(x, dim=1), lambda s: (randn(4, 8, 100, seed=s),)),
+    "swiglu": (lambda K: lambda x: K.swiglu(x), lambda s: (randn(8, 512, seed=s),)),
+    "geglu": (lambda K: lambda x: K.geglu(x, approximate="tanh"), lambda s: (randn(8, 512, seed=s),)),
+    "apply_rope_": (_rope, lambda s: (randn(2, 32, 4, 64, seed=s), randn(2, 32, 2, 64, seed=s + 1),
+                                      *rope_tables(32))),
+    "cross_entropy": (lambda K: lambda x, t: K.cross_entropy(x, t, return_grad=True),
+                      lambda s: (randn(16, 1000, seed=s),
+                                 torch.randint(0, 1000, (16,), device=DEV, generator=gen(s)))),
+    "matmul": (lambda K: lambda a, b: K.matmul(a, b),
+               lambda s: (randn(3, 16, 256, seed=s), randn(256, 128, seed=s + 1))),
+    "attention": (lambda K: lambda q, k, v: K.attention(q, k, v, causal=True),
+                  lambda s: (randn(1, 4, 64, 64, seed=s), randn(1, 2, 64, 64, seed=s + 1),
+                             randn(1, 2, 64, 64, seed=s + 2))),
+}
+if FP8 is not None:
+    SINGLE_OPS["matmul_fp8_float_scales"] = (
+        lambda K: lambda a, b: K.matmul(a, b, scale_a=0.5, scale_b=2.0),
+        lambda s: (randn(32, 256, seed=s).to(FP8), randn(256, 64, seed=s + 1).to(FP8)))
+
+
+def _leaves(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+@pytest.mark.parametrize("name", list(SINGLE_OPS))
+def test_each_op_compiled_fullgraph_matches_eager(name):
+    make_fn, make_inputs = SINGLE_OPS[name]
+    fn = make_fn(APIS["public"])
+    inputs = make_inputs(100)
+    want = _leaves(fn(*inputs))
+    got = _leaves(torch.compile(fn, fullgraph=True)(*inputs))
+    torch.cuda.synchronize()
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride())
+        assert_close(g, w, name, TOL if w.dtype == BF16 else 1e-5)

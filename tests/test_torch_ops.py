@@ -1,0 +1,656 @@
+"""CPU tests of ``tiletune.kernels.torch_ops``: the library ops as ``torch.library`` custom ops.
+
+Nothing here launches a kernel. The fake (meta) implementations are checked two ways:
+
+* against the eager public functions themselves, run under a ``FakeTensorMode`` on fake CUDA
+  tensors with the kernel launches stubbed out (what the eager op allocates is what it returns), and
+* against torch's own ops on meta tensors (``torch.matmul`` over 1-D, 2-D and broadcast batched
+  shapes, ``F.rms_norm``, ``F.layer_norm``, softmax, SDPA, a scalar cross-entropy loss).
+
+``torch.compile(fullgraph=True)`` then traces a small transformer block made of
+:func:`compiled_call` calls on meta tensors into one graph whose tiletune nodes are counted, with
+dynamo alone and through AOTAutograd (where the in-place RoPE must be functionalized).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from tiletune.kernels import torch_ops  # noqa: E402
+from tiletune.kernels.torch_ops import OP_NAMES, PUBLIC_OPS, compiled_call  # noqa: E402
+
+F = torch.nn.functional
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+FP8 = getattr(torch, "float8_e4m3fn", None)
+META = "meta"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def meta_of(t):
+    """What a consumer of an output sees: shape, dtype, strides, device type."""
+    return tuple(t.shape), t.dtype, tuple(t.stride()), t.device.type
+
+
+def contiguous_strides(shape):
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(out))
+
+
+def empty(shape, dtype=BF16, device=META):
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------------------------
+
+#: op -> (argument names, names of mutated arguments, number of returned tensors)
+EXPECTED_SCHEMAS = {
+    "rms_norm": (["x", "weight", "eps"], [], 1),
+    "rms_norm_residual": (["x", "residual", "weight", "eps"], [], 2),
+    "layer_norm": (["x", "weight", "bias", "eps"], [], 1),
+    "softmax": (["x", "dim"], [], 1),
+    "swiglu": (["x"], [], 1),
+    "geglu": (["x", "approximate"], [], 1),
+    "apply_rope_": (["q", "k", "cos", "sin", "layout"], ["q", "k"], 0),
+    "cross_entropy": (["logits", "target", "ignore_index"], [], 1),
+    "cross_entropy_grad": (["logits", "target", "ignore_index"], [], 2),
+    "matmul": (["a", "b", "scale_a", "scale_b", "out_dtype"], [], 1),
+    "attention": (["q", "k", "v", "causal", "scale"], [], 1),
+}
+
+
+def test_every_op_is_registered_under_the_tiletune_namespace():
+    assert set(OP_NAMES) == set(EXPECTED_SCHEMAS)
+    for name in OP_NAMES:
+        assert hasattr(torch.ops.tiletune, name), name
+        schema = getattr(torch.ops.tiletune, name).default._schema
+        assert schema.name == f"tiletune::{name}"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SCHEMAS))
+def test_schemas_name_arguments_mutations_and_returns(name):
+    args, mutated, n_returns = EXPECTED_SCHEMAS[name]
+    schema = getattr(torch.ops.tiletune, name).default._schema
+    assert [a.name for a in schema.arguments] == args
+    written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert written == mutated
+    assert len(schema.returns) == n_returns
+    assert all(r.alias_info is None for r in schema.returns)  # fresh outputs, never an input
+
+
+EXPECTED_SCHEMA_TEXT = [
+    'tiletune::rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor',
+    'tiletune::rms_norm_residual(Tensor x, Tensor residual, Tensor? weight, float eps) -> (Tensor, Tensor)',
+    'tiletune::layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor',
+    'tiletune::softmax(Tensor x, SymInt dim) -> Tensor',
+    'tiletune::swiglu(Tensor x) -> Tensor',
+    'tiletune::geglu(Tensor x, str approximate) -> Tensor',
+    'tiletune::apply_rope_(Tensor(a0!) q, Tensor(a1!) k, Tensor cos, Tensor sin, str layout) -> ()',
+    'tiletune::cross_entropy(Tensor logits, Tensor target, SymInt ignore_index) -> Tensor',
+    'tiletune::cross_entropy_grad(Tensor logits, Tensor target, SymInt ignore_index) -> (Tensor, Tensor)',
+    'tiletune::matmul(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor',
+    'tiletune::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor',
+]
+
+
+def test_schema_text():
+    """The exact schemas (the same text in torch 2.11 and 2.13): types, mutations, returns."""
+    assert [str(getattr(torch.ops.tiletune, n).default._schema) for n in OP_NAMES] == EXPECTED_SCHEMA_TEXT
+
+
+def test_register_is_idempotent_and_import_needs_no_cuda_tile():
+    code = (
+        "import importlib, sys, torch\n"
+        "import tiletune.kernels.torch_ops as T\n"
+        "assert 'cuda.tile' not in sys.modules, 'torch_ops imported cuda.tile'\n"
+        "T.register(); T.register()\n"
+        "T = importlib.reload(T)\n"  # a second copy of the module finds the ops defined
+        "T.register()\n"
+        "assert 'cuda.tile' not in sys.modules\n"
+        "x = torch.empty(3, 8, device='meta')\n"
+        "assert T.compiled_call('rms_norm', x).shape == (3, 8)\n"
+        "print('OK', len([n for n in T.OP_NAMES if hasattr(torch.ops.tiletune, n)]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == f"OK {len(OP_NAMES)}"
+
+
+def test_compiled_call_refuses_unknown_names_and_bad_arguments():
+    with pytest.raises(ValueError, match="unknown op 'gelu'"):
+        compiled_call("gelu", empty((2, 4)))
+    assert set(PUBLIC_OPS) == set(torch_ops._ROUTES)
+    with pytest.raises(TypeError, match="ignore_index"):
+        compiled_call("cross_entropy", empty((2, 4)), empty((2,), torch.long), False, 1.5)
+    with pytest.raises(TypeError, match="scale_a must be a float or a one-element tensor"):
+        compiled_call("matmul", empty((2, 4), FP8), empty((4, 3), FP8), scale_a="1", scale_b=1.0)
+    with pytest.raises(ValueError, match="dim True"):
+        compiled_call("softmax", empty((2, 4)), True)
+
+
+# ---------------------------------------------------------------------------------------------
+# fake implementations vs the eager public functions (fake CUDA tensors, launches stubbed out)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def eager_without_launch(monkeypatch):
+    """The public functions run their checks and allocations but launch nothing."""
+    pytest.importorskip("cuda.tile")
+    from tiletune.kernels import _membound
+
+    gemm = importlib.import_module("tiletune.kernels.gemm")
+    attn = importlib.import_module("tiletune.kernels.attention")
+    monkeypatch.setattr(_membound.Prepared, "run", lambda self: self.result)
+    for name in ("gemm_into", "gemm_tf32_into", "gemm_fp8_into"):
+        monkeypatch.setattr(gemm, name, lambda *args: None)
+    monkeypatch.setattr(gemm, "_unit_scale", lambda device: None)  # lru_cache would keep a fake tensor
+    monkeypatch.setattr(attn, "attention_into", lambda *args: None)
+    # operand copies for the kernel (``contiguous()`` of a fake CUDA tensor needs a CUDA build of
+    # torch) do not change what is allocated for the output
+    monkeypatch.setattr(gemm, "_as_kernel_operand", lambda x: (x, False))
+    monkeypatch.setattr(attn, "_strided_ok", lambda t: t)
+    # the memory-bound ops index their inputs (``x2[:, :h]``), which fake CUDA tensors refuse on a
+    # torch without CUDA: they run on meta tensors with the device check stubbed out instead
+    for mod in ("norms", "softmax", "glu", "cross_entropy"):
+        monkeypatch.setattr(importlib.import_module(f"tiletune.kernels.{mod}"), "check_device", lambda op, **t: 0)
+
+    return {
+        "rms_norm": importlib.import_module("tiletune.kernels.norms").rms_norm,
+        "rms_norm_residual": importlib.import_module("tiletune.kernels.norms").rms_norm_residual,
+        "layer_norm": importlib.import_module("tiletune.kernels.norms").layer_norm,
+        "softmax": importlib.import_module("tiletune.kernels.softmax").softmax,
+        "swiglu": importlib.import_module("tiletune.kernels.glu").swiglu,
+        "geglu": importlib.import_module("tiletune.kernels.glu").geglu,
+        "cross_entropy": importlib.import_module("tiletune.kernels.cross_entropy").cross_entropy,
+        "matmul": gemm.matmul,
+        "attention": attn.attention,
+    }
+
+
+def _leaves(out):
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _strided(shape, dtype, device, last):
+    """A tensor whose rows are a slice of wider rows (``big[..., :last]``)."""
+    return torch.empty((*shape[:-1], last + 8), dtype=dtype, device=device).narrow(-1, 0, last)
+
+
+#: (public op, make(device) -> (args, kwargs)); every call is valid for the eager op
+EAGER_CASES = [
+    ("rms_norm", lambda d: ((empty((4, 8), device=d), empty((8,), F32, d)), {})),
+    ("rms_norm", lambda d: ((empty((2, 3, 5), F16, d),), {"eps": 1e-5})),
+    ("rms_norm", lambda d: ((_strided((6, 8), BF16, d, 8),), {})),
+    ("rms_norm", lambda d: ((empty((0, 8), device=d),), {})),
+    ("rms_norm", lambda d: ((empty((7,), F32, d), empty((7,), BF16, d)), {})),
+    ("rms_norm_residual", lambda d: ((empty((2, 3, 8), device=d), empty((2, 3, 8), device=d), empty((8,), device=d)),
+                                     {})),
+    ("rms_norm_residual", lambda d: ((_strided((5, 16), F32, d, 16), empty((5, 16), F32, d)), {})),
+    ("layer_norm", lambda d: ((empty((4, 8), device=d), empty((8,), device=d), empty((8,), device=d)), {})),
+    ("layer_norm", lambda d: ((empty((3, 2, 6), F32, d),), {"eps": 1e-3})),
+    ("softmax", lambda d: ((empty((2, 3, 4), device=d),), {})),
+    ("softmax", lambda d: ((empty((2, 3, 4), device=d), 1), {})),
+    ("softmax", lambda d: ((empty((2, 3, 4), F32, d), 0), {})),
+    ("softmax", lambda d: ((empty((2, 3, 4), F16, d),), {"dim": -3})),
+    ("softmax", lambda d: ((empty((9,), device=d),), {})),
+    ("swiglu", lambda d: ((empty((4, 16), device=d),), {})),
+    ("swiglu", lambda d: ((empty((2, 3, 10), F32, d),), {})),
+    ("swiglu", lambda d: ((_strided((3, 8), BF16, d, 8),), {})),
+    ("geglu", lambda d: ((empty((4, 16), device=d),), {"approximate": "tanh"})),
+    ("geglu", lambda d: ((empty((5, 6), F16, d),), {})),
+    ("cross_entropy", lambda d: ((empty((4, 10), device=d), empty((4,), torch.long, d)), {})),
+    ("cross_entropy", lambda d: ((empty((2, 3, 10), F32, d), empty((2, 3), torch.int32, d)), {"return_grad": True})),
+    ("cross_entropy", lambda d: ((empty((5, 7), F16, d), empty((5,), torch.long, d), True, 0), {})),
+    ("cross_entropy", lambda d: ((empty((0, 7), device=d), empty((0,), torch.long, d)), {"return_grad": True})),
+    ("attention", lambda d: ((empty((2, 4, 16, 64), device=d), empty((2, 2, 16, 64), device=d),
+                              empty((2, 2, 16, 64), device=d)), {"causal": True})),
+    ("attention", lambda d: ((empty((2, 16, 4, 128), F16, d).transpose(1, 2), empty((2, 4, 24, 128), F16, d),
+                              empty((2, 4, 24, 128), F16, d)), {"scale": 0.1})),
+]
+
+#: torch.matmul's shape rules: 1-D operands, (..., M, K) @ (K, N), broadcast batch dims, empty dims
+MATMUL_SHAPES = [
+    ((8,), (8,)),
+    ((8,), (8, 5)),
+    ((6, 8), (8,)),
+    ((6, 8), (8, 5)),
+    ((3, 6, 8), (8, 5)),
+    ((2, 3, 6, 8), (8, 5)),
+    ((3, 6, 8), (8,)),
+    ((8,), (3, 8, 5)),
+    ((3, 6, 8), (3, 8, 5)),
+    ((1, 6, 8), (4, 8, 5)),
+    ((4, 6, 8), (1, 8, 5)),
+    ((2, 1, 6, 8), (3, 8, 5)),
+    ((6, 8), (2, 3, 8, 5)),
+    ((0, 8), (8, 5)),
+    ((6, 0), (0, 5)),
+    ((1, 6, 8), (0, 8, 5)),
+    ((1, 8), (8, 1)),
+]
+
+
+def _matmul_cases():
+    cases = []
+    for sa, sb in MATMUL_SHAPES:
+        cases.append(("matmul", lambda d, sa=sa, sb=sb: ((empty(sa, device=d), empty(sb, device=d)), {})))
+    cases.append(("matmul", lambda d: ((empty((6, 8), F32, d), empty((5, 8), F32, d).t()), {})))
+    cases.append(("matmul", lambda d: ((empty((3, 6, 8), F16, d), empty((5, 8), F16, d).t()), {"out_dtype": F16})))
+    if FP8 is not None:
+        cases.append(("matmul", lambda d: ((empty((6, 8), FP8, d), empty((8, 5), FP8, d)),
+                                           {"scale_a": 0.5, "scale_b": 2.0})))
+        cases.append(("matmul", lambda d: ((empty((2, 6, 8), FP8, d), empty((8,), FP8, d)),
+                                           {"scale_a": torch.ones((), device=d), "scale_b": torch.ones(1, device=d),
+                                            "out_dtype": F32})))
+    return cases
+
+
+ALL_EAGER_CASES = EAGER_CASES + _matmul_cases()
+
+
+@pytest.mark.parametrize("case", range(len(ALL_EAGER_CASES)),
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(ALL_EAGER_CASES)])
+def test_fake_matches_what_the_eager_op_allocates(case, eager_without_launch):
+    name, make = ALL_EAGER_CASES[case]
+    # matmul and attention check ``is_cuda``: fake CUDA tensors (the registered fake runs for them)
+    on_cuda = name in ("matmul", "attention")
+    with FakeTensorMode() if on_cuda else contextlib.nullcontext():
+        args, kwargs = make("cuda" if on_cuda else META)
+        want = eager_without_launch[name](*args, **kwargs)
+        got = compiled_call(name, *args, **kwargs)
+    want, got = _leaves(want), _leaves(got)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert meta_of(g) == meta_of(w), (name, meta_of(g), meta_of(w))
+
+
+def test_rope_through_compiled_call_returns_its_inputs():
+    q = empty((2, 16, 4, 64))
+    k = empty((2, 16, 2, 64))
+    q2, k2 = compiled_call("apply_rope_", q, k, empty((16, 64)), empty((16, 64)))
+    assert q2 is q and k2 is k
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    q3, k3 = compiled_call("apply_rope_", qt, kt, empty((1, 16, 32)), empty((1, 16, 32)), layout="bhsd")
+    assert q3 is qt and k3 is kt
+    with pytest.raises(ValueError, match="layout must be"):
+        compiled_call("apply_rope_", q, k, empty((16, 64)), empty((16, 64)), "sbhd")
+
+
+# ---------------------------------------------------------------------------------------------
+# fake implementations vs torch's own ops on meta tensors
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("sa, sb", MATMUL_SHAPES)
+def test_matmul_fake_follows_torch_matmul(sa, sb, dtype):
+    a, b = empty(sa, dtype), empty(sb, dtype)
+    want = torch.matmul(a, b)
+    got = torch.ops.tiletune.matmul(a, b, None, None, None)
+    assert got.shape == want.shape
+    assert got.dtype == dtype and got.device.type == META
+    assert tuple(got.stride()) == contiguous_strides(want.shape)
+
+
+def test_matmul_fake_concrete_shapes_and_dtypes():
+    mm = lambda a, b, **kw: compiled_call("matmul", a, b, **kw)  # noqa: E731
+    assert mm(empty((8,)), empty((8,))).shape == ()
+    assert mm(empty((3, 6, 8)), empty((8,))).shape == (3, 6)
+    assert mm(empty((2, 1, 6, 8)), empty((3, 8, 5))).shape == (2, 3, 6, 5)
+    assert mm(empty((2, 1, 6, 8)), empty((3, 8, 5))).stride() == (90, 30, 5, 1)
+    if FP8 is not None:
+        a8, b8 = empty((4, 16), FP8), empty((16, 32), FP8)
+        assert mm(a8, b8, scale_a=1.0, scale_b=torch.ones(1, device=META)).dtype == BF16
+        assert mm(a8, b8, scale_a=1.0, scale_b=2.0, out_dtype=F32).dtype == F32
+        with pytest.raises(ValueError, match="need scale_a and scale_b"):
+            mm(a8, b8)
+        with pytest.raises(TypeError, match="out_dtype of an fp8 product"):
+            mm(a8, b8, scale_a=1.0, scale_b=1.0, out_dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    "sa, sb, error",
+    [
+        ((6, 8), (7, 5), RuntimeError),       # inner dimensions differ (torch._check)
+        ((8,), (7,), RuntimeError),
+        ((2, 6, 8), (3, 8, 5), RuntimeError),  # batch dims do not broadcast
+    ],
+)
+def test_matmul_fake_refuses_what_torch_matmul_refuses(sa, sb, error):
+    with pytest.raises(error):
+        torch.matmul(empty(sa), empty(sb))
+    with pytest.raises(error):
+        torch.ops.tiletune.matmul(empty(sa), empty(sb), None, None, None)
+
+
+def test_matmul_fake_refuses_mixed_dtypes_and_stray_scales():
+    with pytest.raises(TypeError, match="one dtype"):
+        compiled_call("matmul", empty((4, 8), BF16), empty((8, 4), F16))
+    with pytest.raises(ValueError, match="for float8_e4m3fn inputs only"):
+        compiled_call("matmul", empty((4, 8)), empty((8, 4)), scale_a=1.0, scale_b=1.0)
+    with pytest.raises(TypeError, match="out_dtype must be the inputs' dtype"):
+        compiled_call("matmul", empty((4, 8)), empty((8, 4)), out_dtype=F32)
+
+
+@pytest.mark.parametrize("shape", [(4, 8), (2, 3, 64), (7,)])
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_norm_fakes_follow_torch(shape, dtype):
+    x = empty(shape, dtype)
+    n = shape[-1]
+    w, b = empty((n,), dtype), empty((n,), dtype)
+    for got, want in [
+        (compiled_call("rms_norm", x, w), F.rms_norm(x, (n,), w, 1e-6)),
+        (compiled_call("layer_norm", x, w, b), F.layer_norm(x, (n,), w, b, 1e-5)),
+    ]:
+        assert meta_of(got) == meta_of(want)
+        assert tuple(got.stride()) == contiguous_strides(shape)
+    y, h = compiled_call("rms_norm_residual", x, empty(shape, dtype), w)
+    assert meta_of(y) == meta_of(h) == (shape, dtype, contiguous_strides(shape), META)
+
+
+@pytest.mark.parametrize("dim", [-1, 0, 1, 2])
+def test_softmax_fake_follows_torch(dim):
+    x = empty((2, 3, 5))
+    got, want = compiled_call("softmax", x, dim), torch.softmax(x, dim)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    # the eager op normalizes x.movedim(dim, -1) contiguously and moves the dim back
+    expected = {-1: (15, 5, 1), 2: (15, 5, 1), 0: (1, 10, 2), 1: (15, 1, 3)}[dim]
+    assert tuple(got.stride()) == expected
+    with pytest.raises(ValueError, match="out of range"):
+        compiled_call("softmax", x, 3)
+
+
+def test_glu_fakes_follow_torch():
+    x = empty((2, 3, 20))
+    want = F.silu(x[..., :10]) * x[..., 10:]
+    for got in (compiled_call("swiglu", x), compiled_call("geglu", x), compiled_call("geglu", x, "tanh")):
+        assert meta_of(got) == meta_of(want) == ((2, 3, 10), BF16, (30, 10, 1), META)
+    with pytest.raises(RuntimeError, match="must be even"):
+        compiled_call("swiglu", empty((4, 7)))
+    with pytest.raises(ValueError, match="approximate must be"):
+        compiled_call("geglu", x, "erf")
+
+
+def test_cross_entropy_fake_is_a_float32_scalar_and_a_logits_shaped_grad():
+    logits, target = empty((2, 3, 50)), empty((2, 3), torch.long)
+    ref = F.cross_entropy(logits.reshape(-1, 50).float(), target.reshape(-1))
+    loss = compiled_call("cross_entropy", logits, target)
+    assert meta_of(loss) == ((), F32, (), META) == meta_of(ref)
+    loss, grad = compiled_call("cross_entropy", logits, target, return_grad=True, ignore_index=0)
+    assert meta_of(loss) == ((), F32, (), META)
+    assert meta_of(grad) == ((2, 3, 50), BF16, (150, 50, 1), META)
+
+
+def test_attention_fake_follows_sdpa():
+    q, k, v = empty((2, 4, 16, 64)), empty((2, 2, 32, 64)), empty((2, 2, 32, 64))
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    got = compiled_call("attention", q, k, v, causal=False, scale=0.125)
+    assert meta_of(got) == meta_of(want) == ((2, 4, 16, 64), BF16, (4096, 1024, 64, 1), META)
+    qt = empty((2, 16, 4, 64)).transpose(1, 2)  # a transposed view in, a contiguous output out
+    assert tuple(compiled_call("attention", qt, k, v).stride()) == (4096, 1024, 64, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library.opcheck (meta inputs: the utilities that need no real kernel)
+# ---------------------------------------------------------------------------------------------
+
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def _opcheck_args():
+    x, w = empty((4, 64)), empty((64,))
+    cases = {
+        "rms_norm": (x, w, 1e-6),
+        "rms_norm_residual": (x, empty((4, 64)), None, 1e-6),
+        "layer_norm": (x, w, None, 1e-5),
+        "softmax": (empty((2, 3, 8)), 1),
+        "swiglu": (x,),
+        "geglu": (x, "tanh"),
+        "apply_rope_": (empty((2, 8, 4, 64)), empty((2, 8, 2, 64)), empty((8, 64)), empty((8, 64)), "bshd"),
+        "cross_entropy": (x, empty((4,), torch.long), -100),
+        "cross_entropy_grad": (x, empty((4,), torch.long), -100),
+        "matmul": (empty((3, 4, 64)), empty((64, 32)), None, None, None),
+        "attention": (empty((1, 4, 8, 64)), empty((1, 2, 8, 64)), empty((1, 2, 8, 64)), True, None),
+    }
+    assert set(cases) == set(OP_NAMES)
+    return cases
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_opcheck_on_meta_inputs(name):
+    args = _opcheck_args()[name]
+    result = torch.library.opcheck(getattr(torch.ops.tiletune, name).default, args, test_utils=OPCHECK_UTILS)
+    assert result == {u: "SUCCESS" for u in OPCHECK_UTILS}
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile over a small transformer block on meta tensors
+# ---------------------------------------------------------------------------------------------
+
+B, S, H, HKV, D, FF = 2, 16, 4, 2, 64, 384
+HID = H * D
+
+
+def decoder_block(x, w_norm1, w_qkv, cos, sin, w_o, w_norm2, w_up, w_down):
+    """rms_norm -> qkv matmul -> in-place RoPE on views -> causal GQA attention -> out proj ->
+    rms_norm_residual -> gate/up matmul -> swiglu -> down matmul (+ residual)."""
+    h = compiled_call("rms_norm", x, w_norm1)
+    qkv = compiled_call("matmul", h, w_qkv)
+    q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)
+    q, k, v = q.view(B, S, H, D), k.view(B, S, HKV, D), v.view(B, S, HKV, D)
+    q, k = compiled_call("apply_rope_", q, k, cos, sin)
+    o = compiled_call("attention", q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    o = o.transpose(1, 2).reshape(B, S, HID)
+    a = compiled_call("matmul", o, w_o)
+    y, res = compiled_call("rms_norm_residual", a, x, w_norm2)
+    u = compiled_call("matmul", y, w_up)
+    g = compiled_call("swiglu", u)
+    out = compiled_call("matmul", g, w_down)
+    return out + res, o, u
+
+
+def block_inputs(device=META, dtype=BF16):
+    e = lambda *s: torch.empty(s, device=device, dtype=dtype)  # noqa: E731
+    return (e(B, S, HID), e(HID), e(HID, (H + 2 * HKV) * D), e(S, D), e(S, D), e(HID, HID), e(HID),
+            e(HID, 2 * FF), e(FF, HID))
+
+
+EXPECTED_BLOCK_OPS = collections.Counter(
+    {"matmul": 4, "rms_norm": 1, "apply_rope_": 1, "attention": 1, "rms_norm_residual": 1, "swiglu": 1})
+
+
+def tiletune_ops_in(gm):
+    """Counter of the tiletune custom ops called by an FX graph (packets or overloads)."""
+    found = collections.Counter()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+            qual = target._qualified_op_name if isinstance(target, torch._ops.OpOverloadPacket) else target.name()
+            qual = qual.split(".")[0]
+            if qual.startswith("tiletune::"):
+                found[qual[len("tiletune::"):]] += 1
+    return found
+
+
+class CountingBackend:
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def test_decoder_block_compiles_to_one_graph_of_tiletune_ops():
+    backend = CountingBackend()
+    fn = torch.compile(decoder_block, fullgraph=True, backend=backend)
+    out, o, u = fn(*block_inputs())
+    assert len(backend.graphs) == 1
+    assert tiletune_ops_in(backend.graphs[0]) == EXPECTED_BLOCK_OPS
+    assert meta_of(out) == ((B, S, HID), BF16, (S * HID, HID, 1), META)
+    assert meta_of(o) == ((B, S, HID), BF16, (S * HID, HID, 1), META)
+    assert meta_of(u) == ((B, S, 2 * FF), BF16, (S * 2 * FF, 2 * FF, 1), META)
+
+
+def test_decoder_block_explain_has_no_graph_break():
+    explanation = torch._dynamo.explain(decoder_block)(*block_inputs())
+    assert explanation.graph_count == 1
+    assert explanation.graph_break_count == 0
+    assert tiletune_ops_in(explanation.graphs[0]) == EXPECTED_BLOCK_OPS
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_decoder_block_through_aot_autograd_functionalizes_the_rope(dynamic):
+    from torch._dynamo.backends.common import aot_autograd
+
+    forward_graphs = []
+
+    def fw_compiler(gm, example_inputs):
+        forward_graphs.append(gm)
+        return gm.forward
+
+    fn = torch.compile(decoder_block, fullgraph=True, dynamic=dynamic, backend=aot_autograd(fw_compiler=fw_compiler))
+    out, _, _ = fn(*block_inputs())
+    assert tuple(out.shape) == (B, S, HID) and out.dtype == BF16
+    assert len(forward_graphs) == 1
+    ops = tiletune_ops_in(forward_graphs[0])
+    # the mutating op is wrapped by auto_functionalized (its mutation of q and k is declared)
+    assert ops == EXPECTED_BLOCK_OPS - collections.Counter({"apply_rope_": 1})
+    wrapped = [n for n in forward_graphs[0].graph.nodes
+               if n.op == "call_function" and "auto_functionalized" in str(n.target)]
+    assert len(wrapped) == 1 and "tiletune.apply_rope_" in str(wrapped[0].args[0])
+
+
+def _single_op_calls():
+    x = empty((4, 64))
+    return {
+        "rms_norm": ((x, empty((64,))), {"eps": 1e-5}),
+        "rms_norm_residual": ((x, empty((4, 64))), {}),
+        "layer_norm": ((x,), {}),
+        "softmax": ((empty((2, 3, 8)),), {"dim": 0}),
+        "swiglu": ((x,), {}),
+        "geglu": ((x,), {"approximate": "tanh"}),
+        "apply_rope_": ((empty((2, 8, 4, 64)), empty((2, 8, 2, 64)), empty((8, 64)), empty((8, 64))), {}),
+        "cross_entropy": ((x, empty((4,), torch.long)), {"return_grad": True}),
+        "matmul": ((empty((3, 4, 64)), empty((64,))), {}),
+        "attention": ((empty((1, 4, 8, 64)), empty((1, 2, 8, 64)), empty((1, 2, 8, 64))), {"causal": True}),
+    }
+
+
+@pytest.mark.parametrize("name", PUBLIC_OPS)
+def test_each_op_compiles_fullgraph_to_its_custom_op(name):
+    args, kwargs = _single_op_calls()[name]
+    backend = CountingBackend()
+    fn = torch.compile(lambda *a: compiled_call(name, *a, **kwargs), fullgraph=True, backend=backend)
+    got = _leaves(fn(*args))
+    want = _leaves(compiled_call(name, *args, **kwargs))
+    assert len(backend.graphs) == 1
+    op = "cross_entropy_grad" if name == "cross_entropy" else name
+    assert tiletune_ops_in(backend.graphs[0]) == collections.Counter({op: 1})
+    assert [meta_of(t) for t in got] == [meta_of(t) for t in want]
+
+
+def test_fp8_matmul_with_float_scales_compiles():
+    if FP8 is None:
+        pytest.skip("no float8_e4m3fn in this torch")
+    backend = CountingBackend()
+
+    def fn(a, b):
+        return compiled_call("matmul", a, b, scale_a=0.5, scale_b=4.0, out_dtype=F16)
+
+    out = torch.compile(fn, fullgraph=True, backend=backend)(empty((2, 8, 32), FP8), empty((32, 16), FP8))
+    assert meta_of(out) == ((2, 8, 16), F16, (128, 16, 1), META)
+    assert tiletune_ops_in(backend.graphs[0]) == collections.Counter({"matmul": 1})
+
+
+# ---------------------------------------------------------------------------------------------
+# the public functions route to the custom ops while compiling
+# ---------------------------------------------------------------------------------------------
+
+
+def public_block(K, x, w_norm1, w_qkv, cos, sin, w_o, w_norm2, w_up, w_down):
+    """:func:`decoder_block` written with the public functions, plus the ops it does not use."""
+    h = K.rms_norm(x, w_norm1)
+    qkv = K.matmul(h, w_qkv)
+    q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)
+    q, k, v = q.view(B, S, H, D), k.view(B, S, HKV, D), v.view(B, S, HKV, D)
+    K.apply_rope_(q, k, cos, sin)
+    o = K.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    a = K.matmul(o.transpose(1, 2).reshape(B, S, HID), w_o)
+    y, res = K.rms_norm_residual(a, x, w_norm2)
+    out = K.matmul(K.swiglu(K.matmul(y, w_up)), w_down) + res
+    target = torch.zeros((B * S,), dtype=torch.long, device=x.device)
+    loss, grad = K.cross_entropy(out.reshape(B * S, HID), target, return_grad=True)
+    return out, loss, grad, K.softmax(out, dim=1), K.layer_norm(out), K.geglu(out, approximate="tanh")
+
+
+def public_functions():
+    """The public functions, taken from their modules: ``tiletune.kernels.attention`` (also
+    ``softmax``, ``cross_entropy``) is the callable submodule rather than the function once the
+    submodule was imported before the package attribute was first read, and dynamo cannot call a
+    module object."""
+    import types
+
+    from tiletune.kernels import _MEMORY_OPS
+
+    where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention"}
+    return types.SimpleNamespace(**{name: getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
+                                    for name, mod in where.items()})
+
+
+def test_public_functions_route_to_the_custom_ops_under_compile():
+    pytest.importorskip("cuda.tile")
+    K = public_functions()
+    assert sorted(vars(K)) == sorted(PUBLIC_OPS)
+
+    backend = CountingBackend()
+    fn = torch.compile(lambda *a: public_block(K, *a), fullgraph=True, backend=backend)
+    out, loss, grad, sm, ln, ge = fn(*block_inputs())
+    assert len(backend.graphs) == 1
+    assert tiletune_ops_in(backend.graphs[0]) == EXPECTED_BLOCK_OPS + collections.Counter(
+        {"cross_entropy_grad": 1, "softmax": 1, "layer_norm": 1, "geglu": 1})
+    assert meta_of(out) == ((B, S, HID), BF16, (S * HID, HID, 1), META)
+    assert meta_of(loss) == ((), F32, (), META)
+    assert meta_of(grad) == ((B * S, HID), BF16, (HID, 1), META)
+    assert meta_of(sm) == ((B, S, HID), BF16, (S * HID, 1, S), META)  # softmax over dim 1: moved back
+    assert meta_of(ln) == ((B, S, HID), BF16, (S * HID, HID, 1), META)
+    assert meta_of(ge) == ((B, S, HID // 2), BF16, (S * HID // 2, HID // 2, 1), META)
+
+
+def test_dynamic_compile_keeps_float_arguments_out_of_the_graph_inputs():
+    """With ``dynamic=True`` the graph's tensor inputs are the block's nine tensors: no float (an
+    ``eps`` default) became a CPU scalar tensor input, which CUDA graph trees would refuse."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(example_inputs)
+        return gm.forward
+
+    out, _, _ = torch.compile(decoder_block, fullgraph=True, dynamic=True, backend=backend)(*block_inputs())
+    assert tuple(out.shape) == (B, S, HID)
+    assert len(seen) == 1
+    tensors = [t for t in seen[0] if isinstance(t, torch.Tensor)]
+    assert len(tensors) == 9 and all(t.device.type == META for t in tensors)
