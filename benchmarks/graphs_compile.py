@@ -354,15 +354,15 @@ def main() -> int:
     OpFamily.configure(db=tt.TuningDB(db_path), progress=False, **({"options": fast} if fast else {}))
     compute_ops = [importlib.import_module("tiletune.kernels.gemm").gemm_into,
                    importlib.import_module("tiletune.kernels.gemm").gemm_tf32_into,
-                   importlib.import_module("tiletune.kernels.attention").attention_into]
+                   importlib.import_module("tiletune.kernels.attention_op").attention_into]
     for op in compute_ops:  # the same short measurements for the compute-bound ops' own TunedOps
         op.progress = False
         if fast is not None:
             op.options = fast
 
     if args.api == "public":
-        where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention"}
-        # from the defining modules: `tiletune.kernels.attention` can be the (callable) submodule
+        where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}
+        # from the defining modules
         K = types.SimpleNamespace(**{n: getattr(importlib.import_module(f"tiletune.kernels.{m}"), n)
                                      for n, m in where.items()})
     else:

@@ -8,7 +8,7 @@ and a batched 16 x 1024^3 product. ``A`` is ``M x K`` and ``B`` is
 ``K x N``, both row-major (``--b-transposed``: ``B`` is the ``.t()`` view of an ``N x K`` weight, the
 ``x @ W.t()`` layout of a linear layer). 2*M*N*K flops.
 
-Attention forward (``tiletune.kernels.attention.attention`` vs
+Attention forward (``tiletune.kernels.attention_op.attention`` vs
 ``torch.nn.functional.scaled_dot_product_attention`` restricted to the flash backend): a constant
 16384 tokens per batch (``B = 16384 // S``, S from 1k to 16k), 32 query heads, 8 key/value heads
 (GQA), head dim 128, bf16, causal and not. 4*B*H*S*S*D flops, halved when causal.
@@ -216,7 +216,7 @@ def _setup_attention(p: dict[str, Any]) -> tuple[Callable, Callable, tuple, Any,
     import torch
     import torch.nn.functional as F
 
-    attn_mod = importlib.import_module("tiletune.kernels.attention")
+    attn_mod = importlib.import_module("tiletune.kernels.attention_op")
 
     dt = getattr(torch, p["dtype"])
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -431,7 +431,7 @@ def _apply_tuning_overrides(args: argparse.Namespace) -> dict[str, Any]:
     from tiletune import Budget
 
     gemm_mod = importlib.import_module("tiletune.kernels.gemm")
-    attn_mod = importlib.import_module("tiletune.kernels.attention")
+    attn_mod = importlib.import_module("tiletune.kernels.attention_op")
 
     budget = Budget(max_evals=args.max_evals, max_seconds=args.tune_seconds) \
         if (args.max_evals or args.tune_seconds) else None

@@ -152,13 +152,13 @@ def _cases(dev: str, dtype: Any) -> list[tuple[str, Any, Callable[[int], tuple],
 
     import importlib
 
-    att_mod = importlib.import_module("tiletune.kernels.attention")  # the package's attention() shadows it
+    att_mod = importlib.import_module("tiletune.kernels.attention_op")  # the package's attention() shadows it
     gemm_mod = importlib.import_module("tiletune.kernels.gemm")
-    from tiletune.kernels.cross_entropy import prepare_cross_entropy
+    from tiletune.kernels.cross_entropy_op import prepare_cross_entropy
     from tiletune.kernels.glu import ACT_GELU_TANH, ACT_SILU, prepare_glu
     from tiletune.kernels.norms import prepare_layer_norm, prepare_rms_norm, prepare_rms_norm_residual
     from tiletune.kernels.rope import prepare_rope
-    from tiletune.kernels.softmax import prepare_softmax
+    from tiletune.kernels.softmax_op import prepare_softmax
 
     def rnd(seed: int, *shape: int, scale: float = 1.0, dt: Any = dtype) -> Any:
         g = torch.Generator(device=dev).manual_seed(1234 + seed)

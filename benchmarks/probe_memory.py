@@ -88,10 +88,10 @@ PROBLEMS: list[tuple[str, tuple[int, ...], str, Callable[[Any], Space]]] = [
 
 def prepared(op: str, prob: dict[str, Any]) -> Any:
     """The library call's :class:`~tiletune.kernels._membound.Prepared` for the benchmark's inputs."""
-    from tiletune.kernels.cross_entropy import prepare_cross_entropy
+    from tiletune.kernels.cross_entropy_op import prepare_cross_entropy
     from tiletune.kernels.glu import ACT_GELU_TANH, ACT_SILU, prepare_glu
     from tiletune.kernels.norms import prepare_layer_norm, prepare_rms_norm
-    from tiletune.kernels.softmax import prepare_softmax
+    from tiletune.kernels.softmax_op import prepare_softmax
 
     a = prob["args"]
     if op == "swiglu":

@@ -150,7 +150,7 @@ def problems(sm_count: int) -> dict[str, Problem]:
     import torch
 
     from tiletune import Launch, Space
-    from tiletune.kernels.attention import ATTENTION_FULL_SPACE, attention_into
+    from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, attention_into
     from tiletune.kernels.attention_kernels import LOG2E, attention_reference
     from tiletune.kernels.gemm import GEMM_FULL_SPACE, gemm_into
     from tiletune.kernels.layernorm_kernels import (

@@ -7,17 +7,14 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.gpu
-
 torch = pytest.importorskip("torch")
 ct = pytest.importorskip("cuda.tile")
-if not torch.cuda.is_available():  # pragma: no cover
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import tiletune as tt  # noqa: E402
 import tiletune.kernels as K  # noqa: E402
 from tiletune.kernels._membound import OpFamily  # noqa: E402
-from tiletune.kernels.cross_entropy import cross_entropy_rows as CE_ROWS  # noqa: E402
+from tiletune.kernels.cross_entropy_op import cross_entropy_rows as CE_ROWS  # noqa: E402
 
 F = torch.nn.functional
 FAST = tt.TunerOptions(stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05),

@@ -28,7 +28,7 @@ ct = pytest.importorskip("cuda.tile")
 import tiletune as tt
 
 # the modules themselves (``tiletune.kernels.<name>`` may also be exported as the function)
-attn_mod = importlib.import_module("tiletune.kernels.attention")
+attn_mod = importlib.import_module("tiletune.kernels.attention_op")
 gemm_mod = importlib.import_module("tiletune.kernels.gemm")
 from tiletune.kernels.attention_kernels import ATTENTION_BASELINE, ATTENTION_CONSTRAINTS
 from tiletune.kernels.gemm_kernels import (

@@ -23,11 +23,11 @@ ct = pytest.importorskip("cuda.tile")
 import tiletune as tt  # noqa: E402
 import tiletune.kernels as K  # noqa: E402
 from tiletune.kernels._membound import OpFamily  # noqa: E402
-from tiletune.kernels.cross_entropy import CE_GRAD, CE_LOSS  # noqa: E402
+from tiletune.kernels.cross_entropy_op import CE_GRAD, CE_LOSS  # noqa: E402
 from tiletune.kernels.glu import GEGLU, SWIGLU  # noqa: E402
 from tiletune.kernels.norms import LAYER_NORM, RMS_NORM, RMS_NORM_RESIDUAL  # noqa: E402
 from tiletune.kernels.rope import ROPE  # noqa: E402
-from tiletune.kernels.softmax import SOFTMAX  # noqa: E402
+from tiletune.kernels.softmax_op import SOFTMAX  # noqa: E402
 
 F = torch.nn.functional
 DEV = "cuda"

@@ -56,7 +56,7 @@ def library_settings(tmp_path_factory):
     temporary database (if not opened yet) for matmul's and attention's own tuned ops."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TILETUNE_DB", str(tmp_path_factory.mktemp("tuning") / "t.db"))
-    for mod, name in (("gemm", "gemm_into"), ("gemm", "gemm_fp8_into"), ("attention", "attention_into")):
+    for mod, name in (("gemm", "gemm_into"), ("gemm", "gemm_fp8_into"), ("attention_op", "attention_into")):
         op = getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
         mp.setattr(op, "options", FAST)
         mp.setattr(op, "progress", False)
@@ -74,9 +74,8 @@ def fresh_dynamo():
 
 
 def public_functions():
-    """The public functions, taken from their modules (``tiletune.kernels.attention`` may be the
-    callable submodule rather than the function, and dynamo cannot call a module object)."""
-    where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention"}
+    """The public functions, taken from their defining modules."""
+    where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}
     return types.SimpleNamespace(**{name: getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
                                     for name, mod in where.items()})
 

@@ -17,7 +17,7 @@ pytest.importorskip("cuda.tile")
 
 gemm_mod = importlib.import_module("tiletune.kernels.gemm")
 gemm, matmul = gemm_mod.gemm, gemm_mod.matmul
-attention = importlib.import_module("tiletune.kernels.attention").attention
+attention = importlib.import_module("tiletune.kernels.attention_op").attention
 FP8 = getattr(torch, "float8_e4m3fn", None)
 
 
@@ -145,7 +145,7 @@ def test_library_spaces_are_small_and_keep_their_baselines():
         assert 16 <= space.size() <= 48
         assert space.baseline() is not None
     assert gemm_mod.GEMM_FULL_SPACE.size() == 512
-    att = importlib.import_module("tiletune.kernels.attention")
+    att = importlib.import_module("tiletune.kernels.attention_op")
     assert att.ATTENTION_SPACE.size() == 16 and att.ATTENTION_FULL_SPACE.size() == 330
     assert att.ATTENTION_SPACE.baseline() is not None
 

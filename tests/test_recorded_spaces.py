@@ -27,7 +27,7 @@ class Fake:
 
 
 def _spaces():
-    from tiletune.kernels.attention import ATTENTION_FULL_SPACE
+    from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE
     from tiletune.kernels.gemm import GEMM_FULL_SPACE
 
     ln_space = Space(**ln.LAYERNORM_SPACE_PARAMS, constraints=ln.LAYERNORM_CONSTRAINTS, baseline=ln.LAYERNORM_BASELINE)

@@ -160,7 +160,7 @@ def eager_without_launch(monkeypatch):
     from tiletune.kernels import _membound
 
     gemm = importlib.import_module("tiletune.kernels.gemm")
-    attn = importlib.import_module("tiletune.kernels.attention")
+    attn = importlib.import_module("tiletune.kernels.attention_op")
     monkeypatch.setattr(_membound.Prepared, "run", lambda self: self.result)
     for name in ("gemm_into", "gemm_tf32_into", "gemm_fp8_into"):
         monkeypatch.setattr(gemm, name, lambda *args: None)
@@ -172,17 +172,17 @@ def eager_without_launch(monkeypatch):
     monkeypatch.setattr(attn, "_strided_ok", lambda t: t)
     # the memory-bound ops index their inputs (``x2[:, :h]``), which fake CUDA tensors refuse on a
     # torch without CUDA: they run on meta tensors with the device check stubbed out instead
-    for mod in ("norms", "softmax", "glu", "cross_entropy"):
+    for mod in ("norms", "softmax_op", "glu", "cross_entropy_op"):
         monkeypatch.setattr(importlib.import_module(f"tiletune.kernels.{mod}"), "check_device", lambda op, **t: 0)
 
     return {
         "rms_norm": importlib.import_module("tiletune.kernels.norms").rms_norm,
         "rms_norm_residual": importlib.import_module("tiletune.kernels.norms").rms_norm_residual,
         "layer_norm": importlib.import_module("tiletune.kernels.norms").layer_norm,
-        "softmax": importlib.import_module("tiletune.kernels.softmax").softmax,
+        "softmax": importlib.import_module("tiletune.kernels.softmax_op").softmax,
         "swiglu": importlib.import_module("tiletune.kernels.glu").swiglu,
         "geglu": importlib.import_module("tiletune.kernels.glu").geglu,
-        "cross_entropy": importlib.import_module("tiletune.kernels.cross_entropy").cross_entropy,
+        "cross_entropy": importlib.import_module("tiletune.kernels.cross_entropy_op").cross_entropy,
         "matmul": gemm.matmul,
         "attention": attn.attention,
     }
@@ -608,15 +608,12 @@ def public_block(K, x, w_norm1, w_qkv, cos, sin, w_o, w_norm2, w_up, w_down):
 
 
 def public_functions():
-    """The public functions, taken from their modules: ``tiletune.kernels.attention`` (also
-    ``softmax``, ``cross_entropy``) is the callable submodule rather than the function once the
-    submodule was imported before the package attribute was first read, and dynamo cannot call a
-    module object."""
+    """The public functions, taken from their defining modules."""
     import types
 
     from tiletune.kernels import _MEMORY_OPS
 
-    where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention"}
+    where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}
     return types.SimpleNamespace(**{name: getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
                                     for name, mod in where.items()})
 

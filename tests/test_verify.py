@@ -229,10 +229,10 @@ def test_reason_names_the_measure_value_and_bound():
 
 def _op_tolerances(kind: str, n: int, x=None):
     norms = importlib.import_module("tiletune.kernels.norms")
-    softmax = importlib.import_module("tiletune.kernels.softmax")
+    softmax = importlib.import_module("tiletune.kernels.softmax_op")
 
     if kind == "softmax":  # peaky rows: only a tolerance without RMS-tied slack sees dropped tiny values
-        return {"softmax": importlib.import_module("tiletune.kernels.softmax").softmax_tolerance(
+        return {"softmax": importlib.import_module("tiletune.kernels.softmax_op").softmax_tolerance(
             torch.randn(4, n) * 3 if x is None else x, None)}
     out = {"default": None, "rms_norm": norms._norm_tolerance(torch.empty(1, n)),
            "layer_norm": norms._layer_norm_tolerance(torch.empty(1, n))}
@@ -327,8 +327,8 @@ def test_kernel_like_rms_norm_and_layer_norm_pass_their_tolerances(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale", [1.0, 8.0])
 def test_kernel_like_softmax_and_cross_entropy_pass_their_tolerances(dtype, scale):
-    ce = importlib.import_module("tiletune.kernels.cross_entropy")
-    softmax = importlib.import_module("tiletune.kernels.softmax")
+    ce = importlib.import_module("tiletune.kernels.cross_entropy_op")
+    softmax = importlib.import_module("tiletune.kernels.softmax_op")
 
     log2e = 1.4426950408889634
     x = (torch.randn(32, 5000, generator=gen(7)) * scale).to(dtype)
@@ -392,7 +392,7 @@ def test_kernel_like_gated_activations_and_rope_pass_their_tolerances(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_like_matmul_and_attention_pass_their_tolerances(dtype):
-    att = importlib.import_module("tiletune.kernels.attention")
+    att = importlib.import_module("tiletune.kernels.attention_op")
     gemm = importlib.import_module("tiletune.kernels.gemm")
     simple_matmul = importlib.import_module("tiletune.kernels.simple_matmul")
     from tiletune.kernels.attention_kernels import attention_reference
@@ -538,7 +538,7 @@ def test_benchmark_gate_path_on_the_fake_backend():
 
     @tt.autotune(SPACE, reference=lambda x, y, h: (x.float().softmax(-1).to(y.dtype), (x.float() * 2).to(h.dtype)),
                  writes=["y", "h"], db=False, progress=False, backend=FakeBackend(_model, noise=0.002),
-                 tolerance=lambda x, y, h: importlib.import_module("tiletune.kernels.softmax").softmax_tolerance(x, y))
+                 tolerance=lambda x, y, h: importlib.import_module("tiletune.kernels.softmax_op").softmax_tolerance(x, y))
     def op(cfg, x, y, h):
         return tt.Launch(kernel, (1,), (x, y, h))
 

@@ -26,11 +26,11 @@ _MEMORY_OPS = {
     "rms_norm": "norms",
     "rms_norm_residual": "norms",
     "layer_norm": "norms",
-    "softmax": "softmax",
+    "softmax": "softmax_op",
     "swiglu": "glu",
     "geglu": "glu",
     "apply_rope_": "rope",
-    "cross_entropy": "cross_entropy",
+    "cross_entropy": "cross_entropy_op",
 }
 
 
@@ -38,17 +38,13 @@ def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional 
     if name in ("matmul", "attention"):
         import importlib
 
-        # "attention" is also a submodule name (see below); "matmul" lives in .gemm
-        fn = getattr(importlib.import_module(".gemm" if name == "matmul" else ".attention", __name__), name)
+        fn = getattr(importlib.import_module(".gemm" if name == "matmul" else ".attention_op", __name__), name)
         globals()[name] = fn
         return fn
     if name in _MEMORY_OPS:
         import importlib
 
         fn = getattr(importlib.import_module(f".{_MEMORY_OPS[name]}", __name__), name)
-        # "softmax" and "cross_entropy" are also submodule names: importing a submodule binds the
-        # module to the package attribute, so bind the function over it (those two modules are
-        # callable too, for code that imported the submodule first).
         globals()[name] = fn
         return fn
     raise AttributeError(f"module 'tiletune.kernels' has no attribute {name!r}")

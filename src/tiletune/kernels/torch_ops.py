@@ -111,7 +111,7 @@ def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps
 
 
 def _softmax(x: Tensor, dim: int) -> Tensor:
-    from .softmax import softmax
+    from .softmax_op import softmax
 
     return softmax(x, dim)
 
@@ -135,13 +135,13 @@ def _apply_rope_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str) ->
 
 
 def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
-    from .cross_entropy import cross_entropy
+    from .cross_entropy_op import cross_entropy
 
     return cross_entropy(logits, target, False, ignore_index)
 
 
 def _cross_entropy_grad(logits: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
-    from .cross_entropy import cross_entropy
+    from .cross_entropy_op import cross_entropy
 
     loss, grad = cross_entropy(logits, target, True, ignore_index)
     return loss, grad
@@ -157,7 +157,7 @@ def _matmul(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[T
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float]) -> Tensor:
-    from .attention import attention
+    from .attention_op import attention
 
     return attention(q, k, v, causal, scale)
 

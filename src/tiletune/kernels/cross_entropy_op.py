@@ -25,7 +25,6 @@ ignored the loss is 0 (torch: nan).
 
 from __future__ import annotations
 
-from ._config import make_module_callable
 
 import math
 from typing import Any
@@ -292,5 +291,3 @@ def _grad_placeholder(like: Any) -> Any:
         ph = _PLACEHOLDERS[key] = constant_tensor(like.new_empty((1, 1)))
     return ph
 
-
-make_module_callable(__name__, "cross_entropy")

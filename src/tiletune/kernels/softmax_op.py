@@ -19,7 +19,6 @@ rows per tile or chunk width).
 
 from __future__ import annotations
 
-from ._config import make_module_callable
 
 import math
 from typing import Any, Hashable
@@ -156,5 +155,3 @@ def softmax(x: Any, dim: int = -1) -> Any:
         return x.new_empty(x.shape)
     return prepare_softmax(x).run()
 
-
-make_module_callable(__name__, "softmax")

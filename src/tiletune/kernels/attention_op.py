@@ -11,7 +11,6 @@ sizes, load latency hint, occupancy and worker warps are tuned per problem
 
 from __future__ import annotations
 
-from ._config import make_module_callable
 
 import math
 from typing import Any
@@ -135,5 +134,3 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     attention_into(q, k, v, o, bool(causal), scale * LOG2E)
     return o
 
-
-make_module_callable(__name__, "attention")
