@@ -18,7 +18,7 @@ Spaces (each listed baseline first, in the tuner's candidate order):
   with per-tensor scales, ``B`` as ``N x K`` and row-major).
 * ``gemm_full`` / ``attention_full`` (only with ``--only``): the 512- and 330-config spaces
   recorded on the H200 (``GEMM_FULL_SPACE``, ``ATTENTION_FULL_SPACE``), main variant.
-* ``attention``: :data:`tiletune.kernels.attention.ATTENTION_SPACE`;
+* ``attention``: :data:`tiletune.kernels.attention_op.ATTENTION_SPACE`;
   variant ``main`` = bf16 B=4, H=16, S=4096, D=128, causal (the recorded problem), others:
   fp16 D=64 non-causal GQA (H=16, Hkv=4, S=1000), bf16 D=128 non-causal Sq=512 / Sk=3000.
 * ``layernorm``: the :mod:`tiletune.kernels.layernorm_kernels` space;
@@ -119,7 +119,7 @@ def space_defs() -> dict[str, SpaceDef]:
     from tiletune.kernels import attention_kernels as at
     from tiletune.kernels import gemm_kernels as gk
     from tiletune.kernels import layernorm_kernels as ln
-    from tiletune.kernels.attention import ATTENTION_FULL_SPACE, ATTENTION_SPACE
+    from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, ATTENTION_SPACE
     from tiletune.kernels.gemm import GEMM_FP8_SPACE, GEMM_FULL_SPACE, GEMM_SPACE, GEMM_TF32_SPACE
 
     A = FakeArray

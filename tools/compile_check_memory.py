@@ -58,11 +58,11 @@ from cuda.tile.compilation import (  # noqa: E402
 )
 
 from tiletune.kernels import _membound  # noqa: E402
-from tiletune.kernels.cross_entropy import prepare_cross_entropy  # noqa: E402
+from tiletune.kernels.cross_entropy_op import prepare_cross_entropy  # noqa: E402
 from tiletune.kernels.glu import ACT_GELU_ERF, ACT_GELU_TANH, ACT_SILU, prepare_glu  # noqa: E402
 from tiletune.kernels.norms import prepare_layer_norm, prepare_rms_norm, prepare_rms_norm_residual  # noqa: E402
 from tiletune.kernels.rope import prepare_rope  # noqa: E402
-from tiletune.kernels.softmax import prepare_softmax  # noqa: E402
+from tiletune.kernels.softmax_op import prepare_softmax  # noqa: E402
 
 FAKE_SM_COUNT = 132  # H200; only the grid depends on it, and the grid does not enter the cubin
 _membound.sm_count = lambda device_index: FAKE_SM_COUNT  # meta tensors have no device
