@@ -567,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 15)")
     ap.add_argument("--only", default=None, help="run only rows whose name contains this text")
     ap.add_argument("--keep-db", action="store_true", help="keep the temporary tuning database")
+    ap.add_argument("--full-tuning", action="store_true",
+                    help="tune with the default measurement options (slower; the GPU-time column then uses "
+                         "carefully picked configs; host times do not depend on it)")
     ap.add_argument("--db", default=None, help="tuning database to use (kept) instead of a fresh temporary one, "
                                                "e.g. to split a run over several commands with --only")
     a = ap.parse_args(argv)
@@ -584,7 +587,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from tiletune.kernels._membound import OpFamily
 
-    OpFamily.configure(db=str(db), progress=False)
+    import tiletune as tt
+
+    # short tuning measurements: host cost does not depend on which config wins (--full-tuning: default)
+    fast = None if a.full_tuning else tt.TunerOptions(
+        stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
+    OpFamily.configure(db=str(db), progress=False, **({"options": fast} if fast else {}))
+    if fast is not None and torch.cuda.is_available():
+        import importlib
+
+        for mod, name in (("gemm", "gemm_into"), ("gemm", "gemm_tf32_into"), ("attention_op", "attention_into")):
+            getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name).options = fast
     if not torch.cuda.is_available():
         print("host_cost.py needs a CUDA GPU", file=sys.stderr)
         return 2
