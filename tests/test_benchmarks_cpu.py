@@ -186,7 +186,9 @@ def test_main_with_cpu_fakes(monkeypatch, tmp_path):
     import os
 
     db = os.environ["TILETUNE_DB"]
-    assert db.endswith("tt.db") and configured == [{"db": db, "progress": False}]
+    assert db.endswith("tt.db") and len(configured) == 1
+    assert configured[0]["db"] == db and configured[0]["progress"] is False
+    assert configured[0]["options"].stopping.max_samples == 10  # short tuning measurements
     assert not Path(db).parent.exists()  # the temporary database is removed
     assert written["name"] == "host_cost" and written["out"] == str(tmp_path)
     data = written["data"]
