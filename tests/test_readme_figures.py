@@ -43,7 +43,8 @@ def _strategy(space: str, strategy: str) -> dict:
 #: caption names). A table not listed here is checked against every result file.
 TABLE_SOURCES: dict[str, list[str]] = {
     "benchmark": ["h200/tuning_speed.json", "h200/warm_start.json", "h200/dispatch_overhead.json",
-                  "h200/determinism.json", "h200/fault_matrix.json"],
+                  "h200/determinism.json", "h200/fault_matrix.json", "h200/host_cost.json",
+                  "h200/graphs_compile.json"],
     "space (valid configs)": ["h200/strategies_no_baseline.json"],
     "memory-bound op": ["h200/kernels_memory.json"],
     "compute-bound": ["h200/kernels_compute.json"],
@@ -207,9 +208,9 @@ def test_prose_outside_tables_is_not_checked():
 def test_a_hand_edited_figure_is_caught():
     # the check is not vacuous: figures next to real ones are not "found" by accident
     speed = stored_numbers(sources("benchmark"))
-    assert _held(speed, "0.142", False) and _held(speed, "0.19", True) and _held(speed, "1.46", False)
+    assert _held(speed, "0.142", False) and _held(speed, "0.19", True) and _held(speed, "1.42", False)
     assert not _held(speed, "0.143", False)
-    assert not _held(speed, "0.18", True)
+    assert not _held(speed, "0.188", True)
     assert not _held(speed, "1.47", False)
     strategies = stored_numbers(sources("space (valid configs)"))
     assert _held(strategies, "88.3", False) and not _held(strategies, "88.4", False)
