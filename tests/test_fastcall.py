@@ -301,3 +301,41 @@ def test_addressable_offsets():
     assert fastcall._addressable(t, -es) is False
     overlapping = torch.zeros(10).as_strided((3, 4), (2, 1))
     assert fastcall._addressable(overlapping, es) is None
+
+
+def test_opfamily_configure_drops_recipes():
+    from tiletune.kernels._membound import OpFamily
+
+    be = FakeBackend(model, noise=0.0)
+    scale, _, calls = make_library(be)
+    w = torch.randn(8)
+    for _ in range(3):
+        scale(torch.randn(4, 8), w)
+    assert scale.fastcall.recipes
+    try:
+        OpFamily.configure(progress=False)
+    finally:
+        OpFamily.configure()
+    assert not scale.fastcall.recipes
+
+
+def test_unlearnable_signatures_do_not_grow_memory(monkeypatch):
+    monkeypatch.setattr(fastcall, "MAX_RECIPES", 2)
+    be = FakeBackend(model, noise=0.0)
+
+    def copy(x, y):
+        y.copy_(x)
+
+    @tt.autotune(SPACE, reference=lambda x, y: x.clone(), writes=["y"], db=False, backend=be, progress=False)
+    def plan(cfg, x, y):
+        return tt.Launch(copy, (cfg.TM,), (x, y))
+
+    @fastcall.fast_op()
+    def copies(x):
+        y = torch.empty(x.shape)
+        plan(x.clone(), y)  # a copy: never learnable
+        return y
+
+    for n in range(1, 30):
+        copies(torch.randn(n))
+    assert len(copies.fastcall.attempts) <= 8 and not copies.fastcall.recipes

@@ -129,6 +129,9 @@ class _FastOp:
         finally:
             dispatch._recorders.pop(tid, None)
         with self._lock:
+            if len(self.attempts) >= 4 * MAX_RECIPES:  # a stream of unlearnable signatures: bounded memory
+                self.attempts.clear()
+                self.refusals.clear()
             self.attempts[sig] = self.attempts.get(sig, 0) + 1
             try:
                 self.recipes[sig] = _learn(args, result, rec)

@@ -193,6 +193,9 @@ class OpFamily:
         for fam in cls._families:
             with fam._lock:
                 fam._ops.clear()
+        from ..fastcall import clear_recipes
+
+        clear_recipes()  # recipes hold the old ops' choices
 
 
 class Prepared(NamedTuple):
