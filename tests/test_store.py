@@ -444,7 +444,7 @@ def test_non_database_file_rejected(tmp_path: pathlib.Path) -> None:
     d = TuningDB(path)
     with pytest.raises(DatabaseError) as info:
         d.lookup(ident())
-    assert str(path) in str(info.value) and "not a tiletune" in str(info.value)
+    assert str(path) in str(info.value) and "not an SQLite database" in str(info.value)
     with pytest.raises(DatabaseError):
         d.record_session(ident(), sample_measurements(), WINNER, 1.0)
     assert path.read_text() == content  # untouched
@@ -909,7 +909,7 @@ def test_import_skips_present_sessions_and_keeps_going(tmp_path: pathlib.Path) -
 
 
 def test_a_directory_as_database_path_is_refused(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(DatabaseError, match=rf"^tuning database {re.escape(str(tmp_path))}: is a directory, not a file$"):
+    with pytest.raises(DatabaseError, match=rf"^tuning database {re.escape(str(tmp_path))}: it is a directory, not a file; "):
         with TuningDB(tmp_path) as d:
             d.stats()
 
@@ -1035,7 +1035,9 @@ def _raw_file(path: pathlib.Path, app_id: int, version: int, table: bool) -> byt
     return path.read_bytes()
 
 
-_FOREIGN = "{{p}} is an SQLite file but not a tiletune tuning database (application_id {app}); refusing to modify it"
+_UNTOUCHED = "tiletune leaves it untouched: point tiletune at another file (db= or TILETUNE_DB)"
+_FOREIGN = ("tuning database {{p}}: it is an SQLite file of another application (application_id {app}), not a tiletune "
+            "tuning database; " + _UNTOUCHED)
 
 
 @pytest.mark.parametrize(
@@ -1044,10 +1046,13 @@ _FOREIGN = "{{p}} is an SQLite file but not a tiletune tuning database (applicat
         (0, 0, True, _FOREIGN.format(app="0")),
         (0, 1, False, _FOREIGN.format(app="0")),
         (0x74744443, 2, True, _FOREIGN.format(app="1953776707")),
-        (_store.APPLICATION_ID, 0, False, "tuning database {p} has invalid schema version 0"),
-        (_store.APPLICATION_ID, -1, True, "tuning database {p} has invalid schema version -1"),
-        (_store.APPLICATION_ID, SCHEMA_VERSION + 1, True, "tuning database {p} has schema version 3, newer than this "
-         "tiletune supports (2); upgrade tiletune or use another file"),
+        (_store.APPLICATION_ID, 0, False, "tuning database {p}: it is marked as a tiletune tuning database but has "
+         "invalid schema version 0; " + _UNTOUCHED),
+        (_store.APPLICATION_ID, -1, True, "tuning database {p}: it is marked as a tiletune tuning database but has "
+         "invalid schema version -1; " + _UNTOUCHED),
+        (_store.APPLICATION_ID, SCHEMA_VERSION + 1, True, "tuning database {p}: it was written by a newer tiletune "
+         "(schema version 3; this tiletune reads versions 1 to 2); tiletune leaves it untouched: upgrade tiletune, "
+         "or point tiletune at another file (db= or TILETUNE_DB)"),
     ],
 )
 def test_classify_refuses_exactly(tmp_path: pathlib.Path, app_id: int, version: int, table: bool, message: str) -> None:
@@ -1066,8 +1071,9 @@ def test_unreadable_file_message_is_exact(tmp_path: pathlib.Path) -> None:
     path.write_bytes(b"not a database at all " * 50)
     with pytest.raises(DatabaseError) as info:
         TuningDB(path).stats()
-    assert re.fullmatch(rf"{re.escape(str(path))} is not a tiletune tuning database \(SQLite cannot read it: "
-                        r"file is not a database\); move it away or choose another path", str(info.value))
+    assert str(info.value) == (f"tuning database {path}: not an SQLite database, or a damaged one (SQLite: file is not "
+                               "a database); move it away (tiletune then starts a new one there), or point tiletune "
+                               "at another file (db= or TILETUNE_DB)")
 
 
 def test_classify_versions_and_its_own_snapshot(tmp_path: pathlib.Path) -> None:
@@ -1095,7 +1101,8 @@ def test_classify_reads_its_three_values_in_one_transaction(tmp_path: pathlib.Pa
         d.stats()
     conn = sqlite3.connect(path, isolation_level=None)
     seen: list[str] = []
-    conn.set_trace_callback(lambda sql: seen.append(sql.upper()))
+    # (not counting the nested "-- PRAGMA TABLE_INFO" statements of pragma_table_info())
+    conn.set_trace_callback(lambda sql: None if sql.startswith("--") else seen.append(sql.upper()))
     assert d._classify(conn) == SCHEMA_VERSION
     assert seen[0] == "BEGIN" and seen[-1] == "COMMIT" and len(seen) == 5  # a snapshot of all three reads
     seen.clear()
@@ -1213,5 +1220,7 @@ def test_check_fork_orphans_the_parents_connections(tmp_path: pathlib.Path) -> N
 def test_a_file_in_the_way_of_the_folder_is_reported(tmp_path: pathlib.Path) -> None:
     (tmp_path / "f").write_text("x")
     path = tmp_path / "f" / "sub" / "t.db"
-    with pytest.raises(DatabaseError, match=rf"^tuning database {re.escape(str(path))}: cannot create its folder: "):
+    with pytest.raises(DatabaseError, match=rf"^tuning database {re.escape(str(path))}: its folder "
+                       rf"{re.escape(str(path.parent))} cannot be created: {re.escape(str(tmp_path / 'f'))} is a file, "
+                       "not a folder; "):
         TuningDB(path).stats()

@@ -213,6 +213,7 @@ class TunedOp:
         self._warned_unshippable = False
         self._db_arg = db
         self._db: TuningDB | None = None
+        self._db_dropped = False  # the database could not be used: the op goes on without it
         sig = inspect.signature(plan)
         self._params = list(sig.parameters)[1:]
         self._binder = positional_binder(sig.replace(parameters=list(sig.parameters.values())[1:]))
@@ -330,10 +331,19 @@ class TunedOp:
 
     @property
     def db(self) -> TuningDB | None:
-        """The tuning database this op reads and writes (None when persistence is off)."""
-        if self._db is None and self._db_arg is not False:
-            arg = self._db_arg
-            self._db = arg if isinstance(arg, TuningDB) else TuningDB(None if arg in (None, True) else arg)  # type: ignore[arg-type]
+        """The tuning database this op reads and writes, opened at first use.
+
+        None when persistence is off (``db=False``) and when the database cannot be used: it failed to
+        open, or failed later (locked, disk full, ...); the op then tunes and launches without storing
+        anything, after one :class:`~tiletune.errors.DatabaseWarning` per process and database path
+        saying what is wrong and what to do. A read-only database (``db.read_only``) is kept: its
+        records are used, nothing is stored (see :func:`tiletune.tuning.open_database`).
+        """
+        if self._db is None and self._db_arg is not False and not self._db_dropped:
+            from .tuning import open_database
+
+            self._db = open_database(self._db_arg)
+            self._db_dropped = self._db is None
         return self._db
 
     @property

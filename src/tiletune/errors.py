@@ -17,7 +17,62 @@ class SpaceError(TiletuneError, ValueError):
 
 
 class DatabaseError(TiletuneError):
-    """The tuning database cannot be read or written, or an import file is malformed."""
+    """The tuning database cannot be read or written, or an import file is malformed.
+
+    The subclasses below name the cause of a database that cannot be used; each message has the form
+    ``tuning database <path>: <what is wrong>; <what to do>`` and the parts are kept as attributes
+    (``path``, ``problem``, ``fix``). A tuned op never raises them: it goes on without storing its
+    results and says why once per process and database path (a :class:`DatabaseWarning`).
+    """
+
+    path: str | None = None
+    problem: str | None = None
+    fix: str | None = None
+
+
+class _DatabaseProblem(DatabaseError):
+    """Base of the precise database errors: ``tuning database <path>: <problem>; <fix>``."""
+
+    def __init__(self, path: str, problem: str, fix: str) -> None:
+        super().__init__(f"tuning database {path}: {problem}; {fix}")
+        self.path, self.problem, self.fix = path, problem, fix
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.problem, self.fix))
+
+
+class DatabaseUnavailable(_DatabaseProblem):
+    """The database cannot be opened or written: its folder is missing and cannot be created, a
+    directory stands at its path, permission is denied, the disk is full, an I/O error."""
+
+
+class DatabaseReadOnly(DatabaseUnavailable):
+    """The database can be read but not written (the file or its folder is not writable).
+    :class:`~tiletune.store.TuningDB` opens it read-only: lookups work, writes raise this."""
+
+
+class DatabaseLocked(DatabaseUnavailable):
+    """Another connection held the database's lock for longer than the busy timeout."""
+
+
+class DatabaseCorrupt(_DatabaseProblem):
+    """The file is not an SQLite database, or a damaged one. Nothing is written to it."""
+
+
+class ForeignDatabase(_DatabaseProblem):
+    """An SQLite file of another application (or one marked as tiletune's whose tables are not
+    tiletune's). Refused without modifying it."""
+
+
+class NewerDatabase(_DatabaseProblem):
+    """A tiletune database of a newer schema version than this tiletune reads. Refused without
+    modifying it."""
+
+
+class DatabaseWarning(RuntimeWarning):
+    """Issued (once per process and database path) when a tuned op cannot use its tuning database,
+    or can only read it: the op keeps working and stores nothing. Filter it with
+    ``warnings.filterwarnings("ignore", category=tiletune.errors.DatabaseWarning)``."""
 
 
 class NoBackendError(TiletuneError, RuntimeError):

@@ -47,7 +47,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DatabaseError
+from .errors import DatabaseError, DatabaseLocked
 from .records import Measurement, TuningIdentity, canonical_json
 from .store import TuningDB, WinnerRecord
 
@@ -180,8 +180,11 @@ class Lease:
                         if not self._released:
                             _log.warning("tiletune: lease on %s was taken over by another process", self.digest)
                         return
-                except DatabaseError as e:  # e.g. a writer held the lock past the busy timeout
+                except DatabaseLocked as e:  # a writer held the lock past the busy timeout: try again
                     _log.warning("tiletune: cannot renew the lease on %s: %s", self.digest, e)
+                except DatabaseError as e:  # the database became unusable (read-only, disk full, ...)
+                    _log.warning("tiletune: cannot renew the lease on %s (no more renewals): %s", self.digest, e)
+                    return
         finally:
             self.db._drop_thread_connection()
 

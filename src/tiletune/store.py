@@ -17,6 +17,15 @@ Concurrency: the file is opened in WAL mode with a 30 s busy timeout; every writ
 ``BEGIN IMMEDIATE`` transaction, so any number of threads and processes may record sessions into the
 same file at once. A :class:`TuningDB` object keeps one connection per thread and reopens its
 connections in a forked child (an SQLite connection must never cross a fork).
+
+A file that cannot be used raises one of the precise :class:`~tiletune.errors.DatabaseError`
+subclasses (:class:`~tiletune.errors.DatabaseUnavailable`, :class:`~tiletune.errors.DatabaseReadOnly`,
+:class:`~tiletune.errors.DatabaseLocked`, :class:`~tiletune.errors.DatabaseCorrupt`,
+:class:`~tiletune.errors.ForeignDatabase`, :class:`~tiletune.errors.NewerDatabase`), before anything
+is written to it. A database that can be read but not written (the file or its folder is not
+writable) is opened read-only (SQLite ``mode=ro``; ``immutable=1`` for a WAL file in a read-only
+folder, which no one can be writing): lookups work and every write raises
+:class:`~tiletune.errors.DatabaseReadOnly`.
 """
 
 from __future__ import annotations
@@ -28,14 +37,24 @@ import math
 import os
 import pathlib
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 from typing import IO, Any, Iterator, Mapping, Sequence, Union
 
-from .errors import DatabaseError
+from .errors import (
+    DatabaseCorrupt,
+    DatabaseError,
+    DatabaseLocked,
+    DatabaseReadOnly,
+    DatabaseUnavailable,
+    ForeignDatabase,
+    NewerDatabase,
+)
 from .records import DeviceInfo, Measurement, Status, TuningIdentity, canonical_json, stable_hash
 
 __all__ = [
@@ -146,6 +165,48 @@ _SCHEMA = (
 )
 
 
+def _schema_columns() -> dict[str, frozenset[str]]:
+    conn = sqlite3.connect(":memory:")
+    try:
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: frozenset(r[1] for r in conn.execute(f"PRAGMA table_info({t})")) for t in tables}
+    finally:
+        conn.close()
+
+
+#: The columns of every table of the current schema (what :meth:`TuningDB._classify` checks).
+_TABLE_COLUMNS = _schema_columns()
+#: The tables each schema version has.
+_VERSION_TABLES = {1: frozenset({"sessions", "measurements", "winners"}), 2: frozenset(_TABLE_COLUMNS)}
+
+#: The alternative every fix offers.
+_ELSEWHERE = "point tiletune at another file (db= or TILETUNE_DB)"
+
+
+def _access(path: PathArg, mode: int) -> bool:
+    """:func:`os.access` (a seam for tests: root passes every permission check)."""
+    return os.access(path, mode)
+
+
+def _sqlite_code(e: sqlite3.Error) -> str:
+    """SQLite's (extended) error name of ``e``, such as ``SQLITE_READONLY_DIRECTORY`` (from the
+    message where Python does not give it)."""
+    name = getattr(e, "sqlite_errorname", None)
+    if name:
+        return str(name)
+    text = str(e).lower()
+    for fragment, code in (
+        ("locked", "SQLITE_BUSY"), ("busy", "SQLITE_BUSY"), ("readonly", "SQLITE_READONLY"),
+        ("disk is full", "SQLITE_FULL"), ("not a database", "SQLITE_NOTADB"), ("malformed", "SQLITE_CORRUPT"),
+        ("unable to open", "SQLITE_CANTOPEN"), ("disk i/o error", "SQLITE_IOERR"),
+    ):
+        if fragment in text:
+            return code
+    return ""
+
+
 def default_db_path() -> pathlib.Path:
     """Where the tuning database lives when no path is given.
 
@@ -192,8 +253,10 @@ class TuningDB:
     """The tuning database in one SQLite file.
 
     ``path`` is a file path, ``":memory:"`` (a private in-memory database, for tests) or ``None``
-    (:func:`default_db_path`). The file and its parent folders are created on first use. Every error
-    is raised as :class:`~tiletune.errors.DatabaseError`, naming the file.
+    (:func:`default_db_path`). The file and its parent folders are created on first use (:meth:`check`
+    opens it at once). Every error is raised as :class:`~tiletune.errors.DatabaseError` naming the
+    file; a file that cannot be used raises the subclass that names the cause (see :mod:`tiletune.errors`),
+    and a file that can be read but not written is opened read-only (:attr:`read_only`).
     """
 
     def __init__(self, path: PathArg | None = None) -> None:
@@ -204,8 +267,31 @@ class TuningDB:
         self._lock = threading.RLock()
         self._conns: dict[int, sqlite3.Connection] = {}
         self._pid = os.getpid()
+        #: Why the file is opened read-only (None: read-write, or not opened yet).
+        self._read_only: DatabaseReadOnly | None = None
 
     # ------------------------------------------------------------------ connections
+
+    def check(self) -> "TuningDB":
+        """Open the database now (this thread's connection) and return self; raises the precise
+        :class:`~tiletune.errors.DatabaseError` subclass when it cannot be used."""
+        with self._connection():
+            pass
+        return self
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the database is open read-only (it opens it, like :meth:`check`): lookups work,
+        writes raise :class:`~tiletune.errors.DatabaseReadOnly` (see :attr:`read_only_reason`)."""
+        self.check()
+        return self._read_only is not None
+
+    @property
+    def read_only_reason(self) -> DatabaseReadOnly | None:
+        """The error a write raises when the database is open read-only (it says why and what to do),
+        else None."""
+        self.check()
+        return self._read_only
 
     @property
     def where(self) -> str:
@@ -246,7 +332,36 @@ class TuningDB:
         try:
             yield
         except sqlite3.Error as e:
-            raise DatabaseError(f"tuning database {self.where}: {e}") from e
+            raise self._sqlite_error(e) from e
+
+    def _sqlite_error(self, e: sqlite3.Error) -> DatabaseError:
+        """The DatabaseError (subclass naming the cause where SQLite tells it) for an SQLite error."""
+        code, where = _sqlite_code(e), self.where
+        if code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            return DatabaseLocked(
+                where, f"another connection has held its lock for more than {BUSY_TIMEOUT_MS / 1000:g} s (SQLite: {e})",
+                f"retry when that process is done with it, or {_ELSEWHERE}",
+            )
+        if code.startswith("SQLITE_READONLY"):
+            return DatabaseReadOnly(
+                where, f"SQLite cannot write it ({e})",
+                f"make the file and its folder writable, or {_ELSEWHERE}",
+            )
+        if code.startswith("SQLITE_FULL"):
+            return DatabaseUnavailable(where, f"the disk is full (SQLite: {e})", f"free some space, or {_ELSEWHERE}")
+        if code.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+            return DatabaseCorrupt(
+                where, f"not an SQLite database, or a damaged one (SQLite: {e})",
+                f"move it away (tiletune then starts a new one there), or {_ELSEWHERE}",
+            )
+        if code.startswith("SQLITE_CANTOPEN"):
+            return DatabaseUnavailable(
+                where, f"SQLite cannot open it ({e})",
+                f"check that the file and its folder exist and are accessible, or {_ELSEWHERE}",
+            )
+        if code.startswith("SQLITE_IOERR"):
+            return DatabaseUnavailable(where, f"an I/O error (SQLite: {e})", f"check the disk, or {_ELSEWHERE}")
+        return DatabaseError(f"tuning database {where}: {e}")
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
@@ -273,6 +388,9 @@ class TuningDB:
     @contextlib.contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
         with self._connection() as conn:
+            reason = self._read_only
+            if reason is not None and begin != "BEGIN":
+                raise DatabaseReadOnly(reason.path or self.where, reason.problem or "", reason.fix or "")
             conn.execute(begin)
             try:
                 yield conn
@@ -302,25 +420,111 @@ class TuningDB:
         return self._transaction("BEGIN")
 
     def _connect(self) -> sqlite3.Connection:
-        target = ":memory:"
-        if self.path is not None:
+        if self.path is None:
+            return self._initialise(self._open(":memory:"), wal=False)
+        path, where = self.path, self.where
+        folder = path.parent
+        self._make_folder(folder)
+        try:
+            st: os.stat_result | None = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise DatabaseUnavailable(
+                where, f"cannot reach it ({e.strerror})", f"make it and its folder accessible, or {_ELSEWHERE}"
+            ) from e
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise DatabaseUnavailable(
+                where, "it is a directory, not a file",
+                f"pass a file path such as {path / 'tuning.db'}, or move the directory away",
+            )
+        folder_writable = _access(folder, os.W_OK)
+        if st is None:
+            if not folder_writable:
+                raise DatabaseUnavailable(
+                    where, f"it does not exist and cannot be created: permission denied on its folder {folder}",
+                    f"make the folder writable, or {_ELSEWHERE}",
+                )
+            reason = None
+        elif not _access(path, os.R_OK):
+            raise DatabaseUnavailable(
+                where, "permission denied: the file cannot be read",
+                f"make it readable and writable (chmod u+rw {path}), or {_ELSEWHERE}",
+            )
+        elif not _access(path, os.W_OK):
+            reason = DatabaseReadOnly(
+                where, "the file is read-only: its records can be read but no tuning result can be stored",
+                f"make it writable (chmod u+w {path}), or {_ELSEWHERE}",
+            )
+        elif not folder_writable:
+            reason = DatabaseReadOnly(
+                where, f"its folder {folder} is not writable (SQLite keeps its journal next to the file): its "
+                "records can be read but no tuning result can be stored",
+                f"make the folder writable, or {_ELSEWHERE}",
+            )
+        else:
+            reason = None
+        if reason is None:
+            conn = self._open(str(path))
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise DatabaseError(f"tuning database {self.where}: cannot create its folder: {e}") from e
-            if self.path.is_dir():
-                raise DatabaseError(f"tuning database {self.where}: is a directory, not a file")
-            target = str(self.path)
+                conn = self._initialise(conn, wal=True)
+                self._read_only = None
+                return conn
+            except DatabaseReadOnly as e:
+                # writable as far as the permissions tell, but SQLite disagrees (e.g. a read-only
+                # mount or a server that maps root to nobody): read-only then
+                reason = e
+        conn = self._open_read_only(reason)
+        self._read_only = reason
+        return conn
+
+    def _make_folder(self, folder: pathlib.Path) -> None:
+        """Create the database's folder (and its parents) if it is missing, or say why it cannot be."""
+        if folder.is_dir():
+            return
+        where = self.where
+        fix = f"create it yourself, or {_ELSEWHERE}"
+        ancestor = folder
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if ancestor.exists() and not ancestor.is_dir():
+            raise DatabaseUnavailable(
+                where, f"its folder {folder} cannot be created: {ancestor} is a file, not a folder",
+                f"move {ancestor} away, or {_ELSEWHERE}",
+            )
+        if ancestor.is_dir() and not _access(ancestor, os.W_OK):
+            raise DatabaseUnavailable(
+                where, f"its folder {folder} does not exist and cannot be created: permission denied on {ancestor}", fix
+            )
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DatabaseUnavailable(
+                where, f"its folder {folder} does not exist and cannot be created ({e.strerror or e})", fix
+            ) from e
+
+    def _open(self, target: str, uri: bool = False) -> sqlite3.Connection:
         with self._translate():
             conn = sqlite3.connect(
-                target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+                target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False, uri=uri
             )
         try:
             with self._translate():
                 conn.row_factory = sqlite3.Row
                 conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            raise
+        return conn
+
+    def _initialise(self, conn: sqlite3.Connection, wal: bool) -> sqlite3.Connection:
+        """Classify the file (refusing it unchanged if it is not a usable tiletune database), switch
+        it to WAL, create or migrate its schema; closes ``conn`` on failure."""
+        try:
+            with self._translate():
                 version = self._classify(conn)
-                if not self._memory:
+                if wal:
                     self._enable_wal(conn)
                 conn.execute("PRAGMA synchronous = NORMAL")
                 if version < SCHEMA_VERSION:
@@ -348,11 +552,53 @@ class TuningDB:
             raise
         return conn
 
+    def _open_read_only(self, reason: DatabaseReadOnly) -> sqlite3.Connection:
+        """A read-only connection (the file is classified, never modified). A WAL file in a folder
+        no one can write has no -shm file and cannot get one: it is opened ``immutable`` then (safe
+        while no -wal file exists, for no one can write one). An empty file reads as an empty
+        in-memory database."""
+        assert self.path is not None
+        base = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+        conn = self._open(base, uri=True)
+        try:
+            version = self._classify(conn)
+        except DatabaseUnavailable as e:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            cause = e.__cause__
+            code = _sqlite_code(cause) if isinstance(cause, sqlite3.Error) else ""
+            if not code.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")):
+                raise
+            if os.path.exists(f"{self.path}-wal"):
+                raise DatabaseUnavailable(
+                    self.where, f"it is in WAL mode with a -wal file and its folder {self.path.parent} is not "
+                    f"writable, so SQLite cannot open it even read-only ({cause})",
+                    f"make the folder writable, or {_ELSEWHERE}",
+                ) from e
+            conn = self._open(base + "&immutable=1", uri=True)
+            try:
+                version = self._classify(conn)
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+                raise
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            raise
+        if version == 0:  # an empty file: nothing to read
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            conn = self._initialise(self._open(":memory:"), wal=False)
+        return conn
+
     def _classify(self, conn: sqlite3.Connection) -> int:
         """The schema version of a tiletune database: 0 for an empty file (to be initialised), 1 up
         to :data:`SCHEMA_VERSION` for a database to use (migrated first if older).
 
-        Raises DatabaseError for anything else, before the file is modified in any way.
+        Raises the precise DatabaseError for anything else (not SQLite: DatabaseCorrupt; another
+        application's file, or tiletune's mark on other tables: ForeignDatabase; a newer tiletune's:
+        NewerDatabase), before the file is modified in any way.
         """
         own_txn = not conn.in_transaction
         try:
@@ -361,29 +607,49 @@ class TuningDB:
             try:
                 app_id = conn.execute("PRAGMA application_id").fetchone()[0]
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
-                n_objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                objects = conn.execute(
+                    "SELECT m.type, m.name, p.name FROM sqlite_master AS m "
+                    "LEFT JOIN pragma_table_info(m.name) AS p ON m.type = 'table'"
+                ).fetchall()
             finally:
                 if own_txn and conn.in_transaction:
                     conn.execute("COMMIT")
-        except sqlite3.DatabaseError as e:
-            raise DatabaseError(
-                f"{self.where} is not a tiletune tuning database (SQLite cannot read it: {e}); "
-                f"move it away or choose another path"
-            ) from e
-        if app_id == 0 and version == 0 and n_objects == 0:
+        except sqlite3.Error as e:
+            raise self._sqlite_error(e) from e
+        where = self.where
+        untouched = f"tiletune leaves it untouched: {_ELSEWHERE}"
+        if app_id == 0 and version == 0 and not objects:
             return 0
         if app_id != APPLICATION_ID:
-            raise DatabaseError(
-                f"{self.where} is an SQLite file but not a tiletune tuning database "
-                f"(application_id {app_id}); refusing to modify it"
+            raise ForeignDatabase(
+                where, f"it is an SQLite file of another application (application_id {app_id}), not a tiletune "
+                "tuning database", untouched,
             )
         if version > SCHEMA_VERSION:
-            raise DatabaseError(
-                f"tuning database {self.where} has schema version {version}, newer than this "
-                f"tiletune supports ({SCHEMA_VERSION}); upgrade tiletune or use another file"
+            raise NewerDatabase(
+                where, f"it was written by a newer tiletune (schema version {version}; this tiletune reads "
+                f"versions 1 to {SCHEMA_VERSION})", f"tiletune leaves it untouched: upgrade tiletune, or {_ELSEWHERE}",
             )
         if version < 1:
-            raise DatabaseError(f"tuning database {self.where} has invalid schema version {version}")
+            raise ForeignDatabase(
+                where, f"it is marked as a tiletune tuning database but has invalid schema version {version}",
+                untouched,
+            )
+        columns: dict[str, set[str]] = {}
+        for kind, table, column in objects:
+            if kind == "table" and not str(table).startswith("sqlite_"):
+                columns.setdefault(table, set()).update(() if column is None else (column,))
+        missing = sorted(_VERSION_TABLES[int(version)] - set(columns))
+        odd = sorted(t for t, cols in columns.items() if t in _TABLE_COLUMNS and cols != _TABLE_COLUMNS[t])
+        if missing or odd:
+            detail = "; ".join(
+                ([f"no table {', '.join(missing)}"] if missing else [])
+                + ([f"other columns in table {', '.join(odd)}"] if odd else [])
+            )
+            raise ForeignDatabase(
+                where, f"it is marked as a tiletune tuning database (schema version {version}) but its tables are "
+                f"not tiletune's ({detail})", untouched,
+            )
         return int(version)
 
     @staticmethod
@@ -513,8 +779,9 @@ class TuningDB:
         progress rows (per-config results of unfinished sessions), and the size of the file(s) in
         bytes."""
         with self._read() as conn:
-            counts = {
-                table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            counts = {  # a read-only version-1 file has no leases and progress tables
+                table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] if table in present else 0
                 for table in ("sessions", "measurements", "winners", "leases", "progress")
             }
         size = 0

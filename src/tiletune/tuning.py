@@ -11,24 +11,37 @@ Several processes: the one that takes the identity's lease tunes; the others wai
 (:mod:`tiletune.leases`); a lease whose holder died is taken over. Every candidate's result is
 recorded as soon as it is known, so a process killed mid-tune leaves them behind and the next one
 measures only the configs still missing.
+
+A database that cannot be used never breaks a tuned op (:func:`open_database`,
+:func:`database_failed`): one that fails to open, or fails later (locked, disk full, made read-only),
+is dropped and the op tunes and launches without storing anything; one that can only be read (the
+file or its folder is not writable) still answers lookups, and the op tunes the other keys without
+a lease and without storing them. Either way one :class:`~tiletune.errors.DatabaseWarning` (a
+RuntimeWarning, through :func:`warnings.warn`) per process and database path says what is wrong and
+what to do, before any tuning whose result could not be stored. A database path that failed is not
+tried again in this process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .backends.base import Backend, Launch
-from .errors import AllCandidatesFailed, TiletuneError
+from .errors import AllCandidatesFailed, DatabaseError, DatabaseWarning, TiletuneError
 from .identity import kernel_identity
 from .keys import args_key_json, key_to_json
 from .progress import tuning_progress
 from .records import Measurement, TuneResult, TuningIdentity, canonical_json
 from .space import Config
+from .store import TuningDB
 from .strategies.base import Budget, make_strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +49,92 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["PlanCache", "Resolution", "lookup", "resolve", "make_identity", "tune"]
+__all__ = ["PlanCache", "Resolution", "database_failed", "lookup", "make_identity", "open_database", "resolve",
+           "tune"]
+
+
+# ---------------------------------------------------------------------- a database that cannot be used
+
+#: The warning when a tuned op's database cannot be opened, when it can only be read, and when it
+#: fails later (``{error}`` is the exception's message, which names the path, the cause and the fix).
+UNUSABLE_WARNING = ("tiletune: {error}. Tuned ops go on without this database: they tune every new problem key "
+                    "and store nothing.")
+READ_ONLY_WARNING = ("tiletune: {error}. Tuned ops use its records and tune the other problem keys without "
+                     "storing the results.")
+FAILED_WARNING = ("tiletune: {error}. Tuned ops go on without this database from now on: new tuning results are "
+                  "not stored.")
+
+_problems_lock = threading.Lock()
+_warned: set[str] = set()  # database paths this process has warned about
+_broken: set[str] = set()  # database paths that failed: not opened again by a tuned op
+
+
+def _db_key(db: TuningDB) -> str:
+    return f":memory:{id(db)}" if db.path is None else os.path.abspath(db.where)
+
+
+def _warn_once(key: str, template: str, error: DatabaseError) -> None:
+    with _problems_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(template.format(error=error), DatabaseWarning, stacklevel=2)
+
+
+def _forget_database_problems() -> None:
+    """Forget which databases were warned about or dropped (for tests)."""
+    with _problems_lock:
+        _warned.clear()
+        _broken.clear()
+
+
+def open_database(arg: Any) -> TuningDB | None:
+    """The tuning database of a tuned op, opened now: ``arg`` is a :class:`TuningDB`, a path, or
+    None / True (:func:`~tiletune.store.default_db_path`).
+
+    Returns None when it cannot be used (after one :class:`~tiletune.errors.DatabaseWarning` per
+    process and path; a path that failed before in this process is not opened again). A read-only
+    database is returned (``db.read_only``), after its own warning: the op reads its records and
+    stores nothing.
+    """
+    db = arg if isinstance(arg, TuningDB) else TuningDB(None if arg in (None, True) else arg)
+    key = _db_key(db)
+    with _problems_lock:
+        if key in _broken:
+            return None
+    try:
+        reason = db.read_only_reason  # opens it
+    except DatabaseError as exc:
+        with _problems_lock:
+            _broken.add(key)
+        _warn_once(key, UNUSABLE_WARNING, exc)
+        return None
+    if reason is not None:
+        _warn_once(key, READ_ONLY_WARNING, reason)
+    return db
+
+
+def database_failed(op: "TunedOp", db: TuningDB, exc: DatabaseError) -> None:
+    """``db`` failed while ``op`` used it: the op drops it (and goes on without storing), and this
+    process stops using its path; one warning per process and path."""
+    key = _db_key(db)
+    with _problems_lock:
+        _broken.add(key)
+    _warn_once(key, FAILED_WARNING, exc)
+    logger.debug("%s: tuning database %s dropped: %s", op.name, db.where, exc)
+    op._db = None
+    op._db_dropped = True
+
+
+def _writable(op: "TunedOp", db: TuningDB | None) -> bool:
+    """Whether ``op`` may write ``db`` (not None, not read-only, not dropped)."""
+    if db is None:
+        return False
+    try:
+        return not db.read_only
+    except DatabaseError as exc:  # this thread's connection failed to open
+        database_failed(op, db, exc)
+        return False
 
 
 class PlanCache:
@@ -112,7 +210,12 @@ def lookup(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev
     if db is None:
         return None
     plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
-    record = db.lookup(make_identity(op, args, key, backend, dev, arch, plans))
+    identity = make_identity(op, args, key, backend, dev, arch, plans)
+    try:
+        record = db.lookup(identity)
+    except DatabaseError as exc:
+        database_failed(op, db, exc)
+        return None
     return _config_from_record(op, record.config, arch) if record is not None else None
 
 
@@ -126,16 +229,24 @@ def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, de
     from .leases import acquire_lease, lease_holder, wait_for_winner
 
     lease = None
-    record = db.lookup(identity)
-    while record is None:
-        lease = acquire_lease(db, identity)
+    try:
+        record = db.lookup(identity)
+        # a read-only database: its record or tune here, without a lease (nothing would be stored)
+        while record is None and _writable(op, db) and op.db is db:
+            lease = acquire_lease(db, identity)
+            if lease is not None:
+                record = db.lookup(identity)  # finished just before we took the lease?
+                break
+            holder = lease_holder(db, identity)
+            logger.info("%s: %s is being tuned by %s; waiting for its winner", op.name, identity.key,
+                        f"pid {holder['pid']} on {holder['host']}" if holder else "another process")
+            record = wait_for_winner(db, identity)
+    except DatabaseError as exc:
         if lease is not None:
-            record = db.lookup(identity)  # finished just before we took the lease?
-            break
-        holder = lease_holder(db, identity)
-        logger.info("%s: %s is being tuned by %s; waiting for its winner", op.name, identity.key,
-                    f"pid {holder['pid']} on {holder['host']}" if holder else "another process")
-        record = wait_for_winner(db, identity)
+            with contextlib.suppress(DatabaseError):
+                lease.release()
+        database_failed(op, db, exc)
+        return _tuned(op, args, identity, backend, dev, arch, plans, None)
     try:
         if record is not None:
             cfg = _config_from_record(op, record.config, arch)
@@ -145,7 +256,10 @@ def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, de
         return _tuned(op, args, identity, backend, dev, arch, plans, lease)
     finally:
         if lease is not None:
-            lease.release()
+            try:
+                lease.release()
+            except DatabaseError as exc:
+                database_failed(op, db, exc)
 
 
 def _tuned(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend: Backend, dev: int,
@@ -202,16 +316,22 @@ def tune(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend
     from .search import run_search
 
     db = op.db
+    writable = _writable(op, db)  # a read-only database: tune, store nothing (its warning came first)
     prior: dict[str, Measurement] = {}
     on_result: Callable[[Measurement], None] | None = None
-    if db is not None and resume:
-        from .leases import progress, record_progress
+    if writable and resume:
+        assert db is not None
+        from .leases import progress
 
-        prior = {m.config_hash: m for m in progress(db, identity)}
+        try:
+            prior = {m.config_hash: m for m in progress(db, identity)}
+        except DatabaseError as exc:
+            database_failed(op, db, exc)
+            writable = False
         if prior:
             logger.info("%s: resuming %s from %d recorded config(s)", op.name, identity.key, len(prior))
-
-        on_result = functools.partial(record_progress, db, identity)
+        if writable:
+            on_result = functools.partial(_record_progress, op, db, identity)
 
     strategy = make_strategy(op.strategy or "exhaustive", op.space, arch, op.seed, **op.strategy_options)
     budget = op.budget or Budget()
@@ -256,7 +376,23 @@ def tune(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend
         wall_s=time.perf_counter() - t0,
         stats=stats,
     )
-    if db is not None:
-        db.record_session(identity, result.measurements, result.winner, result.winner_median_us, result.tied)
+    if writable and op.db is db:  # (not dropped during the session)
+        assert db is not None
+        try:
+            db.record_session(identity, result.measurements, result.winner, result.winner_median_us, result.tied)
+        except DatabaseError as exc:
+            database_failed(op, db, exc)
     logger.info("%s: tuned %s\n%s", op.name, identity.key, result.summary())
     return result
+
+
+def _record_progress(op: "TunedOp", db: TuningDB, identity: TuningIdentity, measurement: Measurement) -> None:
+    """Record one candidate's result while the op still uses ``db``; a failure drops the database."""
+    if op.db is not db:
+        return
+    from .leases import record_progress
+
+    try:
+        record_progress(db, identity, measurement)
+    except DatabaseError as exc:
+        database_failed(op, db, exc)
