@@ -1,24 +1,215 @@
-"""The ``tiletune`` command line: the demo (main job), the tuning database, and a health check."""
+"""The ``tiletune`` command line: the demo (main job), the tuning database, and a health check.
+
+Errors: every failure of a command is one line on stderr, ``error: <message>``, with a
+``hint: ...`` line where one helps, and a non-zero exit status: **2** when the input is refused
+(usage, option values, files, databases, environment variables), **1** when something failed while
+running (no GPU backend, every candidate failed, a locked database, an unexpected exception, which
+also names its class). ``--debug`` (anywhere on the command line) or ``TILETUNE_DEBUG=1`` prints the
+full traceback instead. This is done once, in :class:`_TiletuneGroup.main`, for every command.
+
+Text that comes from files or databases (op names, keys, configs, device names) goes through
+:func:`tiletune.terminal.safe` before it reaches the terminal.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import sqlite3
 import sys
 import tempfile
+import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Autotuning for NVIDIA cuTile kernels.")
+from . import settings
+from .terminal import escape_controls, safe
+
+
+# ---------------------------------------------------------------------------------------- errors
+
+
+class CliError(Exception):
+    """A command refusing its input (``code`` 2) or failing (``code`` 1), with an optional hint."""
+
+    def __init__(self, message: str, hint: str | None = None, code: int = 2) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.code = code
+
+
+def _fail(message: str, hint: str | None = None, code: int = 2) -> NoReturn:
+    raise CliError(message, hint, code)
+
+
+def _click_exception_modules() -> list[Any]:
+    mods = []
+    for name in ("typer._click.exceptions", "click.exceptions"):  # typer >= 0.2x vendors click
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:  # pragma: no cover - depends on the typer version
+            pass
+    return mods
+
+
+_CLICK = _click_exception_modules()
+_USAGE_ERRORS: tuple[type, ...] = tuple(m.UsageError for m in _CLICK)
+_CLICK_ERRORS: tuple[type, ...] = tuple(m.ClickException for m in _CLICK)
+_NO_ARGS_HELP: tuple[type, ...] = tuple(m.NoArgsIsHelpError for m in _CLICK if hasattr(m, "NoArgsIsHelpError"))
+_ABORTS: tuple[type, ...] = (typer.Abort,) + tuple(m.Abort for m in _CLICK if hasattr(m, "Abort"))
+_EXITS: tuple[type, ...] = (typer.Exit,) + tuple(m.Exit for m in _CLICK if hasattr(m, "Exit"))
+
+_DEBUG_HINT = "rerun with --debug (or TILETUNE_DEBUG=1) for the full traceback"
+#: OSErrors caused by the paths given (refused input, exit 2); other OSErrors are failures (exit 1)
+_PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError)
+
+
+def _describe(exc: BaseException) -> tuple[str, str | None, int]:
+    """``(message, hint, exit status)`` of an exception raised by a command."""
+    from . import errors
+
+    if isinstance(exc, CliError):
+        return exc.message, exc.hint, exc.code
+    if isinstance(exc, _USAGE_ERRORS):
+        ctx = getattr(exc, "ctx", None)
+        hint = f"run '{ctx.command_path} --help'" if ctx is not None else None
+        return exc.format_message(), hint, 2  # type: ignore[attr-defined]
+    if isinstance(exc, _CLICK_ERRORS):
+        return exc.format_message(), None, int(getattr(exc, "exit_code", 1))  # type: ignore[attr-defined]
+    if isinstance(exc, _ABORTS):
+        return "aborted", None, 1
+    if isinstance(exc, errors.TiletuneError):
+        message, hint = str(exc), None
+        path, problem, fix = (getattr(exc, k, None) for k in ("path", "problem", "fix"))
+        if path and problem and fix and message == f"tuning database {path}: {problem}; {fix}":
+            message, hint = f"tuning database {path}: {problem}", str(fix)
+        runtime = (errors.NoBackendError, errors.AllCandidatesFailed, RuntimeError,
+                   *(c for c in (getattr(errors, "DatabaseLocked", None),) if c is not None))
+        return message, hint, 1 if isinstance(exc, runtime) else 2
+    if isinstance(exc, sqlite3.Error):
+        hint = "check that --path (or TILETUNE_DB) names a tiletune tuning database"
+        return f"database error: {exc}", hint, 1 if isinstance(exc, sqlite3.OperationalError) else 2
+    if isinstance(exc, OSError):
+        if exc.strerror and exc.filename is not None:
+            message = f"{exc.strerror}: {exc.filename}"
+            if getattr(exc, "filename2", None) is not None:
+                message += f" -> {exc.filename2}"
+        else:
+            message = str(exc) or type(exc).__name__
+        return message, None, 2 if isinstance(exc, _PATH_ERRORS) else 1
+    if isinstance(exc, (ValueError, TypeError)):
+        return str(exc) or type(exc).__name__, None, 2
+    text = str(exc)
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__), f"unexpected error; {_DEBUG_HINT}", 1
+
+
+def _report(exc: BaseException, debug: bool) -> int:
+    """Print ``exc`` as one ``error:`` line (and a ``hint:`` line) or, with ``debug``, its traceback;
+    return the exit status."""
+    if isinstance(exc, _NO_ARGS_HELP):  # ``tiletune`` or ``tiletune db`` alone: the help
+        ctx = getattr(exc, "ctx", None)
+        typer.echo(ctx.get_help() if ctx is not None else exc.format_message())  # type: ignore[attr-defined]
+        return int(getattr(exc, "exit_code", 2))
+    message, hint, code = _describe(exc)
+    if debug and not isinstance(exc, (CliError, *_CLICK_ERRORS, *_ABORTS)):
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        return code
+    lines = [ln for ln in str(message).strip().splitlines() if ln.strip()] or [type(exc).__name__]
+    if len(lines) > 1 and hint is None:
+        hint = f"{len(lines) - 1} more line(s) of detail: {_DEBUG_HINT}"
+    typer.echo(f"error: {escape_controls(lines[0].strip())}", err=True)
+    if hint:
+        typer.echo(f"hint: {escape_controls(hint)}", err=True)
+    return code
+
+
+def _take_debug(args: list[str]) -> tuple[list[str], bool]:
+    """``args`` without ``--debug`` (accepted anywhere before ``--``), and whether it was there."""
+    out, found, literal = [], False, False
+    for a in args:
+        if not literal and a == "--debug":
+            found = True
+            continue
+        if a == "--":
+            literal = True
+        out.append(a)
+    return out, found
+
+
+class _TiletuneGroup(TyperGroup):
+    """The top-level command group: turns every error of every command into one line."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        argv, debug = _take_debug(list(sys.argv[1:] if args is None else args))
+        try:
+            debug = settings.debug() or debug
+            env_problem: ValueError | None = None
+        except ValueError as exc:
+            env_problem = exc
+        try:
+            if env_problem is not None:
+                raise env_problem
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+        except SystemExit:
+            raise
+        except _EXITS as exc:
+            code = int(getattr(exc, "exit_code", 0) or 0)
+        except BaseException as exc:  # noqa: BLE001 - every error becomes one line (or a traceback)
+            if isinstance(exc, KeyboardInterrupt):
+                typer.echo("error: interrupted", err=True)
+                code = 130
+            else:
+                code = _report(exc, debug)
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
+# ---------------------------------------------------------------------------------------- the app
+
+app = typer.Typer(cls=_TiletuneGroup, add_completion=False, no_args_is_help=True,
+                  help="Autotuning for NVIDIA cuTile kernels.")
 db_app = typer.Typer(no_args_is_help=True, help="Inspect, export and import the tuning database.")
 app.add_typer(db_app, name="db")
 recording_app = typer.Typer(no_args_is_help=True, help="Recorded spaces: import Kernel Tuner / T4 files.")
 app.add_typer(recording_app, name="recording")
 console = Console(width=None if sys.stdout.isatty() else 160)  # logs: do not wrap tables at 80
+
+_PATH_HELP = "Database file (default: TILETUNE_DB, else TILETUNE_CACHE_DIR/tuning.db, else the user cache)."
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"tiletune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="Print tiletune's version and exit."),
+    debug: bool = typer.Option(False, "--debug",
+                               help="Show the full traceback of an error instead of one line (also "
+                                    "TILETUNE_DEBUG=1; accepted anywhere on the command line)."),
+) -> None:
+    """Autotuning for NVIDIA cuTile kernels."""
+    if ctx.invoked_subcommand != "doctor":  # doctor reports them instead
+        problems = settings.check_all()
+        if problems:
+            more = f" ({len(problems) - 1} more invalid variable(s))" if len(problems) > 1 else ""
+            _fail(problems[0], hint="fix or unset the variable" + more + "; 'tiletune doctor' lists them")
 
 
 def _gpu_available() -> bool:
@@ -30,26 +221,63 @@ def _gpu_available() -> bool:
         return False
 
 
+def _check_strategy(spec: str) -> None:
+    from .strategies import resolve_strategy
+
+    resolve_strategy(spec)  # StrategyError (a ValueError) naming the registered strategies
+
+
+def _check_out_file(path: Path, option: str) -> None:
+    """Refuse, before any work, a file to write whose folder is missing or that is a folder."""
+    if path.is_dir():
+        _fail(f"{option} {path} is a directory; give the file to write")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        _fail(f"{option} {path}: folder {parent} does not exist", hint="create it first, or choose another path")
+
+
+# ---------------------------------------------------------------------------------------- demo
+
+
 @app.command()
 def demo(
     fresh: bool = typer.Option(False, help="Use an empty tuning database and an empty cuTile cache (cold tune)."),
     replay: bool = typer.Option(False, help="Replay recorded H200 measurements even when a GPU is present."),
-    record: Optional[Path] = typer.Option(None, help="Directory to write recordings of live tuning sessions to."),
+    record: Optional[Path] = typer.Option(
+        None, help="Directory to write recordings of live tuning sessions to (needs a GPU; not with --replay)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the rows as JSON to this file."),
     strategy: Optional[str] = typer.Option(
-        None, help="Search strategy when replaying: exhaustive (default), random, evolutionary or model."),
-    budget_evals: Optional[int] = typer.Option(None, help="With --strategy: at most this many configs per op."),
+        None, help="Search strategy when replaying: exhaustive (default), random, evolutionary, model, "
+                   "another registered name, or package.module:Class."),
+    budget_evals: Optional[int] = typer.Option(None, min=1, help="With --strategy: at most this many configs per op."),
     seed: int = typer.Option(0, help="Seed of the replay and of the strategy."),
 ) -> None:
     """Tune the library's matmul (32 configs) and RMSNorm (4 configs) end to end."""
-    budget = _budget(strategy, budget_evals)
+    from .strategies import Budget
+
+    if strategy is not None:
+        _check_strategy(strategy)
+    budget = Budget(max_evals=budget_evals) if budget_evals is not None else None
+    live = _gpu_available() and not replay
+    if record is not None:
+        if not live:
+            _fail("--record cannot record without a GPU: it records live tuning sessions"
+                  + (" and --replay was given" if replay else ", and no GPU was found"),
+                  hint="run it on a machine with a CUDA GPU, or leave out --record" + (" or --replay" if replay else ""))
+        if record.exists() and not record.is_dir():
+            _fail(f"--record {record} is a file, not a directory")
+    if live and (strategy is not None or budget_evals is not None):
+        _fail("--strategy and --budget-evals apply to the replay only", hint="add --replay, or leave them out")
+    if json_out is not None:
+        _check_out_file(json_out, "--json")
     if fresh:
+        if not live:
+            console.print("[dim]--fresh has no effect on a replay (it uses no database and no cuTile cache).[/]")
         tmp = Path(tempfile.mkdtemp(prefix="tiletune-demo-"))
         os.environ["TILETUNE_DB"] = str(tmp / "tuning.db")
         os.environ["CUDA_TILE_CACHE_DIR"] = str(tmp / "cutile-cache")  # read when cuda.tile is imported
     from . import demo as d
 
-    live = _gpu_available() and not replay
     if live:
         console.print("[bold]GPU found:[/] tuning live.")
         rows = d.run_live(record)
@@ -62,43 +290,40 @@ def demo(
             from .recordings import Recording
 
             r = Recording.load(p)
-            console.print(f"  {p.name}: {r.device.name} ({r.device.arch}), recorded {r.recorded}, "
-                          f"cuda-tile {r.versions.get('cuda_tile')}, {len(r.measurements)} configs")
+            console.print(safe(f"  {p.name}: {r.device.name} ({r.device.arch}), recorded {r.recorded}, "
+                               f"cuda-tile {r.versions.get('cuda_tile')}, {len(r.measurements)} configs"))
         rows = d.run_replay(recs, seed=seed, strategy=strategy, budget=budget)
     table = Table(title="tiletune demo" + (" (replay)" if not live else ""))
     for col in ("op", "problem", "configs", "ok", "failed", "winner", "time", "vs baseline", "throughput", "tuning"):
         table.add_column(col)
     for r in rows:
         vs = f"{r.baseline_us / r.winner_us:.2f}x" if r.baseline_us else "-"
-        table.add_row(r.op, r.problem, str(r.configs), str(r.ok), str(r.failed),
-                      " ".join(f"{k}={v}" for k, v in r.winner.items()), f"{r.winner_us:.1f} us", vs,
-                      r.throughput, f"{r.tuning_s:.1f} s" + ("" if live else " (simulated)"))
+        table.add_row(safe(r.op), safe(r.problem), str(r.configs), str(r.ok), str(r.failed),
+                      safe(" ".join(f"{k}={v}" for k, v in r.winner.items())), f"{r.winner_us:.1f} us", vs,
+                      safe(r.throughput), f"{r.tuning_s:.1f} s" + ("" if live else " (simulated)"))
     console.print(table)
+    if record is not None:
+        console.print(safe(f"recordings written to {record}"))
     if json_out is not None:
         json_out.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
 
 
-def _budget(strategy: Optional[str], budget_evals: Optional[int]) -> object:
-    from .strategies import STRATEGY_NAMES, Budget
-
-    if strategy is not None and strategy not in STRATEGY_NAMES:
-        raise typer.BadParameter(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}",
-                                 param_hint="--strategy")
-    if budget_evals is not None and budget_evals < 1:
-        raise typer.BadParameter("must be >= 1", param_hint="--budget-evals")
-    return Budget(max_evals=budget_evals) if budget_evals is not None else None
+# ---------------------------------------------------------------------------------------- strategies
 
 
 @app.command("strategies")
 def strategies_cmd(
-    recordings: list[Path] = typer.Argument(..., help="Recorded spaces: tiletune recordings (.json/.json.gz), "
-                                                      "Kernel Tuner cache files or T4 results files."),
+    recordings: list[Path] = typer.Argument(..., exists=True, dir_okay=False, readable=True,
+                                            help="Recorded spaces: tiletune recordings (.json/.json.gz), "
+                                                 "Kernel Tuner cache files or T4 results files."),
     strategy: list[str] = typer.Option(["exhaustive", "random", "evolutionary", "model"], "--strategy", "-s",
-                                       help="Strategy to evaluate (repeat the option for several)."),
-    seeds: int = typer.Option(100, help="Seeds per strategy and space."),
-    exhaustive_seeds: int = typer.Option(10, help="Seeds for exhaustive search (its order does not depend on the seed)."),
-    workers: int = typer.Option(16, help="Simulated compile workers."),
-    batch: Optional[int] = typer.Option(None, help="Configs per ask (default: the compile workers)."),
+                                       help="Strategy to evaluate (repeat the option for several): a registered "
+                                            "name or package.module:Class."),
+    seeds: int = typer.Option(100, min=1, help="Seeds per strategy and space."),
+    exhaustive_seeds: int = typer.Option(10, min=1,
+                                         help="Seeds for exhaustive search (its order does not depend on the seed)."),
+    workers: int = typer.Option(16, min=1, help="Simulated compile workers."),
+    batch: Optional[int] = typer.Option(None, min=1, help="Configs per ask (default: the compile workers)."),
     out: Optional[Path] = typer.Option(None, help="Write strategies.json and one PNG per space to this directory."),
 ) -> None:
     """Evaluate search strategies on recorded spaces (replayed, simulated clock, no GPU).
@@ -106,35 +331,43 @@ def strategies_cmd(
     For each space and strategy: evaluations and simulated seconds to get within 5% and 1% of the
     recorded optimum (median and 95% interval over seeds), against random search's expected count.
     """
-    from .strategies import STRATEGY_NAMES
     from .strategy_eval import evaluate, plot_space, write_results
 
+    seen: set[str] = set()
     for s in strategy:
-        if s not in STRATEGY_NAMES:
-            raise typer.BadParameter(f"unknown strategy {s!r}; choose from {', '.join(STRATEGY_NAMES)}",
-                                     param_hint="--strategy")
+        if s in seen:
+            _fail(f"--strategy {s} is given twice", hint="name each strategy once")
+        seen.add(s)
+        _check_strategy(s)
+    if out is not None and out.exists() and not out.is_dir():
+        _fail(f"--out {out} is a file, not a directory")
     rows, runs, truths = evaluate(recordings, strategy, seeds, workers=workers, batch=batch,
-                                  exhaustive_seeds=exhaustive_seeds, progress=lambda m: console.print(m))
+                                  exhaustive_seeds=exhaustive_seeds, progress=lambda m: console.print(safe(m)))
     table = Table(title="search strategies on recorded spaces (evaluations: median [95% interval])")
     for col in ("space", "configs", "strategy", "to 5%", "random expects", "ratio", "to 1%", "seconds to 5%"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["space"], f"{r['n_configs']} ({r['n_valid']} ok)", r["strategy"],
-                      f"{r['median_evals_to_5pct']} {r['evals_to_5pct_ci95']}",
-                      f"{r['random_expected_evals_to_5pct']:.1f}", str(r["ratio_to_random_5pct"]),
-                      f"{r['median_evals_to_1pct']} {r['evals_to_1pct_ci95']}", str(r["median_seconds_to_5pct"]))
+        table.add_row(safe(r["space"]), f"{r['n_configs']} ({r['n_valid']} ok)", safe(r["strategy"]),
+                      safe(f"{r['median_evals_to_5pct']} {r['evals_to_5pct_ci95']}"),
+                      f"{r['random_expected_evals_to_5pct']:.1f}", safe(r["ratio_to_random_5pct"]),
+                      safe(f"{r['median_evals_to_1pct']} {r['evals_to_1pct_ci95']}"),
+                      safe(r["median_seconds_to_5pct"]))
     console.print(table)
     if out is not None:
         path = write_results(rows, out, {"seeds": seeds, "workers": workers, "batch": batch})
-        console.print(f"wrote {path}")
+        console.print(safe(f"wrote {path}"))
         for t in truths:
             png = plot_space(t, {s: runs[(t.name, s)] for s in strategy}, Path(out) / f"strategies_{t.name}.png")
-            console.print(f"wrote {png}")
+            console.print(safe(f"wrote {png}"))
+
+
+# ---------------------------------------------------------------------------------------- recording
 
 
 @recording_app.command("import")
 def recording_import(
-    src: Path = typer.Argument(..., help="A Kernel Tuner cache file or a T4 results file (or a tiletune recording)."),
+    src: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True,
+                               help="A Kernel Tuner cache file or a T4 results file (or a tiletune recording)."),
     dest: Path = typer.Argument(..., help="The tiletune recording to write (.json or .json.gz)."),
     arch: str = typer.Option("unknown", help="Architecture of the device, e.g. sm_90 (the files do not name it)."),
     device: Optional[str] = typer.Option(None, help="Device name for T4 files (they do not name it)."),
@@ -142,69 +375,106 @@ def recording_import(
     """Convert a public recorded space to a tiletune recording (replayable, searchable)."""
     from .recordings import Recording, load_any, save_recording
 
+    _check_out_file(dest, "DEST")
     rec = load_any(src, arch=arch, device=device or "unknown")
     save_recording(dest, name=rec.name, key=rec.key, device=rec.device, versions=rec.versions,
                    measurements=rec.measurements, space=rec.space, note=rec.note)
     ok = sum(1 for m in rec.measurements if not m.status.failed)
-    console.print(f"{dest}: {len(rec.measurements)} configs ({ok} ok) over {', '.join(rec.param_values)}")
+    console.print(safe(f"{dest}: {len(rec.measurements)} configs ({ok} ok) over {', '.join(rec.param_values)}"))
     Recording.load(dest).space_from_params()  # it must make a space
 
 
+# ---------------------------------------------------------------------------------------- db
+
+
+def _open_db(path: Optional[Path], *, must_exist: bool) -> Any:
+    """The tuning database at ``path`` (or the default one); refuses a directory, and a missing
+    file when ``must_exist`` (reading commands never create a database)."""
+    from .store import TuningDB, default_db_path
+
+    p = Path(path) if path is not None else Path(default_db_path())
+    origin = "--path" if path is not None else ("TILETUNE_DB" if settings.db_path() else "the default database")
+    if p.is_dir():
+        _fail(f"{p} is a directory, not a tuning database file",
+              hint=f"{origin} takes the database file itself, e.g. {p / 'tuning.db'}")
+    if must_exist and not p.exists():
+        if path is not None or settings.db_path():
+            hint = f"check {origin}; tuning or 'tiletune db import' creates a database"
+        else:
+            hint = "nothing was tuned with the default database yet"
+        _fail(f"no tuning database at {p}", hint=hint)
+    return TuningDB(p)
+
+
 @db_app.command("stats")
-def db_stats(path: Optional[Path] = typer.Option(None, help="Database file (default: TILETUNE_DB or the user cache).")) -> None:
+def db_stats(path: Optional[Path] = typer.Option(None, help=_PATH_HELP)) -> None:
     """Counts (sessions, measurements, winners, leases, progress rows of unfinished sessions) and size
     of the tuning database."""
-    from .store import TuningDB
-
-    console.print_json(json.dumps(TuningDB(path).stats(), default=str))
+    console.print_json(json.dumps(_open_db(path, must_exist=True).stats(), default=str))
 
 
 @db_app.command("list")
-def db_list(path: Optional[Path] = typer.Option(None), name: Optional[str] = typer.Option(None)) -> None:
+def db_list(
+    path: Optional[Path] = typer.Option(None, help=_PATH_HELP),
+    name: Optional[str] = typer.Option(None, help="Only the winners of the op with this name."),
+) -> None:
     """One line per stored winner."""
-    from .store import TuningDB
-
+    winners = _open_db(path, must_exist=True).winners(name=name)
     table = Table()
     for col in ("op", "device", "key", "winner", "median"):
         table.add_column(col)
-    for w in TuningDB(path).winners(name=name):
-        table.add_row(w.identity.name, w.identity.device.name, w.identity.key[:60],
-                      json.dumps(w.config), f"{w.median_us:.2f} us")
+    for w in winners:
+        table.add_row(safe(w.identity.name), safe(w.identity.device.name), safe(w.identity.key[:60]),
+                      safe(json.dumps(w.config)), f"{w.median_us:.2f} us")
     console.print(table)
+    if not winners:
+        console.print(safe("no stored winners" + (f" named {name!r}" if name is not None else "")))
 
 
 @db_app.command("export")
-def db_export(dest: Path, path: Optional[Path] = typer.Option(None), name: Optional[str] = typer.Option(None)) -> None:
+def db_export(
+    dest: Path = typer.Argument(..., help="The JSON file to write (replaced if it exists)."),
+    path: Optional[Path] = typer.Option(None, help=_PATH_HELP),
+    name: Optional[str] = typer.Option(None, help="Only the sessions of the op with this name."),
+) -> None:
     """Write sessions (measurements, winners) as JSON."""
-    from .store import TuningDB
-
-    n = TuningDB(path).export_json(dest, name=name)
-    console.print(f"exported {n} session(s) to {dest}")
+    _check_out_file(dest, "DEST")
+    n = _open_db(path, must_exist=True).export_json(dest, name=name)
+    console.print(safe(f"exported {n} session(s) to {dest}"))
 
 
 @db_app.command("import")
-def db_import(src: Path, path: Optional[Path] = typer.Option(None)) -> None:
+def db_import(
+    src: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True,
+                               help="A JSON export written by 'tiletune db export'."),
+    path: Optional[Path] = typer.Option(None, help=_PATH_HELP + " Created if missing."),
+) -> None:
     """Read sessions from a JSON export (sessions already present are skipped)."""
-    from .store import TuningDB
-
-    n = TuningDB(path).import_json(src)
-    console.print(f"imported {n} new session(s) from {src}")
+    n = _open_db(path, must_exist=False).import_json(src)
+    console.print(safe(f"imported {n} new session(s) from {src}"))
 
 
 @db_app.command("clear")
-def db_clear(path: Optional[Path] = typer.Option(None), yes: bool = typer.Option(False, "--yes")) -> None:
+def db_clear(
+    path: Optional[Path] = typer.Option(None, help=_PATH_HELP),
+    yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
+) -> None:
     """Delete every record."""
-    from .store import TuningDB
-
-    db = TuningDB(path)
+    db = _open_db(path, must_exist=True)
     if not yes:
-        typer.confirm(f"delete every record in {db.where}?", abort=True)
+        try:
+            typer.confirm(f"delete every record in {escape_controls(db.where)}?", abort=True)
+        except _ABORTS:
+            _fail("not confirmed: nothing was deleted", hint="pass --yes to delete without the question", code=1)
     console.print(f"removed {db.clear()} row(s)")
+
+
+# ---------------------------------------------------------------------------------------- doctor
 
 
 @app.command()
 def doctor() -> None:
-    """Report what tiletune sees: Python packages, GPU, cuTile toolchain, database."""
+    """Report what tiletune sees: Python packages, GPU, cuTile toolchain, database, environment."""
     from .store import default_db_path
 
     rows = []
@@ -229,10 +499,15 @@ def doctor() -> None:
         rows.append(("parallel compile", f"yes, {cpu_count()} workers" if pool.parallel else f"no: {pool.why_serial}"))
     except Exception as exc:
         rows.append(("parallel compile", f"no: {exc}"))
-    rows.append(("database", str(default_db_path())))
+    try:
+        rows.append(("database", str(default_db_path())))
+    except Exception as exc:
+        rows.append(("database", f"unknown ({exc})"))
+    problems = settings.check_all()
+    rows.append(("environment", "; ".join(problems) if problems else "ok"))
     table = Table(show_header=False)
     for k, v in rows:
-        table.add_row(k, str(v))
+        table.add_row(safe(k), safe(v))
     console.print(table)
 
 

@@ -24,10 +24,11 @@ from .errors import TiletuneError
 from .hotpath import Entry, bound_launcher, build_entry
 from .keys import default_key
 from .progress import configure_logging_from_env
+from . import settings
 from .records import TuneResult
 from .space import Config, Space
 from .store import TuningDB
-from .strategies.base import Budget
+from .strategies.base import Budget, StrategySpec
 from .tuner import TunerOptions
 
 #: ``tolerance(*args) -> {dtype name: (rtol, atol)}``: a problem-dependent tolerance.
@@ -38,11 +39,12 @@ logger = logging.getLogger("tiletune")
 Plan = Callable[..., Any]
 
 
-def _check_strategy_name(name: str) -> None:
-    from .strategies import STRATEGY_NAMES
+def _check_strategy(strategy: Any) -> None:
+    """Refuse (StrategyError, a ValueError) anything but a registered name, a Strategy subclass or
+    a Strategy instance, at the decorator rather than at the first call."""
+    from .strategies import resolve_strategy
 
-    if name not in STRATEGY_NAMES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+    resolve_strategy(strategy)
 
 
 ISOLATION_MODES = ("process", "none")
@@ -53,13 +55,9 @@ def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
     "none" for a backend object passed in (simulated ones run in this process unless asked)."""
     value = isolation
     if value is None:
-        env = os.environ.get("TILETUNE_ISOLATION", "").strip().lower()
-        if env:
-            value = {"off": "none", "0": "none", "false": "none"}.get(env, env)
-            if value not in ISOLATION_MODES:
-                raise ValueError(f"TILETUNE_ISOLATION={env!r}: choose one of {', '.join(ISOLATION_MODES)}")
-            if backend is not None and value == "process":
-                value = "none"  # the environment switch is for the live backend
+        value = settings.isolation()
+        if backend is not None and value == "process":
+            value = "none"  # the environment switch is for the live backend
     if value is None:
         value = "process" if backend is None else "none"
     if value not in ISOLATION_MODES:
@@ -70,7 +68,8 @@ def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
 
 
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+    """The boolean ``TILETUNE_*`` variable ``name`` under the settings' one rule (unset: false)."""
+    return settings.flag(name, False)
 
 
 def _no_outputs(args: tuple[Any, ...]) -> None:
@@ -179,7 +178,7 @@ class TunedOp:
         options: TunerOptions | None = None,
         progress: bool | None = None,
         cache_plan: bool = True,
-        strategy: str | None = None,
+        strategy: StrategySpec | None = None,
         budget: Budget | None = None,
         seed: int = 0,
         strategy_options: Mapping[str, Any] | None = None,
@@ -190,7 +189,7 @@ class TunedOp:
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a tiletune.Budget, got {type(budget).__name__}")
         if strategy is not None:
-            _check_strategy_name(strategy)
+            _check_strategy(strategy)
         self.plan = plan
         self.space = space
         self.reference = reference
@@ -412,7 +411,7 @@ class TunedOp:
             backend = self.backend
             dev = backend.arg_device(args)
             arch = backend.device_info(dev).arch
-            capturing = _stream_capturing(backend, dev) and not _env_flag("TILETUNE_DISABLE")
+            capturing = _stream_capturing(backend, dev) and not settings.disabled()
             pend = self._pending.get(key)
             if capturing:
                 if pend is None:
@@ -421,7 +420,7 @@ class TunedOp:
                     pend.entry(args)
                 return self._outputs(args)
             launched = False
-            if _env_flag("TILETUNE_DISABLE"):
+            if settings.disabled():
                 cfg = self.space.baseline(arch) or self.space.candidates(arch)[0]
             else:
                 from .tuning import resolve
@@ -500,7 +499,7 @@ def autotune(
     options: TunerOptions | None = None,
     progress: bool | None = None,
     cache_plan: bool = True,
-    strategy: str | None = None,
+    strategy: StrategySpec | None = None,
     budget: Budget | None = None,
     seed: int = 0,
     strategy_options: Mapping[str, Any] | None = None,
@@ -532,7 +531,10 @@ def autotune(
             checked). Set False if the plan reads anything besides the config, shapes, strides,
             dtypes and int arguments.
         strategy: how to search the space: ``None`` or ``"exhaustive"`` (every config, raced),
-            ``"random"``, ``"evolutionary"`` or ``"model"`` (see :mod:`tiletune.strategies`).
+            ``"random"``, ``"evolutionary"``, ``"model"`` or any name added with
+            ``@tiletune.strategies.register(name)``; or a :class:`tiletune.strategies.Strategy`
+            subclass, or an instance of one (a template: each tuning gets a fresh copy built with
+            its keyword options). Anything else is refused here, listing the registered names.
         budget: a :class:`tiletune.Budget` limiting evaluations and/or seconds (compile included).
         seed: seeds the strategy (same seed, same proposals).
         strategy_options: keyword options of the strategy (e.g. ``{"population": 12}``).
@@ -543,7 +545,7 @@ def autotune(
     """
 
     if strategy is not None:
-        _check_strategy_name(strategy)  # fail at the decorator, not at the first call
+        _check_strategy(strategy)  # fail at the decorator, not at the first call
 
     def wrap(plan: Plan) -> TunedOp:
         return TunedOp(

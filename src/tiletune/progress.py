@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 from typing import Iterator
 
+from . import settings
 from .tuner import ProgressFn
 
 _log_configured = False
 
 
 def configure_logging_from_env() -> None:
-    """With ``TILETUNE_LOG=1``, send the ``tiletune`` logger's INFO lines to stderr (once)."""
+    """With ``TILETUNE_LOG`` true (``1/true/yes/on``), send the ``tiletune`` logger's INFO lines to
+    stderr (once). False, empty or unset: nothing. Any other value: ValueError naming the variable."""
     global _log_configured
-    if _log_configured or os.environ.get("TILETUNE_LOG", "") in ("", "0"):
+    if _log_configured or not settings.log_enabled():
         return
     _log_configured = True
     log = logging.getLogger("tiletune")
@@ -28,9 +29,11 @@ def configure_logging_from_env() -> None:
 
 
 def _interactive() -> bool:
+    if not settings.progress_enabled():  # an invalid TILETUNE_PROGRESS raises here
+        return False
     try:
-        return sys.stderr.isatty() and os.environ.get("TILETUNE_PROGRESS", "1") != "0"
-    except (AttributeError, ValueError):
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # no stderr, or a closed one
         return False
 
 

@@ -235,10 +235,11 @@ def prewarm() -> None:
     before its first call instead of landing on that call. ``TILETUNE_PREWARM=0`` turns it off.
     """
     global _prewarm_started
-    import os
     import threading
 
-    if _prewarm_started or os.environ.get("TILETUNE_PREWARM", "1") == "0":
+    from .. import settings
+
+    if _prewarm_started or not settings.prewarm():
         return
     _prewarm_started = True
 

@@ -27,6 +27,7 @@ import time
 from multiprocessing.connection import Connection, Listener, wait
 from typing import Any, Callable, Deque
 
+from .. import settings
 from .protocol import CompiledEvent, ProtocolError, Reply, decode_reply
 from .shipping import dumps
 
@@ -34,13 +35,25 @@ logger = logging.getLogger("tiletune")
 
 __all__ = ["WorkerFault", "WorkerProcess", "worker_for", "prestart", "shutdown_all", "in_worker", "wait_for_worker"]
 
-#: Seconds a new worker may take to import torch and cuda.tile and create its CUDA context.
-START_TIMEOUT_S = float(os.environ.get("TILETUNE_WORKER_START_TIMEOUT", "180"))
+#: Seconds a new worker may take to import torch and cuda.tile and create its CUDA context; None:
+#: ``TILETUNE_WORKER_START_TIMEOUT`` (default 180), read at each start.
+START_TIMEOUT_S: float | None = None
+
+
+def _keep_logs() -> bool:
+    try:
+        return settings.worker_trace()
+    except ValueError:  # cleanup never fails on a bad variable; keep the logs to be safe
+        return True
+
+
+def _start_timeout_s() -> float:
+    return START_TIMEOUT_S if START_TIMEOUT_S is not None else settings.worker_start_timeout_s()
 
 
 def in_worker() -> bool:
     """True inside a tuning worker process (ops defined there never start workers of their own)."""
-    return os.environ.get("TILETUNE_IN_WORKER") == "1"
+    return settings.in_worker()
 
 
 class WorkerFault(Exception):
@@ -96,6 +109,7 @@ class WorkerProcess:
     def _start(self) -> None:
         self.kill()
         t0 = time.perf_counter()
+        start_timeout = _start_timeout_s()  # an invalid TILETUNE_WORKER_START_TIMEOUT fails before anything starts
         tmp = self._tmp_dir = tempfile.mkdtemp(prefix="tiletune-worker-")
         address = os.path.join(tmp, "sock")
         authkey = secrets.token_bytes(32)
@@ -115,14 +129,14 @@ class WorkerProcess:
         finally:
             log.close()
         try:
-            self.conn = self._accept(listener, START_TIMEOUT_S)
+            self.conn = self._accept(listener, start_timeout)
         finally:
             listener.close()
         self.generation += 1
         self.starts += 1
         self.events.clear()
         reply = self.request({"op": "hello", "backend": self.backend_spec, "device_index": self.device_index},
-                             START_TIMEOUT_S)
+                             start_timeout)
         self.info = dict(reply.body)
         self.start_s.append(time.perf_counter() - t0)
         logger.debug("tiletune worker pid %s started in %.2f s", self.info.get("pid"), self.start_s[-1])
@@ -178,7 +192,7 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
                 pass
         self.events.clear()
-        if self._tmp_dir and not os.environ.get("TILETUNE_WORKER_TRACE"):
+        if self._tmp_dir and not _keep_logs():
             import shutil
 
             shutil.rmtree(self._tmp_dir, ignore_errors=True)  # fault reasons quoted the log already
@@ -317,7 +331,7 @@ def prestart(device_index: int | None = None) -> None:
     anything. Does nothing inside a worker, with ``TILETUNE_WORKER_PRESTART=0``, or when torch sees
     no GPU.
     """
-    if in_worker() or os.environ.get("TILETUNE_WORKER_PRESTART", "1") == "0":
+    if in_worker() or not settings.worker_prestart():
         return
     with _workers_lock:
         if device_index in _prestarted:

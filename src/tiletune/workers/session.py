@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..backends.base import Backend, Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
+from .. import settings
 from ..records import DeviceInfo, Status
 from .client import WorkerFault, WorkerProcess, worker_for
 from .protocol import ProtocolError, candidate_wire, samples_from, status_from
@@ -44,13 +45,6 @@ class CandidateFault(Exception):
         self.status = status
 
 
-def _env_float(name: str, default: float) -> float:
-    import os
-
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 @dataclass(frozen=True)
@@ -62,9 +56,9 @@ class IsolationOptions:
     expected time of its launches (``TILETUNE_WATCHDOG_FACTOR``).
     """
 
-    watchdog_factor: float = field(default_factory=lambda: _env_float("TILETUNE_WATCHDOG_FACTOR", 20.0))
+    watchdog_factor: float = field(default_factory=lambda: settings.watchdog_factor())
     watchdog_floor_s: float = 2.0
-    first_watchdog_s: float = field(default_factory=lambda: _env_float("TILETUNE_WATCHDOG_S", 20.0))
+    first_watchdog_s: float = field(default_factory=lambda: settings.watchdog_s())
     flush_us: float = 60.0  # cache flush and event pair per sample
     compile_timeout_s: float = 300.0  # the assembler's own limit; the worker gets this plus slack
     compile_slack_s: float = 60.0  # no compile result for this long past the assembler's limit: hung

@@ -1,0 +1,287 @@
+"""Every ``TILETUNE_*`` environment variable, read in one place, at call time, with one rule.
+
+Every reader in tiletune goes through the accessors below (``settings.log_enabled()``, ...), which
+read ``os.environ`` each time they are called: setting a variable in a running process (or in a
+test) takes effect at the next read.
+
+**Booleans** follow one rule, case-insensitive, surrounding spaces ignored: true is ``1``, ``true``,
+``yes``, ``on``; false is ``0``, ``false``, ``no``, ``off`` or the empty string; an unset variable
+takes its default. Anything else raises :class:`ValueError` naming the variable and the accepted
+values (``TILETUNE_LOG=maybe`` is an error, not "on" and not "off").
+
+**Numbers** are decimal seconds or factors, finite and > 0; anything else raises
+:class:`ValueError` naming the variable. An empty value counts as unset.
+
+===============================  ========  =========  ====================================================
+Variable                         Type      Default    Meaning
+===============================  ========  =========  ====================================================
+TILETUNE_DB                      path      unset      The tuning database file (wins over
+                                                      TILETUNE_CACHE_DIR).
+TILETUNE_CACHE_DIR               path      unset      Folder of the default database (<dir>/tuning.db);
+                                                      unset: $XDG_CACHE_HOME/tiletune or
+                                                      ~/.cache/tiletune.
+TILETUNE_LOG                     bool      false      Log a line per candidate and a summary of each
+                                                      tuning to stderr (the ``tiletune`` logger).
+TILETUNE_PROGRESS                bool      true       Progress bar while tuning (interactive terminals
+                                                      only).
+TILETUNE_DISABLE                 bool      false      Never tune: every op launches its baseline config
+                                                      (or its first valid one).
+TILETUNE_ISOLATION               choice    unset      Default ``isolation=``: ``process`` (also
+                                                      1/true/yes/on) or ``none`` (also 0/false/no/off).
+                                                      Unset: process for the live cuTile backend, none for
+                                                      a backend object.
+TILETUNE_PREWARM                 bool      true       Import cuda.tile in a background thread when the
+                                                      cuTile backend is created.
+TILETUNE_WORKER_PRESTART         bool      true       Start the GPU worker when the first isolated op is
+                                                      defined (false: at its first tuning).
+TILETUNE_WORKER_START_TIMEOUT    seconds   180        How long a new worker may take to start (torch,
+                                                      cuda.tile, CUDA context).
+TILETUNE_WATCHDOG_S              seconds   20         Deadline of a worker request before anything of the
+                                                      session was timed.
+TILETUNE_WATCHDOG_FACTOR         factor    20         Afterwards a request may take 2 s + this factor x
+                                                      the expected time of its launches.
+TILETUNE_WORKER_TRACE            bool      false      Workers trace every request to their log, and the
+                                                      log folder is kept.
+TILETUNE_DEBUG                   bool      false      The ``tiletune`` command shows full tracebacks (same
+                                                      as ``--debug``).
+TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
+TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
+TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
+TILETUNE_WORKER_SYSPATH          JSON      internal   Internal: the caller's sys.path, for a worker.
+===============================  ========  =========  ====================================================
+
+:func:`check_all` reads every documented variable and returns the problems (the command line
+refuses to start with an invalid one).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+__all__ = [
+    "TRUE_WORDS",
+    "FALSE_WORDS",
+    "VARIABLES",
+    "Variable",
+    "flag",
+    "seconds",
+    "text",
+    "check_all",
+    "db_path",
+    "cache_dir",
+    "log_enabled",
+    "progress_enabled",
+    "disabled",
+    "isolation",
+    "prewarm",
+    "worker_prestart",
+    "worker_start_timeout_s",
+    "watchdog_s",
+    "watchdog_factor",
+    "worker_trace",
+    "debug",
+    "in_worker",
+]
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+
+_ACCEPTED_BOOL = "1/true/yes/on or 0/false/no/off (or empty)"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One documented environment variable."""
+
+    name: str
+    type: str  # "bool", "seconds", "factor", "path", "choice", "text"
+    default: object
+    meaning: str
+
+
+VARIABLES: dict[str, Variable] = {
+    v.name: v
+    for v in (
+        Variable("TILETUNE_DB", "path", None, "the tuning database file"),
+        Variable("TILETUNE_CACHE_DIR", "path", None, "folder of the default tuning database"),
+        Variable("TILETUNE_LOG", "bool", False, "log tuning to stderr"),
+        Variable("TILETUNE_PROGRESS", "bool", True, "progress bar on interactive terminals"),
+        Variable("TILETUNE_DISABLE", "bool", False, "never tune: launch the baseline config"),
+        Variable("TILETUNE_ISOLATION", "choice", None, "default isolation of the live backend"),
+        Variable("TILETUNE_PREWARM", "bool", True, "import cuda.tile in the background"),
+        Variable("TILETUNE_WORKER_PRESTART", "bool", True, "start the worker when an op is defined"),
+        Variable("TILETUNE_WORKER_START_TIMEOUT", "seconds", 180.0, "worker start-up deadline"),
+        Variable("TILETUNE_WATCHDOG_S", "seconds", 20.0, "first worker request deadline"),
+        Variable("TILETUNE_WATCHDOG_FACTOR", "factor", 20.0, "worker request deadline factor"),
+        Variable("TILETUNE_WORKER_TRACE", "bool", False, "trace worker requests, keep worker logs"),
+        Variable("TILETUNE_DEBUG", "bool", False, "full tracebacks from the command line"),
+        Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
+        Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
+        Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
+        Variable("TILETUNE_WORKER_SYSPATH", "text", None, "internal: caller's sys.path (JSON)"),
+    )
+}
+
+
+# ---------------------------------------------------------------------------------- the rules
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    """``raw`` (the value of ``name``) as a boolean under the one rule; ValueError otherwise."""
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use {_ACCEPTED_BOOL}")
+
+
+def flag(name: str, default: bool = False) -> bool:
+    """The boolean variable ``name`` (``default`` when unset)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return parse_bool(name, raw)
+
+
+def seconds(name: str, default: float) -> float:
+    """The number variable ``name``: finite and > 0 (``default`` when unset or empty)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number; expected a number > 0, e.g. {default:g}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={raw!r} is out of range; expected a finite number > 0, e.g. {default:g}")
+    return value
+
+
+def text(name: str) -> str | None:
+    """The text variable ``name``, surrounding spaces removed; None when unset or empty."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    return raw.strip()
+
+
+# ---------------------------------------------------------------------------------- accessors
+
+
+def db_path() -> str | None:
+    """``TILETUNE_DB``: the tuning database file, or None (unset or empty)."""
+    return text("TILETUNE_DB")
+
+
+def cache_dir() -> str | None:
+    """``TILETUNE_CACHE_DIR``: folder of the default database, or None (unset or empty)."""
+    return text("TILETUNE_CACHE_DIR")
+
+
+def log_enabled() -> bool:
+    """``TILETUNE_LOG`` (default false)."""
+    return flag("TILETUNE_LOG", False)
+
+
+def progress_enabled() -> bool:
+    """``TILETUNE_PROGRESS`` (default true; the bar still needs an interactive terminal)."""
+    return flag("TILETUNE_PROGRESS", True)
+
+
+def disabled() -> bool:
+    """``TILETUNE_DISABLE`` (default false): launch baselines, never tune."""
+    return flag("TILETUNE_DISABLE", False)
+
+
+ISOLATION_MODES = ("process", "none")
+
+
+def isolation() -> str | None:
+    """``TILETUNE_ISOLATION``: ``"process"``, ``"none"`` or None (unset or empty).
+
+    ``1/true/yes/on`` mean ``process`` and ``0/false/no/off`` mean ``none``.
+    """
+    raw = os.environ.get("TILETUNE_ISOLATION")
+    if raw is None or not raw.strip():
+        return None
+    word = raw.strip().lower()
+    if word in ISOLATION_MODES:
+        return word
+    if word in TRUE_WORDS:
+        return "process"
+    if word in FALSE_WORDS:
+        return "none"
+    raise ValueError(f"TILETUNE_ISOLATION={raw!r}: choose one of process, none "
+                     "(or 1/true/yes/on for process, 0/false/no/off for none)")
+
+
+def prewarm() -> bool:
+    """``TILETUNE_PREWARM`` (default true)."""
+    return flag("TILETUNE_PREWARM", True)
+
+
+def worker_prestart() -> bool:
+    """``TILETUNE_WORKER_PRESTART`` (default true)."""
+    return flag("TILETUNE_WORKER_PRESTART", True)
+
+
+def worker_start_timeout_s() -> float:
+    """``TILETUNE_WORKER_START_TIMEOUT`` in seconds (default 180)."""
+    return seconds("TILETUNE_WORKER_START_TIMEOUT", 180.0)
+
+
+def watchdog_s() -> float:
+    """``TILETUNE_WATCHDOG_S`` in seconds (default 20)."""
+    return seconds("TILETUNE_WATCHDOG_S", 20.0)
+
+
+def watchdog_factor() -> float:
+    """``TILETUNE_WATCHDOG_FACTOR`` (default 20)."""
+    return seconds("TILETUNE_WATCHDOG_FACTOR", 20.0)
+
+
+def worker_trace() -> bool:
+    """``TILETUNE_WORKER_TRACE`` (default false)."""
+    return flag("TILETUNE_WORKER_TRACE", False)
+
+
+def debug() -> bool:
+    """``TILETUNE_DEBUG`` (default false)."""
+    return flag("TILETUNE_DEBUG", False)
+
+
+def in_worker() -> bool:
+    """``TILETUNE_IN_WORKER`` (default false; set by tiletune in its worker processes)."""
+    return flag("TILETUNE_IN_WORKER", False)
+
+
+_CHECKS = {
+    "TILETUNE_DB": db_path,
+    "TILETUNE_CACHE_DIR": cache_dir,
+    "TILETUNE_LOG": log_enabled,
+    "TILETUNE_PROGRESS": progress_enabled,
+    "TILETUNE_DISABLE": disabled,
+    "TILETUNE_ISOLATION": isolation,
+    "TILETUNE_PREWARM": prewarm,
+    "TILETUNE_WORKER_PRESTART": worker_prestart,
+    "TILETUNE_WORKER_START_TIMEOUT": worker_start_timeout_s,
+    "TILETUNE_WATCHDOG_S": watchdog_s,
+    "TILETUNE_WATCHDOG_FACTOR": watchdog_factor,
+    "TILETUNE_WORKER_TRACE": worker_trace,
+    "TILETUNE_DEBUG": debug,
+    "TILETUNE_IN_WORKER": in_worker,
+}
+
+
+def check_all() -> list[str]:
+    """Read every variable with an accessor; the error messages of the invalid ones (in name order)."""
+    problems = []
+    for name in sorted(_CHECKS):
+        try:
+            _CHECKS[name]()
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
