@@ -18,6 +18,7 @@ every later call, in this process or another, launches the cached kernel directl
 from __future__ import annotations
 
 from .backends.base import Launch
+from .buckets import Buckets
 from .dispatch import TunedOp, autotune
 from .errors import AllCandidatesFailed, DatabaseError, NoBackendError, SpaceError, TiletuneError
 from .records import DeviceInfo, Measurement, Status, TuneResult, TuningIdentity
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllCandidatesFailed",
+    "Buckets",
     "Budget",
     "Config",
     "DatabaseError",

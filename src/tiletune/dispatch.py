@@ -22,6 +22,7 @@ from .backends.base import Backend, Launch
 from .binding import positional_binder
 from .errors import TiletuneError
 from .hotpath import Entry, bound_launcher, build_entry
+from .buckets import Buckets
 from .keys import default_key
 from .progress import configure_logging_from_env
 from . import settings
@@ -183,6 +184,7 @@ class TunedOp:
         seed: int = 0,
         strategy_options: Mapping[str, Any] | None = None,
         isolation: str | None = None,
+        buckets: Buckets | None = None,
     ) -> None:
         if not isinstance(space, Space):
             raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
@@ -220,6 +222,13 @@ class TunedOp:
         self.writes = tuple(p for p in self._resolve_positions(writes, "writes") if p not in self.inplace)
         self.cache_plan = cache_plan and key is None  # a user key may omit what the plan reads
         self._key: Callable[[tuple[Any, ...]], Any] = default_key if key is None else (lambda a: key(*a))
+        if buckets is not None and not isinstance(buckets, Buckets):
+            raise TypeError(f"buckets must be a tiletune.Buckets, got {type(buckets).__name__}")
+        if buckets is not None and key is not None:
+            raise ValueError("buckets= and key= cannot be combined: a key function decides the grouping itself")
+        #: shape buckets: keys of one bucket share a tuning result (see :mod:`tiletune.buckets`)
+        self.buckets = buckets.resolve(self._params) if buckets is not None else None
+        self._bucket_configs: dict[Any, Config] = {}
         self._cache: dict[Any, Entry] = {}
         self._configs: dict[Any, Config] = {}
         self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
@@ -423,12 +432,19 @@ class TunedOp:
             if settings.disabled():
                 cfg = self.space.baseline(arch) or self.space.candidates(arch)[0]
             else:
-                from .tuning import resolve
+                bucket = self.buckets.key(args) if self.buckets is not None else None
+                cfg = self._bucket_configs.get(bucket) if bucket is not None else None
+                if cfg is not None:
+                    logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
+                else:
+                    from .tuning import resolve
 
-                res = resolve(self, args, key, backend, dev, arch)
-                cfg, launched = res.config, res.launched
-                if res.result is not None:
-                    self.results[key] = res.result
+                    res = resolve(self, args, key, backend, dev, arch)
+                    cfg, launched = res.config, res.launched
+                    if res.result is not None:
+                        self.results[key] = res.result
+                    if bucket is not None:
+                        self._bucket_configs[bucket] = cfg
             entry = self._install(cfg, args, key, backend, dev)
             if pend is not None:
                 del self._pending[key]
@@ -504,6 +520,7 @@ def autotune(
     seed: int = 0,
     strategy_options: Mapping[str, Any] | None = None,
     isolation: str | None = None,
+    buckets: Buckets | None = None,
 ) -> Callable[[Plan], TunedOp]:
     """Make a cuTile launch plan an autotuned op.
 
@@ -542,6 +559,10 @@ def autotune(
             candidates are compiled, checked and timed in a worker process, so a faulting or hanging
             candidate fails alone and this process never launches an unverified config;
             ``"none"``: in this process (the default for a ``backend=`` object).
+        buckets: a :class:`tiletune.Buckets` grouping keys by rounded-up dimensions (e.g. the token
+            count to the next power of two): the first call of a bucket tunes, every other shape of
+            the bucket reuses its winner at once (also from the database, in other processes). Every
+            config must be correct for every size of a bucket. Not combinable with ``key``.
     """
 
     if strategy is not None:
@@ -567,6 +588,7 @@ def autotune(
             seed=seed,
             strategy_options=strategy_options,
             isolation=isolation,
+            buckets=buckets,
         )
 
     return wrap

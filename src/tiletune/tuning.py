@@ -182,7 +182,12 @@ def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backe
             seen.add(id(k))
             sources.append(backend.kernel_sources(k))
     try:
-        key_json = canonical_json(args_key_json(args) if op.key_fn is None else key_to_json(key))
+        if op.key_fn is not None:
+            key_json = canonical_json(key_to_json(key))
+        elif getattr(op, "buckets", None) is not None:
+            key_json = canonical_json(op.buckets.key_json(args))
+        else:
+            key_json = canonical_json(args_key_json(args))
     except TypeError as exc:
         raise TiletuneError(f"{op.name}: {exc}") from exc
     return TuningIdentity(

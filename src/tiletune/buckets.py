@@ -1,0 +1,169 @@
+"""Shape buckets: problem keys that share one tuning result.
+
+An LLM server meets hundreds of distinct token counts ``M``; tuning each exact shape stalls a
+request for seconds each time. An op that declares buckets groups its keys: a dimension of an
+argument is rounded up to its bucket's upper bound before the key is formed, so ``M = 300`` and
+``M = 500`` both tune as ``M = 512`` and the second call reuses the first one's winner at once (and
+so does every process reading the same database).
+
+Rules per dimension:
+
+* ``"pow2"``: the next power of two (1, 2, 4, ... ; 0 stays 0);
+* a sorted sequence of boundaries, e.g. ``(16, 64, 256, 1024)``: the smallest boundary >= the size;
+  a size above the last boundary is kept exact (a bucket of its own);
+* a callable ``size -> bucket``, which must return a value >= the size and be monotone.
+
+Only the *key* is bucketed: the launch plan still sees the call's real arguments, and the tuning
+session runs on the call that first met the bucket. The contract for an op that declares buckets:
+every config of its space must be correct for every size in a bucket (the correctness gate checks
+the size it tunes on). The library's kernels mask ragged edges, so they bucket their row/token
+dimensions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence, Union
+
+from .keys import _BY_VALUE, _SCALARS, _dtype_name, is_tensor
+
+__all__ = ["Buckets", "Rule", "bucket_size"]
+
+Rule = Union[str, Sequence[int], Callable[[int], int]]
+
+
+def bucket_size(n: int, rule: Rule) -> int:
+    """The bucket ``n`` falls in under ``rule`` (its upper bound)."""
+    n = int(n)
+    if n <= 0:
+        return n
+    if rule == "pow2":
+        return 1 << (n - 1).bit_length()
+    if callable(rule):
+        b = int(rule(n))
+        if b < n:
+            raise ValueError(f"a bucket rule mapped size {n} to {b}, below the size")
+        return b
+    for b in rule:  # type: ignore[union-attr]
+        if n <= b:
+            return int(b)
+    return n
+
+
+def _check_rule(rule: Any, where: str) -> Rule:
+    if rule == "pow2" or callable(rule):
+        return rule
+    if isinstance(rule, (list, tuple)) and rule and all(isinstance(b, int) and not isinstance(b, bool) and b > 0
+                                                        for b in rule):
+        if list(rule) != sorted(set(rule)):
+            raise ValueError(f"{where}: bucket boundaries must be strictly increasing, got {list(rule)}")
+        return tuple(rule)
+    raise ValueError(f"{where}: a bucket rule is 'pow2', a strictly increasing list of positive ints, or a "
+                     f"callable size -> bucket; got {rule!r}")
+
+
+class Buckets:
+    """Which dimensions of which arguments are bucketed, and how.
+
+    Args:
+        rules: ``{argument name or position: {dimension: rule}}``; a dimension may be negative
+            (counted from the end). Example: ``Buckets({"x": {0: "pow2"}, "y": {0: "pow2"}})``.
+    """
+
+    def __init__(self, rules: Mapping[str | int, Mapping[int, Rule]]) -> None:
+        if not isinstance(rules, Mapping) or not rules:
+            raise ValueError("Buckets needs {argument: {dimension: rule}} with at least one argument")
+        self.rules: dict[str | int, dict[int, Rule]] = {}
+        for arg, dims in rules.items():
+            if not isinstance(arg, (str, int)) or isinstance(arg, bool):
+                raise TypeError(f"Buckets: an argument is named by its name or position, got {arg!r}")
+            if not isinstance(dims, Mapping) or not dims:
+                raise ValueError(f"Buckets: argument {arg!r} needs {{dimension: rule}}, got {dims!r}")
+            checked: dict[int, Rule] = {}
+            for d, rule in dims.items():
+                if not isinstance(d, int) or isinstance(d, bool):
+                    raise TypeError(f"Buckets: argument {arg!r}: dimension {d!r} is not an int")
+                checked[d] = _check_rule(rule, f"Buckets: argument {arg!r} dimension {d}")
+            self.rules[arg] = checked
+        self._positions: dict[int, dict[int, Rule]] | None = None
+
+    def resolve(self, params: Sequence[str]) -> "Buckets":
+        """Bind argument names to positions of a plan's parameters (after the config)."""
+        out: dict[int, dict[int, Rule]] = {}
+        for arg, dims in self.rules.items():
+            if isinstance(arg, str):
+                if arg not in params:
+                    raise ValueError(f"Buckets: {arg!r} is not an argument of the launch plan: {list(params)}")
+                pos = list(params).index(arg)
+            else:
+                pos = arg
+            out[pos] = dims
+        self._positions = out
+        return self
+
+    def _dims(self, pos: int, shape: Sequence[int]) -> tuple[int, ...]:
+        assert self._positions is not None, "Buckets.resolve() first"
+        rules = self._positions.get(pos)
+        if not rules:
+            return tuple(int(n) for n in shape)
+        nd = len(shape)
+        out = [int(n) for n in shape]
+        for d, rule in rules.items():
+            i = d + nd if d < 0 else d
+            if 0 <= i < nd:
+                out[i] = bucket_size(out[i], rule)
+        return tuple(out)
+
+    def key(self, args: Sequence[Any]) -> tuple:
+        """The in-memory bucket key of a call (hashable): bucketed shapes, contiguity, dtypes, scalars."""
+        out: list[Any] = []
+        device = None
+        for pos, a in enumerate(args):
+            t = type(a)
+            if t in _SCALARS or t in _BY_VALUE:
+                out.append(a)
+            elif t is not float and is_tensor(a):
+                out.append((self._dims(pos, a.shape), _layout(a), a.dtype))
+                if device is None:
+                    device = a.get_device()
+            else:
+                out.append(t)
+        out.append(device)
+        return tuple(out)
+
+    def key_json(self, args: Sequence[Any]) -> list[Any]:
+        """The stored (JSON) form of the bucket key: like the default key's, with bucketed shapes and a
+        ``bucketed`` marker so a bucket's record never answers for an exact key or the reverse."""
+        out: list[Any] = []
+        for pos, a in enumerate(args):
+            t = type(a)
+            if t in _SCALARS:
+                out.append(a)
+            elif t is not float and t not in _BY_VALUE and is_tensor(a):
+                layout = _layout(a)
+                d: dict[str, Any] = {"shape": list(self._dims(pos, a.shape)), "dtype": _dtype_name(a.dtype),
+                                     "contiguous": layout == "contiguous"}
+                if layout != "contiguous":
+                    d["strides"] = list(layout)
+                out.append(d)
+            elif t in _BY_VALUE:
+                out.append({"value": a.item() if hasattr(a, "item") else _dtype_name(a), "type": t.__name__})
+            else:
+                out.append({"type": t.__name__})
+        return [{"bucketed": True}, *out]
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able description (for reports and identities)."""
+        return {str(k): {str(d): (r if isinstance(r, str) else list(r) if not callable(r) else getattr(
+            r, "__name__", "callable")) for d, r in dims.items()} for k, dims in self.rules.items()}
+
+
+def _layout(a: Any) -> Any:
+    """"contiguous", or the strides of a tensor that is not (those stay exact in the key)."""
+    shape = tuple(int(n) for n in a.shape)
+    strides = tuple(int(s) for s in a.stride())
+    acc = 1
+    for n, st in zip(reversed(shape), reversed(strides)):
+        if n > 1 and st != acc:
+            return strides
+        acc *= max(n, 1)
+    return "contiguous"

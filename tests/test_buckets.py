@@ -1,0 +1,123 @@
+"""Shape buckets (tiletune.buckets): rules, keys and their stored form."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tiletune.buckets import Buckets, bucket_size
+
+
+@pytest.mark.parametrize("n,rule,expected", [
+    (1, "pow2", 1), (3, "pow2", 4), (4, "pow2", 4), (300, "pow2", 512), (0, "pow2", 0),
+    (5, (16, 64, 256), 16), (16, (16, 64, 256), 16), (17, (16, 64, 256), 64), (300, (16, 64, 256), 300),
+    (10, lambda n: -(-n // 8) * 8, 16),
+])
+def test_bucket_size(n, rule, expected):
+    assert bucket_size(n, rule) == expected
+
+
+def test_a_rule_below_the_size_is_refused():
+    with pytest.raises(ValueError, match="below the size"):
+        bucket_size(10, lambda n: n - 1)
+
+
+@pytest.mark.parametrize("rules,error", [
+    ({}, ValueError), ({"x": {0: "pow3"}}, ValueError), ({"x": {0: [64, 16]}}, ValueError),
+    ({"x": {0: [0, 16]}}, ValueError), ({"x": {"0": "pow2"}}, TypeError), ({"x": {}}, ValueError),
+    ({1.5: {0: "pow2"}}, TypeError), ({"x": {0: [True, 4]}}, ValueError),
+])
+def test_bad_rules_are_refused_when_declared(rules, error):
+    with pytest.raises(error):
+        Buckets(rules)
+
+
+def test_unknown_argument_names_are_refused_at_resolve():
+    with pytest.raises(ValueError, match="'z' is not an argument"):
+        Buckets({"z": {0: "pow2"}}).resolve(["x", "y"])
+
+
+def test_keys_group_sizes_of_one_bucket():
+    b = Buckets({"x": {0: "pow2"}, 1: {-2: "pow2"}}).resolve(["x", "y", "eps"])
+    k300 = b.key((torch.empty(300, 64), torch.empty(300, 64), 1e-6))
+    k500 = b.key((torch.empty(500, 64), torch.empty(500, 64), 1e-5))
+    k600 = b.key((torch.empty(600, 64), torch.empty(600, 64), 1e-6))
+    assert k300 == k500 != k600
+    # other dims, dtypes and layouts stay exact
+    assert b.key((torch.empty(300, 32), torch.empty(300, 64), 1e-6)) != k300
+    assert b.key((torch.empty(300, 64, dtype=torch.float64), torch.empty(300, 64), 1e-6)) != k300
+    assert b.key((torch.empty(64, 300).t(), torch.empty(300, 64), 1e-6)) != k300
+    # a non-bucketed argument keeps its exact shape
+    assert Buckets({"x": {0: "pow2"}}).resolve(["x", "y"]).key((torch.empty(3, 2), torch.empty(3, 2))) != \
+        Buckets({"x": {0: "pow2"}}).resolve(["x", "y"]).key((torch.empty(3, 2), torch.empty(4, 2)))
+
+
+def test_stored_key_is_marked_and_bucketed():
+    b = Buckets({"x": {0: "pow2"}}).resolve(["x", "n"])
+    js = b.key_json((torch.empty(300, 64), 7))
+    assert js == [{"bucketed": True}, {"shape": [512, 64], "dtype": "float32", "contiguous": True}, 7]
+    strided = b.key_json((torch.empty(64, 300).t(), 7))[1]
+    assert strided["contiguous"] is False and strided["strides"] == [1, 300] and strided["shape"] == [512, 64]
+
+
+# ---------------------------------------------------------------------------------------------- on an op
+
+import tiletune as tt  # noqa: E402
+from tiletune.backends import FakeBackend  # noqa: E402
+from tiletune.store import TuningDB  # noqa: E402
+
+SPACE = tt.Space(TM=[32, 64, 128], baseline=dict(TM=64))
+
+
+def model(cfg) -> float:
+    return 100.0 - 0.2 * cfg.TM
+
+
+def double(x, y):
+    y.copy_(x * 2)
+
+
+def make_op(be, db=False, buckets=None):
+    @tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=db, backend=be, progress=False,
+                 buckets=buckets if buckets is not None else tt.Buckets({"x": {0: "pow2"}, "y": {0: "pow2"}}))
+    def op(cfg, x, y):
+        return tt.Launch(double, (cfg.TM,), (x, y))
+
+    return op
+
+
+def test_a_new_shape_in_a_tuned_bucket_reuses_its_winner():
+    be = FakeBackend(model, noise=0.0)
+    op = make_op(be)
+    for m, tunings in ((300, 1), (500, 1), (512, 1), (257, 1), (600, 2), (1024, 2), (2, 3)):
+        x = torch.randn(m, 4)
+        y = op(x, torch.empty(m, 4))
+        torch.testing.assert_close(y, x * 2)
+        assert op.tuning_count == tunings, m
+    assert all(c == SPACE.config(TM=128) for c, _, _ in be.launches[-3:])
+
+
+def test_buckets_are_shared_through_the_database(tmp_path):
+    db = TuningDB(tmp_path / "t.db")
+    make_op(FakeBackend(model, noise=0.0), db=db)(torch.randn(300, 4), torch.empty(300, 4))
+    op2 = make_op(FakeBackend(model, noise=0.0), db=db)
+    op2(torch.randn(400, 4), torch.empty(400, 4))
+    assert op2.tuning_count == 0
+    # an op without buckets does not take a bucket's record for its exact key
+    plain_be = FakeBackend(model, noise=0.0)
+
+    @tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=db, backend=plain_be, progress=False)
+    def op(cfg, x, y):
+        return tt.Launch(double, (cfg.TM,), (x, y))
+
+    op(torch.randn(512, 4), torch.empty(512, 4))
+    assert op.tuning_count == 1
+
+
+def test_buckets_and_key_function_do_not_combine():
+    with pytest.raises(ValueError, match="cannot be combined"):
+        tt.autotune(SPACE, key=lambda x, y: 1, buckets=tt.Buckets({"x": {0: "pow2"}}),
+                    backend=FakeBackend(model))(lambda cfg, x, y: None)
+    with pytest.raises(TypeError, match="tiletune.Buckets"):
+        tt.autotune(SPACE, buckets={"x": {0: "pow2"}}, backend=FakeBackend(model))(lambda cfg, x, y: None)
