@@ -121,3 +121,24 @@ def test_buckets_and_key_function_do_not_combine():
                     backend=FakeBackend(model))(lambda cfg, x, y: None)
     with pytest.raises(TypeError, match="tiletune.Buckets"):
         tt.autotune(SPACE, buckets={"x": {0: "pow2"}}, backend=FakeBackend(model))(lambda cfg, x, y: None)
+
+
+def test_library_families_bucket_their_row_dimensions():
+    pytest.importorskip("cuda.tile")
+    import inspect
+
+    from tiletune.kernels import gemm
+    from tiletune.kernels.cross_entropy_op import CE_GRAD, CE_LOSS
+    from tiletune.kernels.glu import GEGLU, SWIGLU
+    from tiletune.kernels.norms import LAYER_NORM, RMS_NORM, RMS_NORM_RESIDUAL
+    from tiletune.kernels.rope import ROPE
+    from tiletune.kernels.softmax_op import SOFTMAX
+
+    for fam in (RMS_NORM, RMS_NORM_RESIDUAL, LAYER_NORM, SOFTMAX, SWIGLU, GEGLU, ROPE, CE_LOSS, CE_GRAD):
+        params = list(inspect.signature(fam.plan).parameters)[1:]
+        fam.buckets.resolve(params)  # every named argument exists
+        assert all(rule == "pow2" for dims in fam.buckets.rules.values() for rule in dims.values())
+    assert ROPE.buckets.rules["q1"] == {1: "pow2"}
+    gemm.GEMM_BUCKETS.resolve(list(inspect.signature(gemm._plan).parameters)[1:])
+    # one Buckets object serves several ops: binding returns copies
+    assert gemm.gemm_into.buckets is not gemm.gemm_tf32_into.buckets

@@ -87,7 +87,8 @@ class Buckets:
         self._positions: dict[int, dict[int, Rule]] | None = None
 
     def resolve(self, params: Sequence[str]) -> "Buckets":
-        """Bind argument names to positions of a plan's parameters (after the config)."""
+        """A copy bound to the positions of a plan's parameters (after the config); one Buckets may
+        serve several ops."""
         out: dict[int, dict[int, Rule]] = {}
         for arg, dims in self.rules.items():
             if isinstance(arg, str):
@@ -97,8 +98,9 @@ class Buckets:
             else:
                 pos = arg
             out[pos] = dims
-        self._positions = out
-        return self
+        bound = Buckets.__new__(Buckets)
+        bound.rules, bound._positions = self.rules, out
+        return bound
 
     def _dims(self, pos: int, shape: Sequence[int]) -> tuple[int, ...]:
         assert self._positions is not None, "Buckets.resolve() first"

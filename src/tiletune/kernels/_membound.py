@@ -62,6 +62,14 @@ def sm_count(device_index: int) -> int:
     return int(_torch().cuda.get_device_properties(device_index).multi_processor_count)
 
 
+def rows_bucketed(*names: str, dim: int = 0) -> Any:
+    """Buckets of a row-wise family: dimension ``dim`` (rows, tokens) of each named argument rounded up
+    to a power of two, so a new token count inside a tuned bucket reuses its winner."""
+    from ..buckets import Buckets
+
+    return Buckets({n: {dim: "pow2"} for n in names})
+
+
 def persistent_grid(units: int, device_index: int, occupancy: int, frac: float = 1.0) -> tuple[int]:
     """``(min(units, max(1, round(num_SMs * occupancy * frac))),)``, at least one block."""
     blocks = max(1, int(round(sm_count(device_index) * int(occupancy) * float(frac))))
@@ -119,7 +127,7 @@ class OpFamily:
         name: op name in logs and the database (``"tiletune.rms_norm"``).
         space_for: ``space_for(regime) -> Space``.
         plan: the launch plan shared by every regime.
-        reference, writes, inplace, tolerance: as for :func:`tiletune.autotune`.
+        reference, writes, inplace, tolerance, buckets: as for :func:`tiletune.autotune`.
     """
 
     _overrides: dict[str, Any] = {}  # autotune keywords shared by every family: see configure
@@ -135,8 +143,10 @@ class OpFamily:
         writes: Sequence[str] = (),
         inplace: Sequence[str] = (),
         tolerance: dict[str, tuple[float, float]] | None = None,
+        buckets: Any = None,
     ) -> None:
         self.name = name
+        self.buckets = buckets
         self.space_for = space_for
         self.plan = plan
         self.reference = reference
@@ -162,6 +172,7 @@ class OpFamily:
                         inplace=list(self.inplace),
                         tolerance=self.tolerance,
                         name=self.name,
+                        buckets=self.buckets,
                         **kwargs,
                     )(self.plan)
                     self._ops[regime] = op

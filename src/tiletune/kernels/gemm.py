@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from ..backends.base import Launch
+from ..buckets import Buckets
 from ..fastcall import constant_tensor, custom_op_route, fast_op
 from ..dispatch import autotune
 from ..space import Space
@@ -132,13 +133,17 @@ def _fp8_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: 
     return out
 
 
-gemm_into = autotune(GEMM_SPACE, reference=_reference, writes=["c"], tolerance=_tolerance, name="tiletune.gemm")(_plan)
+#: M (dimension 1 of the 3-D operand ``a`` and of ``c``) is bucketed to a power of two: a new token count
+#: inside a tuned bucket reuses its winner
+GEMM_BUCKETS = Buckets({"a": {1: "pow2"}, "c": {1: "pow2"}})
+gemm_into = autotune(GEMM_SPACE, reference=_reference, writes=["c"], tolerance=_tolerance, name="tiletune.gemm",
+                     buckets=GEMM_BUCKETS)(_plan)
 gemm_into.__doc__ = "The bfloat16 / float16 GEMM op (:data:`GEMM_SPACE`); launch plan :func:`_plan`."
 gemm_tf32_into = autotune(GEMM_TF32_SPACE, reference=_reference, writes=["c"], tolerance=_tf32_tolerance,
-                          name="tiletune.gemm_tf32")(_plan)
+                          name="tiletune.gemm_tf32", buckets=GEMM_BUCKETS)(_plan)
 gemm_tf32_into.__doc__ = "The float32 (tf32) GEMM op (:data:`GEMM_TF32_SPACE`)."
 gemm_fp8_into = autotune(GEMM_FP8_SPACE, reference=_reference, writes=["c"], tolerance=_fp8_tolerance,
-                         name="tiletune.gemm_fp8")(_plan)
+                         name="tiletune.gemm_fp8", buckets=GEMM_BUCKETS)(_plan)
 gemm_fp8_into.__doc__ = "The float8_e4m3fn GEMM op with per-tensor scales (:data:`GEMM_FP8_SPACE`)."
 
 
