@@ -147,7 +147,7 @@ class Worker:
                     reply = {"ok": False, "fatal": True,
                              "error": f"{reply.get('error') or reply.get('reason')} (CUDA context lost: {dead})"}
             reply["id"] = rid
-            if os.environ.get("TILETUNE_WORKER_TRACE"):
+            if _trace_enabled():
                 sys.stderr.write(f"tiletune worker: {op} -> {str(reply)[:300]}\n")
             self.send(reply)
             if reply.get("fatal"):
@@ -300,6 +300,15 @@ class Worker:
             except Exception as exc:
                 return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return {"ok": True}
+
+
+def _trace_enabled() -> bool:
+    from .. import settings
+
+    try:
+        return settings.worker_trace()
+    except ValueError:  # the caller checked its environment; a bad value here only loses the trace
+        return False
 
 
 def main() -> None:
