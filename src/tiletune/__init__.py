@@ -20,11 +20,24 @@ from __future__ import annotations
 from .backends.base import Launch
 from .buckets import Buckets
 from .dispatch import TunedOp, autotune
-from .errors import AllCandidatesFailed, DatabaseError, NoBackendError, SpaceError, TiletuneError
+from .errors import (
+    AllCandidatesFailed,
+    DatabaseCorrupt,
+    DatabaseError,
+    DatabaseLocked,
+    DatabaseReadOnly,
+    DatabaseUnavailable,
+    DatabaseWarning,
+    ForeignDatabase,
+    NewerDatabase,
+    NoBackendError,
+    SpaceError,
+    TiletuneError,
+)
 from .records import DeviceInfo, Measurement, Status, TuneResult, TuningIdentity
 from .space import Config, PerArch, Space, per_arch
 from .stats import StoppingRule
-from .strategies import Budget
+from .strategies import Budget, Strategy, register
 from .store import TuningDB, default_db_path
 from .tuner import TunerOptions
 
@@ -35,16 +48,24 @@ __all__ = [
     "Buckets",
     "Budget",
     "Config",
+    "DatabaseCorrupt",
     "DatabaseError",
+    "DatabaseLocked",
+    "DatabaseReadOnly",
+    "DatabaseUnavailable",
+    "DatabaseWarning",
     "DeviceInfo",
+    "ForeignDatabase",
     "Launch",
     "Measurement",
+    "NewerDatabase",
     "NoBackendError",
     "PerArch",
     "Space",
     "SpaceError",
     "Status",
     "StoppingRule",
+    "Strategy",
     "TiletuneError",
     "TuneResult",
     "TunedOp",
@@ -54,5 +75,6 @@ __all__ = [
     "autotune",
     "default_db_path",
     "per_arch",
+    "register",
     "__version__",
 ]
