@@ -720,7 +720,9 @@ MORE_MALFORMED = {
                             "sessions[0].session_id: must be a non-empty string of at most 128 characters"),
     "session_id not a string": (_mutate("sessions.0.session_id", 7),
                                 "sessions[0].session_id: expected a string, got int"),
-    "created not finite": (_mutate("sessions.0.created", float("inf")), "sessions[0].created: must be finite"),
+    "created not finite": (_mutate("sessions.0.created", float("inf")),
+                           "sessions[0].created: expected a finite number, got Infinity "
+                           "(NaN and Infinity are not standard JSON)"),
     "median without winner": (lambda d: (d["sessions"][0].update(winner=None, winner_median_us=1.0), d)[1],
                               "sessions[0].winner_median_us: given without a winner"),
     "median as text": (_mutate("sessions.0.winner_median_us", "fast"),

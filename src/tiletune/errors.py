@@ -89,3 +89,63 @@ class AllCandidatesFailed(TiletuneError, RuntimeError):
             reason = m.reason.strip().splitlines()
             lines.append(f"  {dict(m.config)}: {m.status.value}: {reason[0][:160] if reason else ''}")
         super().__init__("\n".join(lines))
+
+
+class InvalidRecording(TiletuneError, ValueError):
+    """A recorded-space file (a tiletune recording, a Kernel Tuner cache file or a T4 results file)
+    cannot be read or is malformed; nothing was written.
+
+    The message is ``<file>: <field>: <problem>``, or ``<file>: <problem>`` when the problem is the
+    whole file (unreadable, too large, not UTF-8, not JSON, nested too deeply, not a known format).
+    ``field`` is a path into the document such as ``results[3].times.runtimes[2]`` or
+    ``cache["32,1"].times[2]``. The parts are kept as ``file``, ``field`` (or None) and ``problem``.
+    """
+
+    def __init__(self, file: str, problem: str, field: str | None = None) -> None:
+        super().__init__(f"{file}: {field}: {problem}" if field else f"{file}: {problem}")
+        self.file, self.problem, self.field = file, problem, field
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.file, self.problem, self.field))
+
+
+class InvalidImport(DatabaseError, ValueError):
+    """A ``tiletune db import`` file (a :meth:`~tiletune.store.TuningDB.export_json` document) cannot
+    be read or is malformed; the database is unchanged.
+
+    The message is ``import file <file>: <field>: <problem>``, or ``import file <file>: <problem>``
+    when the problem is the whole file; ``field`` is a path such as
+    ``sessions[0].measurements[1].samples_us[2]``. The parts are kept as ``file``, ``field`` (or
+    None) and ``problem``.
+    """
+
+    def __init__(self, file: str, problem: str, field: str | None = None) -> None:
+        super().__init__(f"import file {file}: {field}: {problem}" if field else f"import file {file}: {problem}")
+        self.file, self.problem, self.field = file, problem, field
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.file, self.problem, self.field))
+
+
+class OutputError(TiletuneError):
+    """An output file cannot be written: its folder is missing (it is not created), it is a folder,
+    it is the input file itself (also through a link), or the write failed. Nothing was written:
+    a file already at the path is unchanged. The message is ``cannot write <path>: <problem>``; the
+    parts are kept as ``path`` and ``problem``."""
+
+    _prefix = "cannot write"
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{self._prefix} {path}: {problem}")
+        self.path, self.problem = path, problem
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.problem))
+
+
+class ExportError(DatabaseError, OutputError):
+    """``tiletune db export`` cannot write its file (see :class:`OutputError`), or the database holds a
+    number standard JSON cannot represent (NaN or Infinity, never written by an import). Nothing was
+    written. The message is ``cannot write export file <path>: <problem>``."""
+
+    _prefix = "cannot write export file"

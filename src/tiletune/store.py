@@ -803,9 +803,24 @@ class TuningDB:
         """Write the matching sessions (identity, winner, measurements) as a JSON document.
 
         The document is ``{"format": "tiletune-db", "version": 1, "exported": <ISO time>,
-        "sessions": [...]}``. ``dest`` is a path (written atomically) or a text stream. Returns the
-        number of sessions written.
+        "sessions": [...]}``, standard JSON: a stored NaN or Infinity (an import never stores one)
+        raises :class:`~tiletune.errors.ExportError` naming the field, and nothing is written.
+        ``dest`` is a path or a text stream. A path is written atomically (a temporary file in its
+        folder, then :func:`os.replace`); its folder must exist (it is not created) and it may not be
+        the database file (:class:`~tiletune.errors.ExportError`). Returns the number of sessions
+        written.
         """
+        from .errors import ExportError
+        from .recordings import _io
+
+        to_stream = hasattr(dest, "write")
+        target = str(getattr(dest, "name", "<stream>")) if to_stream else os.fspath(dest)  # type: ignore[arg-type]
+        own_files = [] if self.path is None else [str(self.path) + s for s in ("", "-wal", "-shm")]
+        if not to_stream:
+            try:
+                _io.check_destination(target, own_files)
+            except _io.Problem as e:
+                raise ExportError(target, e.problem.replace("input file", "database file")) from None
         where, params = _where(kernel_id=kernel_id, name=name)
         with self._read() as conn:
             srows = conn.execute(
@@ -843,42 +858,47 @@ class TuningDB:
             "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "sessions": sessions,
         }
-        text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-        if hasattr(dest, "write"):
+        try:
+            text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
+        except ValueError:
+            field = _io.find_non_finite(doc) or "document"
+            raise ExportError(
+                target, f"{field}: the database holds a NaN or Infinity, which standard JSON cannot represent"
+            ) from None
+        if to_stream:
             dest.write(text)  # type: ignore[union-attr]
         else:
-            _atomic_write(pathlib.Path(os.fspath(dest)), text)  # type: ignore[arg-type]
+            _atomic_write(pathlib.Path(target), text, own_files)
         return len(sessions)
 
     def import_json(self, src: PathArg | IO[str]) -> int:
         """Read an export document and insert its sessions; returns how many were inserted.
 
-        The whole document is validated before anything is written (a malformed document raises
-        DatabaseError naming the problem and changes nothing). Sessions whose id is already present
-        are skipped, so importing the same file twice is harmless. An imported winner replaces the
-        stored one only if its session is newer.
+        The whole document is read (at most :data:`tiletune.recordings._io.MAX_FILE_BYTES`, JSON
+        nested at most :data:`~tiletune.recordings._io.MAX_DEPTH` deep, no NaN/Infinity, integers in
+        64 bits) and validated before anything is written; a malformed document raises
+        :class:`~tiletune.errors.InvalidImport` naming the file and the field, and changes nothing.
+        Times must be finite (samples and winner medians > 0 microseconds, compile seconds >= 0,
+        ``created`` >= 0); each session keeps its stored ``created`` time. The sessions are inserted in
+        one transaction. Sessions whose id is already present are skipped, so importing the same file
+        twice is harmless. An imported winner replaces the stored one only if its session is newer.
         """
+        from .errors import InvalidImport
+        from .recordings import _io
+
         if hasattr(src, "read"):
             origin = str(getattr(src, "name", "<stream>"))
-            try:
-                text = src.read()  # type: ignore[union-attr]
-            except OSError as e:
-                raise DatabaseError(f"import file {origin}: cannot read it: {e}") from e
         else:
             origin = os.fspath(src)  # type: ignore[arg-type]
-            try:
-                text = pathlib.Path(origin).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise DatabaseError(f"import file {origin}: cannot read it: {e}") from e
-        if isinstance(text, bytes):
-            try:
-                text = text.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DatabaseError(f"import file {origin}: not UTF-8 text: {e}") from e
         try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise DatabaseError(f"import file {origin}: not valid JSON: {e}") from e
+            if hasattr(src, "read"):
+                data = _io.read_stream(src)
+            else:
+                data = _io.read_bytes(origin)
+            text = _io.decode_text(data) if isinstance(data, bytes) else data
+            doc = _io.parse_json(text)
+        except _io.Problem as e:
+            raise InvalidImport(origin, e.problem, e.field) from None
         sessions = _parse_document(doc, origin)
         prepared = [(s.session_id, _session_rows(s)) for s in sessions]
         inserted = 0
@@ -1053,66 +1073,76 @@ def _measurement_from_row(row: sqlite3.Row) -> Measurement:
     )
 
 
-def _atomic_write(path: pathlib.Path, text: str) -> None:
+def _atomic_write(path: pathlib.Path, text: str, own_files: Sequence[str] = ()) -> None:
+    """Write an export file atomically (:func:`tiletune.recordings._io.write_atomic`)."""
+    from .errors import ExportError
+    from .recordings import _io
+
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent) or ".")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError as e:
-        raise DatabaseError(f"cannot write export file {path}: {e}") from e
+        _io.write_atomic(path, text.encode("utf-8"), own_files)
+    except _io.Problem as e:
+        raise ExportError(str(path), e.problem.replace("input file", "database file")) from None
 
 
 # ---------------------------------------------------------------------- import validation
 
 
 class _Invalid(Exception):
-    pass
+    """A problem of an import document: ``problem`` and ``field`` (None: the whole document)."""
+
+    def __init__(self, problem: str, field: str | None = None) -> None:
+        super().__init__(f"{field}: {problem}" if field else problem)
+        self.problem, self.field = problem, field
 
 
 def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d:
-        raise _Invalid(f"{where}: missing field {key!r}")
+        raise _Invalid(f"missing field {key!r}", where)
     return d[key]
 
 
 def _as_str(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise _Invalid(f"{where}: expected a string, got {type(value).__name__}")
+        raise _Invalid(f"expected a string, got {type(value).__name__}", where)
     return value
 
 
-def _as_int(value: Any, where: str) -> int:
+def _as_int(value: Any, where: str, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _Invalid(f"{where}: expected an integer, got {type(value).__name__}")
+        raise _Invalid(f"expected an integer, got {type(value).__name__}", where)
+    if value < low:
+        raise _Invalid(f"expected an integer >= {low}, got {value}", where)
     return value
 
 
-def _as_number(value: Any, where: str) -> float:
+def _as_number(value: Any, where: str, *, positive: bool = False) -> float:
+    """A finite number >= 0 (> 0 when ``positive``); booleans are refused."""
+    from .recordings._io import show
+
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid(f"{where}: expected a number, got {type(value).__name__}")
-    return float(value)
+        raise _Invalid(f"expected a number, got {type(value).__name__}", where)
+    x = float(value)
+    if not math.isfinite(x) or (x <= 0 if positive else x < 0):
+        raise _Invalid(f"expected a finite {'positive' if positive else 'non-negative'} number, got {show(value)}", where)
+    return x
 
 
 def _as_dict(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _Invalid(f"{where}: expected an object, got {type(value).__name__}")
+        raise _Invalid(f"expected an object, got {type(value).__name__}", where)
     return value
 
 
 def _as_list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
-        raise _Invalid(f"{where}: expected a list, got {type(value).__name__}")
+        raise _Invalid(f"expected a list, got {type(value).__name__}", where)
     return value
 
 
 def _parse_document(doc: Any, origin: str) -> list[_Session]:
-    """Validate a whole export document; raise DatabaseError naming the first problem."""
+    """Validate a whole export document; raise InvalidImport naming the file and the first problem."""
+    from .errors import InvalidImport
+
     try:
         top = _as_dict(doc, "document")
         fmt = _need(top, "format", "document")
@@ -1124,17 +1154,15 @@ def _parse_document(doc: Any, origin: str) -> list[_Session]:
         raw_sessions = _as_list(_need(top, "sessions", "document"), "sessions")
         return [_parse_session(s, f"sessions[{i}]") for i, s in enumerate(raw_sessions)]
     except _Invalid as e:
-        raise DatabaseError(f"import file {origin}: {e}") from None
+        raise InvalidImport(origin, e.problem, e.field) from None
 
 
 def _parse_session(raw: Any, where: str) -> _Session:
     s = _as_dict(raw, where)
     session_id = _as_str(_need(s, "session_id", where), f"{where}.session_id")
     if not session_id or len(session_id) > 128:
-        raise _Invalid(f"{where}.session_id: must be a non-empty string of at most 128 characters")
+        raise _Invalid("must be a non-empty string of at most 128 characters", f"{where}.session_id")
     created = _as_number(_need(s, "created", where), f"{where}.created")
-    if not math.isfinite(created):
-        raise _Invalid(f"{where}.created: must be finite")
     ident_where = f"{where}.identity"
     ident = _as_dict(_need(s, "identity", where), ident_where)
     dev_where = f"{ident_where}.device"
@@ -1156,12 +1184,12 @@ def _parse_session(raw: Any, where: str) -> _Session:
     raw_median = s.get("winner_median_us")
     if winner is None:
         if raw_median is not None:
-            raise _Invalid(f"{where}.winner_median_us: given without a winner")
+            raise _Invalid("given without a winner", f"{where}.winner_median_us")
         median = None
     else:
         if raw_median is None:
-            raise _Invalid(f"{where}.winner_median_us: missing for the winner")
-        median = _as_number(raw_median, f"{where}.winner_median_us")
+            raise _Invalid("missing for the winner", f"{where}.winner_median_us")
+        median = _as_number(raw_median, f"{where}.winner_median_us", positive=True)
     tied = tuple(
         _as_config(t, f"{where}.tied[{j}]") for j, t in enumerate(_as_list(_need(s, "tied", where), f"{where}.tied"))
     )
@@ -1173,10 +1201,13 @@ def _parse_session(raw: Any, where: str) -> _Session:
 
 
 def _as_config(value: Any, where: str) -> dict[str, Any]:
+    """A configuration: an object of strings, finite numbers, booleans and nulls."""
+    from .recordings._io import is_number, join
+
     config = _as_dict(value, where)
-    for k in config:
-        if not isinstance(k, str):  # pragma: no cover - JSON object keys are always strings
-            raise _Invalid(f"{where}: parameter names must be strings")
+    for k, v in config.items():
+        if not (v is None or isinstance(v, (str, bool)) or is_number(v)):
+            raise _Invalid(f"expected a number, string, boolean or null, got {type(v).__name__}", join(where, k))
     return config
 
 
@@ -1188,10 +1219,10 @@ def _parse_measurement(raw: Any, where: str) -> Measurement:
     config = _as_config(_need(m, "config", where), f"{where}.config")
     status_text = _as_str(_need(m, "status", where), f"{where}.status")
     if status_text not in _STATUSES:
-        raise _Invalid(f"{where}.status: {status_text!r} is not one of {sorted(_STATUSES)}")
+        raise _Invalid(f"{status_text!r} is not one of {sorted(_STATUSES)}", f"{where}.status")
     reason = _as_str(_need(m, "reason", where), f"{where}.reason")
     samples = tuple(
-        _as_number(x, f"{where}.samples_us[{k}]")
+        _as_number(x, f"{where}.samples_us[{k}]", positive=True)
         for k, x in enumerate(_as_list(_need(m, "samples_us", where), f"{where}.samples_us"))
     )
     raw_compile = _need(m, "compile_s", where)
@@ -1199,7 +1230,7 @@ def _parse_measurement(raw: Any, where: str) -> Measurement:
     order = _as_int(_need(m, "order", where), f"{where}.order")
     is_baseline = _need(m, "is_baseline", where)
     if not isinstance(is_baseline, bool):
-        raise _Invalid(f"{where}.is_baseline: expected true or false, got {type(is_baseline).__name__}")
+        raise _Invalid(f"expected true or false, got {type(is_baseline).__name__}", f"{where}.is_baseline")
     return Measurement(
         config=config,
         status=_STATUSES[status_text],

@@ -18,14 +18,19 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import TiletuneError
-from ..records import DeviceInfo, Measurement, canonical_json, stable_hash
+from ..errors import InvalidRecording, OutputError, TiletuneError
+from ..records import DeviceInfo, Measurement, Status, canonical_json, stable_hash
 from ..space import Config, Space
-from ._io import read_json
+from . import _io
+from ._io import (
+    Problem, as_config, as_int, as_list, as_object, as_scalar, as_str, as_time, as_times, join, need, opt_str,
+)
 
 FORMAT = "tiletune-recording"
 
-__all__ = ["FORMAT", "RecordedConfigs", "Recording", "load_any", "save_recording"]
+__all__ = ["FORMAT", "RecordedConfigs", "Recording", "import_recording", "load_any", "save_recording"]
+
+_STATUSES = {s.value: s for s in Status}
 
 
 def save_recording(
@@ -38,12 +43,23 @@ def save_recording(
     measurements: Sequence[Measurement],
     space: Mapping[str, Any] | None = None,
     note: str = "",
+    recorded: str | None = None,
+    sources: Sequence[str | os.PathLike] = (),
 ) -> Path:
-    """Write a recording (gzip-compressed when the path ends in ``.gz``)."""
+    """Write a recording (gzip-compressed when the path ends in ``.gz``).
+
+    ``recorded`` is when the measurements were taken (an importer passes the source's date; None:
+    now, as ``YYYY-MM-DDTHH:MM:SSZ``). The document is validated as :class:`Recording` validates a
+    file before anything is written, and written as standard JSON (no NaN or Infinity) atomically
+    (a temporary file in the destination's folder, then :func:`os.replace`). The destination's folder
+    must exist and the destination may not be one of ``sources`` (the files it was made from).
+    Raises :class:`~tiletune.errors.OutputError` naming the destination (and the field of a value
+    that cannot be written); nothing is written then.
+    """
     doc = {
         "format": FORMAT,
         "version": 1,
-        "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) if recorded is None else recorded,
         "name": name,
         "key": key,
         "device": device.as_dict(),
@@ -53,56 +69,135 @@ def save_recording(
         "measurements": [_compact(m) for m in measurements],
     }
     p = Path(path)
-    text = json.dumps(doc, separators=(",", ":"))
-    if p.suffix == ".gz":
-        p.write_bytes(gzip.compress(text.encode(), mtime=0))
-    else:
-        p.write_text(text)
+    try:
+        _io.check_destination(p, sources)
+        _validate(doc)
+        text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+        data = text.encode()
+        if p.suffix == ".gz":
+            data = gzip.compress(data, mtime=0)
+        _io.write_atomic(p, data, sources)
+    except Problem as exc:
+        raise OutputError(str(p), str(exc)) from None
+    except ValueError:  # NaN or Infinity in a free-form field (key, space): standard JSON has neither
+        where = _io.find_non_finite(doc) or "document"
+        raise OutputError(str(p), f"{where}: standard JSON cannot represent NaN or Infinity") from None
+    except TypeError as exc:  # a value JSON cannot hold
+        raise OutputError(str(p), f"not JSON-serialisable: {exc}") from None
     return p
+
+
+def _round_positive(x: float, digits: int) -> float:
+    r = round(x, digits)
+    return r if r > 0 else x
 
 
 def _compact(m: Measurement) -> dict[str, Any]:
     d = m.as_dict()
-    d["samples_us"] = [round(x, 3) for x in m.samples_us]
+    d["samples_us"] = [_round_positive(x, 3) for x in m.samples_us]
     if d["compile_s"] is not None:
         d["compile_s"] = round(d["compile_s"], 4)
     return d
 
 
+def _validate(doc: Any) -> dict[str, Any]:
+    """The checked fields of a recording document (raises :class:`Problem` naming the field)."""
+    if not isinstance(doc, Mapping):
+        raise Problem(f"expected an object, got {_io.show(doc)}", "document")
+    fmt, version = doc.get("format"), doc.get("version")
+    if fmt != FORMAT or isinstance(version, bool) or version != 1:
+        raise Problem(f"not a tiletune recording (format {fmt!r}, version {version!r}; "
+                      f"this tiletune reads format {FORMAT!r} version 1)")
+    dev = as_object(need(doc, "device", "document"), "device")
+    device = DeviceInfo(
+        name=as_str(need(dev, "name", "device"), "device.name"),
+        arch=as_str(need(dev, "arch", "device"), "device.arch"),
+        sm_count=as_int(need(dev, "sm_count", "device"), "device.sm_count"),
+    )
+    versions = dict(as_object(doc.get("versions", {}), "versions"))
+    for k, v in versions.items():
+        as_scalar(v, join("versions", k))
+    space = dict(as_object(doc.get("space", {}), "space"))
+    if "params" in space:
+        pwhere = "space.params"
+        for k, vs in as_object(space["params"], pwhere).items():
+            vwhere = join(pwhere, k)
+            for i, v in enumerate(as_list(vs, vwhere, nonempty=True, what="list of values")):
+                as_scalar(v, join(vwhere, i))
+    measurements = [
+        _measurement(m, f"measurements[{i}]")
+        for i, m in enumerate(as_list(need(doc, "measurements", "document"), "measurements"))
+    ]
+    return {
+        "name": opt_str(doc, "name", "", ""),
+        "key": doc.get("key"),
+        "device": device,
+        "versions": versions,
+        "recorded": opt_str(doc, "recorded", "", ""),
+        "note": opt_str(doc, "note", "", ""),
+        "space": space,
+        "measurements": measurements,
+    }
+
+
+def _measurement(raw: Any, where: str) -> Measurement:
+    m = as_object(raw, where)
+    config = as_config(need(m, "config", where), join(where, "config"))
+    status = as_str(need(m, "status", where), join(where, "status"))
+    if status not in _STATUSES:
+        raise Problem(f"{_io.show(status)} is not one of {', '.join(sorted(_STATUSES))}", join(where, "status"))
+    swhere = join(where, "samples_us")
+    samples = tuple(as_times(m.get("samples_us", []), swhere, limit=_io.MAX_TIME_US))
+    compile_s = m.get("compile_s")
+    if compile_s is not None:
+        compile_s = as_time(compile_s, join(where, "compile_s"), limit=_io.MAX_TIME_US / 1e6, positive=False)
+    baseline = m.get("is_baseline", False)
+    if not isinstance(baseline, bool):
+        raise Problem(f"expected true or false, got {_io.show(baseline)}", join(where, "is_baseline"))
+    return Measurement(
+        config=config,
+        status=_STATUSES[status],
+        reason=opt_str(m, "reason", where, ""),
+        samples_us=samples,
+        compile_s=compile_s,
+        order=as_int(m.get("order", 0), join(where, "order")),
+        is_baseline=baseline,
+    )
+
+
 class Recording:
-    """A loaded recording: configs -> recorded measurement."""
+    """A loaded recording: configs -> recorded measurement.
+
+    Every field is validated: a malformed document raises :class:`~tiletune.errors.InvalidRecording`
+    naming ``source`` and the field (``measurements[3].samples_us[2]: expected a finite positive
+    number, got "abc"``). Samples must be microseconds > 0, compile times seconds >= 0 or null,
+    ``order`` and ``device.sm_count`` integers >= 0, configs objects of strings, numbers, booleans
+    and nulls; ``recorded`` (when the measurements were taken) is kept as written.
+    """
 
     def __init__(self, doc: Mapping[str, Any], source: str = "<memory>") -> None:
-        if not isinstance(doc, Mapping) or doc.get("format") != FORMAT or doc.get("version") != 1:
-            fmt = doc.get("format") if isinstance(doc, Mapping) else type(doc).__name__
-            raise TiletuneError(f"{source}: not a tiletune recording (format {fmt!r}, version 1 expected)")
         try:
-            self._load(doc, source)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TiletuneError(f"{source}: malformed tiletune recording: {type(exc).__name__}: {exc}") from exc
-
-    def _load(self, doc: Mapping[str, Any], source: str) -> None:
+            checked = _validate(doc)
+        except Problem as p:
+            raise InvalidRecording(source, p.problem, p.field) from None
         self.source = source
-        self.name = str(doc.get("name", ""))
-        self.key = doc.get("key")
-        self.device = DeviceInfo.from_dict(doc["device"])
-        self.versions = dict(doc.get("versions", {}))
-        self.recorded = str(doc.get("recorded", ""))
-        self.note = str(doc.get("note", ""))
-        self.space = dict(doc.get("space", {}))
-        self.measurements = [Measurement.from_dict(m) for m in doc["measurements"]]
+        self.name: str = checked["name"]
+        self.key = checked["key"]
+        self.device: DeviceInfo = checked["device"]
+        self.versions: dict[str, Any] = checked["versions"]
+        self.recorded: str = checked["recorded"]
+        self.note: str = checked["note"]
+        self.space: dict[str, Any] = checked["space"]
+        self.measurements: list[Measurement] = checked["measurements"]
         self._by_config = {canonical_json(dict(m.config)): m for m in self.measurements}
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Recording":
-        """Read a recording file (plain or gzip JSON)."""
-        raw = Path(path).read_bytes()
+        """Read a recording file (plain or gzip JSON, within the limits of :mod:`._io`)."""
         try:
-            if raw[:2] == b"\x1f\x8b":
-                raw = gzip.decompress(raw)
-            doc = json.loads(raw)
-        except (OSError, ValueError, EOFError) as exc:
-            raise TiletuneError(f"{path}: not a tiletune recording ({type(exc).__name__}: {exc})") from exc
+            doc = _io.read_json(path)
+        except Problem as p:
+            raise InvalidRecording(str(path), p.problem, p.field) from None
         return Recording(doc, str(path))
 
     def get(self, config: Config | Mapping[str, Any]) -> Measurement | None:
@@ -148,8 +243,8 @@ class Recording:
         ``False`` none, or a dict of values.
         """
         params = self.param_values
-        if not params:
-            raise TiletuneError(f"{self.source}: the recording has no configs to build a space from")
+        if not params or not self.measurements:
+            raise InvalidRecording(self.source, "the recording has no configs to build a space from")
         names = list(params)
         recorded = RecordedConfigs(names, [m.config for m in self.measurements])
         base: Mapping[str, Any] | None = None
@@ -161,7 +256,7 @@ class Recording:
         try:
             return Space(constraints={"recorded": recorded}, baseline=base, **params)
         except TiletuneError as exc:
-            raise TiletuneError(f"{self.source}: cannot build a tiletune Space from the recording: {exc}") from exc
+            raise InvalidRecording(self.source, f"cannot build a tiletune Space from the recording: {exc}") from exc
 
     # ------------------------------------------------------------------ importers
     @classmethod
@@ -216,18 +311,50 @@ def load_any(path: str | os.PathLike, *, arch: str = "unknown", device: str = "u
     """Load a tiletune recording, a Kernel Tuner cache file or a T4 results file (sniffed).
 
     ``arch`` (both importers) and ``device`` (T4, which names no device) describe where an
-    imported file was measured; a tiletune recording carries its own.
+    imported file was measured; a tiletune recording carries its own. The file is read once, within
+    the limits of :mod:`tiletune.recordings._io`; any problem raises
+    :class:`~tiletune.errors.InvalidRecording` naming the file and the field.
     """
     from . import kernel_tuner, t4
 
-    doc = read_json(path, allow_open_kt_cache=True)
-    if isinstance(doc, Mapping):
-        if doc.get("format") == FORMAT:
-            return Recording(doc, str(path))
-        if kernel_tuner.is_cache(doc):
-            return Recording.from_kernel_tuner_cache(path, arch=arch)
-        if t4.is_results(doc):
-            return Recording.from_t4(path, arch=arch, device=device)
-    raise TiletuneError(
-        f"{path}: not a tiletune recording, a Kernel Tuner cache file or a T4 results file"
-    )
+    try:
+        doc = _io.read_json(path, allow_open_kt_cache=True)
+    except Problem as p:
+        raise InvalidRecording(str(path), p.problem, p.field) from None
+    if not isinstance(doc, Mapping):
+        raise InvalidRecording(str(path), f"expected an object, got {_io.show(doc)}", "document")
+    if "format" in doc:
+        return Recording(doc, str(path))
+    if kernel_tuner.is_cache(doc):
+        return Recording(kernel_tuner.cache_document(doc, path, arch=arch), str(path))
+    if t4.is_results(doc):
+        return Recording(t4.results_document(doc, path, arch=arch, device=device), str(path))
+    raise InvalidRecording(str(path), "not a tiletune recording, a Kernel Tuner cache file or a T4 results file")
+
+
+def import_recording(
+    src: str | os.PathLike,
+    dest: str | os.PathLike,
+    *,
+    arch: str = "unknown",
+    device: str = "unknown",
+) -> Recording:
+    """Convert a recorded space (:func:`load_any`) to a tiletune recording at ``dest``; return it.
+
+    What ``tiletune recording import`` does. The destination is checked first (its folder must
+    exist; it may not be ``src``, also through a link: :class:`~tiletune.errors.OutputError`), then
+    the source is read and validated completely and must make a space
+    (:class:`~tiletune.errors.InvalidRecording`), and only then is ``dest`` written, atomically. The
+    source's date (``recorded``: a tiletune recording's own, the first timestamp of a Kernel Tuner
+    cache or T4 file, ``"unknown"`` without one) is kept.
+    """
+    try:
+        _io.check_destination(dest, [src])
+    except Problem as p:
+        raise OutputError(str(dest), p.problem) from None
+    rec = load_any(src, arch=arch, device=device)
+    rec.space_from_params()  # it must make a space
+    save_recording(dest, name=rec.name, key=rec.key, device=rec.device, versions=rec.versions,
+                   measurements=rec.measurements, space=rec.space, note=rec.note, recorded=rec.recorded,
+                   sources=[src])
+    return rec
