@@ -550,3 +550,22 @@ def test_strategy_names_is_a_live_view(custom_strategy):
     STRATEGIES.pop("hostile-mine")
     assert "hostile-mine" not in STRATEGY_NAMES
     register("hostile-mine")(custom_strategy)
+
+
+def test_recording_import_keeps_the_date_and_never_overwrites_its_source(tmp_path):
+    import gzip
+    import json
+
+    src = Path(__file__).parent / "data" / "synthetic_gemm.json.gz"
+    recorded = json.loads(gzip.open(src).read())["recorded"]
+    dest = tmp_path / "copy.json"
+    r = run("recording", "import", str(src), str(dest))
+    assert r.exit_code == 0, r.output
+    assert json.loads(dest.read_text())["recorded"] == recorded
+    # the destination is the source, through a link: refused, the source unchanged
+    link = tmp_path / "link.json"
+    link.symlink_to(dest)
+    before = digest(dest)
+    r = run("recording", "import", str(dest), str(link))
+    one_error(r, 2, re.compile(r"cannot write .*link\.json: it is the input file"))
+    assert digest(dest) == before

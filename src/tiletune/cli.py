@@ -373,15 +373,14 @@ def recording_import(
     device: Optional[str] = typer.Option(None, help="Device name for T4 files (they do not name it)."),
 ) -> None:
     """Convert a public recorded space to a tiletune recording (replayable, searchable)."""
-    from .recordings import Recording, load_any, save_recording
+    from .recordings import import_recording
 
     _check_out_file(dest, "DEST")
-    rec = load_any(src, arch=arch, device=device or "unknown")
-    save_recording(dest, name=rec.name, key=rec.key, device=rec.device, versions=rec.versions,
-                   measurements=rec.measurements, space=rec.space, note=rec.note)
+    # checks the destination (never the source, also through a link), validates the whole source and
+    # that it makes a space, keeps its date, then writes atomically
+    rec = import_recording(src, dest, arch=arch, device=device or "unknown")
     ok = sum(1 for m in rec.measurements if not m.status.failed)
     console.print(safe(f"{dest}: {len(rec.measurements)} configs ({ok} ok) over {', '.join(rec.param_values)}"))
-    Recording.load(dest).space_from_params()  # it must make a space
 
 
 # ---------------------------------------------------------------------------------------- db
