@@ -38,7 +38,6 @@ import os
 import pathlib
 import sqlite3
 import stat
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -214,11 +213,14 @@ def default_db_path() -> pathlib.Path:
     ``$XDG_CACHE_HOME/tiletune/tuning.db``, then ``~/.cache/tiletune/tuning.db``. Empty variables
     count as unset.
     """
+    from . import settings
+
+    db, cache = settings.db_path(), settings.cache_dir()
+    if db:
+        return pathlib.Path(db).expanduser()
+    if cache:
+        return pathlib.Path(cache).expanduser() / "tuning.db"
     env = os.environ
-    if env.get("TILETUNE_DB"):
-        return pathlib.Path(env["TILETUNE_DB"]).expanduser()
-    if env.get("TILETUNE_CACHE_DIR"):
-        return pathlib.Path(env["TILETUNE_CACHE_DIR"]).expanduser() / "tuning.db"
     if env.get("XDG_CACHE_HOME"):
         return pathlib.Path(env["XDG_CACHE_HOME"]).expanduser() / "tiletune" / "tuning.db"
     return pathlib.Path.home() / ".cache" / "tiletune" / "tuning.db"
