@@ -432,23 +432,44 @@ def db_list(
 
 @db_app.command("export")
 def db_export(
-    dest: Path = typer.Argument(..., help="The JSON file to write (replaced if it exists)."),
+    dest: Path = typer.Argument(..., help="The JSON file to write (replaced if it exists; .gz for gzip with --table)."),
     path: Optional[Path] = typer.Option(None, help=_PATH_HELP),
     name: Optional[str] = typer.Option(None, help="Only the sessions of the op with this name."),
+    table: bool = typer.Option(False, "--table", help="Write a tuning table (winners only, one device and one "
+                               "set of versions), for 'tiletune db import --table' on other machines."),
 ) -> None:
-    """Write sessions (measurements, winners) as JSON."""
+    """Write sessions (measurements, winners) as JSON, or the winners as a tuning table."""
     _check_out_file(dest, "DEST")
-    n = _open_db(path, must_exist=True).export_json(dest, name=name)
+    db = _open_db(path, must_exist=True)
+    if table:
+        from .tables import TuningTable
+
+        t = TuningTable.from_db(db, name=name)
+        t.save(dest)
+        console.print(safe(f"wrote a tuning table of {len(t)} winner(s) for {t.device.name} ({t.device.arch}) "
+                           f"to {dest}"))
+        return
+    n = db.export_json(dest, name=name)
     console.print(safe(f"exported {n} session(s) to {dest}"))
 
 
 @db_app.command("import")
 def db_import(
     src: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True,
-                               help="A JSON export written by 'tiletune db export'."),
+                               help="A JSON export written by 'tiletune db export' (with --table: a tuning table)."),
     path: Optional[Path] = typer.Option(None, help=_PATH_HELP + " Created if missing."),
+    table: bool = typer.Option(False, "--table", help="Install a tuning table: validated, then copied into the "
+                               "user's table folder, consulted after the database on the device it was made for."),
 ) -> None:
-    """Read sessions from a JSON export (sessions already present are skipped)."""
+    """Read sessions from a JSON export (sessions already present are skipped), or install a tuning table."""
+    if table:
+        from .tables import TuningTable, install
+
+        dest = install(src)
+        t = TuningTable.load(dest)
+        console.print(safe(f"installed a tuning table of {len(t)} winner(s) for {t.device.name} ({t.device.arch}) "
+                           f"as {dest}"))
+        return
     n = _open_db(path, must_exist=False).import_json(src)
     console.print(safe(f"imported {n} new session(s) from {src}"))
 

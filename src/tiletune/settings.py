@@ -44,6 +44,8 @@ TILETUNE_WORKER_TRACE            bool      false      Workers trace every reques
                                                       log folder is kept.
 TILETUNE_DEBUG                   bool      false      The ``tiletune`` command shows full tracebacks (same
                                                       as ``--debug``).
+TILETUNE_TABLES                  bool      true       Consult tuning tables (the user's, then those shipped
+                                                      with tiletune) for keys the database does not hold.
 TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
@@ -78,6 +80,7 @@ __all__ = [
     "prewarm",
     "worker_prestart",
     "worker_start_timeout_s",
+    "tables_enabled",
     "watchdog_s",
     "watchdog_factor",
     "worker_trace",
@@ -117,6 +120,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_WATCHDOG_FACTOR", "factor", 20.0, "worker request deadline factor"),
         Variable("TILETUNE_WORKER_TRACE", "bool", False, "trace worker requests, keep worker logs"),
         Variable("TILETUNE_DEBUG", "bool", False, "full tracebacks from the command line"),
+        Variable("TILETUNE_TABLES", "bool", True, "consult the user's and the shipped tuning tables"),
         Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
@@ -253,6 +257,11 @@ def debug() -> bool:
     return flag("TILETUNE_DEBUG", False)
 
 
+def tables_enabled() -> bool:
+    """``TILETUNE_TABLES`` (default true)."""
+    return flag("TILETUNE_TABLES", True)
+
+
 def in_worker() -> bool:
     """``TILETUNE_IN_WORKER`` (default false; set by tiletune in its worker processes)."""
     return flag("TILETUNE_IN_WORKER", False)
@@ -273,6 +282,7 @@ _CHECKS = {
     "TILETUNE_WORKER_TRACE": worker_trace,
     "TILETUNE_DEBUG": debug,
     "TILETUNE_IN_WORKER": in_worker,
+    "TILETUNE_TABLES": tables_enabled,
 }
 
 

@@ -212,30 +212,52 @@ def lookup(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev
     """The database's config for this key, or None: no lease, no waiting, no tuning (what a call made
     during CUDA graph capture may do)."""
     db = op.db
-    if db is None:
-        return None
     plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
     identity = make_identity(op, args, key, backend, dev, arch, plans)
-    try:
-        record = db.lookup(identity)
-    except DatabaseError as exc:
-        database_failed(op, db, exc)
+    record = None
+    if db is not None:
+        try:
+            record = db.lookup(identity)
+        except DatabaseError as exc:
+            database_failed(op, db, exc)
+    cfg = _config_from_record(op, record.config, arch) if record is not None else None
+    return cfg if cfg is not None else _from_table(op, identity, arch)
+
+
+def _from_table(op: "TunedOp", identity: TuningIdentity, arch: str) -> Config | None:
+    """The config a tuning table (the user's, then the shipped ones) holds for exactly this identity."""
+    from . import tables
+
+    hit = tables.lookup(identity)
+    if hit is None:
         return None
-    return _config_from_record(op, record.config, arch) if record is not None else None
+    entry, table = hit
+    cfg = _config_from_record(op, entry.config, arch)
+    if cfg is not None:
+        logger.info("%s: tuning table %s -> %s", op.name, table.source, cfg)
+    return cfg
 
 
 def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Resolution:
-    """The config this op uses for ``key``: from the database, from another process's session, or tuned."""
+    """The config this op uses for ``key``: from the database, a tuning table, another process's
+    session, or tuned."""
     plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
     identity = make_identity(op, args, key, backend, dev, arch, plans)
     db = op.db
     if db is None:
+        cfg = _from_table(op, identity, arch)
+        if cfg is not None:
+            return Resolution(cfg, launched=False)
         return _tuned(op, args, identity, backend, dev, arch, plans, None)
     from .leases import acquire_lease, lease_holder, wait_for_winner
 
     lease = None
     try:
         record = db.lookup(identity)
+        if record is None:  # the user's database first, then the tables, then tuning
+            cfg = _from_table(op, identity, arch)
+            if cfg is not None:
+                return Resolution(cfg, launched=False)
         # a read-only database: its record or tune here, without a lease (nothing would be stored)
         while record is None and _writable(op, db) and op.db is db:
             lease = acquire_lease(db, identity)
