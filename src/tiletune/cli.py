@@ -21,7 +21,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, List, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -309,6 +309,57 @@ def demo(
 
 
 # ---------------------------------------------------------------------------------------- strategies
+
+
+@app.command("tune")
+def tune_cmd(
+    ops: Optional[List[str]] = typer.Argument(None, help="Library ops to tune over LLM shapes (rms_norm, matmul, "
+                                              "attention, ...; 'all' for every one). Not with --spec."),
+    spec: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, readable=True,
+                                        help="A JSON (or TOML) file of calls: {\"calls\": [{\"op\": \"pkg.mod:fn\", "
+                                             "\"args\": [...], \"kwargs\": {...}}]} (see tiletune.fill)."),
+    tokens: str = typer.Option("1,8,128", help="Comma-separated token counts (rows) for the library ops."),
+    hidden: int = typer.Option(4096, min=1, help="Hidden size of the library ops' shapes."),
+    intermediate: int = typer.Option(14336, min=1, help="MLP size (swiglu/geglu take 2x this)."),
+    heads: int = typer.Option(32, min=1, help="Query heads (rope, attention)."),
+    kv_heads: int = typer.Option(8, min=1, help="Key/value heads (rope, attention)."),
+    head_dim: int = typer.Option(128, min=1, help="Head dimension (rope, attention)."),
+    vocab: int = typer.Option(32000, min=2, help="Vocabulary (cross_entropy)."),
+    dtype: str = typer.Option("bfloat16", help="Dtype of the library ops' tensors."),
+    device: str = typer.Option("cuda", help="Where tensors are made."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-call report as JSON here."),
+) -> None:
+    """Tune many calls in one go (warm a machine before serving); re-running skips what is stored."""
+    from .fill import LLM_OPS, llm_calls, load_spec, run_calls
+
+    if spec is not None and ops:
+        _fail("give library ops or --spec, not both")
+    if spec is None and not ops:
+        _fail("nothing to tune", hint=f"name library ops ({', '.join(LLM_OPS)} or all) or pass --spec FILE")
+    if json_out is not None:
+        _check_out_file(json_out, "--json")
+    if spec is not None:
+        calls = load_spec(spec)
+    else:
+        names = list(LLM_OPS) if ops == ["all"] else list(ops or [])
+        bad = [o for o in names if o not in LLM_OPS]
+        if bad:
+            _fail(f"unknown library op(s) {', '.join(map(repr, bad))}", hint=f"choose from {', '.join(LLM_OPS)}")
+        try:
+            counts = [int(t) for t in tokens.split(",") if t.strip()]
+        except ValueError:
+            _fail(f"--tokens {tokens!r}: expected comma-separated integers, e.g. 1,8,128")
+        if not counts or min(counts) < 1:
+            _fail(f"--tokens {tokens!r}: expected token counts >= 1")
+        calls = llm_calls(names, counts, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads,
+                          head_dim=head_dim, vocab=vocab, dtype=dtype)
+    report = run_calls(calls, device=device, on_row=lambda r: console.print(safe(
+        f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))
+    if json_out is not None:
+        json_out.write_text(json.dumps(report.as_dict(), indent=1, allow_nan=False) + "\n")
+    console.print(safe(f"{len(report.rows) - report.failed} of {len(report.rows)} call(s) tuned or found"))
+    if report.failed:
+        _fail(f"{report.failed} call(s) failed (listed above)", code=1)
 
 
 @app.command("strategies")

@@ -1,0 +1,129 @@
+"""Filling a database ahead of time (tiletune.fill, ``tiletune tune``) on the fake backend."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from typer.testing import CliRunner  # noqa: E402
+
+from tiletune import fill  # noqa: E402
+from tiletune.cli import app  # noqa: E402
+from tiletune.store import TuningDB  # noqa: E402
+
+HELPERS = Path(__file__).parent / "helpers"
+
+
+@pytest.fixture(autouse=True)
+def helpers_on_path(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(HELPERS))
+    monkeypatch.setenv("TILETUNE_DB", str(tmp_path / "fill.db"))
+    sys.modules.pop("fill_ops", None)
+    yield
+    sys.modules.pop("fill_ops", None)
+
+
+def spec_file(tmp_path, calls, name="spec.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps({"calls": calls}))
+    return p
+
+
+def test_a_fill_tunes_each_key_once_and_resumes(tmp_path):
+    calls = [{"op": "fill_ops:double", "args": [{"shape": [n]}, {"shape": [n]}]} for n in (8, 16, 8)]
+    report = fill.run_calls(fill.load_spec(spec_file(tmp_path, calls)), device="cpu", progress=False)
+    assert report.failed == 0 and len(report.rows) == 3
+    import fill_ops
+
+    assert fill_ops.double.tuning_count == 2
+    assert len(TuningDB(tmp_path / "fill.db").winners()) == 2
+    # a new process (a fresh op) finds every key in the database: nothing is tuned again
+    sys.modules.pop("fill_ops")
+    report = fill.run_calls(fill.load_spec(spec_file(tmp_path, calls)), device="cpu", progress=False)
+    import fill_ops as again
+
+    assert report.failed == 0 and again.double.tuning_count == 0
+
+
+def test_a_failing_call_is_reported_and_the_fill_goes_on(tmp_path):
+    calls = [{"op": "fill_ops:boom", "args": [{"shape": [4]}]},
+             {"op": "fill_ops:nope", "args": []},
+             {"op": "fill_ops:double", "args": [{"shape": [4]}, {"shape": [4], "fill": "zeros"}]}]
+    report = fill.run_calls(fill.load_spec(spec_file(tmp_path, calls)), device="cpu", progress=False)
+    assert [r["ok"] for r in report.rows] == [False, False, True]
+    assert report.rows[0]["error"] == "RuntimeError: this op always fails"
+    assert "has no 'nope'" in report.rows[1]["error"]
+
+
+@pytest.mark.parametrize("doc,message", [
+    ({}, "expected {\"calls\": [...]}"),
+    ({"calls": [{"op": "nocolon"}]}, "calls[0]: expected an object with \"op\""),
+    ({"calls": [{"op": "a:b", "args": [{"shape": [-1]}]}]}, "calls[0].args[0].shape: expected a list of non-negative"),
+    ({"calls": [{"op": "a:b", "args": [{"shape": [2], "fill": "ones"}]}]}, "calls[0].args[0].fill"),
+    ({"calls": [{"op": "a:b", "extra": 1}]}, "unknown field(s) ['extra']"),
+    ({"calls": [{"op": "a:b", "args": [{"shape": [2], "size": 3}]}]}, "unknown field(s) ['size']"),
+])
+def test_spec_errors_name_the_field(tmp_path, doc, message):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as err:
+        fill.load_spec(p)
+    assert message in str(err.value)
+
+
+def test_nan_in_a_spec_is_refused(tmp_path):
+    p = tmp_path / "nan.json"
+    p.write_text('{"calls": [{"op": "a:b", "args": [NaN]}]}')
+    with pytest.raises(ValueError, match="not valid JSON: NaN is not allowed"):
+        fill.load_spec(p)
+
+
+def test_llm_calls_build_the_library_shapes():
+    calls = fill.llm_calls(fill.LLM_OPS, [1, 8], hidden=64, intermediate=96, heads=4, kv_heads=2, head_dim=16,
+                           vocab=100)
+    assert len(calls) == 2 * len(fill.LLM_OPS)
+    by_op = {c.op.split(":")[1]: c for c in calls}  # the last call of each op: 8 tokens
+    assert by_op["swiglu"].args[0]["shape"] == [8, 192]
+    assert by_op["attention"].args[1]["shape"] == [1, 2, 8, 16] and by_op["attention"].kwargs == {"causal": True}
+    assert by_op["cross_entropy"].args[1] == {"shape": [8], "dtype": "int64", "fill": "randint:100"}
+    # every library op named exists
+    import tiletune.kernels as K
+
+    assert all(op in K.__all__ for op in fill.LLM_OPS)
+    with pytest.raises(ValueError, match=">= 1"):
+        fill.llm_calls(["rms_norm"], [0])
+
+
+def test_llm_call_tensors_match_the_ops_on_meta():
+    """The library ops' own checks accept every shape llm_calls builds (run on meta tensors up to the device check)."""
+    pytest.importorskip("cuda.tile")
+    for call in fill.llm_calls(fill.LLM_OPS, [8]):
+        args = [fill._materialize(a, "meta", None) for a in call.args]
+        fn = fill.resolve_op(call.op)
+        with pytest.raises(ValueError, match="CUDA"):  # the shapes pass; only the device is refused
+            fn(*args, **call.kwargs)
+
+
+def test_cli_tune(tmp_path):
+    runner = CliRunner()
+    spec = spec_file(tmp_path, [{"op": "fill_ops:double", "args": [{"shape": [4]}, {"shape": [4]}]}])
+    out = tmp_path / "report.json"
+    r = runner.invoke(app, ["tune", "--spec", str(spec), "--device", "cpu", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "1 of 1 call(s) tuned or found" in r.output
+    assert json.loads(out.read_text())["failed"] == 0
+    r = runner.invoke(app, ["tune"])
+    assert r.exit_code == 2 and "nothing to tune" in r.output
+    r = runner.invoke(app, ["tune", "rms_norm", "--spec", str(spec)])
+    assert r.exit_code == 2 and "not both" in r.output
+    r = runner.invoke(app, ["tune", "rmsnorm"])
+    assert r.exit_code == 2 and "unknown library op(s) 'rmsnorm'" in r.output
+    r = runner.invoke(app, ["tune", "rms_norm", "--tokens", "1,x"])
+    assert r.exit_code == 2 and "comma-separated integers" in r.output
+    bad = spec_file(tmp_path, [{"op": "fill_ops:boom", "args": [{"shape": [4]}]}], name="bad.json")
+    r = runner.invoke(app, ["tune", "--spec", str(bad), "--device", "cpu"])
+    assert r.exit_code == 1 and "1 call(s) failed" in r.output
