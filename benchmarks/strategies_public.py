@@ -72,6 +72,8 @@ KT_STRATEGIES: tuple[str, ...] = (
 )
 #: Kernel Tuner strategies that cost seconds of CPU per run: fewer seeds by default (``--kt-slow-seeds``).
 KT_SLOW: frozenset[str] = frozenset({"pso", "basinhopping", "bayes_opt"})
+#: ... and the slowest of them (a Gaussian process refitted per evaluation: ~10 CPU s per run).
+KT_SLOWEST: frozenset[str] = frozenset({"bayes_opt"})
 #: tiletune strategies that cost tens of CPU seconds per run with one config per ask.
 TT_SLOW: frozenset[str] = frozenset({"model"})
 
@@ -447,11 +449,49 @@ def run_tiletune(space: PublicSpace, strategy: str, seed: int, budget: int = 500
     return times
 
 
-def _tiletune_job(args: tuple[PublicSpace, str, list[int], int, int]) -> tuple[str, str, list[list[float | None]], float]:
-    space, strategy, seeds, budget, batch = args
+def _code_digest(strategy: str) -> str:
+    """A digest of the code a tiletune strategy runs (the modules of its class and of its bases, the
+    space; every strategy module for one that delegates, like ``auto``), so that kept results are
+    reused only while that code is unchanged."""
+    import inspect
+
+    from tiletune.strategies import STRATEGIES
+
+    src = ROOT / "src" / "tiletune"
+    files = {src / "space.py"}
+    cls = STRATEGIES.get(strategy)
+    if cls is None or strategy == "auto":
+        files |= set((src / "strategies").glob("*.py"))
+    else:
+        for k in inspect.getmro(cls):
+            f = inspect.getsourcefile(k) if k.__module__.startswith("tiletune") else None
+            if f:
+                files.add(Path(f))
+        if any(f.name in ("surrogate.py", "local.py", "portfolio.py") for f in files):
+            files.add(src / "strategies" / "_index.py")
+    h = hashlib.sha256()
+    for p in sorted(files):
+        h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _tiletune_job(args: tuple[PublicSpace, str, list[int], int, int, str | None]) -> tuple[str, str, list[list[float | None]], float]:
+    space, strategy, seeds, budget, batch, tt_dir = args
+    out = None
+    if tt_dir:
+        tag = hashlib.sha256(json.dumps([space.digest(), strategy, seeds, budget, batch,
+                                         _code_digest(strategy)]).encode()).hexdigest()[:16]
+        out = Path(tt_dir) / f"{space.name.replace('/', '__')}__{strategy}__{tag}.json"
+        if out.exists():
+            d = json.loads(out.read_text())
+            return space.name, strategy, d["runs"], d["cpu_s"]
     t0 = time.process_time()
     runs = [run_tiletune(space, strategy, s, budget, batch) for s in seeds]
-    return space.name, strategy, runs, time.process_time() - t0
+    cpu = time.process_time() - t0
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"runs": runs, "cpu_s": cpu}))
+    return space.name, strategy, runs, cpu
 
 
 def _kt_job(args: tuple[PublicSpace, str, list[int], int, str, str]) -> tuple[str, str, dict[str, Any]]:
@@ -633,9 +673,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="interpreter of a virtual environment with kernel_tuner==1.5.0 ('' skips Kernel Tuner)")
     ap.add_argument("--kt-dir", type=Path, default=Path(tempfile.gettempdir()) / "strategies_public_kt",
                     help="Kernel Tuner's plain caches and per-strategy results (reused)")
+    ap.add_argument("--tt-dir", type=Path, default=Path(tempfile.gettempdir()) / "strategies_public_tt",
+                    help="tiletune's per-(space, strategy, seeds) results, reused while the strategy code is "
+                         "unchanged ('' disables)")
+    ap.add_argument("--tt-only", action="store_true", help="only run (and keep in --tt-dir) tiletune's results")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--kt-slow-seeds", type=int, default=30,
                     help=f"seeds for the slow Kernel Tuner strategies ({', '.join(sorted(KT_SLOW))})")
+    ap.add_argument("--kt-slowest-seeds", type=int, default=10,
+                    help=f"seeds for the slowest Kernel Tuner strategies ({', '.join(sorted(KT_SLOWEST))})")
     ap.add_argument("--budget", type=int, default=500)
     ap.add_argument("--batch", type=int, default=1, help="configs per ask for tiletune's strategies")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
@@ -643,12 +689,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--kt-only", action="store_true", help="only run (and keep in --kt-dir) Kernel Tuner's results")
-    ap.add_argument("--slow-seeds", type=int, default=10,
+    ap.add_argument("--slow-seeds", type=int, default=5,
                     help=f"seeds for tiletune's slow strategies ({', '.join(sorted(TT_SLOW))}: a refit per evaluation)")
     args = ap.parse_args(argv)
 
     from tiletune.strategies import STRATEGIES, make_strategy  # noqa: F401  (registration)
     import tiletune.strategies as _ts
+
+    for mod in ("surrogate", "local", "portfolio"):  # issue 16's strategies register at import
+        try:
+            __import__(f"tiletune.strategies.{mod}")
+        except ImportError:
+            pass
 
     names = list(getattr(_ts, "STRATEGY_NAMES", ())) or sorted(STRATEGIES)
     for extra in sorted(STRATEGIES):
@@ -661,6 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.seeds = min(args.seeds, 5)
         args.kt_slow_seeds = min(args.kt_slow_seeds, 3)
+        args.kt_slowest_seeds = min(args.kt_slowest_seeds, 2)
         args.slow_seeds = min(args.slow_seeds, 2)
         args.no_h200 = True
         args.kernels = args.kernels[:2] if args.kernels == list(KERNELS) else args.kernels
@@ -694,12 +747,13 @@ def main(argv: list[str] | None = None) -> int:
         for s in strategies if not args.kt_only else ():
             mine = seeds[: args.slow_seeds] if s in TT_SLOW else seeds
             for i in range(0, len(mine), chunk):
-                jobs_tt.append((sp, s, mine[i:i + chunk], args.budget, args.batch))
+                jobs_tt.append((sp, s, mine[i:i + chunk], args.budget, args.batch,
+                                str(args.tt_dir) if args.tt_dir else None))
     jobs_kt = []
-    if args.kt_python:
+    if args.kt_python and not args.tt_only:
         for sp in spaces:
             for s in args.kt_strategies:
-                n = args.kt_slow_seeds if s in KT_SLOW else args.seeds
+                n = args.kt_slowest_seeds if s in KT_SLOWEST else args.kt_slow_seeds if s in KT_SLOW else args.seeds
                 jobs_kt.append((sp, s, list(range(n)), args.budget, args.kt_python, str(args.kt_dir)))
 
     import multiprocessing as mp
@@ -717,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
             kt_res[(name, strat)] = res
             print(f"  KT {name} {strat}: {len(res.get('runs') or [])} runs ({time.perf_counter() - t_start:.0f} s)",
                   flush=True)
-    if args.kt_only:
+    if args.kt_only or args.tt_only:
         return 0
 
     rows: list[dict[str, Any]] = []
@@ -740,6 +794,7 @@ def main(argv: list[str] | None = None) -> int:
     kt_failed = sorted({(r["strategy"], r.get("error", "")) for r in rows if r["tuner"] == "kernel_tuner" and r.get("errors")})
     summary["kt_strategy_errors"] = [{"strategy": s, "error": e} for s, e in kt_failed]
     settings = {"budget": args.budget, "seeds": args.seeds, "kt_slow_seeds": args.kt_slow_seeds,
+                "kt_slowest_seeds": args.kt_slowest_seeds, "kt_slowest_strategies": sorted(KT_SLOWEST),
                 "slow_seeds": args.slow_seeds, "slow_strategies": sorted(TT_SLOW),
                 "kt_slow_strategies": sorted(KT_SLOW), "batch": args.batch, "tolerances": list(TOLERANCES),
                 "truth": "cache 'time' field (ms); H200 recordings: recorded median",
