@@ -6,7 +6,9 @@ parameter, else the value's index; scaled to [0, 1]) and a lookup from value ind
 It answers neighbourhood queries in microseconds:
 
 * ``adjacent(row)``: the valid configs one parameter away by one step in that parameter's value list;
-* ``hamming(row)``: the valid configs one parameter away, any value.
+* ``hamming(row)``: the valid configs one parameter away, any value;
+* ``design(n, allowed, rng)``: ``n`` configs spread over every parameter's values (a Latin hypercube
+  over value indices, snapped to the nearest allowed config): the initial design and random restarts.
 
 Features: one column per parameter (log2 of a positive numeric parameter, else the value's index), plus,
 for an integer parameter whose values are not all powers of two, the exponent of the largest power of
@@ -81,6 +83,47 @@ class PoolIndex:
 
     def __len__(self) -> int:
         return len(self.pool)
+
+    @property
+    def U(self) -> np.ndarray:
+        """Value indices scaled to [0, 1] per parameter (the space of :meth:`design`)."""
+        u = getattr(self, "_U", None)
+        if u is None:
+            u = self._U = self.V / np.maximum(self.sizes - 1, 1)
+        return u
+
+    def nearest(self, target: np.ndarray, allowed: np.ndarray, rng: np.random.Generator) -> int | None:
+        """The allowed row closest (L1 over :attr:`U`) to ``target``, ties broken at random."""
+        if not allowed.any():
+            return None
+        d = np.abs(self.U - target).sum(axis=1)
+        d = np.where(allowed, d + 1e-9 * rng.random(len(d)), np.inf)
+        return int(np.argmin(d))
+
+    def design(self, n: int, allowed: np.ndarray, rng: np.random.Generator) -> list[int]:
+        """``n`` rows spread over every parameter's values: a Latin hypercube over the value indices
+        (each parameter's values drawn evenly, not each config), each point snapped to the nearest
+        allowed config.
+
+        On GPU spaces, constraints remove far more configs at some values than at others (a block of
+        32 x 1024 threads has few valid companions); drawing configs uniformly then under-samples
+        those values, which is where the fast configs often are. With ``n == 1`` this is a random
+        draw of each parameter's value, snapped: the random restart of the searches here.
+        """
+        allowed = allowed.copy()
+        d = len(self.sizes)
+        strata = np.empty((n, d))
+        for j in range(d):
+            strata[:, j] = (rng.permutation(n) + rng.random(n)) / n  # one point per stratum, per axis
+        out: list[int] = []
+        for i in range(n):
+            target = np.floor(strata[i] * self.sizes) / np.maximum(self.sizes - 1, 1)
+            r = self.nearest(target, allowed, rng)
+            if r is None:
+                break
+            allowed[r] = False
+            out.append(r)
+        return out
 
     def row(self, idx: Sequence[int]) -> int | None:
         """The row of a value-index vector, or None if that combination is not a valid config."""

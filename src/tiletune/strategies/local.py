@@ -89,15 +89,13 @@ class LocalSearchStrategy(Strategy):
         self._queue = adj + rest
 
     def _random_unseen(self) -> int | None:
-        n = len(self.pool)
-        if len(self._seen_rows) >= n:
-            return None
-        for _ in range(64):
-            r = int(self._np_rng.integers(0, n))
-            if r not in self._seen_rows:
-                return r
-        rest = [r for r in range(n) if r not in self._seen_rows]
-        return int(self._np_rng.choice(rest)) if rest else None
+        """A random unseen config: each parameter's value drawn at random, snapped to the nearest valid
+        unseen config (:meth:`~._index.PoolIndex.design`)."""
+        allowed = np.ones(len(self.pool), dtype=bool)
+        if self._seen_rows:
+            allowed[list(self._seen_rows)] = False
+        got = self.index.design(1, allowed, self._np_rng)
+        return got[0] if got else None
 
     def _perturb(self) -> int | None:
         """An unseen config near the best one (``kick`` parameters re-drawn), or a random restart."""

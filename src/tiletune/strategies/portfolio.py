@@ -48,13 +48,17 @@ class HybridStrategy(SurrogateStrategy):
         arms: the arms in play (any of ``"walk"``, ``"ranked"``, ``"global"``).
         discount: per-pick decay of the arms' counts (recent picks weigh more).
         kick: parameters re-drawn by a perturbation of the best config.
+        jumps: the cycle of jumps taken at local optima (``"kick"``, ``"random"``, ``"global"``).
+        restart: a random jump draws a config uniformly (``"uniform"``) or each parameter's value
+            uniformly, snapped to the nearest valid config (``"marginal"``).
     """
 
     ARMS = ("walk", "ranked", "global")
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0, *, n_init: int = 6,
                  arms: Sequence[str] = ("walk", "global"), discount: float = 0.9, kick: int = 2,
-                 jumps: Sequence[str] = ("kick", "random", "global"), **opts: Any) -> None:
+                 jumps: Sequence[str] = ("kick", "random", "global"), restart: str = "uniform",
+                 **opts: Any) -> None:
         super().__init__(space, arch, seed, n_init=n_init, **opts)
         bad = [a for a in arms if a not in self.ARMS]
         if bad or not arms:
@@ -65,6 +69,9 @@ class HybridStrategy(SurrogateStrategy):
         if not jumps or any(j not in ("global", "kick", "random") for j in jumps):
             raise ValueError(f"jumps must be a non-empty sequence of 'global', 'kick', 'random', got {jumps!r}")
         self.jumps = tuple(jumps)
+        if restart not in ("uniform", "marginal"):
+            raise ValueError(f"restart must be 'uniform' or 'marginal', got {restart!r}")
+        self.restart = restart
         self.discount = discount
         self.kick = kick
         self.current: int | None = None
@@ -163,6 +170,9 @@ class HybridStrategy(SurrogateStrategy):
         return None
 
     def _random_pick(self) -> int | None:
+        if self.restart == "marginal":
+            got = self.index.design(1, self._unseen, self._np_rng)
+            return got[0] if got else None
         rows = np.flatnonzero(self._unseen)
         return int(self._np_rng.choice(rows)) if rows.size else None
 

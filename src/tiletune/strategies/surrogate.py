@@ -20,7 +20,8 @@ What it does differently from ``"model"``:
   uncertainty, times the probability of success; every ``explore_every``-th pick takes the lowest
   predicted mean instead (pure exploitation), which finishes a basin quickly.
 
-The first ``n_init`` configs are random (baseline first when the space has one). Deterministic for a
+The first ``n_init`` configs are a Latin hypercube over the parameters' values, each snapped to the
+nearest valid config (:meth:`~._index.PoolIndex.design`; baseline first when the space has one). Deterministic for a
 seed; never a config twice (the base class enforces it); when scikit-learn is missing, a
 TiletuneError says how to install it.
 """
@@ -129,6 +130,9 @@ class SurrogateStrategy(Strategy):
         xi: expected-improvement margin (log-time units).
         explore_every: every this many picks, take the lowest predicted mean (0: never).
         min_samples_leaf: leaf size of the regressor.
+        extra: extremely randomized trees (True) or CART trees (False) in the bagged forests.
+        design: the first ``n_init`` configs: ``"lhs"`` (a Latin hypercube over the parameters'
+            values, snapped to valid configs) or ``"uniform"`` (uniform over the valid configs).
     """
 
     def __init__(
@@ -146,6 +150,7 @@ class SurrogateStrategy(Strategy):
         explore_every: int = 3,
         min_samples_leaf: int = 1,
         extra: bool = True,
+        design: str = "lhs",
     ) -> None:
         self._Reg, self._Clf = _forests()
         super().__init__(space, arch, seed)
@@ -164,6 +169,9 @@ class SurrogateStrategy(Strategy):
         self.explore_every = explore_every
         self.min_samples_leaf = min_samples_leaf
         self.extra = extra
+        if design not in ("lhs", "uniform"):
+            raise ValueError(f"design must be 'lhs' or 'uniform', got {design!r}")
+        self.design = design
         self.index = pool_index(space, arch, self.pool)
         self._np_rng = np.random.default_rng(seed)
         self._unseen = np.ones(len(self.pool), dtype=bool)
@@ -283,8 +291,11 @@ class SurrogateStrategy(Strategy):
         return out
 
     def _unseen_random(self, n: int) -> list:
+        """``n`` unseen configs: spread over the parameters' values (:meth:`PoolIndex.design`) with
+        ``design="lhs"``, uniformly over the configs with ``design="uniform"``."""
+        if self.design == "lhs":
+            return [self.pool[r] for r in self.index.design(n, self._unseen, self._np_rng)]
         rows = np.flatnonzero(self._unseen)
         if rows.size == 0:
             return []
-        pick = self._np_rng.choice(rows, min(n, rows.size), replace=False)
-        return [self.pool[int(r)] for r in pick]
+        return [self.pool[int(r)] for r in self._np_rng.choice(rows, min(n, rows.size), replace=False)]
