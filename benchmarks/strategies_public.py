@@ -115,7 +115,7 @@ class PublicSpace:
     kt_params: dict[str, list[Any]] | None = None
     source: str = ""
     kind: str = "public"
-    _truth: dict[Any, float | None] | None = field(default=None, repr=False)
+    _optimum: float | None = field(default=None, repr=False)
 
     @property
     def n_configs(self) -> int:
@@ -127,7 +127,9 @@ class PublicSpace:
 
     @property
     def optimum(self) -> float:
-        return min(t for t in self.times if t is not None)
+        if self._optimum is None:
+            self._optimum = min(t for t in self.times if t is not None)
+        return self._optimum
 
     def within(self, tol: float) -> int:
         limit = (1.0 + tol) * self.optimum
@@ -565,7 +567,7 @@ def plot_evals(rows: Sequence[Mapping[str, Any]], default: str, path: Path, budg
     kt = [min(_inf(r.get("kt_median_evals_5pct")), cap) for r in mine]
     rnd = [r["random_expected_5pct"] for r in mine]
     x = np.arange(len(spaces))
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.55 * len(spaces) + 2), 4.2), dpi=90)
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.55 * len(spaces) + 2), 4.2), dpi=80)
     ax.bar(x - 0.2, me, 0.4, label=f"tiletune {default}", color="#1f77b4")
     ax.bar(x + 0.2, kt, 0.4, label="Kernel Tuner best strategy", color="#ff7f0e")
     ax.scatter(x, rnd, marker="_", s=200, color="black", label="random (expected)", zorder=3)
@@ -596,12 +598,13 @@ def plot_curves(spaces: Sequence[PublicSpace], curves: Mapping[tuple[str, str, s
     import numpy as np
 
     n = len(spaces)
-    cols = min(4, n)
+    cols = min(5, n)
     rows_ = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows_, cols, figsize=(3.2 * cols, 2.4 * rows_), dpi=80, squeeze=False)
+    fig, axes = plt.subplots(rows_, cols, figsize=(3.0 * cols, 2.3 * rows_), dpi=64, squeeze=False)
     x = np.arange(1, budget + 1)
     for ax, sp in zip(axes.flat, spaces):
-        worst = max(t for t in sp.times if t is not None) / sp.optimum
+        opt = sp.optimum
+        worst = max(t for t in sp.times if t is not None) / opt
         for tuner, strat in strategies:
             runs = curves.get((sp.name, tuner, strat))
             if not runs:
@@ -612,7 +615,7 @@ def plot_curves(spaces: Sequence[PublicSpace], curves: Mapping[tuple[str, str, s
                 row = []
                 for t in r[:budget]:
                     if t is not None:
-                        best = min(best, t / sp.optimum)
+                        best = min(best, t / opt)
                     row.append(min(best, worst))
                 if row:
                     a[i, : len(row)] = row
@@ -811,7 +814,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
     path = args.out / f"strategies_public{suffix}.json"
-    path.write_text(json.dumps({"rows": rows, "summary": summary, "settings": settings}, indent=1) + "\n")
+    # one row per line: the file stays small and diffs stay readable
+    path.write_text('{"rows": [\n' + ",\n".join(json.dumps(r) for r in rows) + '\n],\n"summary": '
+                    + json.dumps(summary, indent=1) + ',\n"settings": ' + json.dumps(settings, indent=1) + "\n}\n")
     print(f"wrote {path}")
     # report
     print(f"\n{'space':>28} {'tiletune ' + default:>22} {'KT best':>34}  random")
