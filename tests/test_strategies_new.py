@@ -165,6 +165,13 @@ def test_surrogate_learns_failures():
     assert frac < base
 
 
+def test_hybrid_with_every_arm_keeps_the_contract():
+    s = HybridStrategy(SPACE, "sm_90", seed=4, arms=HybridStrategy.ARMS, restart="marginal")
+    got = drive(s, batch=3, fail=fails)
+    assert len(got) == len(set(got)) == len(SPACE.configs("sm_90"))
+    assert all(s.arm_picks[a] >= 0 for a in HybridStrategy.ARMS)
+
+
 def test_hybrid_bandit_counts_and_options():
     s = HybridStrategy(SPACE, "sm_90", seed=5)
     drive(s, batch=1, limit=80)

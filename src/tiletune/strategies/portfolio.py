@@ -53,7 +53,7 @@ class HybridStrategy(SurrogateStrategy):
             uniformly, snapped to the nearest valid config (``"marginal"``).
     """
 
-    ARMS = ("walk", "ranked", "global")
+    ARMS = ("walk", "ranked", "global", "exploit")
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0, *, n_init: int = 6,
                  arms: Sequence[str] = ("walk", "global"), discount: float = 0.9, kick: int = 2,
@@ -154,6 +154,14 @@ class HybridStrategy(SurrogateStrategy):
             return None
         return int(cand[int(np.argmax(self._acquire(cand, False)))])
 
+    def _exploit_pick(self) -> int | None:
+        if self._reg is None:
+            return None
+        cand = np.flatnonzero(self._unseen & ~np.isnan(self._mu))
+        if cand.size == 0:
+            return None
+        return int(cand[int(np.argmax(self._acquire(cand, True)))])
+
     def _kick_pick(self) -> int | None:
         told = [(y, r) for r, y in zip(self._told_rows, self._told_y) if y is not None]
         if not told:
@@ -193,9 +201,10 @@ class HybridStrategy(SurrogateStrategy):
         out: list[Config] = []
         for _ in range(n):
             arm = self._choose_arm()
-            r = {"walk": self._walk_pick, "ranked": self._ranked_pick, "global": self._global_pick}[arm]()
+            r = {"walk": self._walk_pick, "ranked": self._ranked_pick, "global": self._global_pick,
+                 "exploit": self._exploit_pick}[arm]()
             jump = False
-            if r is None and arm != "global" and self.pending and out:
+            if r is None and arm not in ("global", "exploit") and self.pending and out:
                 break  # the neighbourhood is spent but results are pending: wait for them
             if r is None:  # a local optimum (or no model yet): jump
                 self._jumps += 1
