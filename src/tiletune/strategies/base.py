@@ -203,7 +203,7 @@ class StrategyError(TiletuneError, ValueError):
 
 
 def _load_builtins() -> None:
-    from . import evolutionary, model, simple  # noqa: F401  (registration)
+    from . import evolutionary, local, model, portfolio, simple, surrogate  # noqa: F401  (registration)
 
 
 def strategy_names() -> tuple[str, ...]:
