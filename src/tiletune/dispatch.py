@@ -48,7 +48,7 @@ def _check_strategy(strategy: Any) -> None:
     resolve_strategy(strategy)
 
 
-ISOLATION_MODES = ("process", "none")
+ISOLATION_MODES = settings.ISOLATION_MODES
 
 
 def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
@@ -66,11 +66,6 @@ def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
     from .workers import in_worker
 
     return "none" if in_worker() else value
-
-
-def _env_flag(name: str) -> bool:
-    """The boolean ``TILETUNE_*`` variable ``name`` under the settings' one rule (unset: false)."""
-    return settings.flag(name, False)
 
 
 def _no_outputs(args: tuple[Any, ...]) -> None:
@@ -420,17 +415,17 @@ class TunedOp:
             backend = self.backend
             dev = backend.arg_device(args)
             arch = backend.device_info(dev).arch
-            capturing = _stream_capturing(backend, dev) and not settings.disabled()
+            disabled = settings.disabled()
             pend = self._pending.get(key)
-            if capturing:
+            if not disabled and _stream_capturing(backend, dev):
                 if pend is None:
                     pend = self._pending_entry(args, key, backend, dev, arch)
                 if launch:
                     pend.entry(args)
                 return self._outputs(args)
             launched = False
-            if settings.disabled():
-                cfg = self.space.baseline(arch) or self.space.candidates(arch)[0]
+            if disabled:
+                cfg = self._baseline(arch)
             else:
                 bucket = self.buckets.key(args) if self.buckets is not None else None
                 cfg = self._bucket_configs.get(bucket) if bucket is not None else None
@@ -453,11 +448,17 @@ class TunedOp:
                 entry(args)
             return self._outputs(args)
 
-    def _install(self, cfg: Config, args: tuple[Any, ...], key: Any, backend: Backend, dev: int) -> Entry:
+    def _baseline(self, arch: str) -> Config:
+        """The config launched untuned: the space's baseline, else its first valid config."""
+        return self.space.baseline(arch) or self.space.candidates(arch)[0]
+
+    def _entry(self, cfg: Config, args: tuple[Any, ...], backend: Backend, dev: int) -> tuple[Entry, bool]:
+        """The per-call launcher of ``cfg`` for this key, and whether it replays the plan's recipe."""
         spec = self._launch_spec(cfg, args)
-        entry, replays = build_entry(
-            self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev), self.cache_plan
-        )
+        return build_entry(self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev), self.cache_plan)
+
+    def _install(self, cfg: Config, args: tuple[Any, ...], key: Any, backend: Backend, dev: int) -> Entry:
+        entry, replays = self._entry(cfg, args, backend, dev)
         self._configs[key] = cfg
         self._cache[key] = entry
         if replays:
@@ -478,10 +479,8 @@ class TunedOp:
         if cfg is not None:
             logger.info("%s: database hit during CUDA graph capture -> %s", self.name, cfg)
             return _Pending(cfg, self._install(cfg, args, key, backend, dev), None)
-        cfg = self.space.baseline(arch) or self.space.candidates(arch)[0]
-        spec = self._launch_spec(cfg, args)
-        entry, _ = build_entry(self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev),
-                               self.cache_plan)
+        cfg = self._baseline(arch)
+        entry, _ = self._entry(cfg, args, backend, dev)
         pend = _Pending(cfg, entry, _ArgTemplate(args))
         self._pending[key] = pend
         logger.warning("tiletune: %s met a new problem key during CUDA graph capture; launching the baseline "

@@ -68,18 +68,8 @@ OP_NAMES = (
     "attention",
 )
 #: Public functions :func:`compiled_call` accepts (the names of :mod:`tiletune.kernels`).
-PUBLIC_OPS = (
-    "rms_norm",
-    "rms_norm_residual",
-    "layer_norm",
-    "softmax",
-    "swiglu",
-    "geglu",
-    "apply_rope_",
-    "cross_entropy",
-    "matmul",
-    "attention",
-)
+#: Every custom op but ``cross_entropy_grad``, which serves ``cross_entropy(..., return_grad=True)``.
+PUBLIC_OPS = tuple(name for name in OP_NAMES if name != "cross_entropy_grad")
 
 _LOCK = threading.Lock()
 _REGISTERED = False
