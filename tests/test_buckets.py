@@ -142,3 +142,20 @@ def test_library_families_bucket_their_row_dimensions():
     gemm.GEMM_BUCKETS.resolve(list(inspect.signature(gemm._plan).parameters)[1:])
     # one Buckets object serves several ops: binding returns copies
     assert gemm.gemm_into.buckets is not gemm.gemm_tf32_into.buckets
+
+
+def test_a_tuned_bucket_answers_a_new_shape_during_graph_capture():
+    be = FakeBackend(model, noise=0.0)
+    op = make_op(be)
+    op(torch.randn(300, 4), torch.empty(300, 4))  # tunes the 512 bucket
+    assert op.tuning_count == 1
+    be.capturing = True
+    x = torch.randn(400, 4)
+    y = op(x, torch.empty(400, 4))  # same bucket: its winner, installed for good, nothing pending
+    torch.testing.assert_close(y, x * 2)
+    assert op.pending == [] and op.tuning_count == 1
+    assert be.launches[-1][0] == SPACE.config(TM=128)
+    op(torch.randn(2000, 4), torch.empty(2000, 4))  # a bucket nobody tuned: the baseline, kept pending
+    assert len(op.pending) == 1 and be.launches[-1][0] == SPACE.baseline(be.device_info(0).arch)
+    be.capturing = False
+    assert len(op.tune_pending()) == 1 and op.tuning_count == 2

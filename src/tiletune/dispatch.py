@@ -417,7 +417,11 @@ class TunedOp:
             arch = backend.device_info(dev).arch
             disabled = settings.disabled()
             pend = self._pending.get(key)
-            if not disabled and _stream_capturing(backend, dev):
+            bucket = self.buckets.key(args) if self.buckets is not None and not disabled else None
+            cfg = self._bucket_configs.get(bucket) if bucket is not None else None
+            if cfg is not None:  # a tuned bucket answers at once, inside a graph capture too
+                logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
+            elif not disabled and _stream_capturing(backend, dev):
                 if pend is None:
                     pend = self._pending_entry(args, key, backend, dev, arch)
                 if launch:
@@ -426,20 +430,15 @@ class TunedOp:
             launched = False
             if disabled:
                 cfg = self._baseline(arch)
-            else:
-                bucket = self.buckets.key(args) if self.buckets is not None else None
-                cfg = self._bucket_configs.get(bucket) if bucket is not None else None
-                if cfg is not None:
-                    logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
-                else:
-                    from .tuning import resolve
+            elif cfg is None:
+                from .tuning import resolve
 
-                    res = resolve(self, args, key, backend, dev, arch)
-                    cfg, launched = res.config, res.launched
-                    if res.result is not None:
-                        self.results[key] = res.result
-                    if bucket is not None:
-                        self._bucket_configs[bucket] = cfg
+                res = resolve(self, args, key, backend, dev, arch)
+                cfg, launched = res.config, res.launched
+                if res.result is not None:
+                    self.results[key] = res.result
+                if bucket is not None:
+                    self._bucket_configs[bucket] = cfg
             entry = self._install(cfg, args, key, backend, dev)
             if pend is not None:
                 del self._pending[key]
