@@ -6,7 +6,12 @@ cubin from cuTile's disk cache, launch) against the steady per-call time. Proces
 with a bare ``ct.launch`` of the winning kernel, to show what cuTile itself costs on a first launch.
 
     python benchmarks/warm_start.py [--out DIR]
-Writes warm_start.json with extra_first_call_s (target <= 0.25 s).
+Process 4 repeats process 2 under cProfile: where the first call's time goes (top entries by
+cumulative time).
+
+Writes warm_start.json with extra_first_call_s (first call minus steady call) and
+extra_over_bare_first_call_s (tiletune's first call minus a bare ``ct.launch`` first call of the same
+cached kernel; target <= 0.1 s).
 """
 
 from __future__ import annotations
@@ -40,6 +45,19 @@ steady = statistics.median(timed(lambda: matmul_into(a, b, c)) for _ in range(20
 print("RESULT " + json.dumps({"first_s": first, "steady_s": steady, "tuned": matmul_into.tuning_count}))
 """
 
+PROFILE = SETUP + """
+import cProfile, pstats, io
+prof = cProfile.Profile()
+prof.enable(); matmul_into(a, b, c); torch.cuda.synchronize(); prof.disable()
+st = pstats.Stats(prof)
+rows = []
+for (file, line, fn), (cc, nc, tt, ct_, callers) in st.stats.items():
+    rows.append({"function": '/'.join(file.rsplit('/', 2)[-2:]) + f':{line}({fn})', "cumtime_s": ct_,
+                 "tottime_s": tt, "calls": nc})
+rows.sort(key=lambda r: -r["cumtime_s"])
+print("RESULT " + json.dumps({"top": rows[:25], "total_s": sum(r["tottime_s"] for r in rows)}))
+"""
+
 BARE = SETUP + """
 from tiletune.kernels.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
 cfg = json.loads(%r)
@@ -65,14 +83,18 @@ def main() -> None:
     tuned = run_child(TUNE, env)
     warm = run_child(FIRST, env)
     bare = run_child(BARE % json.dumps(tuned["winner"]), env)
+    profile = run_child(PROFILE, env)
     write_result("warm_start", {
         "problem": "bf16 matmul 4096^3, key already in the database (fresh process)",
         "extra_first_call_s": warm["first_s"] - warm["steady_s"],
         "first_call_s": warm["first_s"],
         "steady_call_s": warm["steady_s"],
         "retuned": warm["tuned"] != 0,
+        "bare_ct_launch_first_call_s": bare["first_s"],
         "bare_ct_launch_extra_first_call_s": bare["first_s"] - bare["steady_s"],
-        "target_s": 0.25,
+        "extra_over_bare_first_call_s": warm["first_s"] - bare["first_s"],
+        "target_s": 0.1,
+        "first_call_profile": profile["top"],
         "winner": tuned["winner"],
     }, args.out)
 

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-__all__ = ["Call", "load_spec", "llm_calls", "LLM_OPS", "resolve_op", "run_calls", "FillReport"]
+__all__ = ["Call", "load_spec", "llm_calls", "LLM_OPS", "resolve_op", "materialize", "run_calls", "FillReport"]
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,14 @@ def _materialize(value: Any, device: str, gen: Any) -> Any:
     return t.to(dtype)
 
 
+def materialize(call: Call, device: str = "cuda", gen: Any = None) -> tuple[list[Any], dict[str, Any]]:
+    """The tensors of ``call``: its tensor specs made on ``device`` (random from ``gen``), other values
+    as given."""
+    args = [_materialize(a, device, gen) for a in call.args]
+    kwargs = {k: _materialize(v, device, gen) for k, v in call.kwargs.items()}
+    return args, kwargs
+
+
 @dataclass
 class FillReport:
     """What a fill did, per call: ``ok`` (seconds) or the error."""
@@ -231,8 +239,7 @@ def run_calls(calls: Sequence[Call], *, device: str = "cuda", seed: int = 0, pro
             row: dict[str, Any] = {"call": call.describe()}
             try:
                 fn = resolve_op(call.op)
-                args = [_materialize(a, device, gen) for a in call.args]
-                kwargs = {k: _materialize(v, device, gen) for k, v in call.kwargs.items()}
+                args, kwargs = materialize(call, device, gen)
                 fn(*args, **kwargs)
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()

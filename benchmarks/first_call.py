@@ -1,0 +1,130 @@
+"""First calls of the library ops on a new shape, each in a fresh process.
+
+For every library op (LLM shapes of ``tiletune.fill.llm_calls``), a fresh Python process makes the
+op's arguments, then times its first call (to the end of the GPU work) and, for reference, its steady
+per-call time. Where the config comes from:
+
+- ``tuned``: empty database, tables off: the first call tunes (cuTile cache cold).
+- ``database``: the tuned process's database, the same shape.
+- ``bucket``: that database, another token count inside the same row bucket (ops that bucket rows).
+- ``shipped``: an empty database with tables on: the tuning table shipped in the wheel answers
+  (``src/tiletune/data/tables``; run ``benchmarks/make_table.py`` first on this GPU).
+
+Each of the last three runs with cuTile's disk cache warm (the cache the tuning filled) and cold (an
+empty cache folder: the chosen config is compiled once). What answered is read from tiletune's log
+lines (``observed``); a row whose observed source differs from the intended one is flagged.
+
+    python benchmarks/first_call.py [--out DIR] [--ops rms_norm,matmul,...]
+Writes first_call.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import fresh_env, run_child, write_result
+
+OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "swiglu", "geglu", "apply_rope_",
+       "cross_entropy", "matmul", "attention")
+# token counts: tuned / database, another one in the same power-of-two bucket, one the table covers
+TOKENS = {"tuned": 100, "bucket": 120, "shipped": 128}
+ATTENTION = {"tuned": 512, "shipped": 1024}  # attention keys are exact sequence lengths (not bucketed)
+
+CHILD = r"""
+import json, logging, statistics, time
+t_start = time.perf_counter()
+import torch
+seen = []
+class Seen(logging.Handler):
+    def emit(self, record):
+        m = record.getMessage()
+        for needle, what in ((": tuning table ", "shipped"), (": database hit", "database"), (": bucket hit", "bucket"),
+                             (": tuned ", "tuned")):
+            if needle in m:
+                seen.append(what)
+log = logging.getLogger("tiletune"); log.addHandler(Seen()); log.setLevel(logging.INFO)
+from tiletune.fill import llm_calls, materialize, resolve_op
+call = llm_calls([%(op)r], [%(m)d])[0]
+fn = resolve_op(call.op)
+gen = torch.Generator("cuda").manual_seed(0)
+args, kwargs = materialize(call, "cuda", gen)
+torch.cuda.synchronize()
+t_ready = time.perf_counter()
+def timed():
+    t = time.perf_counter(); fn(*args, **kwargs); torch.cuda.synchronize(); return time.perf_counter() - t
+first = timed()
+steady = statistics.median(timed() for _ in range(10))
+print("RESULT " + json.dumps({"first_call_s": first, "steady_s": steady, "observed": sorted(set(seen)),
+                              "setup_s": t_ready - t_start}))
+"""
+
+
+def _child(op: str, m: int, env: dict[str, str]) -> dict:
+    return run_child(CHILD % {"op": op, "m": m}, env)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--ops", default=",".join(OPS))
+    args = ap.parse_args()
+    ops = [o for o in args.ops.split(",") if o]
+    rows = []
+
+    def cold_cache() -> str:
+        return tempfile.mkdtemp(prefix="tiletune-cold-")
+
+    for op in ops:
+        plan = ATTENTION if op == "attention" else TOKENS
+        env = fresh_env(TILETUNE_TABLES="0")  # its own empty database and cuTile cache
+        warm_cache = env["CUDA_TILE_CACHE_DIR"]
+        cases = [("tuned", "cold", plan["tuned"], env)]
+        for source in ("database", "bucket"):
+            if source in plan or source == "database":
+                m = plan.get(source, plan["tuned"])
+                cases.append((source, "warm", m, env))
+                cases.append((source, "cold", m, {**env, "CUDA_TILE_CACHE_DIR": cold_cache()}))
+        shipped = fresh_env(TILETUNE_TABLES="1", CUDA_TILE_CACHE_DIR=warm_cache)  # empty database
+        cases.append(("shipped", "warm", plan["shipped"], shipped))
+        cases.append(("shipped", "cold", plan["shipped"], {**shipped, "CUDA_TILE_CACHE_DIR": cold_cache()}))
+        for source, cache, m, e in cases:
+            try:
+                r = _child(op, m, e)
+            except Exception as exc:  # noqa: BLE001 - one failing row is reported, the rest go on
+                rows.append({"op": op, "tokens": m, "source": source, "cutile_cache": cache, "error": str(exc)[-800:]})
+                print(f"{op:18s} {source:9s} {cache:5s} ERROR {str(exc)[-300:]}", flush=True)
+                continue
+            expected = {"bucket": "database"}.get(source, source)  # a bucket answers through the database
+            row = {"op": op, "shape": _shape(op, m), "tokens": m, "source": source, "cutile_cache": cache,
+                   "first_call_s": r["first_call_s"], "steady_s": r["steady_s"], "setup_s": r["setup_s"],
+                   "observed": r["observed"], "source_ok": expected in r["observed"]}
+            rows.append(row)
+            print(f"{op:18s} {source:9s} {cache:5s} first {r['first_call_s']:8.3f} s  steady "
+                  f"{r['steady_s'] * 1e6:9.1f} us  observed {r['observed']}", flush=True)
+    served = [r for r in rows if r.get("source") in ("shipped", "bucket", "database") and "first_call_s" in r]
+    warm = [r["first_call_s"] for r in served if r["cutile_cache"] == "warm"]
+    cold = [r["first_call_s"] for r in served if r["cutile_cache"] == "cold"]
+    write_result("first_call", {
+        "targets": {"served_warm_s": 0.5, "served_cold_s": 3.0},
+        "max_served_warm_s": max(warm) if warm else None,
+        "max_served_cold_s": max(cold) if cold else None,
+        "all_sources_as_intended": all(r.get("source_ok", r.get("source") == "tuned") for r in rows),
+        "rows": rows,
+    }, args.out)
+    return 0
+
+
+def _shape(op: str, m: int) -> str:
+    from tiletune.fill import llm_calls
+
+    call = llm_calls([op], [m])[0]
+    return " ".join("x".join(map(str, a["shape"])) for a in call.args if isinstance(a, dict) and "shape" in a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Tune the library ops over LLM shapes and write the shipped tuning table.
+
+Tunes ``tiletune.fill.llm_calls`` for the library ops over token counts (one per row bucket: powers of
+two 1..16384; attention at a few sequence lengths, it is not bucketed) into a fresh database, the
+commonest token counts first, until a wall-clock deadline; then exports the winners as a tuning
+table (``TuningTable.from_db``). Re-running with the same ``--db`` resumes: stored keys are skipped.
+
+    python benchmarks/make_table.py --db /tmp/fill.db --table src/tiletune/data/tables/h200.json \
+        [--deadline-s 400] [--report OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# the order keys are tuned in: the commonest batch x token counts first, so a deadline cuts the rarest
+TOKENS = (1, 16, 128, 1024, 4096, 8, 64, 512, 2048, 2, 4, 32, 256, 8192, 16384)
+ATTENTION_S = (1024, 2048, 4096)
+MEMORY_OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "swiglu", "geglu", "apply_rope_",
+              "cross_entropy", "matmul")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", required=True, help="tuning database to fill (resumed if it exists)")
+    ap.add_argument("--table", required=True, help="table file to write (.gz for gzip)")
+    ap.add_argument("--deadline-s", type=float, default=400.0, help="stop starting new keys after this")
+    ap.add_argument("--report", default=None, help="per-call report JSON")
+    ap.add_argument("--no-attention", action="store_true")
+    args = ap.parse_args()
+    os.environ["TILETUNE_DB"] = args.db
+    os.environ.setdefault("TILETUNE_TABLES", "0")  # tune every key: an older table must not answer
+
+    from tiletune.fill import llm_calls, run_calls
+    from tiletune.store import TuningDB
+    from tiletune.tables import TuningTable
+
+    calls = [c for m in TOKENS for c in llm_calls(MEMORY_OPS, [m])]
+    if not args.no_attention:
+        calls += llm_calls(["attention"], ATTENTION_S)
+    t0 = time.perf_counter()
+    rows, skipped = [], 0
+    for call in calls:
+        if time.perf_counter() - t0 > args.deadline_s:
+            skipped += 1
+            continue
+        rep = run_calls([call], progress=False)
+        row = rep.rows[0]
+        rows.append(row)
+        print(f"{'ok ' if row['ok'] else 'ERR'} {row['seconds']:8.2f} s  {row['call']}"
+              + ("" if row["ok"] else f"  {row['error']}"), flush=True)
+    table = TuningTable.from_db(TuningDB(args.db))
+    path = table.save(args.table)
+    size = path.stat().st_size
+    print(f"table: {len(table)} entries, {size} bytes -> {path}; {skipped} call(s) left for a later run", flush=True)
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump({"calls": len(calls), "done": len(rows), "skipped": skipped, "table_entries": len(table),
+                       "table_bytes": size, "wall_s": time.perf_counter() - t0, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
