@@ -18,6 +18,7 @@ every later call, in this process or another, launches the cached kernel directl
 from __future__ import annotations
 
 from .backends.base import Launch
+from .bench import BenchResult, bench
 from .buckets import Buckets
 from .dispatch import TunedOp, autotune
 from .errors import (
@@ -45,6 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllCandidatesFailed",
+    "BenchResult",
     "Buckets",
     "Budget",
     "Config",
@@ -73,6 +75,7 @@ __all__ = [
     "TuningDB",
     "TuningIdentity",
     "autotune",
+    "bench",
     "default_db_path",
     "per_arch",
     "register",

@@ -412,6 +412,27 @@ def strategies_cmd(
             console.print(safe(f"wrote {png}"))
 
 
+# ---------------------------------------------------------------------------------------- suggest
+
+
+@app.command("suggest")
+def suggest_cmd(
+    kernel: str = typer.Argument(..., help="The kernel as MODULE:NAME (a @ct.kernel object or its function); "
+                                 "the current directory is importable."),
+    settings_: Optional[List[str]] = typer.Option(None, "--set", help="A template argument NAME=VALUE, e.g. "
+                                                  "n_cols=8192 (repeat the option for several)."),
+    template_name: Optional[str] = typer.Option(None, "--template", help="Print this catalogue template instead "
+                                                "of the one the source suggests."),
+) -> None:
+    """Classify a cuTile kernel from its source and print the matching template's Space as Python code."""
+    from .suggest import parse_setting, suggest
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    args = dict(parse_setting(s) for s in settings_ or [])
+    typer.echo(suggest(kernel, args, template=template_name))
+
+
 # ---------------------------------------------------------------------------------------- recording
 
 

@@ -15,7 +15,7 @@ GPU waits on it while the host enqueues the call, so the events time the device 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 
 class ColdL2Timer:
@@ -66,9 +66,15 @@ class ColdL2Timer:
 
     def time(self, launch: Callable[[], None], n: int) -> list[float]:
         """``n`` samples of ``launch`` in microseconds."""
-        pairs = self._pairs(n)
+        return self.time_each([launch] * n)
+
+    def time_each(self, launches: Sequence[Callable[[], None]]) -> list[float]:
+        """One sample of each launch, in order, in microseconds (one synchronisation at the end)."""
+        if not launches:
+            return []
+        pairs = self._pairs(len(launches))
         buf = self._buffer
-        for start, end in pairs:
+        for (start, end), launch in zip(pairs, launches):
             if buf is not None:
                 buf.zero_()
             if self.backlog_cycles:

@@ -60,6 +60,7 @@ __all__ = [
     "matmul_baseline",
     "matmul_constraints",
     "matmul_params",
+    "matmul_shape",
     "matmul_space",
     "next_power_of_2",
     "row_regime",
@@ -309,6 +310,12 @@ def _library_shape(elem_bytes: int) -> Any:
 
     shape_ok.__doc__ = _library_shape.__doc__
     return shape_ok
+
+
+def matmul_shape(elem_bytes: int = 2) -> Any:
+    """Constraint of the matmul template: two consumer warpgroups only for tiles of at least 128x128,
+    and the deepest K tile (``256 // elem_bytes``) only for tiles with ``TM + TN <= 192``."""
+    return _library_shape(elem_bytes)
 
 
 def matmul_params(elem_bytes: int = 2) -> dict[str, list[int]]:

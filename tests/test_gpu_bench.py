@@ -1,0 +1,58 @@
+"""tiletune.bench on a real GPU (run on the GPU host with ``pytest -m gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+import tiletune as tt
+
+
+def _copy(n: int):
+    src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    return dst, src
+
+
+def test_bench_a_torch_op_and_results_are_sane():
+    dst, src = _copy(1 << 20)
+    r = tt.bench(torch.Tensor.copy_, dst, src)
+    assert r.mode == "cold_l2" and r.n >= 10 and r.n == len(r.samples_us)
+    assert 0 < r.min_us <= r.median_us and r.ci_low_us <= r.median_us <= r.ci_high_us
+    assert r.median_us < 1000.0  # 4 MiB copied: microseconds, not milliseconds
+    assert torch.equal(dst, src)
+    assert "NVIDIA" in r.device or r.device
+
+
+def test_bigger_copy_takes_longer():
+    small = tt.bench(torch.Tensor.copy_, *_copy(1 << 20))  # 4 MiB
+    big = tt.bench(torch.Tensor.copy_, *_copy(1 << 26))  # 256 MiB
+    assert big.median_us > 8 * small.median_us
+
+
+def test_graph_replay_path():
+    dst, src = _copy(1 << 22)
+    eager = tt.bench(torch.Tensor.copy_, dst, src)
+    dst.zero_()
+    graphed = tt.bench(torch.Tensor.copy_, dst, src, graph=True)
+    assert graphed.graph and graphed.n >= 10
+    assert torch.equal(dst, src)  # the replays did the copy
+    assert 0.5 < graphed.median_us / eager.median_us < 2.0  # the same device work
+
+
+def test_rotating_workspaces_on_the_gpu():
+    n = 1 << 24  # 64 MiB per set: 4 sets (x2 tensors) are well over an H200's L2
+    r = tt.bench(torch.Tensor.copy_, *_copy(n), workspaces=4)
+    assert r.workspaces == 4 and r.mode == "workspaces" and r.n >= 10
+    cold = tt.bench(torch.Tensor.copy_, *_copy(n))
+    assert 0.5 < r.median_us / cold.median_us < 2.0  # rotation keeps the data out of L2 as the flush does
+
+
+def test_nvml_readings_when_available():
+    pytest.importorskip("pynvml")
+    r = tt.bench(torch.Tensor.copy_, *_copy(1 << 22))
+    assert r.readings and r.sm_clock_mhz and r.sm_clock_mhz > 100
+    assert len(r.throttled) == r.n
