@@ -156,6 +156,11 @@ def tables_from_recordings(recordings: Iterable[Any]) -> dict[str, KeyTable]:
     devices: dict[str, DeviceInfo] = {}
     for r in recordings:
         rec = r if isinstance(r, Recording) else load_any(r)
+        names = list(rec.param_values)
+        first = next((x for x in by_arch.get(rec.device.arch, [])), None)
+        if first is not None and list(first[2].param_values) != names:
+            raise ValueError(f"{rec.source}: its parameters ({', '.join(names)}) differ from "
+                             f"{first[2].source}'s; shrink recordings of one kernel's space together")
         label = f"{rec.name} {canonical_json(rec.key)}" if rec.key is not None else os.path.basename(rec.source)
         by_arch.setdefault(rec.device.arch, []).append((label, list(rec.measurements), rec))
         devices[rec.device.arch] = rec.device
