@@ -17,6 +17,7 @@ every later call, in this process or another, launches the cached kernel directl
 
 from __future__ import annotations
 
+from .ab import ab
 from .backends.base import Launch
 from .bench import BenchResult, bench
 from .buckets import Buckets
@@ -35,6 +36,7 @@ from .errors import (
     SpaceError,
     TiletuneError,
 )
+from .pins import PinError, pin
 from .records import DeviceInfo, Measurement, Status, TuneResult, TuningIdentity
 from .space import Config, PerArch, Space, per_arch
 from .stats import StoppingRule
@@ -62,6 +64,7 @@ __all__ = [
     "Measurement",
     "NewerDatabase",
     "NoBackendError",
+    "PinError",
     "PerArch",
     "Space",
     "SpaceError",
@@ -74,10 +77,12 @@ __all__ = [
     "TunerOptions",
     "TuningDB",
     "TuningIdentity",
+    "ab",
     "autotune",
     "bench",
     "default_db_path",
     "per_arch",
+    "pin",
     "register",
     "__version__",
 ]

@@ -433,6 +433,118 @@ def suggest_cmd(
     typer.echo(suggest(kernel, args, template=template_name))
 
 
+# ---------------------------------------------------------------------------------------- ab, shrink
+
+
+@app.command("ab")
+def ab_cmd(
+    ops: Optional[List[str]] = typer.Argument(None, help="Library ops over LLM shapes (as 'tiletune tune'), or "
+                                              "none with --spec."),
+    spec: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, readable=True,
+                                        help="A calls file as for 'tiletune tune --spec'; each call is one case."),
+    against: str = typer.Option("baseline", help="'baseline' or a JSON object of every parameter's value."),
+    tokens: str = typer.Option("1,8,128", help="Comma-separated token counts for the library ops."),
+    rounds: int = typer.Option(10, min=3, help="Interleaved rounds per case."),
+    batch: int = typer.Option(10, min=1, help="Samples per config per round."),
+    device: str = typer.Option("cuda", help="Where tensors are made."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
+    png: Optional[Path] = typer.Option(None, help="Write a PNG of the ratios here (needs matplotlib)."),
+) -> None:
+    """A/B each call's tuned pick against a fixed config (interleaved, cold L2): ratio, 95% CI, verdict."""
+    from .ab import ab, geomean
+    from .fill import LLM_OPS, _materialize, llm_calls, load_spec, resolve_op
+
+    if (spec is None) == (not ops):
+        _fail("give library ops or --spec (one of them)", hint=f"library ops: {', '.join(LLM_OPS)}")
+    for out, opt in ((json_out, "--json"), (png, "--png")):
+        if out is not None:
+            _check_out_file(out, opt)
+    fixed: Any = against
+    if against != "baseline":
+        try:
+            fixed = json.loads(against)
+        except ValueError:
+            fixed = None
+        if not isinstance(fixed, dict):
+            _fail(f"--against {against!r}: expected 'baseline' or a JSON object of parameter values")
+    if spec is not None:
+        calls = load_spec(spec)
+    else:
+        bad = [o for o in ops or [] if o not in LLM_OPS]
+        if bad:
+            _fail(f"unknown library op(s) {', '.join(map(repr, bad))}", hint=f"choose from {', '.join(LLM_OPS)}")
+        try:
+            counts = [int(t) for t in tokens.split(",") if t.strip()]
+        except ValueError:
+            _fail(f"--tokens {tokens!r}: expected comma-separated integers")
+        calls = llm_calls(list(ops or []), counts)
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    reports = []
+    for call in calls:
+        fn = resolve_op(call.op)
+        args = tuple(_materialize(a, device, gen) for a in call.args)
+        kwargs = {k: _materialize(v, device, gen) for k, v in call.kwargs.items()}
+        rep = ab(fn, [{"args": args, "kwargs": kwargs, "label": call.describe()}], against=fixed, rounds=rounds,
+                 batch=batch)
+        console.print(safe(rep.table().splitlines()[1]))
+        reports.append(rep)
+    rows = [r for rep in reports for r in rep.rows]
+    g = geomean(r.ratio for r in rows)
+    console.print(safe(f"geomean {g:.3f} over {len(rows)} case(s); "
+                       + ", ".join(f"{v} {sum(1 for r in rows if r.verdict == v)}" for v in ("faster", "tied", "slower"))))
+    if reports:
+        from .ab import ABReport
+
+        merged = ABReport(op="calls", against=reports[0].against, rows=rows, band=reports[0].band)
+        if json_out is not None:
+            merged.save(json_out)
+        if png is not None and merged.plot(png) is None:
+            console.print("[yellow]matplotlib is not installed: no PNG[/]")
+
+
+@app.command("shrink")
+def shrink_cmd(
+    op: Optional[str] = typer.Argument(None, help="The op's name in the tuning database (e.g. tiletune.gemm)."),
+    recording: Optional[List[Path]] = typer.Option(None, "--recording", exists=True, dir_okay=False, readable=True,
+                                                   help="Recorded spaces instead of the database (repeatable; "
+                                                        "each is one key)."),
+    path: Optional[Path] = typer.Option(None, help=_PATH_HELP),
+    tolerance: float = typer.Option(0.02, min=0.0, max=0.99, help="Allowed loss per key vs the full space's best."),
+    max_configs: int = typer.Option(8, min=1, help="Most configs per architecture."),
+    verify: bool = typer.Option(True, help="A/B the shrunk space against each key's best by replaying the records."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+) -> None:
+    """Choose the fewest configs per architecture within a tolerance of the full space's best on every key."""
+    from . import shrink as sh
+
+    if (op is None) == (not recording):
+        _fail("give an op name (database) or --recording FILE (one of them)")
+    if json_out is not None:
+        _check_out_file(json_out, "--json")
+    tables = sh.tables_from_recordings(recording) if recording else sh.tables_from_db(_open_db(path, must_exist=True), op)
+    results = {a: sh.shrink(t, tolerance, max_configs) for a, t in tables.items()}
+    doc: dict[str, Any] = {"source": op or [str(r) for r in recording or []], "archs": {}}
+    for a, r in sorted(results.items()):
+        console.print(safe(f"{a}: {r.keys} key(s), {r.configs_before} -> {len(r.configs)} config(s), worst loss "
+                           f"{100 * r.worst_loss:.2f}% ({'within' if r.met else 'NOT within'} "
+                           f"{100 * tolerance:g}%); {r.method}"))
+        for key, loss in sorted(r.losses.items(), key=lambda kv: -kv[1]):
+            console.print(safe(f"  {100 * loss:6.2f}%  {key[:110]}"))
+        d = r.as_dict()
+        if verify:
+            v = sh.verify_replay(tables[a], r)
+            d["ab_replay"] = v
+            console.print(safe(f"  A/B by replay (shrunk pick / full best): geomean {v['geomean']:.3f}"))
+        doc["archs"][a] = d
+    code = sh.space_code(results, comment=f"tiletune shrink: tolerance {tolerance:g}, <= {max_configs} per arch")
+    doc["space_code"] = code
+    typer.echo(code)
+    if json_out is not None:
+        json_out.write_text(json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n")
+
+
 # ---------------------------------------------------------------------------------------- recording
 
 
@@ -509,10 +621,21 @@ def db_export(
     name: Optional[str] = typer.Option(None, help="Only the sessions of the op with this name."),
     table: bool = typer.Option(False, "--table", help="Write a tuning table (winners only, one device and one "
                                "set of versions), for 'tiletune db import --table' on other machines."),
+    pins: bool = typer.Option(False, "--pins", help="Write a pins file of the winners (exact keys, per "
+                              "architecture), for TILETUNE_PINS: pinned keys are never tuned."),
 ) -> None:
-    """Write sessions (measurements, winners) as JSON, or the winners as a tuning table."""
+    """Write sessions (measurements, winners) as JSON, the winners as a tuning table, or as pins."""
     _check_out_file(dest, "DEST")
+    if table and pins:
+        _fail("give --table or --pins, not both")
     db = _open_db(path, must_exist=True)
+    if pins:
+        from .pins import PinFile
+
+        pf = PinFile.from_db(db, name=name)
+        pf.save(dest)
+        console.print(safe(f"wrote {len(pf)} pin(s) to {dest}; use them with TILETUNE_PINS={dest}"))
+        return
     if table:
         from .tables import TuningTable
 

@@ -46,6 +46,8 @@ TILETUNE_DEBUG                   bool      false      The ``tiletune`` command s
                                                       as ``--debug``).
 TILETUNE_TABLES                  bool      true       Consult tuning tables (the user's, then those shipped
                                                       with tiletune) for keys the database does not hold.
+TILETUNE_PINS                    path      unset      A pins file (tiletune.pins): fixed configs per op
+                                                      and key, used before the database; never tuned.
 TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
@@ -81,6 +83,7 @@ __all__ = [
     "worker_prestart",
     "worker_start_timeout_s",
     "tables_enabled",
+    "pins_path",
     "watchdog_s",
     "watchdog_factor",
     "worker_trace",
@@ -121,6 +124,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_WORKER_TRACE", "bool", False, "trace worker requests, keep worker logs"),
         Variable("TILETUNE_DEBUG", "bool", False, "full tracebacks from the command line"),
         Variable("TILETUNE_TABLES", "bool", True, "consult the user's and the shipped tuning tables"),
+        Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.pins)"),
         Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
@@ -262,6 +266,11 @@ def tables_enabled() -> bool:
     return flag("TILETUNE_TABLES", True)
 
 
+def pins_path() -> str | None:
+    """``TILETUNE_PINS``: the pins file (:mod:`tiletune.pins`), or None (unset or empty)."""
+    return text("TILETUNE_PINS")
+
+
 def in_worker() -> bool:
     """``TILETUNE_IN_WORKER`` (default false; set by tiletune in its worker processes)."""
     return flag("TILETUNE_IN_WORKER", False)
@@ -283,6 +292,7 @@ _CHECKS = {
     "TILETUNE_DEBUG": debug,
     "TILETUNE_IN_WORKER": in_worker,
     "TILETUNE_TABLES": tables_enabled,
+    "TILETUNE_PINS": pins_path,
 }
 
 

@@ -220,6 +220,11 @@ def lookup(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev
             record = db.lookup(identity)
         except DatabaseError as exc:
             database_failed(op, db, exc)
+    from .pins import verified_pin
+
+    pinned = verified_pin(op, identity, arch)  # a pin checked earlier in this process
+    if pinned is not None:
+        return pinned
     cfg = _config_from_record(op, record.config, arch) if record is not None else None
     return cfg if cfg is not None else _from_table(op, identity, arch)
 
@@ -239,10 +244,15 @@ def _from_table(op: "TunedOp", identity: TuningIdentity, arch: str) -> Config | 
 
 
 def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Resolution:
-    """The config this op uses for ``key``: from the database, a tuning table, another process's
-    session, or tuned."""
+    """The config this op uses for ``key``: from a pin (:mod:`tiletune.pins`), the database, a tuning
+    table, another process's session, or tuned."""
     plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
     identity = make_identity(op, args, key, backend, dev, arch, plans)
+    from .pins import pinned_config
+
+    pinned = pinned_config(op, args, identity, backend, dev, arch, plans)  # verified once, never tuned
+    if pinned is not None:
+        return Resolution(pinned, launched=False)
     db = op.db
     if db is None:
         cfg = _from_table(op, identity, arch)
