@@ -106,17 +106,23 @@ def main() -> int:
             rows.append(row)
             print(f"{op:18s} {source:9s} {cache:5s} first {r['first_call_s']:8.3f} s  steady "
                   f"{r['steady_s'] * 1e6:9.1f} us  observed {r['observed']}", flush=True)
+        _write(rows, args.out, complete=False)  # a cut run keeps what it measured
+    _write(rows, args.out, complete=True)
+    return 0
+
+
+def _write(rows: list, out: str | None, complete: bool) -> None:
     served = [r for r in rows if r.get("source") in ("shipped", "bucket", "database") and "first_call_s" in r]
     warm = [r["first_call_s"] for r in served if r["cutile_cache"] == "warm"]
     cold = [r["first_call_s"] for r in served if r["cutile_cache"] == "cold"]
     write_result("first_call", {
+        "complete": complete,
         "targets": {"served_warm_s": 0.5, "served_cold_s": 3.0},
         "max_served_warm_s": max(warm) if warm else None,
         "max_served_cold_s": max(cold) if cold else None,
-        "all_sources_as_intended": all(r.get("source_ok", r.get("source") == "tuned") for r in rows),
+        "all_sources_as_intended": all(r.get("source_ok", False) for r in rows),
         "rows": rows,
-    }, args.out)
-    return 0
+    }, out)
 
 
 def _shape(op: str, m: int) -> str:
