@@ -8,10 +8,11 @@ per-call time. Where the config comes from:
 - ``database``: the tuned process's database, the same shape.
 - ``bucket``: that database, another token count inside the same row bucket (ops that bucket rows).
 - ``shipped``: an empty database with tables on: the tuning table shipped in the wheel answers
-  (``src/tiletune/data/tables``; run ``benchmarks/make_table.py`` first on this GPU).
+  (``src/tiletune/data/tables``; run ``benchmarks/make_table.py`` first on this GPU). Cold: an empty
+  cuTile cache; warm: a second fresh process on the cache the first one filled.
 
-Each of the last three runs with cuTile's disk cache warm (the cache the tuning filled) and cold (an
-empty cache folder: the chosen config is compiled once). What answered is read from tiletune's log
+``database`` and ``bucket`` run with cuTile's disk cache warm (the cache the tuning filled) and cold
+(an empty cache folder: the chosen config is compiled once). What answered is read from tiletune's log
 lines (``observed``); a row whose observed source differs from the intended one is flagged.
 
     python benchmarks/first_call.py [--out DIR] [--ops rms_norm,matmul,...]
@@ -32,8 +33,9 @@ from _common import fresh_env, run_child, write_result
 OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "swiglu", "geglu", "apply_rope_",
        "cross_entropy", "matmul", "attention")
 # token counts: tuned / database, another one in the same power-of-two bucket, one the table covers
-TOKENS = {"tuned": 100, "bucket": 120, "shipped": 128}
+TOKENS = {"tuned": 100, "bucket": 120, "shipped": 16}
 ATTENTION = {"tuned": 512, "shipped": 1024}  # attention keys are exact sequence lengths (not bucketed)
+SOURCES = ("shipped", "tuned", "database", "bucket")
 
 CHILD = r"""
 import json, logging, statistics, time
@@ -72,8 +74,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
     ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--sources", default=",".join(SOURCES), help="which rows to make")
     args = ap.parse_args()
     ops = [o for o in args.ops.split(",") if o]
+    sources = set(args.sources.split(","))
     rows = []
 
     def cold_cache() -> str:
@@ -81,17 +85,20 @@ def main() -> int:
 
     for op in ops:
         plan = ATTENTION if op == "attention" else TOKENS
+        # shipped first: an empty database, tables on, an empty cuTile cache (cold: the table's pick is
+        # compiled once), then the same cache again (warm)
+        shipped = fresh_env(TILETUNE_TABLES="1")
+        cases = [("shipped", "cold", plan["shipped"], shipped),
+                 ("shipped", "warm", plan["shipped"], {**fresh_env(TILETUNE_TABLES="1"),
+                                                       "CUDA_TILE_CACHE_DIR": shipped["CUDA_TILE_CACHE_DIR"]})]
         env = fresh_env(TILETUNE_TABLES="0")  # its own empty database and cuTile cache
-        warm_cache = env["CUDA_TILE_CACHE_DIR"]
-        cases = [("tuned", "cold", plan["tuned"], env)]
+        cases.append(("tuned", "cold", plan["tuned"], env))
         for source in ("database", "bucket"):
             if source in plan or source == "database":
                 m = plan.get(source, plan["tuned"])
                 cases.append((source, "warm", m, env))
                 cases.append((source, "cold", m, {**env, "CUDA_TILE_CACHE_DIR": cold_cache()}))
-        shipped = fresh_env(TILETUNE_TABLES="1", CUDA_TILE_CACHE_DIR=warm_cache)  # empty database
-        cases.append(("shipped", "warm", plan["shipped"], shipped))
-        cases.append(("shipped", "cold", plan["shipped"], {**shipped, "CUDA_TILE_CACHE_DIR": cold_cache()}))
+        cases = [c for c in cases if c[0] in sources]
         for source, cache, m, e in cases:
             try:
                 r = _child(op, m, e)
