@@ -6,16 +6,16 @@ combinations, are valid); the objective is a smooth bowl over the log2 values (f
 ``p2 == 128 and p3 == 128``). Each (size, strategy) runs in its own Python process (so one run's memory
 does not hide in another's), asks ``--batch`` configs at a time until ``--evals`` were evaluated, and reports:
 
-* ``peak_rss_mb``: the process's peak resident memory (``resource.getrusage``), imports included;
+* ``peak_rss_mb``: the process's peak resident memory (``VmHWM`` of ``/proc/self/status``; elsewhere
+  ``resource.getrusage``, which on Linux also counts the parent's memory at the fork), imports included;
   ``import_rss_mb``: the same right after importing tiletune, numpy and scikit-learn, before the space;
 * ``seconds``: wall time of the search (strategy construction included);
 * ``evaluations``, ``best`` (the best objective found; the optimum is 1.0), ``lazy`` (whether the space
   was searched through ``Space.lazy``), ``valid_fraction`` (the constraint's acceptance rate seen by the
   rejection sampling).
 
-Sizes are ``8^P``: ``--params 6 7 8 10`` (the default) gives 2.6e5 (``LAZY_THRESHOLD``: the biggest
-space still enumerated, so its rows show what listing a space costs), 2.1e6, 1.7e7 and 1.07e9
-combinations. Before lazy spaces, 10^6 configs took about 1.1 GB and 10^7 failed with MemoryError (every config was
+Sizes are ``8^P``: ``--params 5 6 7 8 10`` (the default) gives 3.3e4 (below ``LAZY_THRESHOLD``: listed,
+so its rows show what listing a space costs), 2.6e5, 2.1e6, 1.7e7 and 1.07e9 combinations (lazy). Before lazy spaces, 10^6 configs took about 1.1 GB and 10^7 failed with MemoryError (every config was
 built up front).
 
 Usage::
@@ -55,16 +55,27 @@ def objective(cfg) -> float | None:  # type: ignore[no-untyped-def]
     return 1.0 + sum((math.log2(v) - (i % 5)) ** 2 for i, v in enumerate(cfg.values())) / 4.0
 
 
-def run_one(strategy: str, n_params: int, evals: int, batch: int, seed: int) -> dict:
-    """One search in this process (call it in a fresh one to measure memory)."""
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (``VmHWM``: reset by ``exec``, unlike ``ru_maxrss``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     import resource
 
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_one(strategy: str, n_params: int, evals: int, batch: int, seed: int) -> dict:
+    """One search in this process (call it in a fresh one to measure memory)."""
     import numpy  # noqa: F401
     import sklearn.ensemble  # noqa: F401
 
     from tiletune.strategies import make_strategy
 
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss0 = peak_rss_mb()
     space = make_space(n_params)
     t0 = time.perf_counter()
     strat = make_strategy(strategy, space, None, seed)
@@ -91,7 +102,7 @@ def run_one(strategy: str, n_params: int, evals: int, batch: int, seed: int) -> 
         "chosen": getattr(strat, "chosen", strategy),
         "valid_fraction": None if view is None or view.valid_fraction is None else round(view.valid_fraction, 4),
         "seconds": round(seconds, 3), "import_rss_mb": round(rss0, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
     }
 
 
@@ -111,7 +122,7 @@ def run_isolated(strategy: str, n_params: int, evals: int, batch: int, seed: int
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="folder for lazy_spaces.json")
-    ap.add_argument("--params", type=int, nargs="+", default=[6, 7, 8, 10], help="parameters (8 values each)")
+    ap.add_argument("--params", type=int, nargs="+", default=[5, 6, 7, 8, 10], help="parameters (8 values each)")
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     ap.add_argument("--evals", type=int, default=300)
     ap.add_argument("--batch", type=int, default=16)

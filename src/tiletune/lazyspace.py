@@ -38,9 +38,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["LAZY_THRESHOLD", "LazySpace", "is_lazy"]
 
 #: Spaces whose product of value counts exceeds this are searched lazily (:class:`LazySpace`); at or
-#: below it they are enumerated, exactly as before (same picks for the same seeds). 2^18 combinations
-#: enumerate in about a second and a few hundred MB at worst (every combination valid).
-LAZY_THRESHOLD: int = 1 << 18
+#: below it they are enumerated, exactly as before (same picks for the same seeds). Listing a space
+#: costs about 1 KB per valid config across the space, the strategy's pool and its index (2^18
+#: combinations, two thirds of them valid, peaked at 340-520 MB in ``benchmarks/lazy_spaces.py``), so
+#: 2^16 keeps a listed space to a fraction of that.
+LAZY_THRESHOLD: int = 1 << 16
 
 #: Random draws a lazy sample may spend per config it returns (and at least :data:`_MIN_DRAWS` per call)
 #: before it gives up: constraints that keep less than about 1 in 200 combinations make a space too
