@@ -39,9 +39,8 @@ __all__ = ["LAZY_THRESHOLD", "LazySpace", "is_lazy"]
 
 #: Spaces whose product of value counts exceeds this are searched lazily (:class:`LazySpace`); at or
 #: below it they are enumerated, exactly as before (same picks for the same seeds). Listing a space
-#: costs about 1 KB per valid config across the space, the strategy's pool and its index (2^18
-#: combinations, two thirds of them valid, peaked at 340-520 MB in ``benchmarks/lazy_spaces.py``), so
-#: 2^16 keeps a listed space to a fraction of that.
+#: builds Python objects for every valid config in the space, the strategy's pool and its index, so
+#: the threshold keeps listed spaces small (``benchmarks/lazy_spaces.py`` measures both sides of it).
 LAZY_THRESHOLD: int = 1 << 16
 
 #: Random draws a lazy sample may spend per config it returns (and at least :data:`_MIN_DRAWS` per call)
