@@ -148,7 +148,7 @@ def test_every_option_and_argument_has_help():
     assert missing == []
 
 
-@pytest.mark.parametrize("option", ["--seeds", "--exhaustive-seeds", "--workers", "--batch"])
+@pytest.mark.parametrize("option", ["--seeds", "--exhaustive-seeds", "--workers", "--batch", "--budget"])
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_strategies_refuses_nonsensical_numbers(option, value):
     result = run("strategies", str(RMSNORM_REC), option, value)
@@ -156,6 +156,28 @@ def test_strategies_refuses_nonsensical_numbers(option, value):
                                     + rf"(Input should be greater than or equal to 1|{value} is not in the range x>=1)\.?"),
               "run 'root strategies --help'")
     assert result.stdout == ""  # no table of None
+
+
+def test_strategies_refuses_a_budget_that_is_not_a_number():
+    one_error(run("strategies", str(RMSNORM_REC), "--budget", "lots"), 2,
+              re.compile(re.escape("Invalid value for '--budget': ") + r"(Input should be a valid integer.*|"
+                         r"'lots' is not a valid integer)\.?"), "run 'root strategies --help'")
+
+
+@pytest.mark.parametrize("value", ["median", "", "TIME", "time,times-median"])
+def test_strategies_refuses_an_unknown_truth(value):
+    result = run("strategies", str(RMSNORM_REC), "--truth", value)
+    one_error(result, 2, f"--truth {value!r}: expected one of time, times-median")
+    assert result.stdout == ""
+
+
+def test_strategies_refuses_a_truth_the_recording_does_not_have():
+    result = run("strategies", str(RMSNORM_REC), "--truth", "time")
+    one_error(result, 2, f"--truth time: {RMSNORM_REC} cannot be scored by 'time' (the single time recorded per "
+                         "config (Kernel Tuner's 'time' field, as Kernel Tuner scores it)): it records only "
+                         "times-median",
+              "leave out --truth to use each file's own")
+    assert result.stdout == ""
 
 
 def test_demo_refuses_a_negative_budget():

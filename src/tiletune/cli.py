@@ -375,14 +375,28 @@ def strategies_cmd(
                                          help="Seeds for exhaustive search (its order does not depend on the seed)."),
     workers: int = typer.Option(16, min=1, help="Simulated compile workers."),
     batch: Optional[int] = typer.Option(None, min=1, help="Configs per ask (default: the compile workers)."),
+    budget: Optional[int] = typer.Option(None, "--budget", min=1,
+                                         help="Evaluations per run at most (default: until within 1% of the "
+                                              "optimum, or the space is exhausted)."),
+    no_baseline: bool = typer.Option(False, "--no-baseline",
+                                     help="Drop the recorded baseline from each space, so every search starts "
+                                          "from its own first picks."),
+    truth: Optional[str] = typer.Option(None, "--truth", metavar="time|times-median",
+                                        help="The recorded time that is the ground truth: 'time' (a Kernel Tuner "
+                                             "cache's time field, as Kernel Tuner scores it) or 'times-median' "
+                                             "(the median of the samples). Default: each file's own (time for a "
+                                             "Kernel Tuner cache, times-median for a tiletune recording)."),
     out: Optional[Path] = typer.Option(None, help="Write strategies.json and one PNG per space to this directory."),
 ) -> None:
     """Evaluate search strategies on recorded spaces (replayed, simulated clock, no GPU).
 
     For each space and strategy: evaluations and simulated seconds to get within 5% and 1% of the
     recorded optimum (median and 95% interval over seeds), against random search's expected count.
+    Which recorded time is the truth is printed per space.
     """
-    from .strategy_eval import evaluate, plot_space, write_results
+    from .errors import TiletuneError
+    from .recordings.format import TRUTHS
+    from .strategy_eval import evaluate, load_truth, plot_space, write_results
 
     seen: set[str] = set()
     for s in strategy:
@@ -392,20 +406,37 @@ def strategies_cmd(
         _check_strategy(s)
     if out is not None and out.exists() and not out.is_dir():
         _fail(f"--out {out} is a file, not a directory")
-    rows, runs, truths = evaluate(recordings, strategy, seeds, workers=workers, batch=batch,
+    if truth is not None and truth not in TRUTHS:
+        _fail(f"--truth {truth!r}: expected one of {', '.join(TRUTHS)}")
+    spaces = []
+    for path in recordings:
+        try:
+            spaces.append(load_truth(path, baseline=not no_baseline, truth=truth))
+        except TiletuneError:  # an unreadable or malformed file: reported as such
+            raise
+        except ValueError as exc:  # a truth the file does not have, or no successful config
+            _fail(f"--truth {truth}: {exc}" if truth is not None else str(exc),
+                  hint="leave out --truth to use each file's own" if truth is not None else None)
+    for t in spaces:
+        console.print(safe(f"{t.name}: truth = {t.truth_field} ({TRUTHS[t.truth_field]}); "
+                           f"baseline {'dropped' if no_baseline else 'kept'}; "
+                           f"budget {budget if budget is not None else 'none'}"))
+    rows, runs, truths = evaluate(spaces, strategy, seeds, workers=workers, batch=batch, max_evals=budget,
                                   exhaustive_seeds=exhaustive_seeds, progress=lambda m: console.print(safe(m)))
     table = Table(title="search strategies on recorded spaces (evaluations: median [95% interval])")
-    for col in ("space", "configs", "strategy", "to 5%", "random expects", "ratio", "to 1%", "seconds to 5%"):
+    for col in ("space", "configs", "truth", "strategy", "to 5%", "random expects", "ratio", "to 1%",
+                "seconds to 5%"):
         table.add_column(col)
     for r in rows:
-        table.add_row(safe(r["space"]), f"{r['n_configs']} ({r['n_valid']} ok)", safe(r["strategy"]),
+        table.add_row(safe(r["space"]), f"{r['n_configs']} ({r['n_valid']} ok)", safe(r["truth"]), safe(r["strategy"]),
                       safe(f"{r['median_evals_to_5pct']} {r['evals_to_5pct_ci95']}"),
                       f"{r['random_expected_evals_to_5pct']:.1f}", safe(r["ratio_to_random_5pct"]),
                       safe(f"{r['median_evals_to_1pct']} {r['evals_to_1pct_ci95']}"),
                       safe(r["median_seconds_to_5pct"]))
     console.print(table)
     if out is not None:
-        path = write_results(rows, out, {"seeds": seeds, "workers": workers, "batch": batch})
+        path = write_results(rows, out, {"seeds": seeds, "workers": workers, "batch": batch, "budget_evals": budget,
+                                         "baseline": not no_baseline, "truth": truth or "each file's own"})
         console.print(safe(f"wrote {path}"))
         for t in truths:
             png = plot_space(t, {s: runs[(t.name, s)] for s in strategy}, Path(out) / f"strategies_{t.name}.png")
@@ -564,7 +595,8 @@ def recording_import(
     # that it makes a space, keeps its date, then writes atomically
     rec = import_recording(src, dest, arch=arch, device=device or "unknown")
     ok = sum(1 for m in rec.measurements if not m.status.failed)
-    console.print(safe(f"{dest}: {len(rec.measurements)} configs ({ok} ok) over {', '.join(rec.param_values)}"))
+    console.print(safe(f"{dest}: {len(rec.measurements)} configs ({ok} ok) over {', '.join(rec.param_values)}; "
+                       f"scored by {rec.truth} (kept: {', '.join(rec.truths)})"))
 
 
 # ---------------------------------------------------------------------------------------- db

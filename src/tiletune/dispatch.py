@@ -449,7 +449,12 @@ class TunedOp:
 
     def _baseline(self, arch: str) -> Config:
         """The config launched untuned: the space's baseline, else its first valid config."""
-        return self.space.baseline(arch) or self.space.candidates(arch)[0]
+        base = self.space.baseline(arch)
+        if base is not None:
+            return base
+        if self.space.is_lazy(arch):  # a space too big to list: its first valid config, streamed
+            return next(iter(self.space.lazy(arch)))
+        return self.space.candidates(arch)[0]
 
     def _entry(self, cfg: Config, args: tuple[Any, ...], backend: Backend, dev: int) -> tuple[Entry, bool]:
         """The per-call launcher of ``cfg`` for this key, and whether it replays the plan's recipe."""
@@ -545,12 +550,17 @@ def autotune(
             later calls instead of calling the plan (see :mod:`tiletune.hotpath` for what is
             checked). Set False if the plan reads anything besides the config, shapes, strides,
             dtypes and int arguments.
-        strategy: how to search the space: ``None`` or ``"exhaustive"`` (every config, raced),
-            ``"random"``, ``"evolutionary"``, ``"model"`` or any name added with
+        strategy: how to search the space: ``"exhaustive"`` (every config, raced), ``"auto"`` (picks by
+            the space's size and type), ``"random"``, ``"evolutionary"``, ``"model"``, ``"local"``,
+            ``"surrogate"``, ``"hybrid"`` or any name added with
             ``@tiletune.strategies.register(name)``; or a :class:`tiletune.strategies.Strategy`
             subclass, or an instance of one (a template: each tuning gets a fresh copy built with
             its keyword options). Anything else is refused here, listing the registered names.
-        budget: a :class:`tiletune.Budget` limiting evaluations and/or seconds (compile included).
+            ``None`` (the default): exhaustive for a space of at most 1024 valid configs, else ``"auto"``
+            with ``budget`` or, without one, 500 evaluations (:func:`tiletune.search.default_search`).
+        budget: a :class:`tiletune.Budget` limiting evaluations and/or seconds (compile included). A
+            space too big to enumerate (over 2^16 combinations of values) needs one with an explicit
+            ``strategy``.
         seed: seeds the strategy (same seed, same proposals).
         strategy_options: keyword options of the strategy (e.g. ``{"population": 12}``).
         isolation: ``"process"`` (default for the live cuTile backend, or ``TILETUNE_ISOLATION``):

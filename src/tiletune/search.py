@@ -10,6 +10,12 @@ is ranked over everything measured with :func:`tiletune.stats.rank`, as in exhau
 
 Live tuning (the cuTile session) and replay (a simulated session answering from a recording) go
 through exactly this code; only the session differs.
+
+**The default search** (``strategy=None``): :func:`default_search`. A space of at most
+:data:`EXHAUSTIVE_MAX_CONFIGS` valid configs is tuned exhaustively (every config, raced), as before;
+a bigger one, or one too big to enumerate (:mod:`tiletune.lazyspace`), with the ``"auto"`` strategy,
+which picks by the space's size and type (:class:`tiletune.strategies.portfolio.AutoStrategy`), under
+the given budget or, without one, :data:`DEFAULT_SEARCH_EVALS` evaluations.
 """
 
 from __future__ import annotations
@@ -20,17 +26,42 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 from .backends.base import Candidate, TuningSession
 from .records import Measurement, Status
-from .space import Config
+from .space import Config, Space
 from .stats import Entry, SampleSummary, rank, summarize
 from .strategies.base import Budget, Strategy
 from .tuner import LoopResult, ProgressFn, TunerOptions, run_loop, showdown
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["Evaluation", "SearchResult", "run_search", "DEFAULT_BATCH"]
+__all__ = ["Evaluation", "SearchResult", "run_search", "default_search", "DEFAULT_BATCH",
+           "EXHAUSTIVE_MAX_CONFIGS", "DEFAULT_SEARCH_EVALS"]
 
 #: Batch size when the session does not say how many compile workers it has.
 DEFAULT_BATCH = 16
+
+#: The default search measures every config of a space of at most this many valid configs (exhaustive,
+#: raced); a bigger space is searched with ``"auto"``.
+EXHAUSTIVE_MAX_CONFIGS = 1024
+
+#: Evaluations the default search spends on a space bigger than :data:`EXHAUSTIVE_MAX_CONFIGS` when no
+#: budget is given (the budget of the public-space comparison of issue 16).
+DEFAULT_SEARCH_EVALS = 500
+
+
+def default_search(space: Space, arch: str | None, budget: Budget | None) -> tuple[str, Budget]:
+    """The strategy name and budget of a tuning that names no strategy (see the module docstring).
+
+    ``"exhaustive"`` with ``budget`` (or no limit) for a space of at most :data:`EXHAUSTIVE_MAX_CONFIGS`
+    valid configs on ``arch``; otherwise ``"auto"`` with ``budget``, or with
+    ``Budget(max_evals=DEFAULT_SEARCH_EVALS)`` when ``budget`` limits nothing. A space too big to
+    enumerate (``space.is_lazy(arch)``) is never listed to decide.
+    """
+    budget = budget or Budget()
+    if not space.is_lazy(arch) and space.size(arch) <= EXHAUSTIVE_MAX_CONFIGS:
+        return "exhaustive", budget
+    if budget.unlimited:
+        budget = Budget(max_evals=DEFAULT_SEARCH_EVALS)
+    return "auto", budget
 
 
 @dataclass(frozen=True)

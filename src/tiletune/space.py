@@ -33,10 +33,13 @@ import random
 import re
 import textwrap
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, Union
 
 from .errors import SpaceError
 from .records import stable_hash
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .lazyspace import LazySpace
 
 __all__ = ["Space", "Config", "PerArch", "per_arch", "HINT_NAMES", "KNOWN_ARCHS"]
 
@@ -54,6 +57,9 @@ Constraint = Callable[["Config"], Any]
 """A predicate over a :class:`Config`; a truthy result keeps the configuration."""
 
 _ARCH_RE = re.compile(r"sm_\d+")
+#: The most combinations :meth:`Space.configs` (and everything that lists the space) goes through;
+#: bigger spaces are only searched lazily (:meth:`Space.lazy`).
+_MAX_ENUMERATED = 1 << 24
 _ISSUES_SHOWN = 8  # how many offending names an error message lists before "..."
 
 
@@ -636,6 +642,7 @@ class Space:
         archs = {a for v in norm.values() if isinstance(v, PerArch) for a in v.archs}
         set_(self, "_archs", tuple(sorted(archs, key=_arch_sort_key)))
         set_(self, "_cache", {})
+        set_(self, "_lazy", {})
         set_(self, "_hash", None)
         set_(self, "_baseline", self._normalise_baseline(baseline))
 
@@ -734,6 +741,31 @@ class Space:
         """The number of valid configurations on ``arch``."""
         return len(self._enumerate(_arch(arch)).configs)
 
+    def product_size(self, arch: str | None = None) -> int:
+        """The number of combinations of the parameters' values on ``arch``, before the constraints
+        (the product of the value counts; nothing is enumerated)."""
+        arch = _arch(arch)
+        return math.prod(len(self._resolve_one(n, arch)) for n in self._names)
+
+    def is_lazy(self, arch: str | None = None) -> bool:
+        """Whether the space is too big to enumerate cheaply on ``arch``: more than
+        :data:`tiletune.lazyspace.LAZY_THRESHOLD` combinations. Search strategies then work on
+        :meth:`lazy` (constraints applied per config, never to the whole product)."""
+        from .lazyspace import is_lazy
+
+        return is_lazy(self, arch)
+
+    def lazy(self, arch: str | None = None) -> "LazySpace":
+        """The lazy view of the space on ``arch`` (:class:`tiletune.lazyspace.LazySpace`, cached): size,
+        random valid configs, neighbours and membership without enumerating the space."""
+        from .lazyspace import LazySpace
+
+        arch = _arch(arch)
+        view = self._lazy.get(arch)
+        if view is None:
+            view = self._lazy[arch] = LazySpace(self, arch)
+        return view
+
     def baseline(self, arch: str | None = None) -> Config | None:
         """The baseline configuration for ``arch``, or None if there is none for it."""
         arch = _arch(arch)
@@ -793,6 +825,8 @@ class Space:
         """
         if not _is_int(n) or n < 0:
             raise SpaceError(f"sample: n must be a non-negative int, got {n!r}")
+        if self.is_lazy(arch):  # rejection sampling, never the whole product
+            return self.lazy(arch).sample(rng, n)
         configs = self._enumerate(_arch(arch)).configs
         return rng.sample(configs, min(n, len(configs)))
 
@@ -804,6 +838,8 @@ class Space:
         ``cfg`` itself need not satisfy the constraints, but its values must be in the space.
         """
         arch = _arch(arch)
+        if self.is_lazy(arch):
+            return self.lazy(arch).neighbours(self._assignment(cfg, "config"))
         en = self._enumerate(arch)
         c = self._coerce(cfg, en, arch)
         current = list(c.values())
@@ -827,6 +863,8 @@ class Space:
         (bools excluded), otherwise the value's index in the parameter's value list.
         """
         arch = _arch(arch)
+        if self.is_lazy(arch):
+            return self.lazy(arch).encode(self._assignment(cfg, "config"))
         en = self._enumerate(arch)
         c = self._coerce(cfg, en, arch)
         out: list[float] = []
@@ -866,21 +904,38 @@ class Space:
         if en is not None:
             return en
         values = {n: self._resolve_one(n, arch) for n in self._names}
-        product = [self._make(t) for t in itertools.product(*values.values())]
-        total = len(product)
-        if not product:
+        total = math.prod(len(vs) for vs in values.values())
+        if total > _MAX_ENUMERATED:
+            raise SpaceError(
+                f"the space has {total:.3g} combinations of parameter values {_on(arch)}: too many to list "
+                f"(at most {_MAX_ENUMERATED}); search it with a strategy and a budget (strategies see it "
+                "through Space.lazy, which never enumerates it)"
+            )
+        # one config at a time through the constraints (memory grows with the valid configs only);
+        # a config stops at the first constraint that rejects it, as when each constraint filtered the
+        # survivors of the previous ones
+        removed = [0] * len(self._constraints)
+        kept: list[Config] = []
+        call = self._call
+        for t in itertools.product(*values.values()):
+            c = self._make(t)
+            for k, (cname, fn) in enumerate(self._constraints):
+                if not call(cname, fn, c):
+                    removed[k] += 1
+                    break
+            else:
+                kept.append(c)
+        if not total:
             raise SpaceError(f"the space is empty {_on(arch)}: the product of the parameter values is empty")
-        remaining = product
-        for cname, fn in self._constraints:
-            kept = [c for c in remaining if self._call(cname, fn, c)]
-            if not kept:
-                raise SpaceError(
-                    f"the space is empty {_on(arch)}: constraint {cname!r} removed all "
-                    f"{len(remaining)} remaining configurations ({total} in the product, "
-                    f"{total - len(remaining)} removed by earlier constraints)"
-                )
-            remaining = kept
-        en = _Enumeration(values, tuple(remaining))
+        if not kept:
+            last = max(k for k, r in enumerate(removed) if r)
+            before = sum(removed[:last])
+            raise SpaceError(
+                f"the space is empty {_on(arch)}: constraint {self._constraints[last][0]!r} removed all "
+                f"{total - before} remaining configurations ({total} in the product, "
+                f"{before} removed by earlier constraints)"
+            )
+        en = _Enumeration(values, tuple(kept))
         self._cache[arch] = en
         return en
 

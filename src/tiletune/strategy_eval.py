@@ -8,8 +8,11 @@ replaying the recording with a simulated clock (compile times list-scheduled ove
 workers, samples drawn from the recorded ones). A run stops once it has evaluated a config within
 the tightest tolerance (1%) of the optimum, or when the space is exhausted.
 
-"Reached within 5%" is judged on the *recorded* median of each evaluated config (the ground
-truth), not on the noisy median the run measured. Per run we keep the number of evaluations (configs
+"Reached within 5%" is judged on the *recorded* time of each evaluated config (the ground truth),
+not on the noisy median the run measured. The recorded time is the recording's own truth
+(:attr:`Recording.truth <tiletune.recordings.Recording.truth>`: the median of the samples, or for an
+imported Kernel Tuner cache its ``time`` field, as Kernel Tuner scores it) unless ``truth=`` names the
+other one. Per run we keep the number of evaluations (configs
 proposed and run, failures included) and the simulated seconds (``known_at_s``: the session clock
 when that config's first median was known, compilation included) to reach each tolerance, and the
 best-found curve. Per strategy and space: median and 95% interval (2.5 / 97.5 percentiles) over
@@ -89,6 +92,8 @@ class SpaceTruth:
         optimum_us: the best recorded median.
         n_configs: configs in the space (failed ones included).
         n_valid: configs measured successfully.
+        truth_field: which recorded time is the truth (``"time"`` or ``"times-median"``, see
+            :data:`tiletune.recordings.format.TRUTHS`).
     """
 
     name: str
@@ -99,6 +104,7 @@ class SpaceTruth:
     optimum_us: float
     n_configs: int
     n_valid: int
+    truth_field: str = "times-median"
 
     def within(self, tol: float) -> int:
         """How many configs are within ``tol`` of the optimum (``median <= (1 + tol) * optimum``)."""
@@ -110,14 +116,25 @@ class SpaceTruth:
         return random_expected_evals(self.n_configs, self.within(tol))
 
 
-def load_truth(source: str | os.PathLike | Recording, name: str | None = None, baseline: bool = True) -> SpaceTruth:
+def load_truth(source: str | os.PathLike | Recording, name: str | None = None, baseline: bool = True,
+               truth: str | None = None) -> SpaceTruth:
     """Load a recording (any format :func:`tiletune.recordings.load_any` knows) with its truth.
 
     ``baseline=False`` drops the recorded baseline from the space, so strategies start from their own
     first proposals: with a good hand-picked baseline the "within 5%" figures otherwise measure the
-    baseline, not the search.
+    baseline, not the search. ``truth`` picks the recorded time that is the truth (``"time"`` or
+    ``"times-median"``; None: the recording's own, :attr:`Recording.truth`); a recording that does not
+    have it (``"time"`` of a tiletune recording, which holds samples only) raises ValueError.
     """
+    from .recordings.format import TRUTHS
+
+    if truth is not None and truth not in TRUTHS:
+        raise ValueError(f"truth must be one of {', '.join(TRUTHS)}, got {truth!r}")
     rec = source if isinstance(source, Recording) else load_any(source)
+    field = rec.truth if truth is None else truth
+    if field not in rec.truths:
+        raise ValueError(f"{rec.source} cannot be scored by '{field}' ({TRUTHS[field]}): it records only "
+                         f"{', '.join(rec.truths)}")
     if name is None:
         base = Path(rec.source).name if rec.source != "<memory>" else rec.name
         name = re.sub(r"(\.json)?(\.gz)?$", "", base) or rec.name
@@ -125,12 +142,11 @@ def load_truth(source: str | os.PathLike | Recording, name: str | None = None, b
     space = rec.space_from_params(baseline=baseline)
     truth: dict[Config, float | None] = {}
     for cfg in space.candidates(arch):
-        m = rec.get(cfg)
-        truth[cfg] = m.median_us if (m is not None and m.status is Status.OK and m.samples_us) else None
+        truth[cfg] = rec.truth_us(cfg, field)
     ok = [v for v in truth.values() if v is not None]
     if not ok:
         raise ValueError(f"{rec.source}: no successfully measured config: no optimum to search for")
-    return SpaceTruth(name, rec, space, arch, truth, min(ok), len(truth), len(ok))
+    return SpaceTruth(name, rec, space, arch, truth, min(ok), len(truth), len(ok), field)
 
 
 @dataclass(frozen=True)
@@ -236,6 +252,7 @@ def summarize_runs(truth: SpaceTruth, strategy: str, runs: Sequence[Run],
         "recorded": rec.recorded,
         "recording_versions": dict(rec.versions),
         "synthetic": "SYNTHETIC" in rec.note.upper() or "synthetic" in rec.device.name.lower(),
+        "truth": truth.truth_field,
     }
     for t in tolerances:
         k = _tol_key(t)
@@ -271,8 +288,14 @@ def evaluate(
     exhaustive_seeds: int | None = 10,
     progress: ProgressCb | None = None,
     baseline: bool = True,
+    max_evals: int | None = None,
+    truth: str | None = None,
 ) -> tuple[list[dict[str, Any]], dict[tuple[str, str], list[Run]], list[SpaceTruth]]:
     """Evaluate ``strategies`` on every space, ``seeds`` seeds each (seeds ``0 .. seeds-1``).
+
+    ``max_evals`` caps each run's evaluations (None: until the tightest tolerance is reached or the
+    space is exhausted); ``baseline`` and ``truth`` are :func:`load_truth`'s (for sources that are not
+    loaded yet).
 
     Exhaustive search proposes in a fixed order, so its evaluation counts do not depend on the
     seed; ``exhaustive_seeds`` (default 10; None: ``seeds``) limits its runs to save time.
@@ -280,7 +303,7 @@ def evaluate(
     Returns ``(rows, runs, truths)``: the result rows (see :func:`summarize_runs`), every run by
     ``(space, strategy)``, and the loaded spaces.
     """
-    truths = [s if isinstance(s, SpaceTruth) else load_truth(s, baseline=baseline) for s in sources]
+    truths = [s if isinstance(s, SpaceTruth) else load_truth(s, baseline=baseline, truth=truth) for s in sources]
     rows: list[dict[str, Any]] = []
     all_runs: dict[tuple[str, str], list[Run]] = {}
     for truth in truths:
@@ -288,9 +311,10 @@ def evaluate(
             n = seeds if strategy != "exhaustive" or exhaustive_seeds is None else min(seeds, exhaustive_seeds)
             t0 = time.perf_counter()
             runs = [run_one(truth, strategy, seed, tolerances=tolerances, workers=workers, batch=batch,
-                            options=options) for seed in range(n)]
+                            options=options, max_evals=max_evals) for seed in range(n)]
             all_runs[(truth.name, strategy)] = runs
             row = summarize_runs(truth, strategy, runs, tolerances)
+            row["budget_evals"] = max_evals
             row["cpu_s"] = round(time.perf_counter() - t0, 2)
             rows.append(row)
             if progress is not None:

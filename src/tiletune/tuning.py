@@ -28,6 +28,7 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import threading
 import time
 import warnings
@@ -35,12 +36,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .backends.base import Backend, Launch
-from .errors import AllCandidatesFailed, DatabaseError, DatabaseWarning, TiletuneError
+from .errors import AllCandidatesFailed, DatabaseError, DatabaseWarning, SpaceError, TiletuneError
 from .identity import kernel_identity
 from .keys import args_key_json, key_to_json
 from .progress import tuning_progress
 from .records import Measurement, TuneResult, TuningIdentity, canonical_json
-from .space import Config
+from .space import Config, Space
 from .store import TuningDB
 from .strategies.base import Budget, make_strategy
 
@@ -167,12 +168,27 @@ class Resolution:
     result: TuneResult | None = None
 
 
+#: Configs whose kernels identify the op on a space too big to list: the baseline and this many drawn
+#: with a fixed seed (the same in every process).
+IDENTITY_SAMPLE = 64
+
+
+def _identity_configs(space: Space, arch: str) -> list[Config]:
+    """The configs whose kernels enter the identity: every candidate, or on a space too big to list
+    (:meth:`Space.is_lazy`) the baseline and :data:`IDENTITY_SAMPLE` configs drawn with seed 0."""
+    if not space.is_lazy(arch):
+        return space.candidates(arch)
+    base = space.baseline(arch)
+    drawn = space.lazy(arch).sample(random.Random(0), IDENTITY_SAMPLE)
+    return ([base] if base is not None else []) + [c for c in drawn if c != base]
+
+
 def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
                   plans: PlanCache) -> TuningIdentity:
     """Everything the op's result for this key depends on (kernel sources, space, key, device, versions)."""
     sources = []
     seen: set[int] = set()
-    for cfg in op.space.candidates(arch):
+    for cfg in _identity_configs(op.space, arch):
         try:
             k = plans(cfg).kernel
         except Exception as exc:  # the session records this config as failed; the identity notes it
@@ -205,6 +221,8 @@ def _config_from_record(op: "TunedOp", values: Mapping[str, Any], arch: str) -> 
         cfg = op.space.config(arch, **dict(values))
     except TiletuneError:
         return None
+    if op.space.is_lazy(arch):  # space.config checked the values and the constraints
+        return cfg
     return cfg if cfg in set(op.space.candidates(arch)) else None
 
 
@@ -350,7 +368,7 @@ def tune(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend
     With ``resume`` the per-config results another (killed) process recorded for this identity are
     reused, and every result of this session is recorded as soon as it is known.
     """
-    from .search import run_search
+    from .search import DEFAULT_SEARCH_EVALS, default_search, run_search
 
     db = op.db
     writable = _writable(op, db)  # a read-only database: tune, store nothing (its warning came first)
@@ -370,10 +388,20 @@ def tune(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend
         if writable:
             on_result = functools.partial(_record_progress, op, db, identity)
 
-    strategy = make_strategy(op.strategy or "exhaustive", op.space, arch, op.seed, **op.strategy_options)
-    budget = op.budget or Budget()
+    if op.strategy is None:  # exhaustive for a small space, else auto under a default budget
+        name, budget = default_search(op.space, arch, op.budget)
+        strategy = make_strategy(name, op.space, arch, op.seed, **op.strategy_options)
+    else:
+        strategy = make_strategy(op.strategy, op.space, arch, op.seed, **op.strategy_options)
+        budget = op.budget or Budget()
+    if strategy.lazy is not None and budget.unlimited:
+        raise SpaceError(
+            f"{op.name}: the space has {op.space.product_size(arch):.3g} combinations of parameter values on "
+            f"{arch}, too many to search to the end: give a budget (budget=tiletune.Budget(max_evals=...) or "
+            f"max_seconds=...), or leave strategy= unset (auto, {DEFAULT_SEARCH_EVALS} evaluations)"
+        )
     n_valid = len(strategy.pool)
-    exhaustive = strategy.name == "exhaustive" and budget.max_evals is None
+    exhaustive = strategy.name == "exhaustive" and budget.max_evals is None and strategy.lazy is None
     t0 = time.perf_counter()
     session = open_session(op, backend, args, dev, plans)
     winner = None

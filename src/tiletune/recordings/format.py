@@ -7,6 +7,13 @@ loads and validates one, :func:`load_any` also accepts the public formats the im
 :meth:`Recording.space_from_params` builds a tiletune :class:`Space` whose valid configurations are
 exactly the recorded ones (:class:`RecordedConfigs`), so a search over it never proposes a config
 the recording cannot answer.
+
+**Ground truth.** What a config's recorded time is, when a recording is searched or scored, is named by
+the document's ``truth`` field (:data:`TRUTHS`): ``"times-median"`` (the median of its samples, the
+default and what tiletune's own recordings hold) or ``"time"`` (a single time per config kept from the
+source as ``time_us`` on each measurement: a Kernel Tuner cache's ``time`` field, which Kernel Tuner's
+own tuning and simulation mode score, while its ``times`` become the samples). An imported Kernel
+Tuner cache keeps both and names ``time`` as its truth; :meth:`Recording.truth_us` reads either.
 """
 
 from __future__ import annotations
@@ -28,7 +35,13 @@ from ._io import (
 
 FORMAT = "tiletune-recording"
 
-__all__ = ["FORMAT", "RecordedConfigs", "Recording", "import_recording", "load_any", "save_recording"]
+__all__ = ["FORMAT", "TRUTHS", "RecordedConfigs", "Recording", "import_recording", "load_any", "save_recording"]
+
+#: The ground truths a recording can name (see the module docstring), and what each means.
+TRUTHS: dict[str, str] = {
+    "time": "the single time recorded per config (Kernel Tuner's 'time' field, as Kernel Tuner scores it)",
+    "times-median": "the median of each config's recorded samples (a Kernel Tuner cache's 'times')",
+}
 
 _STATUSES = {s.value: s for s in Status}
 
@@ -45,6 +58,8 @@ def save_recording(
     note: str = "",
     recorded: str | None = None,
     sources: Sequence[str | os.PathLike] = (),
+    truth: str | None = None,
+    times_us: Sequence[float | None] | None = None,
 ) -> Path:
     """Write a recording (gzip-compressed when the path ends in ``.gz``).
 
@@ -55,6 +70,10 @@ def save_recording(
     must exist and the destination may not be one of ``sources`` (the files it was made from).
     Raises :class:`~tiletune.errors.OutputError` naming the destination (and the field of a value
     that cannot be written); nothing is written then.
+
+    ``truth`` names the recording's ground truth (:data:`TRUTHS`; None: not written, which means
+    ``"times-median"``); ``times_us`` (parallel to ``measurements``) the single time of each config that
+    ``truth="time"`` scores (None where there is none).
     """
     doc = {
         "format": FORMAT,
@@ -68,6 +87,12 @@ def save_recording(
         "note": note,
         "measurements": [_compact(m) for m in measurements],
     }
+    if truth is not None:
+        doc["truth"] = truth
+    if times_us is not None:
+        for d, t in zip(doc["measurements"], times_us):
+            if t is not None:
+                d["time_us"] = _round_positive(t, 4)
     p = Path(path)
     try:
         _io.check_destination(p, sources)
@@ -124,11 +149,23 @@ def _validate(doc: Any) -> dict[str, Any]:
             vwhere = join(pwhere, k)
             for i, v in enumerate(as_list(vs, vwhere, nonempty=True, what="list of values")):
                 as_scalar(v, join(vwhere, i))
-    measurements = [
-        _measurement(m, f"measurements[{i}]")
-        for i, m in enumerate(as_list(need(doc, "measurements", "document"), "measurements"))
-    ]
+    raw = as_list(need(doc, "measurements", "document"), "measurements")
+    measurements = [_measurement(m, f"measurements[{i}]") for i, m in enumerate(raw)]
+    times_us: list[float | None] = []
+    for i, m in enumerate(raw):
+        t = m.get("time_us")  # (m is an object: _measurement checked it)
+        times_us.append(None if t is None else as_time(t, join(f"measurements[{i}]", "time_us"), limit=_io.MAX_TIME_US))
+    truth = doc.get("truth", "times-median")
+    if truth not in TRUTHS:
+        raise Problem(f"{_io.show(truth)} is not one of {', '.join(TRUTHS)}", "truth")
+    if truth == "time":
+        for i, (m, t) in enumerate(zip(measurements, times_us)):
+            if t is None and m.status is Status.OK:
+                raise Problem("a successful measurement needs a time_us when the recording's truth is 'time'",
+                              f"measurements[{i}]")
     return {
+        "truth": truth,
+        "times_us": times_us,
         "name": opt_str(doc, "name", "", ""),
         "key": doc.get("key"),
         "device": device,
@@ -190,6 +227,12 @@ class Recording:
         self.space: dict[str, Any] = checked["space"]
         self.measurements: list[Measurement] = checked["measurements"]
         self._by_config = {canonical_json(dict(m.config)): m for m in self.measurements}
+        #: the recording's ground truth (:data:`TRUTHS`): ``"time"`` or ``"times-median"``
+        self.truth: str = checked["truth"]
+        #: the single recorded time of each measurement (``time_us``; None where there is none)
+        self.times_us: list[float | None] = checked["times_us"]
+        self._time_by_config = {canonical_json(dict(m.config)): t
+                                for m, t in zip(self.measurements, self.times_us) if t is not None}
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Recording":
@@ -204,6 +247,27 @@ class Recording:
         """The recorded measurement of a config, or None."""
         d = config.as_dict() if isinstance(config, Config) else dict(config)
         return self._by_config.get(canonical_json(d))
+
+    @property
+    def truths(self) -> tuple[str, ...]:
+        """The ground truths this recording can give: ``"times-median"`` always, ``"time"`` when every
+        successful measurement has a single recorded time (an imported Kernel Tuner cache)."""
+        ok = [t for m, t in zip(self.measurements, self.times_us) if m.status is Status.OK]
+        return ("time", "times-median") if ok and all(t is not None for t in ok) else ("times-median",)
+
+    def truth_us(self, config: Config | Mapping[str, Any], truth: str | None = None) -> float | None:
+        """The ground-truth time of a config (None: not recorded, failed, or no samples): by ``truth``
+        (:data:`TRUTHS`; None: the recording's own :attr:`truth`)."""
+        truth = self.truth if truth is None else truth
+        if truth not in TRUTHS:
+            raise ValueError(f"truth must be one of {', '.join(TRUTHS)}, got {truth!r}")
+        m = self.get(config)
+        if m is None or m.status is not Status.OK:
+            return None
+        if truth == "time":
+            d = config.as_dict() if isinstance(config, Config) else dict(config)
+            return self._time_by_config.get(canonical_json(d))
+        return m.median_us if m.samples_us else None
 
     # ------------------------------------------------------------------ the recorded space
     @property
@@ -356,5 +420,6 @@ def import_recording(
     rec.space_from_params()  # it must make a space
     save_recording(dest, name=rec.name, key=rec.key, device=rec.device, versions=rec.versions,
                    measurements=rec.measurements, space=rec.space, note=rec.note, recorded=rec.recorded,
-                   sources=[src])
+                   sources=[src], truth=rec.truth if rec.truth != "times-median" else None,
+                   times_us=rec.times_us if any(t is not None for t in rec.times_us) else None)
     return rec

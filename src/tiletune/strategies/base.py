@@ -5,7 +5,9 @@ A strategy proposes configurations (:meth:`Strategy.ask`) and learns from their 
 enforces the :class:`Budget`. Every strategy keeps the same contract, enforced here once for all:
 
 * only valid configurations of the space on the given architecture are proposed (constraints and
-  per-architecture values honoured): the pool is ``space.candidates(arch)``;
+  per-architecture values honoured): the pool is ``space.candidates(arch)``, or, for a space of more
+  than :data:`~tiletune.lazyspace.LAZY_THRESHOLD` combinations, a :class:`LazyPool` over
+  :meth:`Space.lazy <tiletune.space.Space.lazy>` (never enumerated: :attr:`Strategy.lazy` is set);
 * the baseline (if the space has one on that architecture) is the very first proposal;
 * no configuration is ever proposed twice (a seen set, whatever the subclass does);
 * the same ``seed`` gives the same proposals for the same results.
@@ -18,9 +20,10 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 from ..errors import TiletuneError
+from ..lazyspace import LazySpace
 from ..space import Config, Space
 
 __all__ = [
@@ -67,6 +70,36 @@ class Budget:
         return self.max_evals is None and self.max_seconds is None
 
 
+class LazyPool:
+    """The pool of a strategy over a lazy space (see :mod:`tiletune.lazyspace`): never enumerated.
+
+    ``len()`` is the product of the value counts (an upper bound of the valid configs), ``cfg in pool``
+    checks the config against the values and constraints, and iterating streams the valid configs in
+    the order of ``space.candidates`` (baseline first). It has no positions: strategies draw from it
+    with :meth:`Strategy._unseen_random` and move through it with the view's neighbourhoods.
+    """
+
+    def __init__(self, view: LazySpace, baseline: Config | None) -> None:
+        self.view = view
+        self.baseline = baseline
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def __contains__(self, cfg: object) -> bool:
+        return cfg in self.view
+
+    def __iter__(self) -> Iterator[Config]:
+        if self.baseline is not None:
+            yield self.baseline
+        for cfg in self.view:
+            if cfg != self.baseline:
+                yield cfg
+
+    def __repr__(self) -> str:
+        return f"LazyPool({self.view!r})"
+
+
 class Strategy:
     """Base class of the search strategies (see the module docstring for the contract).
 
@@ -97,9 +130,16 @@ class Strategy:
         self.arch = arch
         self.seed = seed
         self.rng = random.Random(seed)
-        self.pool: list[Config] = space.candidates(arch)  # baseline first, then space order
-        self.valid: set[Config] = set(self.pool)
         self.baseline: Config | None = space.baseline(arch)
+        #: the lazy view of a space too big to enumerate (None: the pool is the list of valid configs)
+        self.lazy: LazySpace | None = space.lazy(arch) if space.is_lazy(arch) else None
+        self.pool: Any  # list[Config] (baseline first, then space order), or a LazyPool
+        self.valid: Any  # set[Config], or the LazyPool (``in`` checks the constraints)
+        if self.lazy is None:
+            self.pool = space.candidates(arch)
+            self.valid = set(self.pool)
+        else:
+            self.pool = self.valid = LazyPool(self.lazy, self.baseline)
         self.seen: set[Config] = set()  # proposed (told or pending)
         self.pending: set[Config] = set()  # proposed, not told yet
         self.results: dict[Config, float | None] = {}  # told: median us, None for a failure
@@ -178,11 +218,14 @@ class Strategy:
         self.history.append(cfg)
 
     def _unseen(self) -> list[Config]:
-        """The never-proposed configurations, in space order."""
+        """The never-proposed configurations, in space order (not for a lazy space: it lists them all)."""
         return [c for c in self.pool if c not in self.seen]
 
     def _unseen_random(self, n: int) -> list[Config]:
-        """Up to ``n`` never-proposed configurations drawn at random (seeded)."""
+        """Up to ``n`` never-proposed configurations drawn at random (seeded); on a lazy space, by
+        rejection sampling (each parameter's value uniformly, until the constraints accept)."""
+        if self.lazy is not None:
+            return self.lazy.sample(self.rng, n, exclude=self.seen)
         rest = self._unseen()
         return self.rng.sample(rest, min(n, len(rest)))
 

@@ -10,6 +10,8 @@ previous or next value), with probability ``jump`` one parameter set to a random
   constraint is discarded and bred again; after ``max_tries`` attempts the strategy falls back to an
   unseen neighbour of the best members, then to an unseen configuration at random. It never proposes
   a configuration twice, and it never stalls while any is left.
+* Big spaces: on a lazy space (:mod:`tiletune.lazyspace`) a child is checked against the constraints
+  when it is bred, and the neighbours and random configs come from the lazy view; nothing is listed.
 * Failure-tolerant: a failed configuration (compile error, launch error, mismatch, timeout) never
   becomes a parent. While the population is not full, each failure is replaced by a fresh random
   configuration, so failures cost an evaluation but never shrink the gene pool.
@@ -65,7 +67,8 @@ class EvolutionaryStrategy(Strategy):
         self.max_tries = max_tries
         self.names = space.names
         self.values = {n: space.values(n, arch) for n in self.names}
-        self._by_key = {self._key(c): c for c in self.pool}
+        # the valid configs by value key (a lazy space checks each child against the constraints instead)
+        self._by_key = {self._key(c): c for c in self.pool} if self.lazy is None else {}
         self.generations = 0  # batches bred from a population
         self.bred = 0  # children accepted from crossover/mutation
         self.fallbacks = 0  # proposals that came from a fallback
@@ -75,6 +78,19 @@ class EvolutionaryStrategy(Strategy):
     def _key(values: object) -> tuple[tuple[bool, object], ...]:
         vals = values.values() if isinstance(values, Config) else values  # type: ignore[union-attr]
         return tuple((type(v) is bool, v) for v in vals)  # type: ignore[union-attr]
+
+    def _lookup(self, values: list) -> Config | None:  # type: ignore[type-arg]
+        """The valid config with these values (in parameter order), or None."""
+        if self.lazy is None:
+            return self._by_key.get(self._key(values))
+        idx = self.lazy.index_of(dict(zip(self.names, values)))
+        return None if idx is None else self.lazy.check(idx)
+
+    def _neighbours(self, values: object) -> list[Config]:
+        cfg = values if isinstance(values, Config) else dict(zip(self.names, values))  # type: ignore[arg-type]
+        if self.lazy is not None:
+            return self.lazy.neighbours(cfg)
+        return self.space.neighbours(cfg, self.arch)
 
     def members(self) -> list[tuple[float, Config]]:
         """The current population: the fastest successful configurations, fastest first."""
@@ -101,10 +117,10 @@ class EvolutionaryStrategy(Strategy):
         if self.rng.random() < self.jump:
             i = self.rng.randrange(len(self.names))
             child[i] = self.rng.choice(self.values[self.names[i]])
-        cfg = self._by_key.get(self._key(child))
+        cfg = self._lookup(child)
         if cfg is None or cfg in self.seen or self.rng.random() < self.mutation:
             # mutate: one step to a valid neighbour (the child itself may violate a constraint)
-            neigh = self.space.neighbours(dict(zip(self.names, child)), self.arch)
+            neigh = self._neighbours(child)
             fresh = [c for c in neigh if c not in self.seen]
             if fresh:
                 cfg = self.rng.choice(fresh)
@@ -147,8 +163,11 @@ class EvolutionaryStrategy(Strategy):
     def _fallback(self, members: list[tuple[float, Config]], taken: set[Config]) -> Config | None:
         """An unseen neighbour of the best member that has one, else an unseen config at random."""
         for _, m in members:
-            fresh = [c for c in self.space.neighbours(m, self.arch) if c not in self.seen and c not in taken]
+            fresh = [c for c in self._neighbours(m) if c not in self.seen and c not in taken]
             if fresh:
                 return self.rng.choice(fresh)
+        if self.lazy is not None:
+            got = self.lazy.sample(self.rng, 1, exclude=self.seen | taken)
+            return got[0] if got else None
         rest = [c for c in self.pool if c not in self.seen and c not in taken]
         return self.rng.choice(rest) if rest else None

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..space import Space
-from ._index import pool_index
+from ._index import index_for
 from .base import Result, Strategy, register
 
 __all__ = ["LocalSearchStrategy"]
@@ -49,7 +49,7 @@ class LocalSearchStrategy(Strategy):
         self.kick = kick
         self.restart_every = restart_every
         self.n_init = n_init
-        self.index = pool_index(space, arch, self.pool)
+        self.index = index_for(space, arch, self.pool, self.lazy)
         self._np_rng = np.random.default_rng(seed)
         self._val: dict[int, float] = {}  # told rows -> time (inf for a failure)
         self._seen_rows: set[int] = set()
@@ -62,13 +62,13 @@ class LocalSearchStrategy(Strategy):
     # ------------------------------------------------------------------ bookkeeping
     def _mark(self, cfg) -> None:  # type: ignore[no-untyped-def]
         super()._mark(cfg)
-        r = self.index.row_of.get(cfg)
+        r = self.index.rowof(cfg)
         if r is not None:
             self._seen_rows.add(r)
 
     def _learn(self, results: Sequence[Result]) -> None:
         for cfg, v in results:
-            r = self.index.row_of.get(cfg)
+            r = self.index.rowof(cfg)
             if r is None:
                 continue
             self._val[r] = float("inf") if v is None else float(v)
@@ -91,7 +91,7 @@ class LocalSearchStrategy(Strategy):
     def _random_unseen(self) -> int | None:
         """A random unseen config: each parameter's value drawn at random, snapped to the nearest valid
         unseen config (:meth:`~._index.PoolIndex.design`)."""
-        allowed = np.ones(len(self.pool), dtype=bool)
+        allowed = np.ones(len(self.index), dtype=bool)
         if self._seen_rows:
             allowed[list(self._seen_rows)] = False
         got = self.index.design(1, allowed, self._np_rng)
@@ -131,7 +131,7 @@ class LocalSearchStrategy(Strategy):
                         r = x
                         break
                 if r is None:
-                    if self.pending - {self.pool[t] for t in taken}:
+                    if self.pending - {self.index.pool[t] for t in taken}:
                         break  # wait for the pending results before declaring a local optimum
                     r = self._perturb()
                     if r is not None:
@@ -140,5 +140,5 @@ class LocalSearchStrategy(Strategy):
             if r is None or r in taken:
                 break
             taken.add(r)
-            out.append(self.pool[r])
+            out.append(self.index.pool[r])
         return out

@@ -91,7 +91,7 @@ class HybridStrategy(SurrogateStrategy):
     def _learn(self, results: Sequence[Result]) -> None:
         super()._learn(results)
         for cfg, v in results:
-            r = self.index.row_of.get(cfg)
+            r = self.index.rowof(cfg)
             if r is None:
                 continue
             jumped = r in self._jumped
@@ -181,6 +181,9 @@ class HybridStrategy(SurrogateStrategy):
         if self.restart == "marginal":
             got = self.index.design(1, self._unseen, self._np_rng)
             return got[0] if got else None
+        if self.lazy is not None:
+            got = self.index.sample(1, self._unseen, self._np_rng)
+            return got[0] if got else None
         rows = np.flatnonzero(self._unseen)
         return int(self._np_rng.choice(rows)) if rows.size else None
 
@@ -225,7 +228,7 @@ class HybridStrategy(SurrogateStrategy):
             elif arm in self.arm_picks:
                 self._arm_of[r] = arm
                 self.arm_picks[arm] += 1
-            out.append(self.pool[r])
+            out.append(self.index.pool[r])
         return out
 
 
@@ -255,6 +258,7 @@ class AutoStrategy(Strategy):
         self.chosen = chosen
         self.inner: Strategy = make_strategy(chosen, space, arch, seed, **opts)
         # share the inner strategy's bookkeeping: ask/tell of this object act on it
+        self.lazy = self.inner.lazy
         self.pool = self.inner.pool
         self.valid = self.inner.valid
         self.seen = self.inner.seen

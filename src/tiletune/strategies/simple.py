@@ -18,29 +18,37 @@ class ExhaustiveStrategy(Strategy):
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0) -> None:
         super().__init__(space, arch, seed)
-        self._next = 0
+        self._order = iter(self.pool)  # a lazy space's pool streams its valid configs in space order
 
     def _propose(self, n: int) -> list[Config]:
         out: list[Config] = []
-        while len(out) < n and self._next < len(self.pool):
-            cfg = self.pool[self._next]
-            self._next += 1
+        for cfg in self._order:
             if cfg not in self.seen:
                 out.append(cfg)
+                if len(out) >= n:
+                    break
         return out
 
 
 @register("random")
 class RandomStrategy(Strategy):
-    """Uniform random sampling without replacement (baseline first); the yardstick for the others."""
+    """Uniform random sampling without replacement (baseline first); the yardstick for the others.
+
+    On a lazy space (:attr:`Strategy.lazy`), each proposal is drawn by rejection sampling instead of
+    from a shuffled list of the whole space.
+    """
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0) -> None:
         super().__init__(space, arch, seed)
-        self._order = [c for c in self.pool if c != self.baseline]
-        self.rng.shuffle(self._order)
+        self._order: list[Config] = []
+        if self.lazy is None:
+            self._order = [c for c in self.pool if c != self.baseline]
+            self.rng.shuffle(self._order)
         self._next = 0
 
     def _propose(self, n: int) -> list[Config]:
+        if self.lazy is not None:
+            return self._unseen_random(n)
         out: list[Config] = []
         while len(out) < n and self._next < len(self._order):
             cfg = self._order[self._next]

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..space import Space
 from .base import Result, Strategy, register
-from ._index import pool_index
+from ._index import RowArray, index_for
 from .model import _require_sklearn
 
 __all__ = ["SurrogateStrategy"]
@@ -172,9 +172,13 @@ class SurrogateStrategy(Strategy):
         if design not in ("lhs", "uniform"):
             raise ValueError(f"design must be 'lhs' or 'uniform', got {design!r}")
         self.design = design
-        self.index = pool_index(space, arch, self.pool)
+        self.index = index_for(space, arch, self.pool, self.lazy)
         self._np_rng = np.random.default_rng(seed)
-        self._unseen = np.ones(len(self.pool), dtype=bool)
+        # per-row state over the index's rows (a lazy space's index grows as configs are touched)
+        self._rows_unseen = RowArray(self.index, True, bool)
+        self._rows_mu = RowArray(self.index, np.nan, np.float64)
+        self._rows_sd = RowArray(self.index, 0.0, np.float64)
+        self._rows_pf = RowArray(self.index, 0.0, np.float64)
         self._told_rows: list[int] = []
         self._told_y: list[float | None] = []
         self._fit_at = -1
@@ -184,16 +188,35 @@ class SurrogateStrategy(Strategy):
         self._picks = 0
         self.fits = 0
 
+    # ------------------------------------------------------------------ per-row state
+    @property
+    def _unseen(self) -> np.ndarray:
+        """Rows never proposed (nor taken for the batch being built)."""
+        return self._rows_unseen.view()
+
+    @property
+    def _mu(self) -> np.ndarray:
+        """Predicted mean log-time of the rows scored since the last fit (NaN: not scored)."""
+        return self._rows_mu.view()
+
+    @property
+    def _sd(self) -> np.ndarray:
+        return self._rows_sd.view()
+
+    @property
+    def _pf(self) -> np.ndarray:
+        return self._rows_pf.view()
+
     # ------------------------------------------------------------------ bookkeeping
     def _mark(self, cfg: Any) -> None:
         super()._mark(cfg)
-        r = self.index.row_of.get(cfg)
+        r = self.index.rowof(cfg)
         if r is not None:
             self._unseen[r] = False
 
     def _learn(self, results: Sequence[Result]) -> None:
         for cfg, v in results:
-            r = self.index.row_of.get(cfg)
+            r = self.index.rowof(cfg)
             if r is not None:
                 self._told_rows.append(r)
                 self._told_y.append(None if v is None else math.log(v))
@@ -238,13 +261,17 @@ class SurrogateStrategy(Strategy):
             self._pf[rows] = self._p_fail_const
 
     def _refresh(self) -> None:
-        """After a fit: predict every unseen config (a sample of ``max_candidates`` in a larger pool)."""
-        self._mu = np.full(len(self.pool), np.nan)
-        self._sd = np.zeros(len(self.pool))
-        self._pf = np.zeros(len(self.pool))
-        unseen = np.flatnonzero(self._unseen)
-        if unseen.size > self.max_candidates:
-            unseen = self._np_rng.choice(unseen, self.max_candidates, replace=False)
+        """After a fit: predict every unseen config (a sample of ``max_candidates`` in a larger pool; on a
+        lazy space, ``max_candidates`` unseen configs drawn at random)."""
+        self._rows_mu.reset()
+        self._rows_sd.reset()
+        self._rows_pf.reset()
+        if self.lazy is not None:
+            unseen = np.asarray(self.index.sample(self.max_candidates, self._unseen, self._np_rng), dtype=np.int64)
+        else:
+            unseen = np.flatnonzero(self._unseen)
+            if unseen.size > self.max_candidates:
+                unseen = self._np_rng.choice(unseen, self.max_candidates, replace=False)
         self._predict(unseen)
 
     def _add_local(self) -> None:
@@ -287,15 +314,12 @@ class SurrogateStrategy(Strategy):
             exploit = self.explore_every > 0 and self._picks % self.explore_every == 0
             r = int(cand[int(np.argmax(self._acquire(cand, exploit)))])
             self._unseen[r] = False  # taken for this batch (the base class marks it as seen)
-            out.append(self.pool[r])
+            out.append(self.index.pool[r])
         return out
 
     def _unseen_random(self, n: int) -> list:
         """``n`` unseen configs: spread over the parameters' values (:meth:`PoolIndex.design`) with
         ``design="lhs"``, uniformly over the configs with ``design="uniform"``."""
         if self.design == "lhs":
-            return [self.pool[r] for r in self.index.design(n, self._unseen, self._np_rng)]
-        rows = np.flatnonzero(self._unseen)
-        if rows.size == 0:
-            return []
-        return [self.pool[int(r)] for r in self._np_rng.choice(rows, min(n, rows.size), replace=False)]
+            return [self.index.pool[r] for r in self.index.design(n, self._unseen, self._np_rng)]
+        return [self.index.pool[r] for r in self.index.sample(n, self._unseen, self._np_rng)]
