@@ -350,3 +350,30 @@ def test_cli_campaign(tmp_path):
     bad = write(tmp_path, "[[ops]]\nop = 3\n", "bad.toml")
     r = runner.invoke(app, ["campaign", str(bad)])
     assert r.exit_code == 2 and "ops[0].op" in r.output
+
+
+def test_the_benchmark_campaign_is_40_sessions_of_library_ops():
+    """benchmarks/campaign.py: >= 40 tasks of memory-bound library ops, in distinct row buckets, whose
+    shapes the ops accept (checked on meta tensors, up to the device check)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "campaign.py"
+    sys.path.insert(0, str(path.parent))
+    try:
+        mod_spec = importlib.util.spec_from_file_location("bench_campaign", path)
+        bench = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(path.parent))
+    full, quick = parse_campaign(bench.spec_doc(False)), parse_campaign(bench.spec_doc(True))
+    assert len(full.tasks) >= 40 and len(quick.tasks) == 8
+    assert {t.label.split(":")[1] for t in full.tasks} == set(bench.OPS)
+    # the token counts are distinct powers of two: no two tasks of an op share a row bucket (one session each)
+    assert len(set(bench.TOKENS)) == len(bench.TOKENS) and all(m & (m - 1) == 0 for m in bench.TOKENS)
+    pytest.importorskip("cuda.tile")
+    from tiletune.fill import _materialize, resolve_op
+
+    for t in full.tasks:
+        args = [_materialize(a, "meta", None) for a in t.call.args]
+        with pytest.raises(ValueError, match="CUDA"):
+            resolve_op(t.call.op)(*args, **t.call.kwargs)

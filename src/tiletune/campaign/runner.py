@@ -110,8 +110,9 @@ class CampaignRunner:
         self.worker = int(setup.get("worker", 0))
         self.device = str(setup.get("device", "cuda"))
         self.tmp = tempfile.mkdtemp(prefix="tiletune-campaign-")
+        db_path = os.path.join(self.tmp, "tuning.db")
         # every op this process makes uses the private database (ops open it at their first miss)
-        os.environ["TILETUNE_DB"] = os.path.join(self.tmp, "tuning.db")
+        os.environ["TILETUNE_DB"] = db_path
         os.environ["TILETUNE_PROGRESS"] = "0"
         self.compile_workers = setup.get("compile_workers")
         if self.compile_workers:
@@ -122,7 +123,7 @@ class CampaignRunner:
             pass
         from ..store import TuningDB
 
-        self.db = TuningDB(os.environ["TILETUNE_DB"])
+        self.db = TuningDB(db_path)
         seed = setup.get("seed_doc")
         self.seeded = self.db.import_json(io.StringIO(seed)) if seed else 0
         self.ahead = bool(setup.get("precompile", True)) and self.device.startswith("cuda")
