@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
 from typing import Any
 
@@ -103,9 +102,7 @@ class RayPool:
         old = self.actors.pop(slot, None)
         if old is not None:
             self.ray.kill(old)
-        setup = dict(self.setup, worker=slot, sys_path=[p for p in sys.path if p])
-        actor = self._cls.options(num_gpus=self.gpus_per_actor, num_cpus=0,
-                                  name=None, max_concurrency=1).remote(setup)
+        actor = self._cls.options(num_gpus=self.gpus_per_actor, num_cpus=0).remote(dict(self.setup, worker=slot))
         self.actors[slot] = actor
         self._wait(slot, actor.info.remote(), "ready", actor)
 
