@@ -247,3 +247,18 @@ def test_only_the_settings_module_reads_tiletune_variables():
     readers = [f"{path.name}: {line.strip()}" for path in SRC.rglob("*.py") if path.name not in allowed
                for line in path.read_text().splitlines() if read.search(line)]
     assert readers == []
+
+
+def test_compile_workers_is_a_count(monkeypatch):
+    assert settings.compile_workers() is None
+    monkeypatch.setenv("TILETUNE_COMPILE_WORKERS", " 8 ")
+    assert settings.compile_workers() == 8
+    from tiletune.compile_pool import CompilePool
+
+    assert CompilePool().workers == 8 and CompilePool(3).workers == 3
+    for raw in ("0", "-2", "2.5", "many"):
+        monkeypatch.setenv("TILETUNE_COMPILE_WORKERS", raw)
+        with pytest.raises(ValueError, match=r"TILETUNE_COMPILE_WORKERS=.* is not a count; expected an integer >= 1"):
+            settings.compile_workers()
+    monkeypatch.setenv("TILETUNE_COMPILE_WORKERS", "")
+    assert settings.compile_workers() is None

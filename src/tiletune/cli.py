@@ -143,12 +143,34 @@ def _take_debug(args: list[str]) -> tuple[list[str], bool]:
     return out, found
 
 
+#: Options whose value may be left out (then this value stands for it): ``--ray`` alone uses Ray's
+#: default cluster (RAY_ADDRESS, or a new local one).
+_OPTIONAL_VALUES = {"--ray": "default"}
+_SPEC_SUFFIXES = (".toml", ".yaml", ".yml", ".json")
+
+
+def _fill_optional_values(args: list[str]) -> list[str]:
+    """``args`` with the value of an optional-value option made explicit where it was left out: the
+    option is last, or followed by another option, or by a spec file (``--ray spec.toml``)."""
+    out: list[str] = []
+    for i, a in enumerate(args):
+        out.append(a)
+        if a == "--":
+            return out + args[i + 1:]
+        if a in _OPTIONAL_VALUES:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if nxt is None or nxt.startswith("-") or (nxt.lower().endswith(_SPEC_SUFFIXES) and Path(nxt).is_file()):
+                out.append(_OPTIONAL_VALUES[a])
+    return out
+
+
 class _TiletuneGroup(TyperGroup):
     """The top-level command group: turns every error of every command into one line."""
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         argv, debug = _take_debug(list(sys.argv[1:] if args is None else args))
+        argv = _fill_optional_values(argv)
         try:
             debug = settings.debug() or debug
             env_problem: ValueError | None = None
@@ -360,6 +382,72 @@ def tune_cmd(
     console.print(safe(f"{len(report.rows) - report.failed} of {len(report.rows)} call(s) tuned or found"))
     if report.failed:
         _fail(f"{report.failed} call(s) failed (listed above)", code=1)
+
+
+@app.command("campaign")
+def campaign_cmd(
+    spec: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True,
+                                help="The campaign: a TOML (or YAML, JSON) file of ops, shapes, dtypes, strategy and "
+                                     "budget per op (see tiletune/campaign/spec.py)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Workers, one per GPU: a count (2) or visible GPU indices "
+                                       "(0,1); default: every visible GPU. With --device cpu: that many workers. "
+                                       "With --ray: a count of GPU actors (default: every GPU of the cluster)."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="[ADDRESS]",
+                                      help="Run the workers as Ray actors holding one GPU each: --ray alone uses "
+                                           "RAY_ADDRESS or starts a local cluster; --ray auto or --ray HOST:6379 "
+                                           "joins a running cluster (ray start --head). Needs tiletune[ray]."),
+    db: Optional[Path] = typer.Option(None, "--db", help=_PATH_HELP + " Results stream into it; keys it holds "
+                                      "are skipped."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the report here: campaign.json, campaign.md and "
+                                       "PNGs (with matplotlib)."),
+    device: Optional[str] = typer.Option(None, help="Where tensors are made (overrides the spec's device)."),
+    lookahead: int = typer.Option(2, min=0, help="Tasks each worker holds ahead of the running one, their "
+                                  "candidates compiled while the GPU measures."),
+    precompile: bool = typer.Option(True, "--precompile/--no-precompile",
+                                    help="Compile the next tasks' candidates ahead (CUDA)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
+) -> None:
+    """Tune many ops x shapes x dtypes on every GPU of this host (or of a Ray cluster), resumably."""
+    import dataclasses
+
+    from .campaign import load_campaign, run_campaign, status_of
+
+    if out is not None and out.exists() and not out.is_dir():
+        _fail(f"--out {out} is a file, not a directory")
+    if json_out is not None:
+        _check_out_file(json_out, "--json")
+    if db is not None and db.is_dir():
+        _fail(f"--db {db} is a directory, not a tuning database file")
+    plan = load_campaign(spec)
+    if device is not None:
+        plan = dataclasses.replace(plan, device=device)
+    console.print(safe(f"campaign {plan.name}: {len(plan.tasks)} task(s) on {plan.device}"
+                       + (f", Ray {'(default cluster)' if ray == 'default' else ray}" if ray else "")))
+
+    def ready(slot: int, info: dict) -> None:
+        console.print(safe(f"worker {slot}: {info.get('host')} pid {info.get('pid')} "
+                           f"{info.get('gpu') or 'cpu'} (CUDA_VISIBLE_DEVICES={info.get('visible_devices')}), "
+                           f"{info.get('compile_workers')} compile cores"))
+
+    def line(result: dict, task: Any) -> None:
+        status = status_of(result)
+        picks = "; ".join(" ".join(f"{k}={v}" for k, v in r["config"].items()) for r in result.get("resolved", []))
+        tail = f"  {result.get('error')}" if status == "failed" else (f"  -> {picks}" if picks else "")
+        console.print(safe(f"{status:6s} {float(result.get('seconds') or 0):8.2f} s  w{result.get('worker')}  "
+                           f"{task.id}{tail}"))
+
+    result = run_campaign(plan, db=db, gpus=gpus, ray=(True if ray == "default" else ray) if ray else None,
+                          lookahead=lookahead, precompile=precompile, out=out, on_result=line, on_ready=ready)
+    r = result.report
+    if json_out is not None:
+        json_out.write_text(json.dumps(r, indent=1, allow_nan=False) + "\n")
+    console.print(safe(f"{r['tasks']} task(s) in {r['wall_s']:.1f} s on {len(r['workers'])} worker(s): {r['tuned']} "
+                       f"tuned, {r['stored']} already stored, {r['reused']} reused, {r['failed']} failed; "
+                       f"database {r['database']}"))
+    for p in result.paths:
+        console.print(safe(f"wrote {p}"))
+    if r["failed"]:
+        _fail(f"{r['failed']} task(s) failed (listed above)", code=1)
 
 
 @app.command("strategies")

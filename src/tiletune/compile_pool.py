@@ -108,7 +108,9 @@ class CompilePool:
     """Compiles jobs ahead of their first launch, ``workers`` assembler processes at a time."""
 
     def __init__(self, workers: int | None = None, timeout_s: float | None = 300.0) -> None:
-        self.workers = workers or cpu_count()
+        from . import settings
+
+        self.workers = workers or settings.compile_workers() or cpu_count()
         self.timeout_s = timeout_s
         ints = _get_internals()
         self.parallel = ints is not None and ints.compiler_version is not None

@@ -85,6 +85,45 @@ def _note_launch(op: "TunedOp", key: Any, args: tuple[Any, ...]) -> None:
         rec.append((op, key, args))
 
 
+class FirstLaunch(BaseException):
+    """Raised by :func:`first_launch` at a call's first tuned-op launch (a BaseException, so that no
+    ``except Exception`` of a library op swallows it)."""
+
+    def __init__(self, op: "TunedOp", key: Any, args: tuple[Any, ...]) -> None:
+        super().__init__(op.name)
+        self.op = op
+        self.key = key  # None: the op missed this key (it would resolve, maybe tune, it)
+        self.args = args
+
+
+class _StopAtFirst:
+    """A launch recorder (see :data:`_recorders`) that stops the call at its first tuned-op launch."""
+
+    def append(self, item: tuple["TunedOp", Any, tuple[Any, ...]]) -> None:
+        raise FirstLaunch(*item)
+
+
+def first_launch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FirstLaunch | None:
+    """Call ``fn`` (a tuned op, or a function that calls one, such as a library op) up to its first
+    tuned-op launch and stop there, before anything is resolved, tuned or launched: which op, with
+    which arguments, and whether its key is cached (``key`` set) or missed (``key`` None). None when
+    ``fn`` returned without reaching a tuned op (it then ran for real).
+
+    A campaign uses it to compile the candidates of the next calls while the GPU measures: it rides
+    on the launch recorders of :mod:`tiletune.fastcall`, so it costs the hot path nothing."""
+    tid = threading.get_ident()
+    if tid in _recorders:
+        raise RuntimeError("first_launch: this thread is already recording launches")
+    _recorders[tid] = _StopAtFirst()  # type: ignore[assignment]
+    try:
+        fn(*args, **kwargs)
+    except FirstLaunch as hit:
+        return hit
+    finally:
+        _recorders.pop(tid, None)
+    return None
+
+
 def _choices_changed() -> None:
     for hook in list(_change_hooks):
         hook()

@@ -181,7 +181,8 @@ def resolve_op(path: str) -> Callable[..., Any]:
     return obj
 
 
-def _materialize(value: Any, device: str, gen: Any) -> Any:
+def _allocate(value: Any, device: str) -> Any:
+    """A tensor spec as an uninitialised tensor (no kernel runs); other values as they are."""
     if not isinstance(value, Mapping) or "shape" not in value:
         return value
     import torch
@@ -189,17 +190,34 @@ def _materialize(value: Any, device: str, gen: Any) -> Any:
     dtype = getattr(torch, value.get("dtype", "float32"), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {value.get('dtype')!r}")
+    return torch.empty(tuple(value["shape"]), dtype=dtype, device=device)
+
+
+def _fill(t: Any, value: Any, gen: Any) -> None:
+    """Write a tensor spec's ``fill`` into ``t`` (made by :func:`_allocate` from ``value``)."""
+    if not isinstance(value, Mapping) or "shape" not in value:
+        return
+    import torch
+
     shape = tuple(value["shape"])
     fill = value.get("fill", "normal")
     if fill == "zeros":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    if fill.startswith("randint:"):
-        return torch.randint(0, int(fill[8:]), shape, dtype=dtype, device=device, generator=gen)
-    t = torch.empty(shape, dtype=torch.float32, device=device)
-    t.normal_(generator=gen)
-    if len(shape) >= 2 and shape[-1] > 1:
-        t /= math.sqrt(shape[-1])  # keeps products (matmul, attention) in range
-    return t.to(dtype)
+        t.zero_()
+    elif fill.startswith("randint:"):
+        t.copy_(torch.randint(0, int(fill[8:]), shape, dtype=t.dtype, device=t.device, generator=gen))
+    else:
+        f = torch.empty(shape, dtype=torch.float32, device=t.device)
+        f.normal_(generator=gen)
+        if len(shape) >= 2 and shape[-1] > 1:
+            f /= math.sqrt(shape[-1])  # keeps products (matmul, attention) in range
+        t.copy_(f)
+
+
+def _materialize(value: Any, device: str, gen: Any) -> Any:
+    t = _allocate(value, device)
+    if device != "meta":
+        _fill(t, value, gen)
+    return t
 
 
 def materialize(call: Call, device: str = "cuda", gen: Any = None) -> tuple[list[Any], dict[str, Any]]:

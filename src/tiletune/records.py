@@ -84,6 +84,17 @@ class TuningIdentity:
             [self.kernel_id, self.space_hash, self.key, self.device.as_dict(), self.versions], 32
         )
 
+    def as_dict(self) -> dict[str, Any]:
+        """The identity as the JSON object of a database export (``identity`` of a session)."""
+        return {"kernel_id": self.kernel_id, "space_hash": self.space_hash, "key": self.key,
+                "device": self.device.as_dict(), "versions": self.versions, "name": self.name}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "TuningIdentity":
+        return TuningIdentity(kernel_id=str(d["kernel_id"]), space_hash=str(d["space_hash"]), key=str(d["key"]),
+                              device=DeviceInfo.from_dict(d["device"]), versions=str(d["versions"]),
+                              name=str(d.get("name", "")))
+
 
 @dataclass(frozen=True)
 class Measurement:

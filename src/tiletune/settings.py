@@ -10,7 +10,8 @@ takes its default. Anything else raises :class:`ValueError` naming the variable 
 values (``TILETUNE_LOG=maybe`` is an error, not "on" and not "off").
 
 **Numbers** are decimal seconds or factors, finite and > 0; anything else raises
-:class:`ValueError` naming the variable. An empty value counts as unset.
+:class:`ValueError` naming the variable. **Counts** are decimal integers >= 1. An empty value counts
+as unset.
 
 ===============================  ========  =========  ====================================================
 Variable                         Type      Default    Meaning
@@ -48,6 +49,9 @@ TILETUNE_TABLES                  bool      true       Consult tuning tables (the
                                                       with tiletune) for keys the database does not hold.
 TILETUNE_PINS                    path      unset      A pins file (tiletune.pins): fixed configs per op
                                                       and key, used before the database; never tuned.
+TILETUNE_COMPILE_WORKERS         count     unset      Compile (``tileiras``) processes per tuning session;
+                                                      unset: every core this process may use. A campaign
+                                                      sets it to split the cores between its GPU workers.
 TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
@@ -71,6 +75,7 @@ __all__ = [
     "Variable",
     "flag",
     "seconds",
+    "count",
     "text",
     "check_all",
     "db_path",
@@ -84,6 +89,7 @@ __all__ = [
     "worker_start_timeout_s",
     "tables_enabled",
     "pins_path",
+    "compile_workers",
     "watchdog_s",
     "watchdog_factor",
     "worker_trace",
@@ -102,7 +108,7 @@ class Variable:
     """One documented environment variable."""
 
     name: str
-    type: str  # "bool", "seconds", "factor", "path", "choice", "text"
+    type: str  # "bool", "seconds", "factor", "count", "path", "choice", "text"
     default: object
     meaning: str
 
@@ -125,6 +131,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_DEBUG", "bool", False, "full tracebacks from the command line"),
         Variable("TILETUNE_TABLES", "bool", True, "consult the user's and the shipped tuning tables"),
         Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.pins)"),
+        Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
         Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
@@ -166,6 +173,17 @@ def seconds(name: str, default: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={raw!r} is out of range; expected a finite number > 0, e.g. {default:g}")
     return value
+
+
+def count(name: str) -> int | None:
+    """The count variable ``name``: a decimal integer >= 1 (None when unset or empty)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    word = raw.strip()
+    if not word.isdigit() or int(word) < 1:
+        raise ValueError(f"{name}={raw!r} is not a count; expected an integer >= 1, e.g. 8")
+    return int(word)
 
 
 def text(name: str) -> str | None:
@@ -271,6 +289,11 @@ def pins_path() -> str | None:
     return text("TILETUNE_PINS")
 
 
+def compile_workers() -> int | None:
+    """``TILETUNE_COMPILE_WORKERS``: compile processes per tuning session, or None (every core)."""
+    return count("TILETUNE_COMPILE_WORKERS")
+
+
 def in_worker() -> bool:
     """``TILETUNE_IN_WORKER`` (default false; set by tiletune in its worker processes)."""
     return flag("TILETUNE_IN_WORKER", False)
@@ -293,6 +316,7 @@ _CHECKS = {
     "TILETUNE_IN_WORKER": in_worker,
     "TILETUNE_TABLES": tables_enabled,
     "TILETUNE_PINS": pins_path,
+    "TILETUNE_COMPILE_WORKERS": compile_workers,
 }
 
 

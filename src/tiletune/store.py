@@ -801,8 +801,12 @@ class TuningDB:
         *,
         name: str | None = None,
         kernel_id: str | None = None,
+        session_ids: Sequence[str] | None = None,
     ) -> int:
         """Write the matching sessions (identity, winner, measurements) as a JSON document.
+
+        Filters: ``name``, ``kernel_id`` and ``session_ids`` (only these sessions; a campaign worker
+        sends the sessions it just recorded back to its caller this way).
 
         The document is ``{"format": "tiletune-db", "version": 1, "exported": <ISO time>,
         "sessions": [...]}``, standard JSON: a stored NaN or Infinity (an import never stores one)
@@ -823,7 +827,7 @@ class TuningDB:
                 _io.check_destination(target, own_files)
             except _io.Problem as e:
                 raise ExportError(target, e.problem.replace("input file", "database file")) from None
-        where, params = _where(kernel_id=kernel_id, name=name)
+        where, params = _where(kernel_id=kernel_id, name=name, session_ids=session_ids)
         with self._read() as conn:
             srows = conn.execute(
                 f"SELECT * FROM sessions WHERE {where} ORDER BY created, rowid", params
@@ -840,14 +844,7 @@ class TuningDB:
                 {
                     "session_id": r["session_id"],
                     "created": r["created"],
-                    "identity": {
-                        "kernel_id": ident.kernel_id,
-                        "space_hash": ident.space_hash,
-                        "key": ident.key,
-                        "device": ident.device.as_dict(),
-                        "versions": ident.versions,
-                        "name": ident.name,
-                    },
+                    "identity": ident.as_dict(),
                     "winner": None if r["winner"] is None else json.loads(r["winner"]),
                     "winner_median_us": r["winner_median_us"],
                     "tied": json.loads(r["tied"]),
@@ -935,6 +932,7 @@ def _where(
     kernel_id: str | None = None,
     name: str | None = None,
     session_id: str | None = None,
+    session_ids: Sequence[str] | None = None,
 ) -> tuple[str, list[Any]]:
     """An SQL condition (AND of the given filters; ``1`` for none) and its parameters."""
     clauses: list[str] = []
@@ -954,6 +952,9 @@ def _where(
     if session_id is not None:
         clauses.append("session_id = ?")
         params.append(session_id)
+    if session_ids is not None:
+        clauses.append(f"session_id IN ({', '.join('?' * len(session_ids))})" if session_ids else "0")
+        params.extend(session_ids)
     return (" AND ".join(clauses) or "1"), params
 
 

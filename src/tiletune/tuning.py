@@ -32,8 +32,8 @@ import random
 import threading
 import time
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from .backends.base import Backend, Launch
 from .errors import AllCandidatesFailed, DatabaseError, DatabaseWarning, SpaceError, TiletuneError
@@ -50,8 +50,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["PlanCache", "Resolution", "database_failed", "lookup", "make_identity", "open_database", "resolve",
-           "tune"]
+__all__ = ["MissScope", "PlanCache", "Resolution", "Resolved", "database_failed", "lookup", "make_identity",
+           "miss_scope", "open_database", "resolve", "tune"]
 
 
 # ---------------------------------------------------------------------- a database that cannot be used
@@ -161,11 +161,72 @@ class PlanCache:
 @dataclass
 class Resolution:
     """The config for a key, whether the session already launched it on the caller's arguments,
-    and the tuning result when one ran."""
+    the tuning result when one ran, and where the config came from: ``"tuned"``, ``"database"``,
+    ``"table"``, ``"pin"`` or ``"peer"`` (another rank of a ``torch.distributed`` job, see
+    :mod:`tiletune.distributed`)."""
 
     config: Config
     launched: bool
     result: TuneResult | None = None
+    source: str = "tuned"
+    median_us: float | None = None  # the pick's stored or measured median, when known
+
+
+# ---------------------------------------------------------------------- miss scopes (campaigns)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One key resolved inside a :func:`miss_scope`: the op's name, the identity, the config and
+    its source (see :class:`Resolution`), and the tuning result when this process tuned it."""
+
+    op: str
+    identity: TuningIdentity
+    config: dict[str, Any]
+    source: str
+    result: TuneResult | None
+
+
+@dataclass
+class MissScope:
+    """Overrides for the tunings of one thread (None: the op's own setting), and what was resolved."""
+
+    strategy: Any = None
+    budget: Budget | None = None
+    seed: int | None = None
+    strategy_options: Mapping[str, Any] | None = None
+    resolved: list[Resolved] = field(default_factory=list)
+
+
+_scopes = threading.local()
+
+
+@contextlib.contextmanager
+def miss_scope(*, strategy: Any = None, budget: Budget | None = None, seed: int | None = None,
+               strategy_options: Mapping[str, Any] | None = None) -> Iterator[MissScope]:
+    """Within this block (this thread), every key a tuned op resolves is listed in the scope's
+    ``resolved``, and tunings use ``strategy`` / ``budget`` / ``seed`` / ``strategy_options`` where
+    given instead of the op's. A campaign runs each of its calls in one: the library ops are
+    wrappers, so the tuned ops a call reaches are known only once it has reached them.
+
+    Read only on a miss (the hot path never looks at it)."""
+    if strategy is not None:
+        from .strategies import resolve_strategy
+
+        resolve_strategy(strategy)  # a bad name fails here, not in the middle of a call
+    if budget is not None and not isinstance(budget, Budget):
+        raise TypeError(f"budget must be a tiletune.Budget, got {type(budget).__name__}")
+    scope = MissScope(strategy, budget, seed, dict(strategy_options) if strategy_options else None)
+    outer = getattr(_scopes, "current", None)
+    _scopes.current = scope
+    try:
+        yield scope
+    finally:
+        _scopes.current = outer
+
+
+def _scope() -> MissScope | None:
+    return getattr(_scopes, "current", None)
 
 
 #: Configs whose kernels identify the op on a space too big to list: the baseline and this many drawn
@@ -263,19 +324,36 @@ def _from_table(op: "TunedOp", identity: TuningIdentity, arch: str) -> Config | 
 
 def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Resolution:
     """The config this op uses for ``key``: from a pin (:mod:`tiletune.pins`), the database, a tuning
-    table, another process's session, or tuned."""
+    table, another process's session, or tuned. In a ``torch.distributed`` job every rank that misses
+    the same key uses the one config the first of them resolved (:mod:`tiletune.distributed`)."""
     plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
     identity = make_identity(op, args, key, backend, dev, arch, plans)
+    from . import distributed
+
+    peers = distributed.peers()  # None outside an initialised multi-rank job: one dict lookup
+    if peers is None:
+        res = _resolve(op, args, identity, backend, dev, arch, plans)
+    else:
+        res = peers.agree(op, identity, arch, lambda: _resolve(op, args, identity, backend, dev, arch, plans))
+    scope = _scope()
+    if scope is not None:
+        scope.resolved.append(Resolved(op.name, identity, res.config.as_dict(), res.source, res.result))
+    return res
+
+
+def _resolve(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend: Backend, dev: int, arch: str,
+             plans: PlanCache) -> Resolution:
+    """:func:`resolve` in this process alone."""
     from .pins import pinned_config
 
     pinned = pinned_config(op, args, identity, backend, dev, arch, plans)  # verified once, never tuned
     if pinned is not None:
-        return Resolution(pinned, launched=False)
+        return Resolution(pinned, launched=False, source="pin")
     db = op.db
     if db is None:
         cfg = _from_table(op, identity, arch)
         if cfg is not None:
-            return Resolution(cfg, launched=False)
+            return Resolution(cfg, launched=False, source="table")
         return _tuned(op, args, identity, backend, dev, arch, plans, None)
     from .leases import acquire_lease, lease_holder, wait_for_winner
 
@@ -285,7 +363,7 @@ def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, de
         if record is None:  # the user's database first, then the tables, then tuning
             cfg = _from_table(op, identity, arch)
             if cfg is not None:
-                return Resolution(cfg, launched=False)
+                return Resolution(cfg, launched=False, source="table")
         # a read-only database: its record or tune here, without a lease (nothing would be stored)
         while record is None and _writable(op, db) and op.db is db:
             lease = acquire_lease(db, identity)
@@ -307,7 +385,7 @@ def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, de
             cfg = _config_from_record(op, record.config, arch)
             if cfg is not None:
                 logger.info("%s: database hit for %s -> %s", op.name, identity.key, cfg)
-                return Resolution(cfg, launched=False)
+                return Resolution(cfg, launched=False, source="database", median_us=record.median_us)
         return _tuned(op, args, identity, backend, dev, arch, plans, lease)
     finally:
         if lease is not None:
@@ -323,7 +401,8 @@ def _tuned(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backe
     cfg = op.space.config(arch, **dict(result.winner))
     # an in-process session leaves exactly one launch of the winner on the caller's arguments;
     # after a worker session the caller launches the (verified) winner itself
-    return Resolution(cfg, launched=bool(result.stats.get("launched_winner", True)), result=result)
+    return Resolution(cfg, launched=bool(result.stats.get("launched_winner", True)), result=result,
+                      median_us=result.winner_median_us)
 
 
 def _tolerance_for(op: "TunedOp", args: tuple[Any, ...]) -> Mapping[str, tuple[float, float]] | None:
@@ -388,12 +467,18 @@ def tune(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend
         if writable:
             on_result = functools.partial(_record_progress, op, db, identity)
 
-    if op.strategy is None:  # exhaustive for a small space, else auto under a default budget
-        name, budget = default_search(op.space, arch, op.budget)
-        strategy = make_strategy(name, op.space, arch, op.seed, **op.strategy_options)
+    over = _scope() or MissScope()
+    seed = op.seed if over.seed is None else over.seed
+    if over.strategy is not None:  # a strategy of the scope takes its own options (none: its defaults)
+        strategy = make_strategy(over.strategy, op.space, arch, seed, **dict(over.strategy_options or {}))
+        budget = over.budget or op.budget or Budget()
     else:
-        strategy = make_strategy(op.strategy, op.space, arch, op.seed, **op.strategy_options)
-        budget = op.budget or Budget()
+        options = dict(op.strategy_options if over.strategy_options is None else over.strategy_options)
+        if op.strategy is None:  # exhaustive for a small space, else auto under a default budget
+            name, budget = default_search(op.space, arch, over.budget or op.budget)
+        else:
+            name, budget = op.strategy, over.budget or op.budget or Budget()
+        strategy = make_strategy(name, op.space, arch, seed, **options)
     if strategy.lazy is not None and budget.unlimited:
         raise SpaceError(
             f"{op.name}: the space has {op.space.product_size(arch):.3g} combinations of parameter values on "
