@@ -58,7 +58,26 @@ def test_stored_key_is_marked_and_bucketed():
     js = b.key_json((torch.empty(300, 64), 7))
     assert js == [{"bucketed": True}, {"shape": [512, 64], "dtype": "float32", "contiguous": True}, 7]
     strided = b.key_json((torch.empty(64, 300).t(), 7))[1]
-    assert strided["contiguous"] is False and strided["strides"] == [1, 300] and strided["shape"] == [512, 64]
+    assert strided["contiguous"] is False and strided["shape"] == [512, 64]
+    assert strided["dim_order"] == [1, 0] and strided["stride_ratios"] == [1, 1]
+
+
+def test_views_whose_strides_grow_with_the_bucketed_size_share_the_bucket():
+    # the half views RoPE takes of (B, S, H, D): the batch stride is S*H*D; transposed matrices: stride M
+    b = Buckets({"x": {1: "pow2"}}).resolve(["x"])
+    for batch in (1, 3):
+        keys = {b.key((torch.empty(batch, s, 32, 128)[..., :64],)) for s in (100, 120, 128)}
+        assert len(keys) == 1, batch
+        assert b.key_json((torch.empty(batch, 100, 32, 128)[..., :64],)) == \
+            b.key_json((torch.empty(batch, 128, 32, 128)[..., :64],))
+    assert b.key((torch.empty(batch, 100, 32, 128)[..., :64],)) != b.key((torch.empty(batch, 100, 32, 128),))
+    t = Buckets({"x": {0: "pow2"}}).resolve(["x"])
+    assert t.key((torch.empty(64, 300).t(),)) == t.key((torch.empty(64, 400).t(),))
+    assert t.key((torch.empty(64, 300).t(),)) != t.key((torch.empty(300, 64),))
+    # a padded row stride still tells keys apart; so does a size inside the bucketed dimension
+    assert t.key((torch.empty(100, 4100)[:, :4096],)) == t.key((torch.empty(120, 4100)[:, :4096],))
+    assert t.key((torch.empty(100, 4100)[:, :4096],)) != t.key((torch.empty(100, 4104)[:, :4096],))
+    assert t.key((torch.empty(100, 4100)[:, :4096],)) != t.key((torch.empty(100, 4100)[:, :4095],))
 
 
 # ---------------------------------------------------------------------------------------------- on an op

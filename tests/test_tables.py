@@ -186,3 +186,26 @@ def test_a_table_holds_one_device(folders):
         tables.TuningTable.from_db(db)
     r = CliRunner().invoke(app, ["db", "export", "--table", str(folders / "x.json"), "--path", str(db.where)])
     assert r.exit_code == 2 and "2 device(s)" in r.output
+
+
+def test_the_shipped_h200_table_loads_is_small_and_uses_the_current_bucket_key_format():
+    import json as _json
+
+    import pathlib
+
+    import tiletune.tables
+    from tiletune.tables import TuningTable
+
+    shipped = pathlib.Path(tiletune.tables.__file__).parent / "data" / "tables"  # SHIPPED is patched here
+    files = sorted(p for p in shipped.iterdir() if p.name.endswith((".json", ".json.gz")))
+    assert files, "no shipped table"
+    for path in files:
+        assert path.stat().st_size < 1 << 20
+        table = TuningTable.load(path)
+        assert table.device.arch == "sm_90" and len(table) > 0
+        for entry in table.entries.values():
+            assert entry.name.startswith("tiletune.")
+            key = _json.loads(entry.key)
+            if isinstance(key, list) and key and key[0] == {"bucketed": True}:
+                # strides of a bucketed key are stored as ratios (tiletune.buckets._layout)
+                assert not any(isinstance(d, dict) and "strides" in d for d in key), entry.key

@@ -145,7 +145,7 @@ class Buckets:
                 d: dict[str, Any] = {"shape": list(self._dims(pos, a.shape)), "dtype": _dtype_name(a.dtype),
                                      "contiguous": layout == "contiguous"}
                 if layout != "contiguous":
-                    d["strides"] = list(layout)
+                    d["dim_order"], d["stride_ratios"] = list(layout[0]), list(layout[1])
                 out.append(d)
             elif t in _BY_VALUE:
                 out.append({"value": a.item() if hasattr(a, "item") else _dtype_name(a), "type": t.__name__})
@@ -160,12 +160,28 @@ class Buckets:
 
 
 def _layout(a: Any) -> Any:
-    """"contiguous", or the strides of a tensor that is not (those stay exact in the key)."""
+    """"contiguous", or the layout of a tensor that is not, in a form that does not grow with a
+    bucketed dimension: the order of its dimensions by stride (outermost first) and, per dimension, its
+    stride over the stride a dense tensor with that order would have (None for a dimension of size 1,
+    whose stride is never used). The half views of a ``(B, S, H, D)`` tensor have a batch stride
+    ``S * H * D`` and a transposed ``(M, K)`` matrix a column stride ``M``; their ratios are constant,
+    so every size of a bucket shares its key, while a padded row stride still shows."""
     shape = tuple(int(n) for n in a.shape)
     strides = tuple(int(s) for s in a.stride())
     acc = 1
+    contiguous = True
     for n, st in zip(reversed(shape), reversed(strides)):
         if n > 1 and st != acc:
-            return strides
+            contiguous = False
         acc *= max(n, 1)
-    return "contiguous"
+    if contiguous:
+        return "contiguous"
+    used = [i for i, n in enumerate(shape) if n > 1]
+    order = sorted(used, key=lambda i: (-abs(strides[i]), -i))  # outermost first
+    ratios: list[Any] = [None] * len(shape)
+    acc = 1
+    for i in reversed(order):  # innermost first
+        r = strides[i] / acc
+        ratios[i] = int(r) if r == int(r) else round(r, 9)
+        acc *= shape[i]
+    return (tuple(order), tuple(ratios))
