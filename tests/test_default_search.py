@@ -36,6 +36,10 @@ def test_default_search_by_size():
     assert small.size() <= EXHAUSTIVE_MAX_CONFIGS
     assert default_search(small, None, None) == ("exhaustive", Budget())
     assert default_search(small, None, Budget(max_seconds=5.0)) == ("exhaustive", Budget(max_seconds=5.0))
+    # an evaluation budget smaller than the space: a search, not exhaustive order cut off at the budget
+    assert default_search(small, None, Budget(max_evals=64)) == ("auto", Budget(max_evals=64))
+    assert default_search(small, None, Budget(max_evals=small.size())) == \
+        ("exhaustive", Budget(max_evals=small.size()))
     mid = space(4)  # 4096 combinations, 2752 valid: listed, too many to measure every one
     assert mid.size() > EXHAUSTIVE_MAX_CONFIGS and not mid.is_lazy()
     assert default_search(mid, None, None) == ("auto", Budget(max_evals=DEFAULT_SEARCH_EVALS))

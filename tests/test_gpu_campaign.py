@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.gpu
-
 torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.tile")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+# a mark, not a module-level skip: the CPU run deselects this module instead of listing a skip
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from tiletune.campaign import parse_campaign, run_campaign  # noqa: E402
 from tiletune.store import TuningDB  # noqa: E402

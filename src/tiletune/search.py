@@ -12,8 +12,8 @@ Live tuning (the cuTile session) and replay (a simulated session answering from 
 through exactly this code; only the session differs.
 
 **The default search** (``strategy=None``): :func:`default_search`. A space of at most
-:data:`EXHAUSTIVE_MAX_CONFIGS` valid configs is tuned exhaustively (every config, raced), as before;
-a bigger one, or one too big to enumerate (:mod:`tiletune.lazyspace`), with the ``"auto"`` strategy,
+:data:`EXHAUSTIVE_MAX_CONFIGS` valid configs is tuned exhaustively (every config, raced), as before,
+unless an evaluation budget smaller than the space is given; a bigger one, a budgeted one, or one too big to enumerate (:mod:`tiletune.lazyspace`), with the ``"auto"`` strategy,
 which picks by the space's size and type (:class:`tiletune.strategies.portfolio.AutoStrategy`), under
 the given budget or, without one, :data:`DEFAULT_SEARCH_EVALS` evaluations.
 """
@@ -52,13 +52,16 @@ def default_search(space: Space, arch: str | None, budget: Budget | None) -> tup
     """The strategy name and budget of a tuning that names no strategy (see the module docstring).
 
     ``"exhaustive"`` with ``budget`` (or no limit) for a space of at most :data:`EXHAUSTIVE_MAX_CONFIGS`
-    valid configs on ``arch``; otherwise ``"auto"`` with ``budget``, or with
+    valid configs on ``arch`` that ``budget`` lets it measure whole (an evaluation budget smaller than
+    the space would cut exhaustive search off at an arbitrary config); otherwise ``"auto"`` with ``budget``, or with
     ``Budget(max_evals=DEFAULT_SEARCH_EVALS)`` when ``budget`` limits nothing. A space too big to
     enumerate (``space.is_lazy(arch)``) is never listed to decide.
     """
     budget = budget or Budget()
-    if not space.is_lazy(arch) and space.size(arch) <= EXHAUSTIVE_MAX_CONFIGS:
-        return "exhaustive", budget
+    if not space.is_lazy(arch):
+        size = space.size(arch)
+        if size <= EXHAUSTIVE_MAX_CONFIGS and (budget.max_evals is None or budget.max_evals >= size):
+            return "exhaustive", budget
     if budget.unlimited:
         budget = Budget(max_evals=DEFAULT_SEARCH_EVALS)
     return "auto", budget
