@@ -59,15 +59,22 @@ torch.cuda.synchronize()
 t_ready = time.perf_counter()
 def timed():
     t = time.perf_counter(); fn(*args, **kwargs); torch.cuda.synchronize(); return time.perf_counter() - t
-first = timed()
+if %(profile)r:
+    import cProfile, pstats
+    prof = cProfile.Profile(); prof.enable(); first = timed(); prof.disable()
+    top = sorted(((v[3], v[2], k) for k, v in pstats.Stats(prof).stats.items()), reverse=True)[:20]
+    profile = [{"function": "/".join(k[0].rsplit("/", 2)[-2:]) + f":{k[1]}({k[2]})", "cumtime_s": c, "tottime_s": t}
+               for c, t, k in top]
+else:
+    first = timed(); profile = None
 steady = statistics.median(timed() for _ in range(10))
 print("RESULT " + json.dumps({"first_call_s": first, "steady_s": steady, "observed": sorted(set(seen)),
-                              "setup_s": t_ready - t_start}))
+                              "setup_s": t_ready - t_start, "profile": profile}))
 """
 
 
-def _child(op: str, m: int, env: dict[str, str]) -> dict:
-    return run_child(CHILD % {"op": op, "m": m}, env)
+def _child(op: str, m: int, env: dict[str, str], profile: bool = False) -> dict:
+    return run_child(CHILD % {"op": op, "m": m, "profile": profile}, env)
 
 
 def main() -> int:
@@ -75,6 +82,8 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--sources", default=",".join(SOURCES), help="which rows to make")
+    ap.add_argument("--profile", action="store_true", help="also run each served row once more under cProfile "
+                    "and keep its top entries (where a first call's time goes)")
     args = ap.parse_args()
     ops = [o for o in args.ops.split(",") if o]
     sources = set(args.sources.split(","))
@@ -110,6 +119,8 @@ def main() -> int:
             row = {"op": op, "shape": _shape(op, m), "tokens": m, "source": source, "cutile_cache": cache,
                    "first_call_s": r["first_call_s"], "steady_s": r["steady_s"], "setup_s": r["setup_s"],
                    "observed": r["observed"], "source_ok": expected in r["observed"]}
+            if args.profile and source != "tuned" and cache == "warm":  # a separate run: profiling slows it
+                row["profile"] = _child(op, m, e, profile=True)["profile"]
             rows.append(row)
             print(f"{op:18s} {source:9s} {cache:5s} first {r['first_call_s']:8.3f} s  steady "
                   f"{r['steady_s'] * 1e6:9.1f} us  observed {r['observed']}", flush=True)
