@@ -411,3 +411,34 @@ def test_every_row_shape_compiles_for_sm90(name):
     for cfg in (cands[0], min(cands, key=lambda c: c["BLOCK_N"]), max(cands, key=lambda c: (c["BLOCK_N"],
                                                                                            c["num_worker_warps"]))):
         _ok_or_skip(ccd.compile_partial(v, cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/decoder_layer.py: rows and the torch layer (CPU)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_decoder_layer_rows_and_torch_layer_on_cpu(monkeypatch):
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import decoder_layer as dl
+
+    quick = dl.rows_for(True)
+    assert len(quick) == 4 and {r[0] for r in quick} == {"prefill", "decode"}
+    full = dl.rows_for(False)
+    assert {r[1] for r in full if r[0] == "decode"} == {1, 8, 32, 64, 128}
+    assert max(r[2] for r in full if r[0] == "decode") == 32768 and min(r[2] for r in full) == 512
+    for name, val in (("HIDDEN", 256), ("HEADS", 4), ("KV_HEADS", 2), ("HEAD_DIM", 64), ("FFN", 512)):
+        monkeypatch.setattr(dl, name, val)  # a small layer of the same structure (CPU time)
+    w = dl.make_weights("cpu")
+    for phase, s in (("prefill", 3), ("decode", 5)):
+        st = dl.State(phase, 2, s, device="cpu")
+        caches = st.caches() if phase == "decode" else (None, None)
+        mod = dl.torch_module(w, st, *caches)
+        with torch.no_grad():
+            out = mod(st.x, st.cos, st.sin)
+        assert out.shape == st.x.shape and torch.isfinite(out.float()).all()
+        if phase == "decode":
+            assert not torch.equal(mod.ck[:, :, s - 1], st.ck[:, :, s - 1])  # the new token's k was written
+            assert torch.equal(mod.ck[:, :, :s - 1], st.ck[:, :, :s - 1])

@@ -82,6 +82,11 @@ def _strided_ok(t: Any) -> Any:
     return t.contiguous()
 
 
+def _routes_to_decode(sq: int, sk: int) -> bool:
+    """Whether a call with ``sq`` queries and ``sk`` keys runs the split-KV decode kernels."""
+    return sq <= DECODE_MAX_Q and sk > sq
+
+
 @fast_op(route=custom_op_route("attention"))
 def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
     """Scaled dot-product attention of ``(B, H, S, D)`` CUDA tensors, autotuned.
@@ -132,7 +137,7 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     scale = float(scale)
     if not (math.isfinite(scale) and scale > 0.0):
         raise ValueError(f"attention: scale must be a positive finite number, got {scale}")
-    if sq <= DECODE_MAX_Q and sk > sq:
+    if _routes_to_decode(sq, sk):
         # few queries, many keys: the split-KV decode kernel. Top-left causal: query i sees keys
         # 0..i, so only the first Sq keys matter, where top-left and bottom-right alignment agree.
         if causal:
