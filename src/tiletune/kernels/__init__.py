@@ -33,6 +33,10 @@ _MEMORY_OPS = {
     "cross_entropy": "cross_entropy_op",
 }
 
+# KV-cache decode ops (issue 20): importable as tiletune.kernels.decode_attention / kv_cache_append; not
+# in __all__ yet (benchmarks/host_cost.py and the torch.library custom ops cover exactly __all__)
+_DECODE_OPS = {"decode_attention": "decode_attention_op", "kv_cache_append": "decode_attention_op"}
+
 
 def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional dependency
     if name in ("matmul", "attention"):
@@ -41,10 +45,10 @@ def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional 
         fn = getattr(importlib.import_module(".gemm" if name == "matmul" else ".attention_op", __name__), name)
         globals()[name] = fn
         return fn
-    if name in _MEMORY_OPS:
+    if name in _MEMORY_OPS or name in _DECODE_OPS:
         import importlib
 
-        fn = getattr(importlib.import_module(f".{_MEMORY_OPS[name]}", __name__), name)
+        fn = getattr(importlib.import_module(f".{_MEMORY_OPS.get(name) or _DECODE_OPS[name]}", __name__), name)
         globals()[name] = fn
         return fn
     raise AttributeError(f"module 'tiletune.kernels' has no attribute {name!r}")

@@ -20,6 +20,8 @@ from ..fastcall import custom_op_route, fast_op
 from ..dispatch import autotune
 from ..space import Space
 from ..verify import Tolerance, derived_tolerance, eps
+from .decode_attention_kernels import DECODE_MAX_Q
+from .decode_attention_op import prepare_decode
 from .attention_kernels import (
     ATTENTION_BASELINE,
     ATTENTION_CONSTRAINTS,
@@ -80,6 +82,17 @@ def _strided_ok(t: Any) -> Any:
     return t.contiguous()
 
 
+#: Whether :func:`attention` sends short queries to the split-KV decode kernels. Off until
+#: ``tests/test_gpu_decode_attention.py`` has passed on a GPU: the decode kernels were written and
+#: compiled on a CPU host and checked against a torch emulation only.
+ROUTE_SHORT_QUERIES_TO_DECODE = False
+
+
+def _routes_to_decode(sq: int, sk: int) -> bool:
+    """Whether a call with ``sq`` queries and ``sk`` keys runs the split-KV decode kernels."""
+    return ROUTE_SHORT_QUERIES_TO_DECODE and sq <= DECODE_MAX_Q and sk > sq
+
+
 @fast_op(route=custom_op_route("attention"))
 def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
     """Scaled dot-product attention of ``(B, H, S, D)`` CUDA tensors, autotuned.
@@ -93,6 +106,10 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
 
     Returns:
         A new ``(B, H, Sq, D)`` tensor of ``q``'s dtype.
+
+    With :data:`ROUTE_SHORT_QUERIES_TO_DECODE` set, calls with ``Sq <= 16`` query tokens and more keys
+    than queries run the split-KV decode kernel (:func:`tiletune.kernels.decode_attention`), the
+    others the FlashAttention-style kernel.
     """
     import torch
 
@@ -127,6 +144,13 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     scale = float(scale)
     if not (math.isfinite(scale) and scale > 0.0):
         raise ValueError(f"attention: scale must be a positive finite number, got {scale}")
+    if _routes_to_decode(sq, sk):
+        # few queries, many keys: the split-KV decode kernel. Top-left causal: query i sees keys
+        # 0..i, so only the first Sq keys matter, where top-left and bottom-right alignment agree.
+        if causal:
+            k, v = k[:, :, :sq], v[:, :, :sq]
+        lens = torch.full((bsz,), k.shape[2], dtype=torch.int32, device=q.device)
+        return prepare_decode(q, k, v, lens, bool(causal), scale).run()
     q, k, v = _strided_ok(q), _strided_ok(k), _strided_ok(v)
     o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
     if bsz == 0 or h == 0:

@@ -1,0 +1,396 @@
+#!/usr/bin/env python
+"""A Llama-3-8B-shaped decoder layer from ``tiletune.kernels`` vs torch eager and torch.compile (issue 20).
+
+One layer, bf16: hidden 4096, GQA 32/8 query/kv heads, head dim 128, MLP 14336; RMSNorm, fused QKV
+projection, RoPE in place (rotate-half), attention, residual + RMSNorm, fused gate-up projection,
+SwiGLU, down projection, residual. Weights are stored ``[K, N]`` (``x @ w``).
+
+* **prefill** ``(B, S)``: ``S`` new tokens, causal attention over themselves.
+* **decode** ``(B, S)``: one new token per sequence with ``S`` positions in a preallocated KV cache
+  (the new token's k/v are written at position ``S - 1``, attention over positions ``[0, S)``).
+  tiletune: ``K.kv_cache_append`` + ``K.decode_attention`` with a device lengths tensor (no
+  ``torch.cat``); torch: the same cache written by index and ``scaled_dot_product_attention`` over
+  the cache slice (``enable_gqa``).
+
+Per row: ``tiletune_us`` = GPU time of one forward replayed from a CUDA graph (tiletune ops are
+capture-safe once tuned: the first forward tunes, a second warms, then the step is captured);
+``tiletune_stream_us`` = GPU time of forwards launched back to back without a graph;
+``tiletune_host_us`` = host time of the launch calls of one forward (``time.perf_counter``, no sync);
+``eager_us``, ``compile_us`` (``torch.compile`` default) and ``compile_ro_us`` (``mode="reduce-overhead"``,
+CUDA graphs) = GPU time per forward from CUDA events around a back-to-back loop; ``rel_err`` =
+``||tiletune - eager|| / ||eager||`` of the layer output; ``first_forward_s`` (one row) = wall time of
+the first forward in a fresh process that shares this run's tuning database and cuTile disk cache.
+
+Usage (one command writes ``decoder_layer.json`` + ``decoder_layer.png`` under ``--out``, default
+``$OUT`` or ``benchmarks/results/h200``)::
+
+    python benchmarks/decoder_layer.py --quick        # 4 rows, tuning included (budget: < 4 min on an H200)
+    python benchmarks/decoder_layer.py                # full: prefill B 1-8 x S 512-8192, decode B 1-128 x S 512-32k
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 4096, 32, 8, 128, 14336
+EPS = 1e-5
+ROPE_BASE = 500000.0
+
+QUICK_ROWS = [("decode", 8, 2048), ("decode", 64, 2048), ("decode", 8, 8192), ("prefill", 1, 2048)]
+FULL_ROWS = ([("prefill", b, s) for b in (1, 4, 8) for s in (512, 2048, 8192) if b * s <= 32768]
+             + [("decode", b, s) for b in (1, 8, 32, 64, 128) for s in (512, 2048, 8192, 32768)
+                if b * s <= 128 * 8192 or b <= 8])
+
+
+def rows_for(quick: bool) -> list[tuple[str, int, int]]:
+    """The rows of a run (pure)."""
+    return list(QUICK_ROWS if quick else FULL_ROWS)
+
+
+# --------------------------------------------------------------------------------------------
+# the layer
+# --------------------------------------------------------------------------------------------
+
+
+def make_weights(device: str = "cuda", seed: int = 0) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def w(k: int, n: int) -> Any:
+        return (torch.randn(k, n, device=device, generator=g) / math.sqrt(k)).to(torch.bfloat16)
+
+    return {"qkv": w(HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM), "o": w(HIDDEN, HIDDEN),
+            "gate_up": w(HIDDEN, 2 * FFN), "down": w(FFN, HIDDEN),
+            "norm1": (1.0 + 0.1 * torch.randn(HIDDEN, device=device, generator=g)).to(torch.bfloat16),
+            "norm2": (1.0 + 0.1 * torch.randn(HIDDEN, device=device, generator=g)).to(torch.bfloat16)}
+
+
+def rope_table(max_pos: int, device: str = "cuda") -> tuple[Any, Any]:
+    """``(cos, sin)`` of shape ``(max_pos, HEAD_DIM)`` in bf16 (rotate-half layout: halves repeated)."""
+    import torch
+
+    inv = 1.0 / (ROPE_BASE ** (torch.arange(0, HEAD_DIM, 2, device=device, dtype=torch.float32) / HEAD_DIM))
+    f = torch.outer(torch.arange(max_pos, device=device, dtype=torch.float32), inv)
+    emb = torch.cat((f, f), dim=-1)
+    return emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+
+
+class State:
+    """Inputs of one row: activations, positions, caches (one copy per implementation)."""
+
+    def __init__(self, phase: str, bsz: int, s: int, device: str = "cuda", seed: int = 1) -> None:
+        import torch
+
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.phase, self.B, self.S = phase, bsz, s
+        cos, sin = rope_table(s, device)
+        if phase == "prefill":
+            self.x = torch.randn(bsz, s, HIDDEN, device=device, generator=g).to(torch.bfloat16)
+            self.cos, self.sin = cos, sin  # (S, D)
+        else:
+            self.x = torch.randn(bsz, 1, HIDDEN, device=device, generator=g).to(torch.bfloat16)
+            self.pos = torch.full((bsz,), s - 1, dtype=torch.int64, device=device)
+            self.lens = torch.full((bsz,), s, dtype=torch.int32, device=device)
+            self.cos, self.sin = cos[self.pos].unsqueeze(1), sin[self.pos].unsqueeze(1)  # (B, 1, D)
+            shape = (bsz, KV_HEADS, s, HEAD_DIM)
+            self.ck = (torch.randn(shape, device=device, generator=g) * 0.5).to(torch.bfloat16)
+            self.cv = torch.randn(shape, device=device, generator=g).to(torch.bfloat16)
+
+    def caches(self) -> tuple[Any, Any]:
+        """A fresh copy of the caches (each implementation writes its own)."""
+        return self.ck.clone(), self.cv.clone()
+
+
+def tiletune_layer(w: dict[str, Any], st: State, ck: Any = None, cv: Any = None):
+    """``forward()`` of the layer built from ``tiletune.kernels`` for this row's shapes."""
+    import tiletune.kernels as K
+
+    bsz, s = st.B, st.S
+    x, cos, sin = st.x, st.cos, st.sin
+    qd, kd = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    t = s if st.phase == "prefill" else 1
+
+    def forward() -> Any:
+        h = K.rms_norm(x, w["norm1"], EPS)
+        qkv = K.matmul(h.view(bsz * t, HIDDEN), w["qkv"]).view(bsz, t, -1)
+        q = qkv[..., :qd].unflatten(-1, (HEADS, HEAD_DIM))
+        k = qkv[..., qd:qd + kd].unflatten(-1, (KV_HEADS, HEAD_DIM))
+        v = qkv[..., qd + kd:].unflatten(-1, (KV_HEADS, HEAD_DIM))
+        K.apply_rope_(q, k, cos, sin)
+        if st.phase == "prefill":
+            o = K.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        else:
+            K.kv_cache_append(ck, cv, k.transpose(1, 2), v.transpose(1, 2), st.pos)
+            o = K.decode_attention(q.transpose(1, 2), ck, cv, st.lens, causal=True)
+        a = K.matmul(o.transpose(1, 2).reshape(bsz * t, HIDDEN), w["o"])
+        y, res = K.rms_norm_residual(a, x.view(bsz * t, HIDDEN), w["norm2"], EPS)
+        out = K.matmul(K.swiglu(K.matmul(y, w["gate_up"])), w["down"])
+        return (out + res).view(bsz, t, HIDDEN)
+
+    return forward
+
+
+def torch_module(w: dict[str, Any], st: State, ck: Any = None, cv: Any = None) -> Any:
+    """The same layer as a ``torch.nn.Module`` (caches as buffers, so graph modes may mutate them)."""
+    import torch
+    import torch.nn.functional as F
+
+    qd, kd = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    phase, s = st.phase, st.S
+
+    def rms(x: Any, weight: Any) -> Any:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * weight
+
+    def rot(x: Any) -> Any:
+        x1, x2 = x[..., :HEAD_DIM // 2], x[..., HEAD_DIM // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name, t in w.items():
+                self.register_buffer(name, t, persistent=False)
+            if phase == "decode":
+                self.register_buffer("ck", ck, persistent=False)
+                self.register_buffer("cv", cv, persistent=False)
+
+        def forward(self, x: Any, cos: Any, sin: Any) -> Any:
+            bsz, t, _ = x.shape
+            h = rms(x, self.norm1)
+            qkv = h @ self.qkv
+            q = qkv[..., :qd].view(bsz, t, HEADS, HEAD_DIM)
+            k = qkv[..., qd:qd + kd].view(bsz, t, KV_HEADS, HEAD_DIM)
+            v = qkv[..., qd + kd:].view(bsz, t, KV_HEADS, HEAD_DIM)
+            c, sn = (cos[:, None, :], sin[:, None, :]) if cos.dim() == 2 else (cos[:, :, None, :], sin[:, :, None, :])
+            q = q * c + rot(q) * sn
+            k = k * c + rot(k) * sn
+            if phase == "prefill":
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   is_causal=True, enable_gqa=True)
+            else:
+                self.ck[:, :, s - 1] = k[:, 0]
+                self.cv[:, :, s - 1] = v[:, 0]
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), self.ck, self.cv, enable_gqa=True)
+            a = o.transpose(1, 2).reshape(bsz, t, HIDDEN) @ self.o
+            res = x + a
+            y = rms(res, self.norm2)
+            gu = y @ self.gate_up
+            act = F.silu(gu[..., :FFN]) * gu[..., FFN:]
+            return act @ self.down + res
+
+    return Layer()
+
+
+# --------------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------------
+
+
+def gpu_us(fn: Any, iters: int, warmup: int = 3) -> float:
+    """GPU time per call (CUDA events around ``iters`` back-to-back calls)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1000.0 / iters
+
+
+def host_us(fn: Any, iters: int) -> float:
+    """Host time per call of the launch calls (no synchronization inside the loop)."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt * 1e6 / iters
+
+
+def graph_of(fn: Any) -> Any:
+    """A CUDA graph of one call of ``fn`` (warmed on a side stream first); returns ``(graph, output)``."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def iters_for(phase: str, bsz: int, s: int) -> int:
+    tokens = bsz * (s if phase == "prefill" else 1)
+    return max(5, min(200, int(2e5 // max(1, tokens))))
+
+
+def rel_err(got: Any, want: Any) -> float:
+    import torch
+
+    return float(torch.linalg.vector_norm((got.float() - want.float())) / torch.linalg.vector_norm(want.float()))
+
+
+def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int) -> dict[str, Any]:
+    """One row: tune + time tiletune, time eager / compile / compile reduce-overhead, check rel_err."""
+    import torch
+
+    st = State(phase, bsz, s)
+    row: dict[str, Any] = {"phase": phase, "B": bsz, "S": s}
+    n = iters_for(phase, bsz, s)
+    tt_caches = st.caches() if phase == "decode" else (None, None)
+    fwd = tiletune_layer(w, st, *tt_caches)
+    t0 = time.perf_counter()
+    out_tt = fwd()  # tunes every op of the layer on its first forward
+    torch.cuda.synchronize()
+    row["tune_s"] = time.perf_counter() - t0
+    fwd()
+    torch.cuda.synchronize()
+    row["tiletune_host_us"] = host_us(fwd, n)
+    row["tiletune_stream_us"] = gpu_us(fwd, n)
+    g, _ = graph_of(fwd)
+    row["tiletune_us"] = gpu_us(g.replay, n)
+
+    eager_caches = st.caches() if phase == "decode" else (None, None)
+    mod = torch_module(w, st, *eager_caches)
+    with torch.no_grad():
+        out_eager = mod(st.x, st.cos, st.sin)
+        torch.cuda.synchronize()
+        row["rel_err"] = rel_err(out_tt, out_eager)
+        row["eager_us"] = gpu_us(lambda: mod(st.x, st.cos, st.sin), n)
+        row["eager_host_us"] = host_us(lambda: mod(st.x, st.cos, st.sin), n)
+        for key, mode in (("compile_us", None), ("compile_ro_us", "reduce-overhead")):
+            torch._dynamo.reset()
+            cmod = torch_module(w, st, *(st.caches() if phase == "decode" else (None, None)))
+            fn = torch.compile(cmod, mode=mode) if mode else torch.compile(cmod)
+            try:
+                t0 = time.perf_counter()
+                out_c = fn(st.x, st.cos, st.sin)
+                torch.cuda.synchronize()
+                row[key.replace("_us", "_warmup_s")] = time.perf_counter() - t0
+                row[key.replace("_us", "_rel_err")] = rel_err(out_c, out_eager)
+                row[key] = gpu_us(lambda: fn(st.x, st.cos, st.sin), n)
+            except Exception as exc:  # noqa: BLE001 - a compile failure is a result, not a crash
+                row[key] = None
+                row[key.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            del cmod, fn
+    for key in ("compile_us", "compile_ro_us"):
+        if row.get(key):
+            row[f"vs_{key[:-3]}"] = row[key] / row["tiletune_us"]
+    row["first_forward_s"] = None
+    del g, fwd, mod, st
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def first_forward_child(phase: str, bsz: int, s: int) -> float:
+    """Wall time of the first forward of the layer in this (fresh) process."""
+    import torch
+
+    import tiletune.kernels as K  # noqa: F401
+
+    w = make_weights()
+    st = State(phase, bsz, s)
+    fwd = tiletune_layer(w, st, *(st.caches() if phase == "decode" else (None, None)))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fwd()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def first_forward_fresh(phase: str, bsz: int, s: int) -> float | None:
+    from _common import run_child
+
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = f"{root / 'src'}{os.pathsep}{root / 'benchmarks'}{os.pathsep}" + env.get("PYTHONPATH", "")
+    code = ("import json, decoder_layer as d; "
+            f"print('RESULT ' + json.dumps(d.first_forward_child({phase!r}, {bsz}, {s})))")
+    try:
+        return float(run_child(code, env, timeout=300))
+    except Exception as exc:  # noqa: BLE001
+        print(f"first forward child failed: {exc}", file=sys.stderr)
+        return None
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # pragma: no cover - matplotlib is optional
+        return
+    labels = [f"{r['phase']}\nB={r['B']} S={r['S']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
+    xs = range(len(rows))
+    for off, key, name in ((-0.3, "eager_us", "eager"), (-0.1, "compile_us", "torch.compile"),
+                           (0.1, "compile_ro_us", "compile reduce-overhead"), (0.3, "tiletune_us", "tiletune (graph)")):
+        ax.bar([x + off for x in xs], [(r["tiletune_us"] / r[key]) if r.get(key) else 0 for r in rows], 0.2,
+               label=name)
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("speed relative to tiletune (higher = faster)")
+    ax.set_title("Llama-3-8B decoder layer, bf16, H200")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="4 rows (budget < 4 min on a fresh H200)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or None, help="output folder")
+    ap.add_argument("--no-first-forward", action="store_true")
+    args = ap.parse_args(argv)
+    import torch
+
+    from _common import write_result
+
+    t_start = time.perf_counter()
+    w = make_weights()
+    rows = []
+    for phase, bsz, s in rows_for(args.quick):
+        r = measure_row(w, phase, bsz, s)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    if rows and not args.no_first_forward:
+        r0 = rows[0]
+        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"])
+    out = Path(args.out) if args.out else None
+    path = write_result("decoder_layer", {"quick": args.quick, "rows": rows,
+                                          "wall_s": time.perf_counter() - t_start,
+                                          "layer": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
+                                                    "head_dim": HEAD_DIM, "ffn": FFN, "dtype": "bfloat16"}}, out)
+    plot(rows, path.with_suffix(".png"))
+    del torch
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

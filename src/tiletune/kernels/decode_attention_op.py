@@ -1,0 +1,398 @@
+"""``tiletune.kernels.decode_attention`` and ``kv_cache_append``: attention of a few new tokens over a KV cache.
+
+Public ops::
+
+    kv_cache_append(cache_k, cache_v, k, v, start)          # writes k/v at positions start.. in place
+    o = decode_attention(q, cache_k, cache_v, lengths, causal=True, scale=None)
+
+* ``q``: ``(B, H, Sq, D)`` with ``1 <= Sq <= 16`` (the new tokens), ``cache_k`` / ``cache_v``:
+  ``(B, Hkv, capacity, D)`` preallocated caches, ``H % Hkv == 0`` (GQA), bfloat16 / float16, ``D`` in
+  {64, 128}. Batch entry ``b`` attends to cache positions ``[0, lengths[b])``: ``lengths`` is an int,
+  a ``(B,)`` integer tensor on the device (CUDA-graph friendly: update it in place between replays),
+  or None (the whole capacity). With ``causal`` the ``Sq`` queries are the *last* ``Sq`` of those
+  positions (bottom-right aligned: query ``i`` sees positions ``<= lengths[b] - Sq + i``), the usual
+  decode / speculative-decoding convention; ``lengths[b] >= Sq`` is then required (rows without a
+  visible key return 0).
+* The work: :mod:`tiletune.kernels.decode_attention_kernels` (split-KV partials + a combine kernel,
+  two tuned ops). The number of KV splits is chosen on the host from the capacity, the batch and the
+  SM count (:func:`~tiletune.kernels.decode_attention_kernels.decode_splits`); the partial kernel's
+  key tile, K/V latency hint, occupancy and worker warps are tuned (:data:`DECODE_SPACE`, 24 configs),
+  with the cache capacity, the batch and the workspace rows bucketed to powers of two.
+
+:func:`tiletune.kernels.attention` routes calls with ``Sq <= 16`` and ``Sk > Sq`` here (same result).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..backends.base import Launch
+from ..buckets import Buckets
+from ..dispatch import autotune
+from ..space import Space
+from ..verify import Tolerance, derived_tolerance, derived_tolerances, eps
+from ._membound import int64_twin, needs_int64, sm_count
+from .decode_attention_kernels import (
+    DECODE_BASELINE,
+    DECODE_HEAD_DIMS,
+    DECODE_MAX_Q,
+    DECODE_SPACE_PARAMS,
+    GRANULE,
+    LOG2E,
+    decode_combine_kernel,
+    decode_combine_kernel_fn,
+    decode_partial_kernel,
+    decode_partial_kernel_fn,
+    decode_rows,
+    decode_splits,
+)
+
+__all__ = [
+    "DECODE_COMBINE_SPACE",
+    "DECODE_SPACE",
+    "decode_attention",
+    "decode_combine_into",
+    "decode_combine_plan",
+    "decode_combine_reference",
+    "decode_partial_into",
+    "decode_partial_plan",
+    "decode_partial_reference",
+    "kv_cache_append",
+    "prepare_decode",
+]
+
+#: The partial kernel's space: BLOCK_N x KV_LATENCY x occupancy x num_worker_warps (24 configs).
+DECODE_SPACE = Space(**DECODE_SPACE_PARAMS, baseline=DECODE_BASELINE)
+#: The combine kernel has nothing worth tuning (one config; tuning checks it once).
+DECODE_COMBINE_SPACE = Space(occupancy=[1], num_worker_warps=[4])
+
+decode_partial_kernel_i64 = int64_twin(decode_partial_kernel_fn, ["Q", "K", "V", "PO", "PL"])
+decode_combine_kernel_i64 = int64_twin(decode_combine_kernel_fn, ["PO", "PL", "O"])
+
+_NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------------------------
+# launch plans
+# --------------------------------------------------------------------------------------------
+
+
+def decode_partial_plan(cfg: Any, q5: Any, k: Any, v: Any, lens: Any, po: Any, pl: Any, causal: bool,
+                        qk_scale_log2: float) -> Launch:
+    """Launch plan of the partial kernel: grid ``(B * Hkv * NGB, NS)``, ``NS = po.shape[0] / (B * Hkv)``."""
+    bsz, hkv, g, sq, d = q5.shape
+    gb, qp, ngb = decode_rows(g, sq)
+    ns = po.shape[0] // max(1, bsz * hkv)
+    kernel = decode_partial_kernel_i64 if needs_int64(q5, k, v, po) else decode_partial_kernel
+    return Launch(kernel, (bsz * hkv * ngb, ns),
+                  (q5, k, v, lens, po, pl, qk_scale_log2, d, gb, qp, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
+
+
+def decode_combine_plan(cfg: Any, po: Any, pl: Any, o: Any) -> Launch:
+    """Launch plan of the combine kernel: grid ``(B * H,)``."""
+    bsz, h, sq, d = o.shape
+    _, qp, _ = decode_rows(po.shape[1], sq)
+    kernel = decode_combine_kernel_i64 if needs_int64(po, o) else decode_combine_kernel
+    return Launch(kernel, (bsz * h,), (po, pl, o, qp, d))
+
+
+# --------------------------------------------------------------------------------------------
+# references (torch, float32 math; any device)
+# --------------------------------------------------------------------------------------------
+
+
+def decode_partial_reference(q5: Any, k: Any, v: Any, lens: Any, po: Any, pl: Any, causal: bool,
+                             qk_scale_log2: float) -> tuple[Any, Any]:
+    """Expected ``(po, pl)``: per split (boundaries of :func:`~.decode_attention_kernels.split_bounds`),
+    the softmax-normalized partial output and the base-2 log-sum-exp of the scaled scores (``-inf`` and
+    0 for a split, or a row, with no visible key)."""
+    import torch
+
+    bsz, hkv, g, sq, d = q5.shape
+    cap = k.shape[2]
+    rows = g * sq
+    ns = po.shape[0] // max(1, bsz * hkv)
+    out_o = torch.zeros(po.shape, dtype=torch.float32, device=po.device)
+    out_l = torch.full(pl.shape, _NEG_INF, dtype=torch.float32, device=pl.device)
+    lens_l = [min(max(int(x), 1), cap) for x in lens.reshape(-1).tolist()]
+    qi = torch.arange(rows, device=q5.device) % sq
+    for b in range(bsz):
+        n = lens_l[b]
+        per = -(-(-(-n // GRANULE)) // ns) * GRANULE
+        width = ns * per
+        qf = q5[b].float().reshape(hkv, rows, d)
+        kf = k[b, :, :n].float()
+        vf = v[b, :, :n].float()
+        s = (qf @ kf.transpose(-1, -2)) * float(qk_scale_log2)  # (Hkv, rows, n), base-2 units
+        j = torch.arange(n, device=q5.device)
+        if causal:
+            s = s.masked_fill(~(j[None, :] <= (n - sq + qi)[:, None]), _NEG_INF)
+        s = torch.nn.functional.pad(s, (0, width - n), value=_NEG_INF).reshape(hkv, rows, ns, per)
+        vp = torch.nn.functional.pad(vf, (0, 0, 0, width - n)).reshape(hkv, ns, per, d)
+        m = s.amax(dim=-1)  # (Hkv, rows, ns)
+        m_use = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        p = torch.exp2(s - m_use[..., None])
+        lsum = p.sum(dim=-1)
+        o = torch.einsum("hrsp,hspd->hrsd", p, vp)
+        seen = lsum > 0
+        o = o / torch.where(seen, lsum, torch.ones_like(lsum))[..., None]
+        lse = torch.where(seen, m + torch.log2(torch.where(seen, lsum, torch.ones_like(lsum))),
+                          torch.full_like(m, _NEG_INF))
+        r0 = b * hkv * ns
+        out_o[r0:r0 + hkv * ns] = o.permute(0, 2, 1, 3).reshape(hkv * ns, g, sq, d)
+        out_l[r0:r0 + hkv * ns] = lse.permute(0, 2, 1).reshape(hkv * ns, g, sq)
+    return out_o, out_l
+
+
+def decode_combine_reference(po: Any, pl: Any, o: Any) -> Any:
+    """Expected ``o``: the partials combined by their log-sum-exps (float32), in ``o``'s dtype."""
+    import torch
+
+    bsz, h, sq, d = o.shape
+    g = po.shape[1]
+    hkv = h // g
+    ns = po.shape[0] // max(1, bsz * hkv)
+    lse = pl.float().reshape(bsz, hkv, ns, g, sq)
+    m = lse.amax(dim=2, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w = torch.exp2(lse - m)  # (B, Hkv, NS, G, Sq)
+    lsum = w.sum(dim=2)
+    acc = (po.float().reshape(bsz, hkv, ns, g, sq, d) * w[..., None]).sum(dim=2)
+    out = acc / torch.where(lsum > 0, lsum, torch.ones_like(lsum))[..., None]
+    return out.reshape(bsz, h, sq, d).to(o.dtype)
+
+
+def _partial_tolerance(q5: Any, k: Any, v: Any, *_: Any) -> dict:
+    """Partial outputs (float32, but made of ``q``'s dtype: ``P`` is rounded to it before ``P @ V``): the
+    attention op's bound with ``q``'s epsilon (``atol = 2 eps max|v|``). Log-sum-exps: float32 math
+    over up to ``capacity`` terms, plus ``2^-12`` absolute (a split's weight off by under 0.02%, a
+    quarter of a float16 ulp)."""
+    dt = str(q5.dtype).replace("torch.", "")
+    vmax = float(v.abs().amax()) if v.numel() else 0.0
+    t = derived_tolerance(dt, length=k.shape[-2], agg_ulps=1.5)
+    o_tol = Tolerance(rtol=t.rtol, atol=2.0 * eps(dt) * vmax, atol_rms=t.atol_rms, agg=t.agg, agg_atol=0.0)
+    lt = derived_tolerance("float32", length=k.shape[-2], compute_ulps=64.0)
+    l_tol = Tolerance(rtol=lt.rtol, atol=2.0 ** -12, atol_rms=lt.atol_rms, agg=lt.agg, agg_atol=2.0 ** -14)
+    return {"output:0": {"float32": o_tol}, "output:1": {"float32": l_tol}}
+
+
+def _combine_tolerance(*_: Any) -> dict:
+    """A weighted mean of float32 partials with approximate ``exp2`` weights, rounded once (mixed signs:
+    2 ulps of the output's RMS)."""
+    return derived_tolerances(atol_ulps=2.0, compute_ulps=64.0)
+
+
+def _rows_bucketed(**dims: int) -> Buckets:
+    return Buckets({name: {dim: "pow2"} for name, dim in dims.items()})
+
+
+#: Tuned op of the partial kernel (writes ``po`` and ``pl``).
+decode_partial_into = autotune(
+    DECODE_SPACE, reference=decode_partial_reference, writes=["po", "pl"], name="tiletune.decode_attention",
+    tolerance=_partial_tolerance, buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, po=0, pl=0),
+)(decode_partial_plan)
+
+#: Tuned op of the combine kernel (writes ``o``).
+decode_combine_into = autotune(
+    DECODE_COMBINE_SPACE, reference=decode_combine_reference, writes=["o"], name="tiletune.decode_combine",
+    tolerance=_combine_tolerance, buckets=_rows_bucketed(po=0, pl=0, o=0),
+)(decode_combine_plan)
+
+
+# --------------------------------------------------------------------------------------------
+# public ops
+# --------------------------------------------------------------------------------------------
+
+
+def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
+    import torch
+
+    for name, t in (("q", q), ("cache_k", k), ("cache_v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}(): '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{op}(): '{name}' must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"{op}() supports bfloat16 and float16, got q of dtype {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{op}(): q and the caches must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    bsz, h, sq, d = q.shape
+    if d not in DECODE_HEAD_DIMS:
+        raise ValueError(f"{op}(): head dim {d} is not supported (supported: {DECODE_HEAD_DIMS})")
+    if not 1 <= sq <= DECODE_MAX_Q:
+        raise ValueError(f"{op}(): takes 1 to {DECODE_MAX_Q} query tokens, got {sq} (use attention() for more)")
+    if k.shape != v.shape:
+        raise ValueError(f"{op}(): cache_k and cache_v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if k.shape[0] != bsz or k.shape[3] != d:
+        raise ValueError(f"{op}(): caches of shape {tuple(k.shape)} do not match q of shape {tuple(q.shape)} "
+                         "(batch and head dim must agree)")
+    hkv = k.shape[1]
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"{op}(): query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    if k.shape[2] < 1:
+        raise ValueError(f"{op}(): the caches hold no position (capacity 0)")
+
+
+def _lengths_tensor(op: str, lengths: Any, bsz: int, cap: int, sq: int, causal: bool, device: Any) -> Any:
+    """``lengths`` as a ``(B,)`` int32 tensor on ``device`` (ints are checked against the capacity)."""
+    import torch
+
+    if lengths is None:
+        lengths = cap
+    if isinstance(lengths, bool):
+        raise TypeError(f"{op}(): lengths must be an int, an integer tensor or None, got bool")
+    if isinstance(lengths, int):
+        if not 1 <= lengths <= cap:
+            raise ValueError(f"{op}(): lengths={lengths} is outside [1, capacity {cap}]")
+        if causal and lengths < sq:
+            raise ValueError(f"{op}(): lengths={lengths} is shorter than the {sq} causal query tokens")
+        return torch.full((bsz,), lengths, dtype=torch.int32, device=device)
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(f"{op}(): lengths must be an int, an integer tensor or None, got {type(lengths).__name__}")
+    if lengths.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}(): lengths must be int32 or int64, got {lengths.dtype}")
+    if tuple(lengths.shape) != (bsz,):
+        raise ValueError(f"{op}(): lengths must have shape ({bsz},), got {tuple(lengths.shape)}")
+    if lengths.device != device:
+        raise ValueError(f"{op}(): lengths is on {lengths.device}, the caches on {device}")
+    if lengths.dtype != torch.int32 or not lengths.is_contiguous():
+        lengths = lengths.to(torch.int32).contiguous()
+    return lengths
+
+
+def _aligned(t: Any) -> Any:
+    """``t`` itself if its last dim is unit-stride and other strides are 16-byte multiples, else a copy."""
+    if t.stride(-1) == 1 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]):
+        return t
+    return t.contiguous()
+
+
+class DecodeCall:
+    """One decode-attention call ready to launch: ``partial(*partial_args)``, ``combine(*combine_args)``."""
+
+    __slots__ = ("partial_args", "combine_args", "out", "splits")
+
+    def __init__(self, partial_args: tuple, combine_args: tuple, out: Any, splits: int) -> None:
+        self.partial_args = partial_args
+        self.combine_args = combine_args
+        self.out = out
+        self.splits = splits
+
+    def run(self) -> Any:
+        decode_partial_into(*self.partial_args)
+        decode_combine_into(*self.combine_args)
+        return self.out
+
+
+def prepare_decode(q: Any, k: Any, v: Any, lens: Any, causal: bool, scale: float,
+                   sms: int | None = None) -> DecodeCall:
+    """Views, workspace and output of one call (no checks, no launch); ``lens`` a ``(B,)`` int32 tensor.
+
+    ``sms``: the SM count used to choose the splits (default: the device's)."""
+    import torch
+
+    bsz, h, sq, d = q.shape
+    hkv, cap = k.shape[1], k.shape[2]
+    g = h // hkv
+    q = _aligned(q)
+    k, v = _aligned(k), _aligned(v)
+    q5 = q.unflatten(1, (hkv, g))  # (B, Hkv, G, Sq, D), a view whatever q's strides
+    _, _, ngb = decode_rows(g, sq)
+    if sms is None:
+        sms = sm_count(q.get_device()) if q.is_cuda else 132
+    ns = decode_splits(bsz * hkv * ngb, cap, sms)
+    rows = bsz * hkv * ns
+    po = torch.empty((rows, g, sq, d), dtype=torch.float32, device=q.device)
+    pl = torch.empty((rows, g, sq), dtype=torch.float32, device=q.device)
+    o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
+    return DecodeCall((q5, k, v, lens, po, pl, bool(causal), float(scale) * LOG2E), (po, pl, o), o, ns)
+
+
+def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, causal: bool = True,
+                     scale: float | None = None) -> Any:
+    """Attention of ``Sq <= 16`` new query tokens over the first ``lengths`` positions of a KV cache.
+
+    Args:
+        q: ``(B, H, Sq, D)`` queries, bfloat16 or float16, ``D`` in {64, 128}, ``1 <= Sq <= 16``.
+        cache_k, cache_v: ``(B, Hkv, capacity, D)`` caches (same dtype and device), ``H % Hkv == 0``.
+        lengths: positions attended per batch entry: an int, a ``(B,)`` int32/int64 tensor on the
+            caches' device (not checked against the capacity: values are clamped to ``[1, capacity]``),
+            or None for the whole capacity.
+        causal: query ``i`` sees positions ``<= lengths[b] - Sq + i`` (the queries are the last ``Sq``
+            positions); without it every query sees all ``lengths[b]`` positions.
+        scale: softmax scale, default ``1 / sqrt(D)``; a positive finite number.
+
+    Returns:
+        A new ``(B, H, Sq, D)`` tensor of ``q``'s dtype. No host synchronization: capturable in a CUDA
+        graph once tuned (pass ``lengths`` as a tensor and update it in place between replays).
+    """
+    op = "decode_attention"
+    _check_qkv(op, q, cache_k, cache_v)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0.0):
+        raise ValueError(f"{op}(): scale must be a positive finite number, got {scale}")
+    if not q.is_cuda or cache_k.device != q.device or cache_v.device != q.device:
+        raise ValueError(f"{op}(): expects q and the caches on one CUDA device, got {q.device}, "
+                         f"{cache_k.device}, {cache_v.device}")
+    bsz, h, sq, _ = q.shape
+    lens = _lengths_tensor(op, lengths, bsz, cache_k.shape[2], sq, bool(causal), q.device)
+    if bsz == 0 or h == 0:
+        return q.new_empty(q.shape)
+    return prepare_decode(q, cache_k, cache_v, lens, bool(causal), scale).run()
+
+
+def kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> tuple[Any, Any]:
+    """Write ``k``/``v`` (``(B, Hkv, T, D)``) into the caches (``(B, Hkv, capacity, D)``) in place.
+
+    ``start``: the first position written, an int (every batch entry) or a ``(B,)`` integer tensor on
+    the caches' device (per batch entry; positions past the capacity raise a device-side error). Two
+    copy kernels for an int, an index-put per cache for a tensor; no host synchronization either way.
+    Returns ``(cache_k, cache_v)``.
+    """
+    import torch
+
+    op = "kv_cache_append"
+    for name, t in (("cache_k", cache_k), ("cache_v", cache_v), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}(): '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{op}(): '{name}' must be 4-D (B, Hkv, S, D), got shape {tuple(t.shape)}")
+    if cache_k.shape != cache_v.shape:
+        raise ValueError(f"{op}(): cache_k {tuple(cache_k.shape)} and cache_v {tuple(cache_v.shape)} differ")
+    if k.shape != v.shape:
+        raise ValueError(f"{op}(): k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    bsz, hkv, cap, d = cache_k.shape
+    t = k.shape[2]
+    if k.shape[0] != bsz or k.shape[1] != hkv or k.shape[3] != d:
+        raise ValueError(f"{op}(): k/v of shape {tuple(k.shape)} do not fit caches of shape {tuple(cache_k.shape)}")
+    for name, x in (("k", k), ("v", v), ("cache_v", cache_v)):
+        if x.dtype != cache_k.dtype:
+            raise TypeError(f"{op}(): '{name}' has dtype {x.dtype}, the cache {cache_k.dtype}")
+        if x.device != cache_k.device:
+            raise ValueError(f"{op}(): '{name}' is on {x.device}, cache_k on {cache_k.device}")
+    if isinstance(start, bool):
+        raise TypeError(f"{op}(): start must be an int or an integer tensor, got bool")
+    if isinstance(start, int):
+        if start < 0 or start + t > cap:
+            raise ValueError(f"{op}(): positions [{start}, {start + t}) do not fit the capacity {cap}")
+        cache_k[:, :, start:start + t].copy_(k)
+        cache_v[:, :, start:start + t].copy_(v)
+        return cache_k, cache_v
+    if not isinstance(start, torch.Tensor) or start.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}(): start must be an int or an int32/int64 tensor, got "
+                        f"{getattr(start, 'dtype', type(start).__name__)}")
+    if tuple(start.shape) != (bsz,):
+        raise ValueError(f"{op}(): a start tensor must have shape ({bsz},), got {tuple(start.shape)}")
+    if start.device != cache_k.device:
+        raise ValueError(f"{op}(): start is on {start.device}, the caches on {cache_k.device}")
+    if t == 0 or bsz == 0:
+        return cache_k, cache_v
+    pos = start.to(torch.int64)[:, None] + torch.arange(t, device=start.device)  # (B, T)
+    bidx = torch.arange(bsz, device=start.device)[:, None].expand(bsz, t)
+    # (B, cap, Hkv, D) views: index (batch, position) pairs, each a (Hkv, D) slab
+    cache_k.transpose(1, 2).index_put_((bidx, pos), k.transpose(1, 2))
+    cache_v.transpose(1, 2).index_put_((bidx, pos), v.transpose(1, 2))
+    return cache_k, cache_v

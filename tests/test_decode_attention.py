@@ -1,0 +1,454 @@
+"""CPU tests of decode attention (issue 20): host helpers, launch plans, references, the KV-cache append,
+a tile-by-tile torch emulation of the two cuTile kernels, and sm_90 compiles of every config.
+
+The emulation (:func:`emulate_partial`, :func:`emulate_combine`) follows the kernels statement by
+statement (same split bounds, key tiles of ``BLOCK_N``, running max with the ``-inf`` stand-in,
+``P`` rounded to the input dtype, the same masks); it checks the algorithm and the index arithmetic on
+a CPU. That the cuTile code computes what the emulation computes is checked by
+``tests/test_gpu_decode_attention.py`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cuda.tile")
+
+from tiletune.kernels import decode_attention_kernels as dk  # noqa: E402
+from tiletune.kernels import decode_attention_op as dop  # noqa: E402
+from tiletune.verify import compare_tensors, output_tolerance  # noqa: E402
+
+NEG_INF = float("-inf")
+
+
+def sdpa_bottom_right(q, k, v, lens, causal, scale):
+    """float64 attention of q (B, H, Sq, D) over k/v[:, :, :lens[b]], bottom-right causal; float64."""
+    bsz, h, sq, d = q.shape
+    hkv = k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(bsz):
+        n = int(lens[b])
+        kk = k[b, :, :n].double().repeat_interleave(h // hkv, dim=0)
+        vv = v[b, :, :n].double().repeat_interleave(h // hkv, dim=0)
+        s = (q[b].double() @ kk.transpose(-1, -2)) * scale
+        if causal:
+            i = torch.arange(sq)[:, None]
+            j = torch.arange(n)[None, :]
+            s = s.masked_fill(j > n - sq + i, NEG_INF)
+        out[b] = s.softmax(-1) @ vv
+    return out
+
+
+def make(bsz, h, hkv, sq, cap, d, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(bsz, h, sq, d, generator=g).to(dtype)
+    k = torch.randn(bsz, hkv, cap, d, generator=g).to(dtype)
+    v = torch.randn(bsz, hkv, cap, d, generator=g).to(dtype)
+    return q, k, v
+
+
+def emulate_partial(q5, k, v, lens, ns, causal, qk_scale_log2, BLOCK_N):
+    """Torch mirror of ``decode_partial_kernel_fn`` for every block of the grid."""
+    bsz, hkv, g, sq, d = q5.shape
+    cap = k.shape[2]
+    gb, qp, ngb = dk.decode_rows(g, sq)
+    rows_n = gb * qp
+    po = torch.full((bsz * hkv * ns, g, sq, d), float("nan"))
+    pl = torch.full((bsz * hkv * ns, g, sq), float("nan"))
+    for u in range(bsz * hkv * ngb):
+        gi, bh = u % ngb, u // ngb
+        b, hk = bh // hkv, bh % hkv
+        for sp in range(ns):
+            kv_len = min(max(int(lens[b]), 1), cap)
+            per = -(-(-(-kv_len // dk.GRANULE)) // ns) * dk.GRANULE
+            start = sp * per
+            end = min(start + per, kv_len)
+            t0, t1 = start // BLOCK_N, -(-end // BLOCK_N)
+            mask_from = (max(kv_len - sq + 1, 0) if causal else kv_len) // BLOCK_N
+            qt = torch.zeros(1, 1, gb, qp, d, dtype=q5.dtype)  # zero-padded tile load
+            src = q5[b:b + 1, hk:hk + 1, gi * gb:(gi + 1) * gb, :qp]
+            qt[:, :, :src.shape[2], :src.shape[3]] = src
+            qt = qt.reshape(rows_n, d).float()
+            qi = (torch.arange(rows_n) % qp).reshape(rows_n, 1)
+            m_i = torch.full((rows_n, 1), NEG_INF)
+            l_i = torch.zeros(rows_n, 1)
+            acc = torch.zeros(rows_n, d)
+            for t in range(t0, t1):
+                kt = torch.zeros(BLOCK_N, d, dtype=k.dtype)
+                seg = k[b, hk, t * BLOCK_N:(t + 1) * BLOCK_N]
+                kt[:seg.shape[0]] = seg
+                vt = torch.zeros(BLOCK_N, d, dtype=v.dtype)
+                vt[:seg.shape[0]] = v[b, hk, t * BLOCK_N:(t + 1) * BLOCK_N]
+                s = qt @ kt.float().T
+                if t >= mask_from:
+                    offs_n = t * BLOCK_N + torch.arange(BLOCK_N).reshape(1, BLOCK_N)
+                    keep = offs_n < kv_len
+                    if causal:
+                        keep = keep & (offs_n <= kv_len - sq + qi)
+                    s = torch.where(keep, s, torch.tensor(NEG_INF))
+                m_new = torch.maximum(m_i, s.amax(1, keepdim=True) * qk_scale_log2)
+                m_use = torch.where(m_new == NEG_INF, torch.zeros(()), m_new)
+                p = torch.exp2(s * qk_scale_log2 - m_use)
+                alpha = torch.exp2(m_i - m_use)
+                l_i = l_i * alpha + p.sum(1, keepdim=True)
+                acc = p.to(q5.dtype).float() @ vt.float() + acc * alpha
+                m_i = m_new
+            seen = l_i > 0
+            inv = torch.where(seen, 1.0 / torch.where(seen, l_i, torch.ones(())), torch.zeros(()))
+            lse = m_i + torch.log2(torch.where(seen, l_i, torch.ones(())))
+            row = bh * ns + sp
+            o_t = (acc * inv).reshape(gb, qp, d)
+            l_t = lse.reshape(gb, qp)
+            gs = slice(gi * gb, min((gi + 1) * gb, g))
+            n_g = gs.stop - gs.start
+            po[row, gs] = o_t[:n_g, :sq]  # the store drops what lies outside the array
+            pl[row, gs] = l_t[:n_g, :sq]
+    return po, pl
+
+
+def emulate_combine(po, pl, o_shape, dtype):
+    """Torch mirror of ``decode_combine_kernel_fn``."""
+    bsz, h, sq, d = o_shape
+    g = po.shape[1]
+    hkv = h // g
+    ns = po.shape[0] // (bsz * hkv)
+    out = torch.empty(o_shape, dtype=dtype)
+    for u in range(bsz * h):
+        b, hh = u // h, u % h
+        hk, gg = hh // g, hh % g
+        base = (b * hkv + hk) * ns
+        m = torch.full((sq, 1), NEG_INF)
+        ls = torch.zeros(sq, 1)
+        acc = torch.zeros(sq, d)
+        for s in range(ns):
+            lse = pl[base + s, gg].reshape(sq, 1)
+            m_new = torch.maximum(m, lse)
+            m_use = torch.where(m_new == NEG_INF, torch.zeros(()), m_new)
+            a, w = torch.exp2(m - m_use), torch.exp2(lse - m_use)
+            acc = acc * a + po[base + s, gg] * w
+            ls = ls * a + w
+            m = m_new
+        seen = ls > 0
+        out[b, hh] = (acc * torch.where(seen, 1.0 / torch.where(seen, ls, torch.ones(())), torch.zeros(()))).to(dtype)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# host helpers
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("g", [1, 2, 3, 4, 6, 8, 16, 32])
+@pytest.mark.parametrize("sq", [1, 2, 3, 5, 8, 16])
+def test_decode_rows(g, sq):
+    gb, qp, ngb = dk.decode_rows(g, sq)
+    assert qp >= sq and qp & (qp - 1) == 0 and gb & (gb - 1) == 0
+    assert dk.MIN_ROWS <= gb * qp <= dk.MAX_ROWS
+    assert ngb == -(-g // gb) and (ngb - 1) * gb < g <= ngb * gb
+    if g * sq <= dk.MAX_ROWS:
+        assert ngb == 1  # the whole group in one block: K/V read once per (batch, kv head)
+
+
+def test_decode_rows_refuses_bad_sizes():
+    for g, sq in ((0, 1), (4, 0), (4, 17)):
+        with pytest.raises(ValueError):
+            dk.decode_rows(g, sq)
+
+
+def test_decode_splits():
+    assert dk.decode_splits(8, 32768, 132) == 33  # B=1, Llama: 264 blocks wanted
+    assert dk.decode_splits(512, 2048, 132) == 1  # B=64: enough row blocks already
+    assert dk.decode_splits(8, 300, 132) == 2  # at most one split per granule of the capacity
+    assert dk.decode_splits(1, 1, 132) == 1
+    for units in (1, 3, 8, 64, 1024):
+        for cap in (1, 255, 256, 257, 5000, 32768):
+            ns = dk.decode_splits(units, cap, 132)
+            assert 1 <= ns <= max(1, -(-cap // dk.GRANULE))
+
+
+@pytest.mark.parametrize("kv_len", [1, 255, 256, 257, 1000, 4096, 32767])
+@pytest.mark.parametrize("ns", [1, 2, 3, 7, 33])
+def test_split_bounds_partition_the_keys(kv_len, ns):
+    covered = []
+    for sp in range(ns):
+        a, b = dk.split_bounds(kv_len, ns, sp)
+        assert a % dk.GRANULE == 0
+        covered += list(range(a, max(a, b)))
+    assert covered == list(range(kv_len))
+    for bn in dk.DECODE_SPACE_PARAMS["BLOCK_N"]:
+        assert dk.GRANULE % bn == 0  # split starts fall on key tile boundaries for every config
+
+
+def test_space_size_and_baseline():
+    cands = dop.DECODE_SPACE.candidates("sm_90")
+    assert len(cands) <= 24
+    assert cands[0].as_dict() == dk.DECODE_BASELINE
+    assert len(dop.DECODE_COMBINE_SPACE.candidates("sm_90")) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# launch plans and prepare_decode
+# ---------------------------------------------------------------------------------------------
+
+
+def _kernel_params(fn):
+    import inspect
+
+    return list(inspect.signature(fn).parameters)
+
+
+@pytest.mark.parametrize("h,hkv,sq", [(32, 8, 1), (16, 16, 1), (12, 2, 3), (64, 2, 16)])
+def test_plans_grid_and_arguments(h, hkv, sq):
+    bsz, cap, d = 3, 1000, 128
+    q, k, v = make(bsz, h, hkv, sq, cap, d)
+    lens = torch.tensor([1000, 17, 300], dtype=torch.int32)
+    call = dop.prepare_decode(q, k, v, lens, True, 0.1, sms=132)
+    q5, kk, vv, ll, po, pl, causal, c = call.partial_args
+    g = h // hkv
+    assert q5.shape == (bsz, hkv, g, sq, d) and q5.data_ptr() == q.data_ptr()
+    assert po.shape == (bsz * hkv * call.splits, g, sq, d) and pl.shape == po.shape[:3]
+    assert po.dtype == pl.dtype == torch.float32
+    assert c == pytest.approx(0.1 * dk.LOG2E)
+    cfg = dop.DECODE_SPACE.baseline("sm_90")
+    kernel, grid, args = dop.decode_partial_plan(cfg, *call.partial_args)
+    gb, qp, ngb = dk.decode_rows(g, sq)
+    assert kernel is dk.decode_partial_kernel
+    assert grid == (bsz * hkv * ngb, call.splits)
+    assert len(args) == len(_kernel_params(dk.decode_partial_kernel_fn))
+    assert args[:7] == call.partial_args[:6] + (c,) or args[:6] == call.partial_args[:6]
+    assert args[7:] == (d, gb, qp, cfg.BLOCK_N, True, cfg.KV_LATENCY)
+    kernel, grid, args = dop.decode_combine_plan(dop.DECODE_COMBINE_SPACE.baseline("sm_90"), *call.combine_args)
+    assert kernel is dk.decode_combine_kernel and grid == (bsz * h,)
+    assert len(args) == len(_kernel_params(dk.decode_combine_kernel_fn)) and args[3:] == (qp, d)
+
+
+def test_plan_takes_the_int64_kernel_for_huge_caches():
+    k = torch.empty((128, 8, 32768, 128), dtype=torch.bfloat16, device="meta")
+    q5 = torch.empty((128, 8, 4, 1, 128), dtype=torch.bfloat16, device="meta")
+    po = torch.empty((1024, 4, 1, 128), dtype=torch.float32, device="meta")
+    pl = torch.empty((1024, 4, 1), dtype=torch.float32, device="meta")
+    lens = torch.empty((128,), dtype=torch.int32, device="meta")
+    kernel, _, _ = dop.decode_partial_plan(dop.DECODE_SPACE.baseline("sm_90"), q5, k, k, lens, po, pl, True, 1.0)
+    assert kernel is dop.decode_partial_kernel_i64
+
+
+# ---------------------------------------------------------------------------------------------
+# references, emulation
+# ---------------------------------------------------------------------------------------------
+
+CASES = [
+    # bsz, h, hkv, sq, cap, d, lens, causal
+    (2, 4, 4, 1, 700, 64, [700, 300], False),  # MHA, lengths not multiples of a tile
+    (2, 8, 2, 1, 1300, 128, [1300, 1], True),  # GQA 4, one sequence of a single key
+    (1, 6, 2, 3, 600, 64, [513], True),  # G=3 (padded), 3 causal tokens
+    (2, 4, 1, 16, 900, 64, [900, 16], True),  # G=4 x 16 tokens, a sequence exactly as long as the queries
+    (1, 16, 1, 16, 520, 64, [520], False),  # G=16 x 16 tokens: two group slices
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_references_combine_to_attention(case):
+    bsz, h, hkv, sq, cap, d, lens, causal = case
+    q, k, v = make(bsz, h, hkv, sq, cap, d)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(d)
+    want = sdpa_bottom_right(q, k, v, lens, causal, scale)
+    for sms in (1, 132):  # one split, many splits
+        call = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=sms)
+        po, pl = dop.decode_partial_reference(*call.partial_args)
+        assert torch.isfinite(po).all()
+        out = dop.decode_combine_reference(po, pl, call.out)
+        assert out.dtype == q.dtype
+        torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("block_n", dk.DECODE_SPACE_PARAMS["BLOCK_N"])
+def test_emulated_kernels_match_the_references(case, block_n):
+    """The tiled algorithm passes the tuner's correctness gate for every key tile, and combines to SDPA."""
+    bsz, h, hkv, sq, cap, d, lens, causal = case
+    q, k, v = make(bsz, h, hkv, sq, cap, d, seed=1)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(d)
+    call = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=132)
+    assert call.splits > 1
+    q5, kk, vv, ll, po, pl, cz, c = call.partial_args
+    got_o, got_l = emulate_partial(q5, kk, vv, ll, call.splits, cz, c, block_n)
+    want_o, want_l = dop.decode_partial_reference(*call.partial_args)
+    tol = dop._partial_tolerance(*call.partial_args)
+    assert compare_tensors(got_o, want_o, output_tolerance(tol, 0)) is None
+    assert compare_tensors(got_l, want_l, output_tolerance(tol, 1)) is None
+    if min(lens) <= dk.GRANULE:  # a short sequence among long ones: its later splits are empty
+        assert torch.isneginf(want_l).any() and torch.isneginf(got_l).any()
+    out = emulate_combine(got_o, got_l, call.out.shape, q.dtype)
+    assert compare_tensors(out, dop.decode_combine_reference(got_o, got_l, call.out), dop._combine_tolerance()) is None
+    want = sdpa_bottom_right(q, k, v, lens, causal, scale)
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_reference_rejects_a_wrong_partial():
+    """The gate is not vacuous: a partial computed without the causal mask fails it."""
+    q, k, v = make(1, 8, 2, 4, 600, 64)
+    lens_t = torch.tensor([600], dtype=torch.int32)
+    call = dop.prepare_decode(q, k, v, lens_t, True, 0.125, sms=132)
+    wrong = list(call.partial_args)
+    wrong[6] = False
+    bad_o, bad_l = dop.decode_partial_reference(*wrong)
+    want_o, want_l = dop.decode_partial_reference(*call.partial_args)
+    tol = dop._partial_tolerance(*call.partial_args)
+    assert compare_tensors(bad_o, want_o, output_tolerance(tol, 0)) is not None
+    assert compare_tensors(bad_l, want_l, output_tolerance(tol, 1)) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# KV-cache append and argument checks
+# ---------------------------------------------------------------------------------------------
+
+
+def test_kv_cache_append_int_and_tensor_start():
+    ck = torch.zeros(3, 2, 10, 4)
+    cv = torch.zeros(3, 2, 10, 4)
+    k = torch.randn(3, 2, 2, 4)
+    v = torch.randn(3, 2, 2, 4)
+    out = dop.kv_cache_append(ck, cv, k, v, 5)
+    assert out[0] is ck and out[1] is cv
+    assert torch.equal(ck[:, :, 5:7], k) and torch.equal(cv[:, :, 5:7], v)
+    assert ck[:, :, :5].abs().sum() == 0 and ck[:, :, 7:].abs().sum() == 0
+    ck.zero_()
+    cv.zero_()
+    start = torch.tensor([0, 3, 8])
+    dop.kv_cache_append(ck, cv, k.transpose(1, 2).contiguous().transpose(1, 2), v, start)  # strided k
+    for b, s0 in enumerate([0, 3, 8]):
+        assert torch.equal(ck[b, :, s0:s0 + 2], k[b]) and torch.equal(cv[b, :, s0:s0 + 2], v[b])
+        rest = torch.ones(10, dtype=torch.bool)
+        rest[s0:s0 + 2] = False
+        assert ck[b, :, rest].abs().sum() == 0
+
+
+def test_kv_cache_append_errors():
+    ck = torch.zeros(2, 2, 8, 4)
+    k = torch.zeros(2, 2, 3, 4)
+    with pytest.raises(ValueError, match="capacity"):
+        dop.kv_cache_append(ck, ck.clone(), k, k.clone(), 6)
+    with pytest.raises(ValueError, match="do not fit"):
+        dop.kv_cache_append(ck, ck.clone(), torch.zeros(2, 3, 3, 4), torch.zeros(2, 3, 3, 4), 0)
+    with pytest.raises(TypeError):
+        dop.kv_cache_append(ck, ck.clone(), k, k.clone(), 1.5)
+    with pytest.raises(TypeError, match="dtype"):
+        dop.kv_cache_append(ck, ck.clone(), k.half(), k.half(), 0)
+    with pytest.raises(ValueError, match="shape"):
+        dop.kv_cache_append(ck, ck.clone(), k, k.clone(), torch.tensor([1]))
+
+
+def test_decode_attention_argument_errors():
+    q, k, v = make(2, 8, 2, 1, 64, 64)
+    with pytest.raises(ValueError, match="query tokens"):
+        dop.decode_attention(torch.zeros(2, 8, 17, 64, dtype=torch.bfloat16), k, v)
+    with pytest.raises(ValueError, match="head dim"):
+        dop.decode_attention(q[..., :32], k[..., :32], v[..., :32])
+    with pytest.raises(ValueError, match="multiple"):
+        dop.decode_attention(torch.zeros(2, 7, 1, 64, dtype=torch.bfloat16), k, v)
+    with pytest.raises(TypeError, match="bfloat16"):
+        dop.decode_attention(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match="scale"):
+        dop.decode_attention(q, k, v, scale=0.0)
+    with pytest.raises(ValueError, match="CUDA"):
+        dop.decode_attention(q, k, v)
+    with pytest.raises(ValueError, match="capacity"):
+        dop._lengths_tensor("decode_attention", 65, 2, 64, 1, True, q.device)
+    with pytest.raises(ValueError, match="shorter"):
+        dop._lengths_tensor("decode_attention", 3, 2, 64, 4, True, q.device)
+    with pytest.raises(ValueError, match="shape"):
+        dop._lengths_tensor("decode_attention", torch.tensor([3]), 2, 64, 1, True, q.device)
+    lens = dop._lengths_tensor("decode_attention", torch.tensor([3, 4]), 2, 64, 1, True, q.device)
+    assert lens.dtype == torch.int32 and lens.tolist() == [3, 4]
+
+
+# ---------------------------------------------------------------------------------------------
+# sm_90 compiles (skipped without the TileIR assembler)
+# ---------------------------------------------------------------------------------------------
+
+_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+
+
+def _ccd():
+    if _TOOLS not in sys.path:
+        sys.path.insert(0, _TOOLS)
+    import compile_check_decode as ccd
+
+    return ccd
+
+
+def _ok_or_skip(res):
+    ok, _, size, err = res
+    if not ok and "tileiras" in err.lower() and "not found" in err.lower():
+        pytest.skip(f"no TileIR assembler: {err}")
+    assert ok, err
+    assert size > 1000
+
+
+@pytest.mark.parametrize("cfg", [c.as_dict() for c in dop.DECODE_SPACE.candidates("sm_90")],
+                         ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_every_decode_config_compiles_for_sm90(cfg):
+    """Every config of the space on the Llama decode variant (bf16, GQA 32/8, D=128, one token)."""
+    ccd = _ccd()
+    _ok_or_skip(ccd.compile_partial(ccd.variants()[0], cfg))
+
+
+@pytest.mark.parametrize("name", [v.name for v in _ccd().variants()])
+def test_every_row_shape_compiles_for_sm90(name):
+    """The baseline and the extreme configs of the partial kernel, and the combine kernel, on every variant."""
+    ccd = _ccd()
+    v = {x.name: x for x in ccd.variants()}[name]
+    _ok_or_skip(ccd.compile_combine(v))
+    cands = [c.as_dict() for c in dop.DECODE_SPACE.candidates("sm_90")]
+    for cfg in (cands[0], min(cands, key=lambda c: c["BLOCK_N"]), max(cands, key=lambda c: (c["BLOCK_N"],
+                                                                                           c["num_worker_warps"]))):
+        _ok_or_skip(ccd.compile_partial(v, cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/decoder_layer.py: rows and the torch layer (CPU)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_decoder_layer_rows_and_torch_layer_on_cpu(monkeypatch):
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import decoder_layer as dl
+
+    quick = dl.rows_for(True)
+    assert len(quick) == 4 and {r[0] for r in quick} == {"prefill", "decode"}
+    full = dl.rows_for(False)
+    assert {r[1] for r in full if r[0] == "decode"} == {1, 8, 32, 64, 128}
+    assert max(r[2] for r in full if r[0] == "decode") == 32768 and min(r[2] for r in full) == 512
+    for name, val in (("HIDDEN", 256), ("HEADS", 4), ("KV_HEADS", 2), ("HEAD_DIM", 64), ("FFN", 512)):
+        monkeypatch.setattr(dl, name, val)  # a small layer of the same structure (CPU time)
+    w = dl.make_weights("cpu")
+    for phase, s in (("prefill", 3), ("decode", 5)):
+        st = dl.State(phase, 2, s, device="cpu")
+        caches = st.caches() if phase == "decode" else (None, None)
+        mod = dl.torch_module(w, st, *caches)
+        with torch.no_grad():
+            out = mod(st.x, st.cos, st.sin)
+        assert out.shape == st.x.shape and torch.isfinite(out.float()).all()
+        if phase == "decode":
+            assert not torch.equal(mod.ck[:, :, s - 1], st.ck[:, :, s - 1])  # the new token's k was written
+            assert torch.equal(mod.ck[:, :, :s - 1], st.ck[:, :, :s - 1])
+
+
+def test_attention_keeps_short_queries_on_the_flash_kernel_until_decode_is_verified(monkeypatch):
+    import tiletune.kernels.attention_op as attn_mod
+
+    assert attn_mod.ROUTE_SHORT_QUERIES_TO_DECODE is False
+    assert not attn_mod._routes_to_decode(1, 4096)
+    monkeypatch.setattr(attn_mod, "ROUTE_SHORT_QUERIES_TO_DECODE", True)
+    assert attn_mod._routes_to_decode(1, 4096) and attn_mod._routes_to_decode(16, 17)
+    assert not attn_mod._routes_to_decode(17, 4096) and not attn_mod._routes_to_decode(8, 8)

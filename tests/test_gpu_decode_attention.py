@@ -1,0 +1,221 @@
+"""GPU tests of decode attention (issue 20): the split-KV cuTile kernels against SDPA, the KV-cache append,
+``K.attention`` routing short queries to the decode kernels, and CUDA-graph replay.
+
+Run on the GPU host: ``python -m pytest -m gpu -q tests/test_gpu_decode_attention.py`` (about 1-2 minutes
+on an H200 with a cold cuTile cache: the full 24-config space is compiled once, in parallel, for one
+test; the sweeps use a 4-config subspace of the same plan, reference and gate).
+
+Every tuning session here uses the production reference and correctness gate, with ``db=False``; every
+config a session measures must pass the gate (:func:`_assert_all_passed`), and the winner's output is
+compared with ``scaled_dot_product_attention`` in float32.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+ct = pytest.importorskip("cuda.tile")
+if not torch.cuda.is_available():  # pragma: no cover - CPU hosts deselect with -m "not gpu"
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import tiletune as tt  # noqa: E402
+
+dop = importlib.import_module("tiletune.kernels.decode_attention_op")
+attn_mod = importlib.import_module("tiletune.kernels.attention_op")
+from tiletune.kernels.decode_attention_kernels import DECODE_BASELINE  # noqa: E402
+
+F = torch.nn.functional
+DEV = "cuda"
+
+FAST = tt.TunerOptions(stopping=tt.StoppingRule(min_samples=3, max_samples=6, max_seconds=0.05), batch=3,
+                       showdown_rounds=1)
+
+#: 4 configs: the baseline, the smallest and largest key tiles, a latency hint with 8 warps.
+PICKS = {(128, 0, 2, 4), (64, 0, 1, 4), (256, 0, 1, 8), (128, 3, 1, 8)}
+SMALL_SPACE = tt.Space(BLOCK_N=[64, 128, 256], KV_LATENCY=[0, 3], occupancy=[1, 2], num_worker_warps=[4, 8],
+                       constraints={"pick": lambda c: (c.BLOCK_N, c.KV_LATENCY, c.occupancy, c.num_worker_warps)
+                                    in PICKS},
+                       baseline=DECODE_BASELINE)
+
+_ops: dict[str, tt.TunedOp] = {}
+
+
+def _op(which: str) -> tt.TunedOp:
+    if which not in _ops:
+        prod = dop.decode_combine_into if which == "combine" else dop.decode_partial_into
+        space = {"full": dop.DECODE_SPACE, "small": SMALL_SPACE, "combine": dop.DECODE_COMBINE_SPACE}[which]
+        _ops[which] = tt.autotune(space, reference=prod.reference, writes=list(prod.writes), db=False,
+                                  progress=False, tolerance=prod.tolerance, options=FAST,
+                                  name=f"{prod.name}[test-{which}]")(prod.plan)
+    return _ops[which]
+
+
+@pytest.fixture
+def small_ops(monkeypatch):
+    monkeypatch.setattr(dop, "decode_partial_into", _op("small"))
+    monkeypatch.setattr(dop, "decode_combine_into", _op("combine"))
+    return _ops["small"]
+
+
+def _assert_all_passed(op: tt.TunedOp, before: set) -> None:
+    new = [res for key, res in op.results.items() if key not in before]
+    assert new, "no tuning session ran"
+    for res in new:
+        assert res.successes and not res.failures, res.summary()
+
+
+def _inputs(bsz, h, hkv, sq, cap, d, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(bsz, h, sq, d, device=DEV, dtype=dtype, generator=g)
+    k = torch.randn(bsz, hkv, cap, d, device=DEV, dtype=dtype, generator=g)
+    v = torch.randn(bsz, hkv, cap, d, device=DEV, dtype=dtype, generator=g)
+    return q, k, v
+
+
+def _want(q, k, v, lens, causal, scale=None):
+    """SDPA in float32 per batch entry over its first lens[b] positions, bottom-right causal."""
+    bsz, h, sq, d = q.shape
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for b in range(bsz):
+        n = int(lens[b])
+        kk = k[b:b + 1, :, :n].float().repeat_interleave(h // k.shape[1], dim=1)
+        vv = v[b:b + 1, :, :n].float().repeat_interleave(h // k.shape[1], dim=1)
+        mask = None
+        if causal:
+            i = torch.arange(sq, device=q.device)[:, None]
+            j = torch.arange(n, device=q.device)[None, :]
+            mask = j <= n - sq + i
+        out[b:b + 1] = F.scaled_dot_product_attention(q[b:b + 1].float(), kk, vv, attn_mask=mask, scale=scale)
+    return out
+
+
+def _check(o, want, dtype):
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    torch.testing.assert_close(o.float(), want, rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------------------------
+# every config of the production space passes the gate
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(4, 32, 8, 1, 3000, 128, [3000, 2049, 700, 1], False),
+                                   (2, 16, 4, 16, 1500, 64, [1500, 333], True)])
+def test_every_config_of_the_space_passes_the_gate(monkeypatch, shape):
+    bsz, h, hkv, sq, cap, d, lens, causal = shape
+    op = _op("full")
+    monkeypatch.setattr(dop, "decode_partial_into", op)
+    monkeypatch.setattr(dop, "decode_combine_into", _op("combine"))
+    before = set(op.results)
+    q, k, v = _inputs(bsz, h, hkv, sq, cap, d)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    o = dop.decode_attention(q, k, v, lens_t, causal=causal)
+    _assert_all_passed(op, before)
+    assert [len(r.measurements) for key, r in op.results.items() if key not in before] == [24]
+    _check(o, _want(q, k, v, lens, causal), q.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# sweeps against SDPA (4-config space, every config gated)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("h,hkv", [(8, 8), (32, 8), (12, 2), (16, 1)])  # MHA, Llama GQA, G=6, MQA G=16
+@pytest.mark.parametrize("sq", [1, 2, 5, 16])
+@pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (64, torch.float16)])
+def test_decode_matches_sdpa(small_ops, h, hkv, sq, d, dtype):
+    before = set(small_ops.results)
+    cap = 1000 + 37  # not a multiple of any tile
+    lens = [cap, 513, max(sq, 129)]
+    q, k, v = _inputs(3, h, hkv, sq, cap, d, dtype, seed=sq)
+    for causal in (True, False):
+        lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        o = dop.decode_attention(q, k, v, lens_t, causal=causal)
+        assert o.shape == q.shape and o.dtype == dtype
+        _check(o, _want(q, k, v, lens, causal), dtype)
+    o = dop.decode_attention(q, k, v, 700, causal=False, scale=0.05)  # an int length, a custom scale
+    _check(o, _want(q, k, v, [700] * 3, False, scale=0.05), dtype)
+    _assert_all_passed(small_ops, before)
+
+
+def test_long_cache_many_splits(small_ops):
+    q, k, v = _inputs(1, 32, 8, 1, 32768, 128)
+    lens = [32768 - 5]
+    o = dop.decode_attention(q, k, v, torch.tensor(lens, dtype=torch.int32, device=DEV))
+    _check(o, _want(q, k, v, lens, True), q.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# KV-cache append + decode, routing, CUDA graphs
+# --------------------------------------------------------------------------------------------
+
+
+def test_kv_cache_append_then_decode(small_ops):
+    bsz, hkv, h, cap, d = 2, 4, 16, 600, 128
+    _, ck, cv = _inputs(bsz, h, hkv, 1, cap, d)
+    k_new = torch.randn(bsz, hkv, 3, d, device=DEV, dtype=torch.bfloat16)
+    v_new = torch.randn(bsz, hkv, 3, d, device=DEV, dtype=torch.bfloat16)
+    ref_k, ref_v = ck.clone(), cv.clone()
+    start = torch.tensor([100, 411], device=DEV)
+    dop.kv_cache_append(ck, cv, k_new, v_new, start)
+    for b, s0 in enumerate([100, 411]):
+        ref_k[b, :, s0:s0 + 3] = k_new[b]
+        ref_v[b, :, s0:s0 + 3] = v_new[b]
+    assert torch.equal(ck, ref_k) and torch.equal(cv, ref_v)
+    dop.kv_cache_append(ck, cv, k_new, v_new, 200)
+    ref_k[:, :, 200:203], ref_v[:, :, 200:203] = k_new, v_new
+    assert torch.equal(ck, ref_k) and torch.equal(cv, ref_v)
+    q = torch.randn(bsz, h, 3, d, device=DEV, dtype=torch.bfloat16)
+    lens = (start + 3).to(torch.int32)
+    o = dop.decode_attention(q, ck, cv, lens, causal=True)
+    _check(o, _want(q, ref_k, ref_v, [103, 414], True), q.dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_routes_short_queries_to_decode(small_ops, monkeypatch, causal):
+    calls = []
+    real = dop.prepare_decode
+
+    def spy(*a, **kw):
+        calls.append(a[0].shape)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attn_mod, "prepare_decode", spy)
+    monkeypatch.setattr(attn_mod, "ROUTE_SHORT_QUERIES_TO_DECODE", True)  # off by default until this file passes
+    q, k, v = _inputs(2, 16, 4, 4, 1200, 64)
+    o = attn_mod.attention(q, k, v, causal=causal)
+    assert calls == [q.shape]
+    want = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(4, 1),
+                                          v.float().repeat_interleave(4, 1), is_causal=causal)  # top-left
+    _check(o, want, q.dtype)
+    for sq, sk in ((17, 1200), (8, 8)):  # more than 16 queries, or no more keys than queries: FlashAttention
+        assert not attn_mod._routes_to_decode(sq, sk)
+    assert attn_mod._routes_to_decode(16, 17) and attn_mod._routes_to_decode(1, 2)
+
+
+def test_decode_replays_in_a_cuda_graph(small_ops):
+    """Tuned once, the decode step is captured; new lengths written in place are seen by replays."""
+    bsz, h, hkv, cap, d = 4, 32, 8, 2048, 128
+    q, k, v = _inputs(bsz, h, hkv, 1, cap, d)
+    lens = torch.tensor([2048, 1000, 77, 1500], dtype=torch.int32, device=DEV)
+    dop.decode_attention(q, k, v, lens)  # tunes
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dop.decode_attention(q, k, v, lens)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = dop.decode_attention(q, k, v, lens)
+    for new in ([5, 2048, 300, 1001], [1, 1, 1, 1]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        g.replay()
+        torch.cuda.synchronize()
+        _check(out, _want(q, k, v, new, True), q.dtype)
