@@ -325,3 +325,66 @@ def test_splitk_configs_compile_for_sm90(variant):
                 pytest.skip(f"no TileIR assembler: {exc}")
             raise AssertionError(f"{variant} {dict(cfg)}: {type(exc).__name__}: {exc}") from exc
         assert len(buf.getvalue()) > 1000
+
+
+# ------------------------------------------------------------------------------------- benchmark logic
+
+
+def _bench():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bench = os.path.join(root, "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module("kernels_compute")
+
+
+class _FakeTimer:
+    """Times a route by what it returns: the median sample is the callable's result."""
+
+    def time(self, fn, n):
+        return [float(fn())] * n
+
+
+def test_benchmark_quick_rows_are_the_llama_small_m_rows():
+    kc = _bench()
+    rows = kc.gemm_problems(quick=True)
+    assert [(r["M"], r["N"], r["K"]) for r in rows] == [
+        (m, n, k) for m in (16, 128, 1024) for (n, k) in kc.LLAMA3_8B_NK]
+    assert all(r["dtype"] == "bfloat16" and r["sweep"] for r in rows)
+
+
+def test_benchmark_picks_the_fastest_torch_route(monkeypatch):
+    kc = _bench()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def broken():
+        raise RuntimeError("no such backend")
+
+    row: dict = {}
+    best = kc.time_routes(row, {"torch.matmul": lambda: 12.0, "F.linear": lambda: 10.0, "compiled": broken},
+                          _FakeTimer(), warmup=1, n=5)
+    assert best == "F.linear" == row["torch_best_route"]
+    assert row["torch_routes"] == {"torch.matmul": 12.0, "F.linear": 10.0}
+    assert "no such backend" in row["torch_route_errors"]["compiled"]
+
+
+def test_benchmark_routes_of_a_cpu_product_compute_the_same_thing():
+    kc = _bench()
+    a, b = torch.randn(5, 7), torch.randn(7, 3)
+    routes = kc.gemm_torch_routes(a, b, compile_routes=False)
+    assert set(routes) == {"torch.matmul", "F.linear"}
+    for fn in routes.values():
+        assert torch.allclose(fn(), a @ b, atol=1e-5)
+    batched = kc.gemm_torch_routes(torch.randn(2, 5, 7), torch.randn(2, 7, 3), compile_routes=False)
+    assert set(batched) == {"torch.matmul", "torch.bmm"}
+
+
+def test_benchmark_summary_reports_the_timer_check():
+    kc = _bench()
+    rows = [dict(op="gemm", sweep=True, dtype="bfloat16", params=dict(M=16, N=4096, K=4096), ratio=0.9,
+                 timer_check=dict(disagreement=0.01, within_tolerance=True)),
+            dict(op="gemm", sweep=True, dtype="bfloat16", params=dict(M=128, N=4096, K=4096), ratio=1.1,
+                 timer_check=dict(disagreement=0.05, within_tolerance=False))]
+    s = kc.summarize(rows, {"gemm": 2})
+    assert s["timer_check_rows"] == 2 and s["timer_check_max_disagreement"] == 0.05
+    assert s["timer_check_ok"] is False
