@@ -13,6 +13,14 @@ Attention forward (``tiletune.kernels.attention_op.attention`` vs
 16384 tokens per batch (``B = 16384 // S``, S from 1k to 16k), 32 query heads, 8 key/value heads
 (GQA), head dim 128, bf16, causal and not. 4*B*H*S*S*D flops, halved when causal.
 
+Honest baselines (issue 14): every GEMM row times each torch route a user could pick (``torch.matmul``;
+``F.linear`` with the weight stored ``N x K``; ``torch.bmm`` for batched rows; with ``--compile-routes``
+``torch.compile(mode="max-autotune-no-cudagraphs")``; ``torch._scaled_mm`` for fp8), each alone, and
+compares tiletune A/B against the fastest one: ``torch_routes`` (route -> us), ``torch_best_route``,
+``torch_best_us``, ``ratio = torch_best_us / tiletune_us``. The first ``--timer-check`` GEMM rows (3)
+also time tiletune with ``triton.testing.do_bench`` and record the disagreement (``timer_check``).
+``--quick``: the 9 Llama-3-8B GEMM rows at M 16, 128, 1024 (``--only gemm --quick``).
+
 For each problem the first tiletune call tunes it (or finds it in the tuning database); that call is
 timed on its own (``tune_s``) and excluded from the kernel timing. Then both ops are warmed up and
 timed alternately (A/B rounds) with CUDA events and a cold L2 (:class:`tiletune.measure.ColdL2Timer`:
@@ -50,6 +58,12 @@ from _common import DEFAULT_OUT, write_result
 #: Llama-3-8B linear layers, (N, K): q/o-proj, gate/up-proj, down-proj.
 LLAMA3_8B_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
 GEMM_M = [16, 128, 1024, 4096, 16384]
+#: ``--quick``: the Llama-3-8B GEMM rows at these token counts (9 rows)
+QUICK_GEMM_M = [16, 128, 1024]
+#: rows whose tiletune timing is cross-checked against ``triton.testing.do_bench`` (first N GEMM rows)
+TIMER_CHECK_ROWS = 3
+#: largest disagreement between the two timers that counts as agreement
+TIMER_CHECK_TOLERANCE = 0.03
 ATTN_SEQ = [1024, 2048, 4096, 8192, 16384]
 ATTN_TOKENS = 16384
 ATTN_H, ATTN_HKV, ATTN_D = 32, 8, 128
@@ -74,10 +88,10 @@ def gemm_problems(quick: bool) -> list[dict[str, Any]]:
              dict(op="gemm", M=4096, N=4096, K=4096, dtype="float32", sweep=False),
              dict(op="gemm", M=4096, N=4096, K=4096, dtype="float8_e4m3fn", sweep=False),
              dict(op="gemm", M=1024, N=1024, K=1024, dtype="bfloat16", batch=16, sweep=False)]
-    if quick:
-        shapes = [(16, 4096, 4096), (1024, 14336, 4096), (16384, 4096, 14336)]
-    else:
-        shapes = [(m, n, k) for (n, k) in LLAMA3_8B_NK for m in GEMM_M]
+    if quick:  # the Llama-3-8B rows at M 16, 128, 1024 only (issue 14: small-M split-K and honest baselines)
+        return [dict(op="gemm", M=m, N=n, K=k, dtype="bfloat16", sweep=True)
+                for m in QUICK_GEMM_M for (n, k) in LLAMA3_8B_NK]
+    shapes = [(m, n, k) for (n, k) in LLAMA3_8B_NK for m in GEMM_M]
     for m, n, k in shapes:
         if (m, n, k) != (4096, 4096, 4096):
             probs.append(dict(op="gemm", M=m, N=n, K=k, dtype="bfloat16", sweep=True))
@@ -189,7 +203,8 @@ def _tflops(f: float, us: float | None) -> float | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _setup_gemm(p: dict[str, Any], b_transposed: bool) -> tuple[Callable, Callable, tuple, Any]:
+def _setup_gemm(p: dict[str, Any], b_transposed: bool,
+                compile_routes: bool = False) -> tuple[Callable, dict[str, Callable], tuple, Any]:
     import torch
 
     gemm_mod = importlib.import_module("tiletune.kernels.gemm")
@@ -208,8 +223,30 @@ def _setup_gemm(p: dict[str, Any], b_transposed: bool) -> tuple[Callable, Callab
         sa = torch.tensor(0.5, device="cuda")
         sb = torch.tensor(0.25, device="cuda")
         return ((lambda: gemm_mod.matmul(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)),
-                (lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)), (a, b), gemm_mod)
-    return (lambda: gemm_mod.matmul(a, b)), (lambda: torch.matmul(a, b)), (a, b), gemm_mod
+                {"torch._scaled_mm": (lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb,
+                                                                out_dtype=torch.bfloat16))}, (a, b), gemm_mod)
+    return (lambda: gemm_mod.matmul(a, b)), gemm_torch_routes(a, b, compile_routes), (a, b), gemm_mod
+
+
+def gemm_torch_routes(a: Any, b: Any, compile_routes: bool) -> dict[str, Callable[[], Any]]:
+    """Every way a torch user computes ``a @ b`` (issue 14, item 1): ``torch.matmul``; ``F.linear`` with
+    the weight stored as an ``N x K`` row-major tensor (``b.t()`` made contiguous once, outside the
+    timing); ``torch.bmm`` for batched products; with ``compile_routes``
+    ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the matmul (autotuned on its first call,
+    which is excluded from the timing like tiletune's tuning call)."""
+    import torch
+    import torch.nn.functional as F
+
+    routes: dict[str, Callable[[], Any]] = {"torch.matmul": lambda: torch.matmul(a, b)}
+    if a.dim() == 2:
+        w = b.t().contiguous()  # the N x K weight of a linear layer
+        routes["F.linear"] = lambda: F.linear(a, w)
+    else:
+        routes["torch.bmm"] = lambda: torch.bmm(a, b)
+    if compile_routes:
+        compiled = torch.compile(lambda x, y: torch.matmul(x, y), mode="max-autotune-no-cudagraphs", dynamic=False)
+        routes["torch.compile(max-autotune-no-cudagraphs)"] = lambda: compiled(a, b)
+    return routes
 
 
 def _setup_attention(p: dict[str, Any]) -> tuple[Callable, Callable, tuple, Any, str]:
@@ -260,11 +297,18 @@ def measure(p: dict[str, Any], args: argparse.Namespace, timer: Any) -> dict[str
         ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
     with ctx:  # the GQA probe must see the flash-only restriction too
         if p["op"] == "gemm":
-            tt_fn, torch_fn, inputs, mod = _setup_gemm(p, args.b_transposed)
+            tt_fn, routes, inputs, mod = _setup_gemm(p, args.b_transposed, args.compile_routes)
             row["layout"] = "A row-major, B = W.t() (N x K weight)" if args.b_transposed else "A, B row-major"
         else:
             tt_fn, torch_fn, inputs, mod, row["torch_gqa"] = _setup_attention(p)
+            routes = {"SDPA (flash)": torch_fn}
+        torch_fn = next(iter(routes.values()))
         ops = _tuned_ops(mod)
+        if p["op"] == "gemm":
+            from tiletune.kernels._membound import OpFamily
+
+            ops += [op for fam in OpFamily._families if fam.name.startswith("tiletune.gemm")
+                    for op in fam.ops().values()]
         ref = None
         try:
             ref = torch_fn()
@@ -287,9 +331,19 @@ def measure(p: dict[str, Any], args: argparse.Namespace, timer: Any) -> dict[str
                 row["rel_diff_vs_torch"] = diff / scale
             del out
             tt_ok = True
+            if ref is not None and len(routes) > 1:
+                best = time_routes(row, routes, timer, args.warmup, n_solo)
+                torch_fn = routes.get(best, torch_fn)
+            else:
+                row["torch_best_route"] = next(iter(routes))
             if ref is not None:
                 ta, tb, n = ab_time(timer, tt_fn, torch_fn, args.rounds, args.per_round, args.warmup)
                 row["tiletune_us"], row["torch_us"], row["samples_each"] = ta, tb, n
+                row["torch_best_us"] = tb
+                row.setdefault("torch_routes", {})[row["torch_best_route"]] = tb
+            if p["op"] == "gemm" and getattr(args, "_timer_checks_left", 0) > 0 and row["tiletune_us"]:
+                args._timer_checks_left -= 1
+                row["timer_check"] = timer_check(tt_fn, row["tiletune_us"])
             else:
                 timer.time(tt_fn, args.warmup)
                 row["tiletune_us"] = statistics.median(timer.time(tt_fn, n_solo))
@@ -307,9 +361,54 @@ def measure(p: dict[str, Any], args: argparse.Namespace, timer: Any) -> dict[str
     del ref, inputs
     row["tiletune_tflops"] = _tflops(row["flops"], row["tiletune_us"])
     row["torch_tflops"] = _tflops(row["flops"], row["torch_us"])
-    if row["tiletune_tflops"] and row["torch_tflops"]:
-        row["ratio"] = row["tiletune_tflops"] / row["torch_tflops"]
+    if row["tiletune_us"] and row["torch_us"]:
+        row["ratio"] = row["torch_us"] / row["tiletune_us"]  # torch_best_us / tiletune_us
     return row
+
+
+def time_routes(row: dict[str, Any], routes: dict[str, Callable[[], Any]], timer: Any, warmup: int,
+                n: int) -> str | None:
+    """Time every torch route alone (cold L2 medians, first call excluded: torch.compile autotunes then),
+    record ``torch_routes`` (route -> us), ``torch_route_errors`` and ``torch_route_first_call_s``;
+    return the fastest route's name (also ``torch_best_route``), None if every route failed."""
+    import torch
+
+    us: dict[str, float] = {}
+    for name, fn in routes.items():
+        try:
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            row.setdefault("torch_route_first_call_s", {})[name] = round(time.perf_counter() - t0, 3)
+            timer.time(fn, warmup)
+            us[name] = statistics.median(timer.time(fn, n))
+        except Exception as exc:
+            row.setdefault("torch_route_errors", {})[name] = f"{type(exc).__name__}: {exc}"[:1000]
+    row["torch_routes"] = us
+    best = min(us, key=us.__getitem__) if us else None
+    row["torch_best_route"] = best
+    return best
+
+
+def timer_check(fn: Callable[[], Any], ours_us: float) -> dict[str, Any]:
+    """``fn`` timed by ``triton.testing.do_bench`` (L2 flushed between runs, median) next to this
+    benchmark's median: the disagreement ``|do_bench / ours - 1|`` and whether it is within
+    :data:`TIMER_CHECK_TOLERANCE`."""
+    try:
+        from triton.testing import do_bench
+    except Exception as exc:  # triton is optional
+        return {"error": f"triton.testing unavailable: {exc}"}
+    try:
+        ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+    except TypeError:  # older triton: no return_mode
+        ms = do_bench(fn, warmup=25, rep=200, quantiles=[0.5])
+        ms = ms[0] if isinstance(ms, (list, tuple)) else ms
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+    theirs = float(ms) * 1000.0
+    dis = abs(theirs / ours_us - 1.0)
+    return {"do_bench_us": theirs, "ours_us": ours_us, "disagreement": dis,
+            "within_tolerance": dis <= TIMER_CHECK_TOLERANCE, "tolerance": TIMER_CHECK_TOLERANCE}
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,6 +435,11 @@ def summarize(rows: list[dict[str, Any]], planned: dict[str, int]) -> dict[str, 
         "attention_planned": planned.get("attention", 0),
         "errors": sum(1 for r in rows if r.get("error")),
     }
+    checks = [r["timer_check"] for r in rows if isinstance(r.get("timer_check"), dict)
+              and r["timer_check"].get("disagreement") is not None]
+    s["timer_check_rows"] = len(checks)
+    s["timer_check_max_disagreement"] = max((c["disagreement"] for c in checks), default=None)
+    s["timer_check_ok"] = bool(checks) and all(c["within_tolerance"] for c in checks)
     s["gemm_complete"] = s["gemm_measured"] == s["gemm_planned"]
     s["attention_complete"] = s["attention_measured"] == s["attention_planned"]
     for k, t in TARGETS.items():
@@ -458,6 +562,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         elif k == "attention_geomean":
             extra = f" over {summary['attention_measured']}/{summary['attention_planned']} problems"
         print(f"  {k:<18} {_fmt(v, 3):>6}  target >= {t}  {verdict}{extra}")
+    if summary.get("timer_check_rows"):
+        print(f"  timer vs triton do_bench: max disagreement {_fmt(summary['timer_check_max_disagreement'], 4)} over "
+              f"{summary['timer_check_rows']} rows ({'within' if summary['timer_check_ok'] else 'OUTSIDE'} "
+              f"{TIMER_CHECK_TOLERANCE:.0%})")
     if summary["errors"]:
         print(f"  {summary['errors']} row(s) with a tiletune error (see 'error' in the JSON)")
 
@@ -490,8 +598,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help=f"result folder (default {DEFAULT_OUT})")
     ap.add_argument("--only", choices=["gemm", "attention"], default=None)
-    ap.add_argument("--quick", action="store_true", help="fewer shapes (5 GEMM, 6 attention problems)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer shapes: the 9 Llama-3-8B GEMM rows at M 16, 128, 1024; 6 attention problems")
     ap.add_argument("--b-transposed", action="store_true", help="GEMM B as the .t() view of an N x K weight")
+    ap.add_argument("--compile-routes", action="store_true",
+                    help="GEMM: also time torch.compile(max-autotune-no-cudagraphs) of the matmul (its "
+                         "autotuning adds ~10-60 s per shape)")
+    ap.add_argument("--timer-check", type=int, default=TIMER_CHECK_ROWS, metavar="N",
+                    help=f"cross-check the first N GEMM rows' tiletune timing with triton.testing.do_bench "
+                         f"(default {TIMER_CHECK_ROWS}, 0: off)")
     ap.add_argument("--rounds", type=int, default=8, help="A/B rounds (default 8)")
     ap.add_argument("--per-round", type=int, default=4, help="samples per op per round (default 4)")
     ap.add_argument("--warmup", type=int, default=5)
@@ -511,7 +626,13 @@ def main() -> int:
                     help="override the ops' tuning strategy")
     ap.add_argument("--max-evals", type=int, default=None, help="override: configs evaluated per tuning")
     ap.add_argument("--tune-seconds", type=float, default=None, help="override: seconds per tuning session")
+    ap.add_argument("--splitk", action="store_true",
+                    help="route small-M 16-bit GEMMs to the split-K op (tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK)")
     args = ap.parse_args()
+    if args.splitk:
+        import tiletune.kernels.gemm as _gemm
+
+        _gemm.ROUTE_SMALL_M_TO_SPLITK = True
     if args.combine:
         return combine(args.combine, Path(args.out or DEFAULT_OUT))
     if args.rounds * args.per_round < 20:
@@ -527,6 +648,7 @@ def main() -> int:
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     overrides = _apply_tuning_overrides(args)
+    args._timer_checks_left = max(0, args.timer_check)
     if not args.fp32_reference:
         # The ops' correctness references are fp32 torch matmuls (a.float() @ b.float(); fp32 attention
         # scores). bf16/fp16 values are exact in tf32, so for the 16-bit GEMMs a tf32 reference is as
@@ -572,7 +694,7 @@ def main() -> int:
         torch.cuda.empty_cache()
         print(f"    tiletune {_fmt(row['tiletune_tflops'])} TFLOP/s ({_fmt(row['tiletune_us'])} us), "
               f"torch {_fmt(row['torch_tflops'])} TFLOP/s ({_fmt(row['torch_us'])} us), "
-              f"ratio {_fmt(row['ratio'], 3)}, tune {_fmt(row.get('tune_s'), 1)} s"
+              f"ratio {_fmt(row['ratio'], 3)} vs {row.get('torch_best_route')}, tune {_fmt(row.get('tune_s'), 1)} s"
               + (f", winner {json.dumps(row['winner'])}" if row.get("winner") else "")
               + (f"\n    ERROR {row['error'].splitlines()[0]}" if row.get("error") else ""), flush=True)
         partial.write_text(json.dumps({"rows": rows}, indent=1, default=str) + "\n")
@@ -600,6 +722,9 @@ def main() -> int:
                     "the tuning call is excluded."),
         "quick": args.quick,
         "only": args.only,
+        "compile_routes": args.compile_routes,
+        "ratio_definition": "torch_best_us / tiletune_us (torch_best_route: the fastest of torch_routes, "
+                            "then timed A/B against tiletune)",
         "b_transposed": args.b_transposed,
         "samples_each": args.rounds * args.per_round,
         "backlog_us": args.backlog_us,

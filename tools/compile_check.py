@@ -59,7 +59,7 @@ from tiletune.kernels.rmsnorm_kernels import (  # noqa: E402
     rmsnorm_kernel,
 )
 
-_DTYPE_BYTES = {ct.bfloat16: 2, ct.float16: 2, ct.float32: 4, ct.float8_e4m3fn: 1, ct.int32: 4}
+_DTYPE_BYTES = {ct.bfloat16: 2, ct.float16: 2, ct.float32: 4, ct.float8_e4m3fn: 1, ct.int32: 4, ct.int64: 8}
 
 
 def contiguous_array(dtype, shape) -> ArrayConstraint:

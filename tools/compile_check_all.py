@@ -16,6 +16,12 @@ Spaces (each listed baseline first, in the tuner's candidate order):
   16-byte aligned rows), a bf16 batch of 8 x 512^3.
 * ``gemm_tf32`` / ``gemm_fp8``: ``GEMM_TF32_SPACE`` (fp32 inputs) / ``GEMM_FP8_SPACE`` (e4m3
   with per-tensor scales, ``B`` as ``N x K`` and row-major).
+* ``gemm_splitk``: every ``SPLIT_K > 1`` config of the 16-bit split-K spaces
+  (:func:`tiletune.kernels.gemm_kernels.splitk_space` with ``K >= 4096``, every ``TM``; the
+  ``SPLIT_K == 1`` configs are the plain GEMM's, checked under ``gemm``), on
+  :func:`~tiletune.kernels.gemm_kernels.gemm_splitk_kernel` with its workspace and counters; variant
+  ``main`` = bf16 16 x 4096 x 14336 with ``B`` as ``N x K`` (Llama-3-8B's down-proj at 16 tokens),
+  others: bf16 128 x 4096 x 4096 row-major, fp16 100 x 1000 x 5000 with ``A`` as ``K x M``.
 * ``gemm_full`` / ``attention_full`` (only with ``--only``): the 512- and 330-config spaces
   recorded on the H200 (``GEMM_FULL_SPACE``, ``ATTENTION_FULL_SPACE``), main variant.
 * ``attention``: :data:`tiletune.kernels.attention_op.ATTENTION_SPACE`;
@@ -69,9 +75,10 @@ from cuda.tile.compilation import (  # noqa: E402
 from compile_check import contiguous_array  # noqa: E402
 from tiletune.space import Space  # noqa: E402
 
-SPACE_NAMES = ("gemm", "gemm_tf32", "gemm_fp8", "attention", "layernorm", "gemm_full", "attention_full")
+SPACE_NAMES = ("gemm", "gemm_tf32", "gemm_fp8", "gemm_splitk", "attention", "layernorm", "gemm_full",
+               "attention_full")
 #: What ``--only`` defaults to: the library ops' spaces (the two full, recorded spaces on request).
-DEFAULT_SPACES = ("gemm", "gemm_tf32", "gemm_fp8", "attention", "layernorm")
+DEFAULT_SPACES = ("gemm", "gemm_tf32", "gemm_fp8", "gemm_splitk", "attention", "layernorm")
 
 
 class FakeArray:
@@ -133,6 +140,16 @@ def space_defs() -> dict[str, SpaceDef]:
             return gk.gemm_args(cfg, a, b, A((batch, m, n), out or dt), one, one, ta, tb, scaled)
         return make
 
+    def splitk_v(m, n, k, dt, ta=False, tb=False):
+        def make(cfg):
+            a = A((1, k, m) if ta else (1, m, k), dt)
+            b = A((1, n, k) if tb else (1, k, n), dt)
+            one = A((1,), f32)
+            ws = A((max(gk.SPLIT_K_VALUES), gk.pow2_ceil(m), n), f32)
+            sem = A((gk.splitk_sem_count(m, n),), ct.int32)
+            return gk.splitk_args(cfg, a, b, A((1, m, n), dt), one, one, ws, sem, ta, tb, False)
+        return make
+
     def att_v(bsz, h, hkv, sq, sk, d, dt, causal):
         def make(cfg):
             q = A((bsz, h, sq, d), dt)
@@ -170,6 +187,11 @@ def space_defs() -> dict[str, SpaceDef]:
             Variant("nn", "fp8 e4m3 2048x2048x2048, B row-major, fp32 out",
                     gemm_v(2048, 2048, 2048, ct.float8_e4m3fn, scaled=True, out=f32)),
         )),
+        "gemm_splitk": SpaceDef("gemm_splitk", gk.gemm_splitk_kernel, _splitk_compile_space(), gk.gemm_hints, (
+            Variant("main", "bf16 16x4096x14336, B given as N x K", splitk_v(16, 4096, 14336, bf16, tb=True)),
+            Variant("m128", "bf16 128x4096x4096", splitk_v(128, 4096, 4096, bf16)),
+            Variant("odd_tn", "fp16 100x1000x5000, A given as K x M", splitk_v(100, 1000, 5000, f16, ta=True)),
+        )),
         "gemm_full": SpaceDef("gemm_full", gk.gemm_kernel, GEMM_FULL_SPACE, gk.gemm_hints, (
             Variant("main", "bf16 4096x4096x4096", gemm_v(4096, 4096, 4096, bf16)),
         )),
@@ -183,6 +205,16 @@ def space_defs() -> dict[str, SpaceDef]:
             Variant("fp16_small", "fp16 8192x1000", ln_v(8192, 1000, f16)),
         )),
     }
+
+
+def _splitk_compile_space() -> Space:
+    """Every ``SPLIT_K > 1`` config of the 16-bit split-K spaces with ``K >= 4096`` (all ``TM``)."""
+    from tiletune.kernels import gemm_kernels as gk
+
+    full = gk.splitk_space(2, 4096, gk.SPLITK_MAX_M, max(gk.SPLIT_K_VALUES))
+    params = {n: list(full.values(n)) for n in full.names}
+    params["SPLIT_K"] = [v for v in params["SPLIT_K"] if v > 1]
+    return Space(**params, constraints=dict(full._constraints))
 
 
 # ------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Any
 
 from ..backends.base import Launch
@@ -29,18 +30,35 @@ from ..dispatch import autotune
 from ..space import Space
 from ..templates import matmul_space
 from ..verify import Tolerance, derived_tolerance, eps
-from .gemm_kernels import GEMM_BASELINE, GEMM_CONSTRAINTS, GEMM_FULL_SPACE_PARAMS, gemm_args, gemm_grid, gemm_kernel
+from ._membound import OpFamily
+from .gemm_kernels import (
+    GEMM_BASELINE,
+    GEMM_CONSTRAINTS,
+    GEMM_FULL_SPACE_PARAMS,
+    gemm_args,
+    gemm_grid,
+    gemm_kernel,
+    gemm_splitk_kernel,
+    pow2_ceil,
+    splitk_args,
+    splitk_grid,
+    splitk_regime,
+    splitk_sem_count,
+    splitk_space,
+)
 
 __all__ = [
     "GEMM_FP8_SPACE",
     "GEMM_FULL_SPACE",
     "GEMM_SPACE",
+    "GEMM_SPLITK",
     "GEMM_TF32_SPACE",
     "gemm",
     "gemm_fp8_into",
     "gemm_into",
     "gemm_tf32_into",
     "matmul",
+    "splitk_workspace",
 ]
 
 #: The 512-config space recorded on the H200 (``benchmarks/spaces/h200_gemm_bf16_4096.json.gz``).
@@ -148,6 +166,137 @@ gemm_fp8_into.__doc__ = "The float8_e4m3fn GEMM op with per-tensor scales (:data
 
 
 # --------------------------------------------------------------------------------------------
+# split-K (small M, large K)
+# --------------------------------------------------------------------------------------------
+
+
+def _splitk_plan(cfg: Any, a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool,
+                 scaled: bool, ws: Any, sem: Any) -> Launch:
+    """``SPLIT_K == 1``: the plain GEMM launch (:func:`_plan`, no workspace); otherwise one launch of
+    :func:`~tiletune.kernels.gemm_kernels.gemm_splitk_kernel` over ``tiles * SPLIT_K`` work units."""
+    if cfg.SPLIT_K == 1:
+        return _plan(cfg, a, b, c, scale_a, scale_b, trans_a, trans_b, scaled)
+    grid = splitk_grid(cfg, c.shape[1], c.shape[2], _sm_count(c.get_device()), batch=c.shape[0])
+    return Launch(gemm_splitk_kernel, grid,
+                  splitk_args(cfg, a, b, c, scale_a, scale_b, ws, sem, trans_a, trans_b, scaled))
+
+
+def _splitk_reference(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool,
+                      scaled: bool, ws: Any, sem: Any) -> tuple[Any, Any, Any]:
+    """The product (as :func:`_reference`), the workspace as it was (its contents are not compared, see
+    :data:`SCRATCH_TOLERANCE`) and all-zero counters (every launch must leave them so)."""
+    import torch
+
+    return (_reference(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled), ws, torch.zeros_like(sem))
+
+
+#: Tolerance of the split-K workspace (output 1 of the op): it holds float32 partial sums whose values
+#: depend on the config, so any finite value passes (NaN still fails where the saved workspace had none).
+SCRATCH_TOLERANCE = {"float32": Tolerance(rtol=0.0, atol=3.0e38, atol_rms=0.0, agg=0.0, agg_atol=3.0e38)}
+
+
+def _splitk_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, *_: Any) -> dict[str, Any]:
+    """The product's tolerance (:func:`_tolerance`); the workspace's :data:`SCRATCH_TOLERANCE`; the
+    counters are int32, compared exactly."""
+    return {**_tolerance(a, b, c, scale_a, scale_b, trans_a), "output:1": SCRATCH_TOLERANCE}
+
+
+def _splitk_space_for(regime: tuple[int, int, int, int]) -> Space:
+    return splitk_space(*regime)
+
+
+#: The bfloat16 / float16 split-K GEMM ops, one per regime
+#: (:func:`~tiletune.kernels.gemm_kernels.splitk_regime`: input width, ``K`` rounded down, ``TM`` cap,
+#: largest split), arguments ``(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled, ws, sem)``:
+#: ``ws`` and ``sem`` come from :func:`splitk_workspace`. :func:`matmul` sends products with
+#: ``M <= 256`` here; the space's ``SPLIT_K == 1`` configs are the plain GEMM.
+GEMM_SPLITK = OpFamily("tiletune.gemm_splitk", _splitk_space_for, _splitk_plan, reference=_splitk_reference,
+                       writes=["c"], inplace=["ws", "sem"], tolerance=_splitk_tolerance,  # type: ignore[arg-type]
+                       buckets=GEMM_BUCKETS)
+
+
+class _Pool:
+    """The split-K scratch memory of one (device, stream): a float32 workspace and int32 counters, both
+    zeroed when allocated (the kernel leaves the counters zero), and the views handed out, by shape."""
+
+    __slots__ = ("ws", "sem", "views")
+
+    def __init__(self) -> None:
+        self.ws: Any = None
+        self.sem: Any = None
+        self.views: dict[tuple, tuple[Any, Any]] = {}
+
+
+_pools: dict[tuple[int, int], _Pool] = {}
+_home_stream: dict[int, int] = {}  # device -> the stream whose scratch memory fast-path recipes may keep
+_pool_lock = threading.Lock()
+
+
+def _raw_stream(device_index: int) -> int:
+    import torch
+
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get is not None:
+        return int(get(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)
+
+
+def splitk_workspace(device: Any, m: int, n: int, batch: int, s_max: int) -> tuple[Any, Any]:
+    """``(ws, sem)`` for a split-K product ``batch x m x n`` of a regime with largest split ``s_max``.
+
+    ``ws`` is a float32 ``(s_max * batch, pow2_ceil(m), n)`` view and ``sem`` an int32
+    ``(splitk_sem_count(m, n, batch),)`` view of buffers kept per (device, current stream): no
+    allocation after the first call of a shape, and their shapes are functions of ``m``'s bucket, so
+    they never change the tuning key. Launches on one stream run in order, so they may share the
+    memory; another stream gets its own. Only the first stream's views are registered as constant
+    kernel arguments (:func:`tiletune.fastcall.constant_tensor`): calls on other streams stay on the
+    slow path, which looks their own memory up (see :func:`_same_stream`).
+    """
+    import torch
+
+    cuda = device.type == "cuda"
+    dev = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
+    where = torch.device("cuda", dev) if cuda else device  # (CPU: the host-side tests)
+    stream = _raw_stream(dev)
+    shape = (int(s_max) * int(batch), pow2_ceil(m), int(n))
+    nsem = splitk_sem_count(m, n, batch)
+    with _pool_lock:
+        home = _home_stream.setdefault(dev, stream)
+        pool = _pools.get((dev, stream))
+        if pool is None:
+            pool = _pools[(dev, stream)] = _Pool()
+        hit = pool.views.get((shape, nsem))
+        if hit is not None:
+            return hit
+        need = math.prod(shape)
+        if pool.ws is None or pool.ws.numel() < need:  # older views keep the old buffer alive
+            size = max(need, 2 * pool.ws.numel()) if pool.ws is not None else need
+            pool.ws = torch.zeros(size, dtype=torch.float32, device=where)
+        if pool.sem is None or pool.sem.numel() < nsem:
+            size = max(nsem, 2 * pool.sem.numel()) if pool.sem is not None else nsem
+            pool.sem = torch.zeros(size, dtype=torch.int32, device=where)
+        views = (pool.ws[:need].view(shape), pool.sem[:nsem])
+        if stream == home:
+            constant_tensor(views[0])
+            constant_tensor(views[1])
+        pool.views[(shape, nsem)] = views
+        return views
+
+
+def _same_stream(a: Any, *_: Any) -> bool:
+    """Precheck of :func:`matmul`'s fast path: a recipe may hold the first stream's split-K scratch
+    memory, so once a device has some, a call on another stream takes the slow path."""
+    if not _home_stream:
+        return True
+    try:
+        dev = a.get_device()
+    except AttributeError:
+        return True
+    home = _home_stream.get(dev)
+    return home is None or _raw_stream(dev) == home
+
+
+# --------------------------------------------------------------------------------------------
 # public API
 # --------------------------------------------------------------------------------------------
 
@@ -195,7 +344,13 @@ def _unit_scale(device: Any) -> Any:
     return constant_tensor(torch.empty(1, dtype=torch.float32, device=device))
 
 
-@fast_op(route=custom_op_route("matmul"))
+#: Whether :func:`matmul` sends 16-bit products of at most ``SPLITK_MAX_M`` rows to the split-K op
+#: (:data:`GEMM_SPLITK`). Off until ``tests/test_gpu_splitk.py`` has passed on a GPU: the split-K
+#: kernel was written and compiled on a CPU host only.
+ROUTE_SMALL_M_TO_SPLITK = False
+
+
+@fast_op(route=custom_op_route("matmul"), precheck=_same_stream)
 def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtype: Any = None) -> Any:
     """``a @ b`` like ``torch.matmul``, autotuned, with fp32 accumulation.
 
@@ -267,8 +422,14 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
         gemm_fp8_into(a_arg, b_arg, c, sa, sb, trans_a, trans_b, True)
     else:
         one = _unit_scale(a.device)
-        op = gemm_tf32_into if a.dtype == torch.float32 else gemm_into
-        op(a_arg, b_arg, c, one, one, trans_a, trans_b, False)
+        regime = None if a.dtype == torch.float32 or not ROUTE_SMALL_M_TO_SPLITK else \
+            splitk_regime(c.shape[1], n, k, 2, c.shape[0])
+        if regime is not None:
+            ws, sem = splitk_workspace(a.device, c.shape[1], n, c.shape[0], regime[3])
+            GEMM_SPLITK.op(regime)(a_arg, b_arg, c, one, one, trans_a, trans_b, False, ws, sem)
+        else:
+            op = gemm_tf32_into if a.dtype == torch.float32 else gemm_into
+            op(a_arg, b_arg, c, one, one, trans_a, trans_b, False)
     return _finish(c, out_shape, a, b)
 
 

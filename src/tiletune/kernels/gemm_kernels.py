@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
+from ..space import Space
 from ..templates import acc_fits, matmul_baseline, matmul_constraints, matmul_params, stage_fits, warps_fit
 from ._config import param as _param
 
@@ -53,7 +54,20 @@ __all__ = [
     "GEMM_SPACE_PARAMS",
     "GEMM_TF32_BASELINE",
     "GEMM_TF32_SPACE_PARAMS",
+    "SPLITK_MAX_M",
+    "SPLITK_MAX_WORKSPACE",
+    "SPLIT_K_VALUES",
+    "gemm_splitk_kernel",
     "library_constraints",
+    "pow2_ceil",
+    "pow2_floor",
+    "splitk_args",
+    "splitk_grid",
+    "splitk_regime",
+    "splitk_sem_count",
+    "splitk_space",
+    "splitk_space_params",
+    "splitk_units",
     "stage_fits",
     "acc_fits",
     "gemm_args",
@@ -255,3 +269,192 @@ def gemm_reference(a, b, c=None):
     """Reference ``a @ b`` with torch in fp32, cast to ``c``'s dtype (``a``'s without ``c``)."""
     out_dtype = a.dtype if c is None else c.dtype
     return (a.float() @ b.float()).to(out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# split-K: the K loop of each output tile split over SPLIT_K work units, reduced in the same launch
+# --------------------------------------------------------------------------------------------
+
+
+@ct.kernel
+def gemm_splitk_kernel(A, B, C, SA, SB, WS, SEM,
+                       TM: ConstInt,
+                       TN: ConstInt,
+                       TK: ConstInt,
+                       GROUP_M: ConstInt,
+                       SPLIT_K: ConstInt,
+                       LAT_A: ConstInt,
+                       LAT_B: ConstInt,
+                       ALLOW_TMA: ConstBool,
+                       TRANS_A: ConstBool,
+                       TRANS_B: ConstBool,
+                       SCALED: ConstBool,
+                       FAST_ACC: ConstBool):
+    """Split-K batched ``C[b] = A[b] @ B[b]`` in one launch (serial fix-up by the last split).
+
+    Work unit ``u`` is split ``u % SPLIT_K`` of output tile ``u // SPLIT_K`` (grouped order as in
+    :func:`gemm_kernel`): it accumulates its share of the ``K`` tiles in float32 and stores the partial
+    tile to ``WS[split * BATCH + b]`` (generic stores, no TMA, so the atomic below orders them), then
+    increments the tile's counter ``SEM[tile]`` (acquire-release, device scope). The unit that sees
+    ``SPLIT_K - 1`` there is the tile's last: it sums the ``SPLIT_K`` partials in split order (the
+    result does not depend on which unit came last), casts the sum to ``C``'s dtype, stores it, and
+    puts the counter back to zero, so ``SEM`` is all zeros again when the launch ends.
+
+    Args:
+        A, B, C, SA, SB: as for :func:`gemm_kernel`.
+        WS: float32 workspace of ``(S * BATCH, MW, N)`` with ``S >= SPLIT_K`` and ``MW >= M``.
+        SEM: int32 counters, at least ``BATCH * cdiv(M, TM) * cdiv(N, TN)`` of them, all zero on entry
+            (left all zero on exit).
+        SPLIT_K (constant int): work units per output tile.
+        the other constants: as for :func:`gemm_kernel`.
+
+    Any grid size >= 1 is correct (units are independent: no unit waits for another).
+    """
+    BATCH = C.shape[0]
+    M = C.shape[1]
+    N = C.shape[2]
+    if TRANS_A:
+        K = A.shape[1]
+    else:
+        K = A.shape[2]
+    num_m = ct.cdiv(M, TM)
+    num_n = ct.cdiv(N, TN)
+    num_k = ct.cdiv(K, TK)
+    k_per = ct.cdiv(num_k, SPLIT_K)
+    per_batch = num_m * num_n
+    num_units = BATCH * per_batch * SPLIT_K
+    mma_dtype = ct.tfloat32 if A.dtype == ct.float32 else A.dtype
+
+    for unit in range(ct.bid(0), num_units, ct.num_blocks(0)):
+        tile = unit // SPLIT_K
+        split = unit % SPLIT_K
+        bz = tile // per_batch
+        bid_m, bid_n = _tile_coords(tile % per_batch, num_m, num_n, GROUP_M)
+        k_lo = split * k_per
+        k_hi = min(k_lo + k_per, num_k)
+        acc = ct.zeros((TM, TN), dtype=ct.float32)
+        for k in range(k_lo, k_hi):
+            a = _load_a(A, bz, bid_m, k, TM, TK, LAT_A, ALLOW_TMA, TRANS_A)
+            b = _load_a(B, bz, k, bid_n, TK, TN, LAT_B, ALLOW_TMA, TRANS_B)
+            if FAST_ACC:
+                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc, use_fast_acc=True)
+            else:
+                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc)
+        ct.store(WS, (split * BATCH + bz, bid_m, bid_n), acc.reshape((1, TM, TN)), allow_tma=False)
+        arrived = ct.atomic_add(SEM, tile, 1, memory_order=ct.MemoryOrder.ACQ_REL,
+                                memory_scope=ct.MemoryScope.DEVICE)
+        if arrived == SPLIT_K - 1:
+            total = ct.zeros((TM, TN), dtype=ct.float32)
+            for s in range(SPLIT_K):
+                part = ct.load(WS, (s * BATCH + bz, bid_m, bid_n), shape=(1, TM, TN),
+                               padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+                total = total + part.reshape((TM, TN))
+            if SCALED:
+                sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
+                sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
+                total = total * (sa * sb)
+            ct.store(C, (bz, bid_m, bid_n), total.astype(C.dtype).reshape((1, TM, TN)))
+            ct.atomic_xchg(SEM, tile, 0, memory_order=ct.MemoryOrder.RELAXED,
+                           memory_scope=ct.MemoryScope.DEVICE)
+
+
+#: ``SPLIT_K`` values of the split-K spaces (1: :func:`gemm_kernel` itself, no workspace).
+SPLIT_K_VALUES = (1, 2, 4, 8, 16)
+
+
+def splitk_space_params(elem_bytes: int, m_cap: int, s_max: int) -> dict:
+    """Parameters of a split-K space: the matmul template's (:func:`tiletune.templates.matmul_params`)
+    with ``TM`` at most ``m_cap`` (a 256-row tile for a 16-row problem only wastes tensor-core work) and
+    ``SPLIT_K`` in :data:`SPLIT_K_VALUES` up to ``s_max``."""
+    params = matmul_params(elem_bytes)
+    params["TM"] = [t for t in params["TM"] if t <= m_cap] or [min(params["TM"])]
+    params["SPLIT_K"] = [s for s in SPLIT_K_VALUES if s <= s_max]
+    return params
+
+
+def splitk_space(elem_bytes: int, k_floor: int, m_cap: int, s_max: int) -> Space:
+    """The split-K space of one regime (see :func:`splitk_regime`): the template's constraints plus
+    ``split_depth`` (``SPLIT_K * 2 * TK <= k_floor``: every split gets at least two ``K`` tiles of a
+    problem with ``K >= k_floor``)."""
+
+    def split_depth(cfg) -> bool:
+        return cfg.SPLIT_K * 2 * cfg.TK <= k_floor
+
+    split_depth.__doc__ = f"SPLIT_K * 2 * TK <= {k_floor}: at least two K tiles per split."
+    cons = dict(matmul_constraints(elem_bytes))
+    cons["split_depth"] = split_depth
+    params = splitk_space_params(elem_bytes, m_cap, s_max)
+    base = dict(TM=64, TN=128, TK=128 // elem_bytes, GROUP_M=8, LAT=0, occupancy=1, num_worker_warps=4)
+    splits = [s for s in params["SPLIT_K"] if s * 2 * base["TK"] <= k_floor and s <= 4]
+    base["SPLIT_K"] = max(splits) if splits else 1
+    return Space(**params, constraints=cons, baseline=base)
+
+
+def pow2_ceil(n: int) -> int:
+    """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def pow2_floor(n: int) -> int:
+    """Largest power of two ``<= n`` (``n >= 1``)."""
+    return 1 << (int(n).bit_length() - 1)
+
+
+#: Largest ``M`` (after folding leading dims) the split-K ops take; larger products have tiles enough.
+SPLITK_MAX_M = 256
+#: Largest float32 workspace a split-K op may use, in bytes (``S * BATCH * pow2_ceil(M) * N * 4``).
+SPLITK_MAX_WORKSPACE = 64 << 20
+
+
+def splitk_regime(m: int, n: int, k: int, elem_bytes: int, batch: int = 1) -> tuple[int, int, int, int] | None:
+    """``(elem_bytes, k_floor, m_cap, s_max)`` of a problem the split-K op takes, or None.
+
+    * ``m_cap = min(256, max(64, pow2_ceil(M)))``: the largest ``TM`` worth trying;
+    * ``k_floor = min(pow2_floor(K), 2 * max_TK * 16)``: ``K`` rounded down (capped where every split
+      is allowed), so problems of one regime share a space;
+    * ``s_max``: the largest :data:`SPLIT_K_VALUES` entry whose workspace fits
+      :data:`SPLITK_MAX_WORKSPACE` and that leaves two ``K`` tiles of the shallowest ``TK`` per split.
+
+    None when ``M > SPLITK_MAX_M``, or no split above 1 is possible (then the plain GEMM op is used).
+    """
+    if m > SPLITK_MAX_M or m < 1 or n < 1 or k < 1:
+        return None
+    tks = matmul_params(elem_bytes)["TK"]
+    k_floor = min(pow2_floor(k), 2 * max(tks) * max(SPLIT_K_VALUES))
+    per_split = batch * pow2_ceil(m) * n * 4
+    s_max = 1
+    for s in SPLIT_K_VALUES:
+        if s * per_split <= SPLITK_MAX_WORKSPACE and s * 2 * min(tks) <= k_floor:
+            s_max = s
+    if s_max < 2:
+        return None
+    return (elem_bytes, k_floor, min(SPLITK_MAX_M, max(64, pow2_ceil(m))), s_max)
+
+
+def splitk_units(cfg, M: int, N: int, batch: int = 1) -> int:
+    """Work units of a split-K launch: output tiles times ``SPLIT_K``."""
+    return gemm_num_tiles(cfg, M, N, batch) * int(_param(cfg, "SPLIT_K", 1))
+
+
+def splitk_grid(cfg, M: int, N: int, num_sms: int, batch: int = 1) -> tuple[int]:
+    """Persistent grid of a split-K launch: ``(min(units, num_sms * occupancy),)``, at least 1."""
+    occ = int(_param(cfg, "occupancy", 1))
+    return (max(1, min(splitk_units(cfg, M, N, batch), int(num_sms) * occ)),)
+
+
+def splitk_args(cfg, a, b, c, scale_a, scale_b, ws, sem, trans_a: bool = False, trans_b: bool = False,
+                scaled: bool = False) -> tuple:
+    """Kernel arguments of :func:`gemm_splitk_kernel`, in order (constants as in :func:`gemm_args`)."""
+    lat = int(_param(cfg, "LAT", 0))
+    return (a, b, c, scale_a, scale_b, ws, sem,
+            int(_param(cfg, "TM")), int(_param(cfg, "TN")), int(_param(cfg, "TK")),
+            int(_param(cfg, "GROUP_M", 8)), int(_param(cfg, "SPLIT_K", 1)),
+            int(_param(cfg, "LAT_A", lat)), int(_param(cfg, "LAT_B", lat)),
+            bool(_param(cfg, "ALLOW_TMA", True)), bool(trans_a), bool(trans_b), bool(scaled),
+            bool(_param(cfg, "FAST_ACC", False)))
+
+
+def splitk_sem_count(M: int, N: int, batch: int = 1) -> int:
+    """Counters a split-K launch may touch: one per 64 x 64 tile of ``batch x pow2_ceil(M) x N`` (the
+    smallest tile of the spaces), so one counter array serves every config."""
+    return int(batch) * -(-pow2_ceil(M) // 64) * -(-int(N) // 64)

@@ -1,0 +1,396 @@
+"""Split-K GEMM (issue 14, item 4) on a CPU: regimes, spaces, launch plans, grids, workspace logic,
+the scratch-tolerance plumbing of the correctness check, and sm_90 compiles of split-K configs.
+
+The kernel itself runs only on a GPU: ``tests/test_gpu_splitk.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import io
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ct = pytest.importorskip("cuda.tile")
+
+gk = importlib.import_module("tiletune.kernels.gemm_kernels")
+gemm_mod = importlib.import_module("tiletune.kernels.gemm")
+fastcall = importlib.import_module("tiletune.fastcall")
+from tiletune.space import Config  # noqa: E402
+from tiletune.verify import ArgGuard, Checker  # noqa: E402
+
+#: Llama-3-8B linear layers (N, K) at the token counts of the issue's small-M rows
+LLAMA = [(m, n, k) for m in (1, 16, 128) for (n, k) in ((4096, 4096), (14336, 4096), (4096, 14336))]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ------------------------------------------------------------------------------------- regimes
+
+
+def test_regime_routes_small_m_only():
+    assert gk.splitk_regime(16, 4096, 14336, 2) == (2, 4096, 64, 16)
+    assert gk.splitk_regime(1, 4096, 4096, 2) == (2, 4096, 64, 16)
+    assert gk.splitk_regime(128, 4096, 4096, 2)[2] == 128
+    assert gk.splitk_regime(200, 4096, 4096, 2)[2] == 256
+    assert gk.splitk_regime(257, 4096, 4096, 2) is None  # enough tiles: the plain GEMM op
+    assert gk.splitk_regime(1024, 4096, 4096, 2) is None
+    # a vocabulary projection: the workspace cap leaves no split above 1
+    assert gk.splitk_regime(256, 128256, 4096, 2) is None
+    # K too shallow for two K tiles per split of any depth
+    assert gk.splitk_regime(16, 4096, 64, 2) is None
+
+
+def test_regime_caps_the_split_by_workspace_and_depth():
+    e, k_floor, m_cap, s_max = gk.splitk_regime(128, 14336, 4096, 2)
+    assert s_max * 128 * 14336 * 4 <= gk.SPLITK_MAX_WORKSPACE < 2 * s_max * 128 * 14336 * 4
+    e, k_floor, m_cap, s_max = gk.splitk_regime(16, 4096, 1000, 2)
+    assert k_floor == 512 and s_max * 2 * 32 <= k_floor  # shallowest bf16 TK is 32
+    # problems of one regime share one space (one hash), whatever their exact K
+    assert gk.splitk_regime(16, 4096, 5000, 2)[:2] == gk.splitk_regime(16, 4096, 14336, 2)[:2]
+
+
+def test_pow2_helpers():
+    assert [gk.pow2_ceil(n) for n in (0, 1, 2, 3, 16, 17, 256)] == [1, 1, 2, 4, 16, 32, 256]
+    assert [gk.pow2_floor(n) for n in (1, 2, 3, 4096, 14336)] == [1, 2, 2, 4096, 8192]
+
+
+# ------------------------------------------------------------------------------------- spaces
+
+
+def _regime_spaces():
+    seen = {}
+    for m, n, k in LLAMA + [(16, 4096, 1000), (100, 1000, 5000), (256, 4096, 4096), (16, 4096, 256)]:
+        r = gk.splitk_regime(m, n, k, 2)
+        if r is not None:
+            seen.setdefault(r, (m, n, k))
+    return seen
+
+
+def test_every_regime_space_keeps_its_constraints_and_baseline():
+    for regime, (m, n, k) in _regime_spaces().items():
+        _, k_floor, m_cap, s_max = regime
+        space = gemm_mod._splitk_space_for(regime)
+        cfgs = space.configs("sm_90")
+        assert cfgs, regime
+        assert space.baseline("sm_90") in cfgs
+        assert 1 in space.values("SPLIT_K")  # the plain kernel stays a candidate
+        for cfg in cfgs:
+            assert cfg.TM <= m_cap and cfg.SPLIT_K <= s_max
+            assert cfg.SPLIT_K * 2 * cfg.TK <= k_floor <= k
+            num_k = _cdiv(k, cfg.TK)
+            assert _cdiv(num_k, cfg.SPLIT_K) >= 2  # every split walks two K tiles or more
+        assert any(c.SPLIT_K > 1 for c in cfgs)
+
+
+def test_splitk_spaces_leave_the_plain_gemm_space_alone():
+    """The plain op's space (and so its hash, its stored records and the shipped table's entries for
+    M > 256) is the template's, untouched by split-K."""
+    from tiletune.templates import matmul_space
+
+    assert gemm_mod.GEMM_SPACE.hash == matmul_space(2).hash
+    assert "SPLIT_K" not in gemm_mod.GEMM_SPACE.names
+    hashes = {gemm_mod._splitk_space_for(r).hash for r in _regime_spaces()}
+    assert gemm_mod.GEMM_SPACE.hash not in hashes and len(hashes) == len(_regime_spaces())
+
+
+# ------------------------------------------------------------------------------------- launch plans
+
+
+class _T:
+    """A shape-only stand-in for a 3-D CUDA tensor (what the plan reads)."""
+
+    def __init__(self, *shape, dtype="bf16"):
+        self.shape = shape
+        self.dtype = dtype
+
+    def get_device(self):
+        return 0
+
+
+def _cfg(**kw):
+    base = dict(TM=64, TN=128, TK=64, GROUP_M=8, LAT=0, occupancy=1, num_worker_warps=4, SPLIT_K=4)
+    base.update(kw)
+    return Config(base)
+
+
+@pytest.fixture
+def sms(monkeypatch):
+    monkeypatch.setattr(gemm_mod, "_sm_count", lambda dev: 132)
+    return 132
+
+
+def test_split_1_is_the_plain_gemm_launch(sms):
+    a, b, c, one = _T(1, 16, 4096), _T(1, 4096, 4096), _T(1, 16, 4096), _T(1)
+    ws, sem = _T(16, 16, 4096), _T(64)
+    cfg = _cfg(SPLIT_K=1)
+    got = gemm_mod._splitk_plan(cfg, a, b, c, one, one, False, True, False, ws, sem)
+    plain = gemm_mod._plan(cfg, a, b, c, one, one, False, True, False)
+    assert got.kernel is gk.gemm_kernel
+    assert got.grid == plain.grid and got.args == plain.args
+
+
+@pytest.mark.parametrize("m,n,k", LLAMA)
+def test_splitk_plan_grid_and_arguments(sms, m, n, k):
+    regime = gk.splitk_regime(m, n, k, 2)
+    s_max = regime[3]
+    a, b, c, one = _T(1, m, k), _T(1, n, k), _T(1, m, n), _T(1)
+    ws, sem = _T(s_max, gk.pow2_ceil(m), n), _T(gk.splitk_sem_count(m, n))
+    for cfg in gemm_mod._splitk_space_for(regime).configs("sm_90"):
+        if cfg.SPLIT_K == 1:
+            continue
+        launch = gemm_mod._splitk_plan(cfg, a, b, c, one, one, False, True, False, ws, sem)
+        assert launch.kernel is gk.gemm_splitk_kernel
+        tiles = _cdiv(m, cfg.TM) * _cdiv(n, cfg.TN)
+        assert launch.grid == (min(tiles * cfg.SPLIT_K, sms * cfg.occupancy),)
+        params = list(inspect.signature(gk.gemm_splitk_kernel._pyfunc).parameters)
+        assert len(launch.args) == len(params)
+        named = dict(zip(params, launch.args))
+        assert named["WS"] is ws and named["SEM"] is sem and named["C"] is c
+        assert (named["TM"], named["TN"], named["TK"], named["SPLIT_K"]) == (cfg.TM, cfg.TN, cfg.TK, cfg.SPLIT_K)
+        assert named["TRANS_A"] is False and named["TRANS_B"] is True and named["SCALED"] is False
+        # the workspace holds every split's partial tile, and there is a counter for every tile
+        assert ws.shape[0] >= cfg.SPLIT_K and ws.shape[1] >= m
+        assert sem.shape[0] >= tiles
+
+
+def test_kernel_work_decomposition_covers_k_once():
+    """The kernel's unit -> (tile, split) -> K-tile range arithmetic, replayed on host integers for
+    every config of a regime: each (tile, K tile) pair is visited exactly once, counters stay in range
+    and the last split of each tile is the one that sees SPLIT_K - 1 arrivals."""
+    m, n, k = 16, 4096, 14336
+    regime = gk.splitk_regime(m, n, k, 2)
+    for cfg in gemm_mod._splitk_space_for(regime).configs("sm_90"):
+        S = cfg.SPLIT_K
+        num_m, num_n, num_k = _cdiv(m, cfg.TM), _cdiv(n, cfg.TN), _cdiv(k, cfg.TK)
+        k_per = _cdiv(num_k, S)
+        seen: dict[int, list[int]] = {}
+        for unit in range(num_m * num_n * S):
+            tile, split = unit // S, unit % S
+            lo, hi = split * k_per, min(split * k_per + k_per, num_k)
+            seen.setdefault(tile, []).extend(range(lo, hi))
+        assert len(seen) == num_m * num_n <= gk.splitk_sem_count(m, n)
+        for tile, ks in seen.items():
+            assert sorted(ks) == list(range(num_k)), (cfg, tile)
+
+
+# ------------------------------------------------------------------------------------- workspace
+
+
+@pytest.fixture
+def pools(monkeypatch):
+    monkeypatch.setattr(gemm_mod, "_pools", {})
+    monkeypatch.setattr(gemm_mod, "_home_stream", {})
+    stream = {"now": 7}
+    monkeypatch.setattr(gemm_mod, "_raw_stream", lambda dev: stream["now"])
+    return stream
+
+
+def test_workspace_is_cached_per_bucket_and_stream(pools):
+    cpu = torch.device("cpu")
+    ws, sem = gemm_mod.splitk_workspace(cpu, 16, 4096, 1, 16)
+    assert ws.shape == (16, 16, 4096) and ws.dtype == torch.float32
+    assert sem.shape == (gk.splitk_sem_count(16, 4096),) and sem.dtype == torch.int32
+    assert int(sem.abs().sum()) == 0
+    # same call, same objects (no allocation); another M of the bucket, the same shapes
+    again = gemm_mod.splitk_workspace(cpu, 16, 4096, 1, 16)
+    assert again[0] is ws and again[1] is sem
+    ws9, sem9 = gemm_mod.splitk_workspace(cpu, 9, 4096, 1, 16)
+    assert ws9.shape == ws.shape and sem9.shape == sem.shape
+    # the first stream's views may be kept by fast-path recipes; another stream's may not
+    assert id(ws) in fastcall._constants and id(sem) in fastcall._constants
+    pools["now"] = 99
+    ws_b, sem_b = gemm_mod.splitk_workspace(cpu, 16, 4096, 1, 16)
+    assert ws_b.data_ptr() != ws.data_ptr() and sem_b.data_ptr() != sem.data_ptr()
+    assert id(ws_b) not in fastcall._constants and id(sem_b) not in fastcall._constants
+
+
+def test_workspace_grows_and_old_views_stay_valid(pools):
+    cpu = torch.device("cpu")
+    small, _ = gemm_mod.splitk_workspace(cpu, 1, 256, 1, 2)
+    small.fill_(3.0)
+    big, _ = gemm_mod.splitk_workspace(cpu, 128, 4096, 1, 8)
+    assert big.shape == (8, 128, 4096)
+    assert float(small.sum()) == 3.0 * small.numel()  # the old buffer is still alive
+    assert int(gemm_mod._pools[(0, 7)].ws.numel()) >= big.numel()
+
+
+def test_precheck_sends_other_streams_to_the_slow_path(pools):
+    class Dev:
+        def get_device(self):
+            return 0
+
+    assert gemm_mod._same_stream(Dev())  # no split-K memory yet: every stream may replay
+    gemm_mod.splitk_workspace(torch.device("cpu"), 16, 64, 1, 2)
+    assert gemm_mod._same_stream(Dev())
+    pools["now"] = 8
+    assert not gemm_mod._same_stream(Dev())
+
+
+# ------------------------------------------------------------------------------------- correctness check
+
+
+def _problem(m=4, n=8, k=64, s_max=4):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(1, m, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(1, k, n, generator=g).to(torch.bfloat16)
+    c = torch.empty(1, m, n, dtype=torch.bfloat16)
+    one = torch.ones(1)
+    ws = torch.zeros(s_max, gk.pow2_ceil(m), n)
+    sem = torch.zeros(8, dtype=torch.int32)
+    return (a, b, c, one, one, False, False, False, ws, sem)
+
+
+def _checker(args):
+    guard = ArgGuard(args, outputs=(2,), inplace=(8, 9))
+    tol = gemm_mod._splitk_tolerance(*args)
+    return guard, Checker(gemm_mod._splitk_reference, guard, tol)
+
+
+def test_check_ignores_the_workspace_but_not_the_product_or_the_counters():
+    args = _problem()
+    a, b, c, *_rest = args
+    ws, sem = args[8], args[9]
+    guard, checker = _checker(args)
+    want = (a.double() @ b.double()).to(torch.bfloat16)
+
+    guard.prepare_checked_run()
+    c.copy_(want)
+    ws.normal_().mul_(1e6)  # partial sums: any finite values
+    assert checker.compare() is None
+
+    guard.prepare_checked_run()
+    c.copy_(want)
+    sem[3] = 1  # a counter left behind: the next launch would finish a tile early
+    assert "argument 9" in checker.compare()
+
+    guard.prepare_checked_run()
+    c.copy_(want)
+    c[0, 0, 0] += 1.0
+    assert "argument 2" in checker.compare()
+
+    guard.prepare_checked_run()
+    c.copy_(want)
+    ws[0, 0, 0] = float("nan")  # NaN partials are a bug even in scratch memory
+    assert "argument 8" in checker.compare()
+
+
+# ------------------------------------------------------------------------------------- compiles (sm_90)
+
+
+def _tools():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "tools"))
+    try:
+        return importlib.import_module("compile_check_all")
+    except Exception as exc:  # pragma: no cover - depends on cuda-tile's compilation module
+        pytest.skip(f"tools/compile_check_all.py not importable: {exc}")
+
+
+def _picked_configs(space):
+    """One config per SPLIT_K value and per TM, plus the largest tiles: a CI-sized sample (the tool
+    compiles every config: ``python tools/compile_check_all.py --only gemm_splitk``)."""
+    out, seen = [], set()
+    for cfg in space.configs("sm_90"):
+        for key in (("S", cfg.SPLIT_K), ("TM", cfg.TM), ("TN", cfg.TN)):
+            if key not in seen:
+                seen.add(key)
+                out.append(cfg)
+                break
+    return out
+
+
+@pytest.mark.parametrize("variant", ["main", "m128", "odd_tn"])
+def test_splitk_configs_compile_for_sm90(variant):
+    tools = _tools()
+    from cuda.tile.compilation import export_kernel
+
+    sd = tools.space_defs()["gemm_splitk"]
+    var = next(v for v in sd.variants if v.name == variant)
+    cfgs = _picked_configs(sd.space) if variant == "main" else [sd.space.configs("sm_90")[0]]
+    for cfg in cfgs:
+        kernel = sd.kernel.replace_hints(**sd.hints(cfg))
+        buf = io.BytesIO()
+        try:
+            export_kernel(kernel, [tools.signature(var.make_args(cfg))], buf, gpu_code="sm_90",
+                          output_format="cubin")
+        except Exception as exc:
+            if "tileiras" in str(exc).lower() and "not found" in str(exc).lower():
+                pytest.skip(f"no TileIR assembler: {exc}")
+            raise AssertionError(f"{variant} {dict(cfg)}: {type(exc).__name__}: {exc}") from exc
+        assert len(buf.getvalue()) > 1000
+
+
+# ------------------------------------------------------------------------------------- benchmark logic
+
+
+def _bench():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bench = os.path.join(root, "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module("kernels_compute")
+
+
+class _FakeTimer:
+    """Times a route by what it returns: the median sample is the callable's result."""
+
+    def time(self, fn, n):
+        return [float(fn())] * n
+
+
+def test_benchmark_quick_rows_are_the_llama_small_m_rows():
+    kc = _bench()
+    rows = kc.gemm_problems(quick=True)
+    assert [(r["M"], r["N"], r["K"]) for r in rows] == [
+        (m, n, k) for m in (16, 128, 1024) for (n, k) in kc.LLAMA3_8B_NK]
+    assert all(r["dtype"] == "bfloat16" and r["sweep"] for r in rows)
+
+
+def test_benchmark_picks_the_fastest_torch_route(monkeypatch):
+    kc = _bench()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def broken():
+        raise RuntimeError("no such backend")
+
+    row: dict = {}
+    best = kc.time_routes(row, {"torch.matmul": lambda: 12.0, "F.linear": lambda: 10.0, "compiled": broken},
+                          _FakeTimer(), warmup=1, n=5)
+    assert best == "F.linear" == row["torch_best_route"]
+    assert row["torch_routes"] == {"torch.matmul": 12.0, "F.linear": 10.0}
+    assert "no such backend" in row["torch_route_errors"]["compiled"]
+
+
+def test_benchmark_routes_of_a_cpu_product_compute_the_same_thing():
+    kc = _bench()
+    a, b = torch.randn(5, 7), torch.randn(7, 3)
+    routes = kc.gemm_torch_routes(a, b, compile_routes=False)
+    assert set(routes) == {"torch.matmul", "F.linear"}
+    for fn in routes.values():
+        assert torch.allclose(fn(), a @ b, atol=1e-5)
+    batched = kc.gemm_torch_routes(torch.randn(2, 5, 7), torch.randn(2, 7, 3), compile_routes=False)
+    assert set(batched) == {"torch.matmul", "torch.bmm"}
+
+
+def test_benchmark_summary_reports_the_timer_check():
+    kc = _bench()
+    rows = [dict(op="gemm", sweep=True, dtype="bfloat16", params=dict(M=16, N=4096, K=4096), ratio=0.9,
+                 timer_check=dict(disagreement=0.01, within_tolerance=True)),
+            dict(op="gemm", sweep=True, dtype="bfloat16", params=dict(M=128, N=4096, K=4096), ratio=1.1,
+                 timer_check=dict(disagreement=0.05, within_tolerance=False))]
+    s = kc.summarize(rows, {"gemm": 2})
+    assert s["timer_check_rows"] == 2 and s["timer_check_max_disagreement"] == 0.05
+    assert s["timer_check_ok"] is False
+
+
+def test_public_matmul_leaves_split_k_off_until_it_is_verified_on_a_gpu():
+    import tiletune.kernels.gemm as gemm_mod
+
+    assert gemm_mod.ROUTE_SMALL_M_TO_SPLITK is False
