@@ -17,12 +17,10 @@ import math
 
 import pytest
 
-pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 ct = pytest.importorskip("cuda.tile")
-if not torch.cuda.is_available():  # pragma: no cover - CPU hosts deselect with -m "not gpu"
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import tiletune as tt  # noqa: E402
 
