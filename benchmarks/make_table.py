@@ -3,7 +3,9 @@
 Tunes ``tiletune.fill.llm_calls`` for the library ops over token counts (one per row bucket: powers of
 two 1..16384; attention at a few sequence lengths, it is not bucketed) into a fresh database, the
 commonest token counts first, until a wall-clock deadline; then exports the winners as a tuning
-table (``TuningTable.from_db``). Re-running with the same ``--db`` resumes: stored keys are skipped.
+table (``TuningTable.from_db``), merged into the existing table file when it was made for the same
+device and versions (so a later run adds buckets: pass the token counts still missing with
+``--tokens``). Re-running with the same ``--db`` resumes: stored keys are skipped.
 
     python benchmarks/make_table.py --db /tmp/fill.db --table src/tiletune/data/tables/h200.json \
         [--deadline-s 400] [--report OUT.json]
@@ -31,6 +33,7 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=400.0, help="stop starting new keys after this")
     ap.add_argument("--report", default=None, help="per-call report JSON")
     ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: all, commonest first)")
     args = ap.parse_args()
     os.environ["TILETUNE_DB"] = args.db
     os.environ.setdefault("TILETUNE_TABLES", "0")  # tune every key: an older table must not answer
@@ -39,7 +42,8 @@ def main() -> int:
     from tiletune.store import TuningDB
     from tiletune.tables import TuningTable
 
-    calls = [c for m in TOKENS for c in llm_calls(MEMORY_OPS, [m])]
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(TOKENS)
+    calls = [c for m in tokens for c in llm_calls(MEMORY_OPS, [m])]
     if not args.no_attention:
         calls += llm_calls(["attention"], ATTENTION_S)
     t0 = time.perf_counter()
@@ -54,6 +58,14 @@ def main() -> int:
         print(f"{'ok ' if row['ok'] else 'ERR'} {row['seconds']:8.2f} s  {row['call']}"
               + ("" if row["ok"] else f"  {row['error']}"), flush=True)
     table = TuningTable.from_db(TuningDB(args.db))
+    if os.path.exists(args.table):
+        old = TuningTable.load(args.table)
+        if old.device == table.device and old.versions == table.versions:
+            kept = [e for k, e in old.entries.items() if k not in table.entries]
+            table = TuningTable(table.device, table.versions, [*kept, *table.entries.values()])
+            print(f"merged {len(kept)} entries of the existing table", flush=True)
+        else:
+            print(f"the existing table was made for {old.device} {old.versions}: replaced", flush=True)
     path = table.save(args.table)
     size = path.stat().st_size
     print(f"table: {len(table)} entries, {size} bytes -> {path}; {skipped} call(s) left for a later run", flush=True)

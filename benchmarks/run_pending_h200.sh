@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU work still owed (as of 2026-12-01), in parts that each fit one device call (< 10 minutes on a
+# fresh H200). Run the parts in order, one `run` call each, back to back (the machine is released after
+# 30 s idle), and copy what lands under OUT into benchmarks/results/h200/.
+#
+#   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
+#
+# PART:
+#   verify    GPU tests of the code written on CPU hosts: split-K GEMM, decode attention (then turn on
+#             tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK / attention_op.ROUTE_SHORT_QUERIES_TO_DECODE
+#             if they pass), the campaign test
+#   tests     the GPU test files this session's cut run did not finish: kernels_compute, kernels_memory
+#   campaign  issue 18: benchmarks/campaign.py --gpus 1 --kill (campaign.json)
+#   first     issue 13: first_call.py for matmul and attention, with --profile on every op's served rows
+#   table     issue 13: add the missing token buckets to the shipped table (merged into it)
+#   decoder   issue 20: decoder_layer.py --quick
+#   gemm      issue 14: kernels_compute.py --only gemm --quick --splitk
+set -uo pipefail
+part=${1:?PART}
+out=$(realpath -m "${2:-/tmp/pending-h200}")
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+limit() { timeout "$1" "${@:2}"; echo "[$part] $2 ${3:-} rc $?"; }
+case "$part" in
+  verify)
+    limit 560 python -m pytest -m gpu -q -rs tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py \
+      tests/test_gpu_campaign.py --junitxml="$out/verify.xml" 2>&1 | tail -40 ;;
+  tests)
+    limit 560 python -m pytest -m gpu -q -rs -x tests/test_gpu_kernels_compute.py tests/test_gpu_kernels_memory.py \
+      --durations=15 --junitxml="$out/tests.xml" 2>&1 | tail -40 ;;
+  campaign)
+    limit 560 python benchmarks/campaign.py --gpus 1 --kill --out "$out" 2>&1 | tail -30 ;;
+  first)
+    limit 560 python benchmarks/first_call.py --ops matmul,attention --profile --out "$out" 2>&1 | grep -v "^ " | tail -30 ;;
+  table)
+    limit 540 python benchmarks/make_table.py --db "$out/fill.db" --table src/tiletune/data/tables/h200-sm90.json \
+      --tokens 128,1024,4096,8,64,512,2048,2,4,32,256,8192,16384 \
+      --deadline-s 480 --report "$out/make_table.json" 2>&1 | tail -20
+    cp src/tiletune/data/tables/h200-sm90.json "$out/" ;;
+  decoder)
+    limit 560 python benchmarks/decoder_layer.py --quick --out "$out" 2>&1 | tail -30 ;;
+  gemm)
+    limit 560 python benchmarks/kernels_compute.py --only gemm --quick --splitk --deadline 420 --out "$out" 2>&1 | tail -30 ;;
+  *) echo "unknown part $part" >&2; exit 2 ;;
+esac
