@@ -9,8 +9,7 @@ surrogate is refitted on the schedule of :class:`~.surrogate.SurrogateStrategy`.
 
 ``"auto"`` picks by the space: a space of at most ``small`` configs is searched at random (the budget
 covers most of it anyway and a model cannot learn from a handful of points); without scikit-learn the
-iterated local search ``"local"``; otherwise ``"hybrid"`` with restarts on (``stall=30``, ``sticky``:
-see :class:`HybridStrategy`; options given to ``auto`` override them). The choice is in :attr:`AutoStrategy.chosen`.
+iterated local search ``"local"``; otherwise ``"hybrid"``. The choice is in :attr:`AutoStrategy.chosen`.
 """
 
 from __future__ import annotations
@@ -45,7 +44,8 @@ class HybridStrategy(SurrogateStrategy):
     perturbation of the best config (``kick`` parameters re-drawn) and to a random config, and goes on
     from there whatever its time.
 
-    Restarts (``stall > 0``; ``"auto"`` turns them on): once ``stall`` results in a row failed to
+    Restarts (``stall > 0``; off by default, and under ``"auto"``: over 100 seeds they did not help on
+    the public spaces, see benchmarks/README.md): once ``stall`` results in a row failed to
     improve the best time found since the last restart by ``stall_tol`` (a basin is spent: on a plateau
     first-improvement moves by tiny margins go on for hundreds of evaluations), the best config of the
     basin joins a tabu list and the search restarts from the model's pick (expected improvement) among
@@ -315,12 +315,8 @@ class AutoStrategy(Strategy):
 
     Args:
         small: spaces with at most this many valid configs are searched at random.
-        **opts: passed to the chosen strategy (for ``"hybrid"``, on top of :attr:`HYBRID_DEFAULTS`).
+        **opts: passed to the chosen strategy.
     """
-
-    #: hybrid's options under ``auto``: restarts after 30 results without a 1% gain (chosen on the
-    #: A4000/A6000 public spaces and the H200 recordings, see benchmarks/README.md).
-    HYBRID_DEFAULTS: dict[str, Any] = {"stall": 30, "sticky": True}
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0, *, small: int = 24,
                  **opts: Any) -> None:
@@ -337,8 +333,6 @@ class AutoStrategy(Strategy):
             except Exception:  # noqa: BLE001 - no scikit-learn: the model-free search
                 chosen = "local"
         self.chosen = chosen
-        if chosen == "hybrid":
-            opts = {**self.HYBRID_DEFAULTS, **opts}
         self.inner: Strategy = make_strategy(chosen, space, arch, seed, **opts)
         # share the inner strategy's bookkeeping: ask/tell of this object act on it
         self.lazy = self.inner.lazy
