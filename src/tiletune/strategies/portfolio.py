@@ -44,6 +44,15 @@ class HybridStrategy(SurrogateStrategy):
     perturbation of the best config (``kick`` parameters re-drawn) and to a random config, and goes on
     from there whatever its time.
 
+    Restarts (``stall > 0``; off by default, and under ``"auto"``: over 100 seeds they did not help on
+    the public spaces, see benchmarks/README.md): once ``stall`` results in a row failed to
+    improve the best time found since the last restart by ``stall_tol`` (a basin is spent: on a plateau
+    first-improvement moves by tiny margins go on for hundreds of evaluations), the best config of the
+    basin joins a tabu list and the search restarts from the model's pick (expected improvement) among
+    the unseen configs more than ``tabu`` parameters away from every abandoned basin, and goes on from
+    there whatever its time. With ``sticky``, a global pick that is not a new best overall does not
+    pull the current config back towards an old basin (only the walk's own moves do).
+
     Args (besides :class:`~.surrogate.SurrogateStrategy`'s):
         arms: the arms in play (any of ``"walk"``, ``"ranked"``, ``"global"``).
         discount: per-pick decay of the arms' counts (recent picks weigh more).
@@ -51,6 +60,10 @@ class HybridStrategy(SurrogateStrategy):
         jumps: the cycle of jumps taken at local optima (``"kick"``, ``"random"``, ``"global"``).
         restart: a random jump draws a config uniformly (``"uniform"``) or each parameter's value
             uniformly, snapped to the nearest valid config (``"marginal"``).
+        stall: results without progress that trigger a restart (0: never).
+        stall_tol: the relative improvement of the basin's best that counts as progress.
+        tabu: a restart lands more than this many parameters away from every abandoned basin.
+        sticky: only a new best overall moves the current config when a global pick found it.
     """
 
     ARMS = ("walk", "ranked", "global", "exploit")
@@ -58,6 +71,7 @@ class HybridStrategy(SurrogateStrategy):
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0, *, n_init: int = 6,
                  arms: Sequence[str] = ("walk", "global"), discount: float = 0.9, kick: int = 2,
                  jumps: Sequence[str] = ("kick", "random", "global"), restart: str = "uniform",
+                 stall: int = 0, stall_tol: float = 0.01, tabu: int = 2, sticky: bool = False,
                  **opts: Any) -> None:
         super().__init__(space, arch, seed, n_init=n_init, **opts)
         bad = [a for a in arms if a not in self.ARMS]
@@ -72,6 +86,17 @@ class HybridStrategy(SurrogateStrategy):
         if restart not in ("uniform", "marginal"):
             raise ValueError(f"restart must be 'uniform' or 'marginal', got {restart!r}")
         self.restart = restart
+        if stall < 0:
+            raise ValueError(f"stall must be >= 0, got {stall!r}")
+        self.stall = stall
+        self.stall_tol = stall_tol
+        self.tabu = tabu
+        self.sticky = sticky
+        self._basin_best = float("inf")  # best time since the last restart
+        self._since = 0  # results since the basin's best last improved by stall_tol
+        self._basins: list[int] = []  # rows of the best config of every abandoned basin
+        self._restart_due = False
+        self.restarts = 0
         self.discount = discount
         self.kick = kick
         self.current: int | None = None
@@ -106,10 +131,20 @@ class HybridStrategy(SurrogateStrategy):
                     self._wins[arm] += 1.0
                 else:
                     self._losses[arm] += 1.0
+            if self.stall:
+                if v is not None and v < self._basin_best * (1.0 - self.stall_tol):
+                    self._since = 0
+                else:
+                    self._since += 1
+                if v is not None:
+                    self._basin_best = min(self._basin_best, float(v))
+                if self._since >= self.stall and self.current is not None:
+                    self._restart_due = True
             if v is None:
                 continue
+            far = self.sticky and arm in ("global", "exploit") and not improved
             self._best_val = min(self._best_val, float(v))
-            if jumped or v < self._cur_val:
+            if jumped or (v < self._cur_val and not far):
                 if self.current is not None:
                     self.moves += 1
                 self.current, self._cur_val = r, float(v)
@@ -187,6 +222,40 @@ class HybridStrategy(SurrogateStrategy):
         rows = np.flatnonzero(self._unseen)
         return int(self._np_rng.choice(rows)) if rows.size else None
 
+    def _restart_pick(self) -> int | None:
+        """A restart after ``stall`` results without progress: the current basin's best joins the tabu
+        list, and the new start is the model's pick (else a random config) among the unseen configs
+        more than ``tabu`` parameters away from every abandoned basin."""
+        assert self.current is not None
+        told = [(y, r) for r, y in zip(self._told_rows, self._told_y) if y is not None]
+        basin = min(told)[1] if told else self.current
+        if self._cur_val < float("inf"):
+            basin = self.current
+        self._basins.append(basin)
+        self.restarts += 1
+        allowed = self._unseen.copy()
+        if self.lazy is None and self.tabu > 0:
+            V = self.index.V
+            for b in self._basins:
+                allowed &= (V != V[b]).sum(axis=1) > self.tabu
+            if not allowed.any():
+                allowed = self._unseen.copy()
+        r = None
+        if self._reg is not None:
+            cand = np.flatnonzero(allowed & ~np.isnan(self._mu))
+            if cand.size:
+                r = int(cand[int(np.argmax(self._acquire(cand, False)))])
+        if r is None:
+            if self.lazy is not None:
+                got = self.index.sample(1, allowed, self._np_rng)
+            else:
+                got = self.index.design(1, allowed, self._np_rng)
+            r = got[0] if got else None
+        self._basin_best = float("inf")
+        self._since = 0
+        self._restart_due = False
+        return r
+
     def _choose_arm(self) -> str:
         draws = [self._np_rng.beta(1.0 + self._wins[a], 1.0 + self._losses[a]) for a in self.arms]
         return self.arms[int(np.argmax(draws))]
@@ -203,6 +272,14 @@ class HybridStrategy(SurrogateStrategy):
             self._refresh()
         out: list[Config] = []
         for _ in range(n):
+            if self._restart_due:
+                r = self._restart_pick()
+                if r is not None:
+                    self._unseen[r] = False
+                    self._jumped.add(r)
+                    self._cur_val = float("inf")
+                    out.append(self.index.pool[r])
+                    continue
             arm = self._choose_arm()
             r = {"walk": self._walk_pick, "ranked": self._ranked_pick, "global": self._global_pick,
                  "exploit": self._exploit_pick}[arm]()
