@@ -178,3 +178,80 @@ def test_a_tuned_bucket_answers_a_new_shape_during_graph_capture():
     assert len(op.pending) == 1 and be.launches[-1][0] == SPACE.baseline(be.device_info(0).arch)
     be.capturing = False
     assert len(op.tune_pending()) == 1 and op.tuning_count == 2
+
+
+# ---------------------------------------------------------------------------------------------- refinement
+
+
+def make_refining_op(be, db=False):
+    return make_op(be, db=db, buckets=tt.Buckets({"x": {0: "pow2"}, "y": {0: "pow2"}}, refine=True))
+
+
+def size_model(cfg) -> float:
+    return 100.0 - 0.2 * cfg.TM
+
+
+def test_refinement_is_off_by_default_and_checked():
+    be = FakeBackend(model, noise=0.0)
+    op = make_op(be)
+    op(torch.randn(300, 4), torch.empty(300, 4))
+    op(torch.randn(400, 4), torch.empty(400, 4))
+    assert op.refining == [] and op.refine() == {}
+    with pytest.raises(TypeError, match="refine must be True or False"):
+        tt.Buckets({"x": {0: "pow2"}}, refine="yes")
+
+
+def test_a_bucket_answer_is_queued_and_refined_on_fresh_tensors_of_its_shape():
+    be = FakeBackend(model, noise=0.0)
+    op = make_refining_op(be)
+    x1 = torch.randn(300, 4)
+    op(x1, torch.empty(300, 4))  # tunes the 512 bucket on this shape: nothing to refine
+    assert op.tuning_count == 1 and op.refining == []
+    x2, y2 = torch.randn(400, 4), torch.empty(400, 4)
+    torch.testing.assert_close(op(x2, y2), x2 * 2)  # answered at once by the bucket
+    assert op.tuning_count == 1 and len(op.refining) == 1
+    x_before = x2.clone()
+    y2.fill_(7.0)  # the caller's buffers hold other data by the time refinement runs
+    done = op.refine()
+    assert op.tuning_count == 2 and op.refining == [] and len(done) == 1
+    (key,) = done
+    assert op._configs[key] == done[key] and key in op.results
+    # the refined session ran on fresh tensors of the shape, never on the caller's
+    shapes = {tuple(a.shape) for _, _, args in be.launches[-3:] for a in args if hasattr(a, "shape")}
+    assert shapes == {(400, 4)}
+    assert bool((y2 == 7.0).all()) and torch.equal(x2, x_before)
+    torch.testing.assert_close(op(x2, y2), x2 * 2)  # the exact winner now launches
+
+
+def test_an_exact_record_wins_over_the_bucket_in_other_processes(tmp_path):
+    db = TuningDB(tmp_path / "t.db")
+    be = FakeBackend(model, noise=0.0)
+    op = make_refining_op(be, db=db)
+    op(torch.randn(300, 4), torch.empty(300, 4))
+    op(torch.randn(400, 4), torch.empty(400, 4))
+    op.refine()
+    assert op.tuning_count == 2
+    # another process: the exact record answers 400 rows, the bucket record 500 rows (queued again)
+    be2 = FakeBackend(model, noise=0.0)
+    op2 = make_refining_op(be2, db=db)
+    op2(torch.randn(400, 4), torch.empty(400, 4))
+    assert op2.tuning_count == 0 and op2.refining == []
+    op2(torch.randn(500, 4), torch.empty(500, 4))
+    assert op2.tuning_count == 0 and len(op2.refining) == 1
+    # an op that does not refine ignores exact records: one bucket, one record
+    be3 = FakeBackend(model, noise=0.0)
+    op3 = make_op(be3, db=db)
+    op3(torch.randn(400, 4), torch.empty(400, 4))
+    assert op3.tuning_count == 0 and op3.refining == []
+
+
+def test_background_refinement_never_blocks_resolved_calls():
+    be = FakeBackend(model, noise=0.0)
+    op = make_refining_op(be)
+    op(torch.randn(300, 4), torch.empty(300, 4))
+    op(torch.randn(400, 4), torch.empty(400, 4))
+    thread = op.refine(background=True)
+    x = torch.randn(300, 4)
+    torch.testing.assert_close(op(x, torch.empty(300, 4)), x * 2)
+    thread.join(30)
+    assert not thread.is_alive() and op.tuning_count == 2 and op.refining == []

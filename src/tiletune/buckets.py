@@ -18,6 +18,13 @@ session runs on the call that first met the bucket. The contract for an op that 
 every config of its space must be correct for every size in a bucket (the correctness gate checks
 the size it tunes on). The library's kernels mask ragged edges, so they bucket their row/token
 dimensions.
+
+Refinement (``Buckets(..., refine=True)``, off by default): a shape answered by its bucket's winner
+(tuned on another shape of the bucket) is still answered at once, and is queued for tuning on its
+exact shape later: :meth:`tiletune.TunedOp.refine` tunes the queued shapes (on fresh tensors of
+their shapes, never on the caller's), in the calling thread or in a background thread. No call ever
+waits for it. An exact winner is stored under the exact key and, for ops that refine, preferred over
+the bucket's winner from then on, in this process and in every process reading the database.
 """
 
 from __future__ import annotations
@@ -67,9 +74,14 @@ class Buckets:
     Args:
         rules: ``{argument name or position: {dimension: rule}}``; a dimension may be negative
             (counted from the end). Example: ``Buckets({"x": {0: "pow2"}, "y": {0: "pow2"}})``.
+        refine: queue the shapes a bucket answers for exact tuning by :meth:`tiletune.TunedOp.refine`
+            (see the module docstring); off by default.
     """
 
-    def __init__(self, rules: Mapping[str | int, Mapping[int, Rule]]) -> None:
+    def __init__(self, rules: Mapping[str | int, Mapping[int, Rule]], *, refine: bool = False) -> None:
+        if not isinstance(refine, bool):
+            raise TypeError(f"Buckets: refine must be True or False, got {refine!r}")
+        self.refine = refine
         if not isinstance(rules, Mapping) or not rules:
             raise ValueError("Buckets needs {argument: {dimension: rule}} with at least one argument")
         self.rules: dict[str | int, dict[int, Rule]] = {}
@@ -99,7 +111,7 @@ class Buckets:
                 pos = arg
             out[pos] = dims
         bound = Buckets.__new__(Buckets)
-        bound.rules, bound._positions = self.rules, out
+        bound.rules, bound._positions, bound.refine = self.rules, out, self.refine
         return bound
 
     def _dims(self, pos: int, shape: Sequence[int]) -> tuple[int, ...]:

@@ -154,6 +154,10 @@ class _ArgTemplate:
             else:
                 self.parts.append(("value", a, None))
 
+    def fresh_arguments(self) -> tuple[Any, ...]:
+        """New tensors like the originals (floats normal, integers zero), the other values as given."""
+        return tuple(ref if kind == "value" else _synthesize(*meta) for kind, ref, meta in self.parts)
+
     def arguments(self) -> tuple[Any, ...]:
         """The original arguments while they live, else fresh tensors like them."""
         out: list[Any] = []
@@ -267,6 +271,7 @@ class TunedOp:
         self._configs: dict[Any, Config] = {}
         self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
         self._pending: dict[Any, _Pending] = {}  # keys met during CUDA graph capture, not tuned yet
+        self._refine: dict[Any, _ArgTemplate] = {}  # keys a bucket answered, queued for exact tuning
         outs = sorted(set(self.writes) | set(self.inplace))
         #: ``outputs(args)``: what a call returns: None, the one written argument, or a tuple of them
         self._outputs: Callable[[tuple[Any, ...]], Any] = itemgetter(*outs) if outs else _no_outputs
@@ -372,6 +377,68 @@ class TunedOp:
         return done
 
     @property
+    def refining(self) -> list[Any]:
+        """Keys answered by their bucket's winner and queued for exact tuning (``Buckets(refine=True)``)."""
+        return list(self._refine)
+
+    def refine(self, *, background: bool = False) -> "dict[Any, Config] | threading.Thread":
+        """Tune the shapes queued by bucket refinement (``Buckets(..., refine=True)``) on their exact
+        keys, and use each exact winner for its shape from then on.
+
+        Each is tuned on fresh tensors of its shape, strides and dtypes (floats normal, integers zero),
+        never on the caller's, so it is safe while the program runs; the winner is stored under the
+        exact key. Calls of already-resolved shapes never wait for it; a call of a new shape of this op
+        waits while one refinement session holds the op. ``background=True`` runs the same in a daemon
+        thread and returns it (tuning then shares the GPU with the program: its timings are noisier).
+        Returns ``{key: exact config}``; a shape that fails to tune keeps its bucket's config (logged).
+        """
+        if background:
+            thread = threading.Thread(target=self.refine, name=f"tiletune-refine-{self.name}", daemon=True)
+            thread.start()
+            return thread
+        from .tuning import exact_keys, resolve
+
+        done: dict[Any, Config] = {}
+        for key in list(self._refine):
+            template = self._refine.pop(key, None)
+            if template is None:
+                continue
+            try:
+                args = template.fresh_arguments()
+                backend = self.backend
+                dev = backend.arg_device(args)
+                arch = backend.device_info(dev).arch
+                with self._lock, exact_keys():
+                    res = resolve(self, args, key, backend, dev, arch)
+                    if res.result is not None:
+                        self.results[key] = res.result
+                    self._install(res.config, args, key, backend, dev)
+            except Exception as exc:  # noqa: BLE001 - the bucket's config stays; reported
+                logger.warning("%s: refining %r on its exact shape failed (%s: %s); it keeps its bucket's "
+                               "config", self.name, key, type(exc).__name__, exc)
+                continue
+            done[key] = res.config
+            logger.info("%s: refined %r -> %s", self.name, key, res.config)
+        if done:
+            _choices_changed()
+        return done
+
+    def _queue_refinement(self, key: Any, args: tuple[Any, ...]) -> None:
+        if self.buckets is not None and self.buckets.refine and key not in self._refine:
+            self._refine[key] = _ArgTemplate(args)
+
+    def _exact_record(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Config | None:
+        """The stored config of this exact key (a refined shape), or None; no tuning."""
+        from .tuning import exact_keys, lookup
+
+        try:
+            with exact_keys():
+                return lookup(self, args, key, backend, dev, arch)
+        except Exception as exc:  # noqa: BLE001 - the bucket answers without it
+            logger.debug("%s: exact lookup failed: %s", self.name, exc)
+            return None
+
+    @property
     def db(self) -> TuningDB | None:
         """The tuning database this op reads and writes, opened at first use.
 
@@ -457,10 +524,17 @@ class TunedOp:
             disabled = settings.disabled()
             pend = self._pending.get(key)
             bucket = self.buckets.key(args) if self.buckets is not None and not disabled else None
-            cfg = self._bucket_configs.get(bucket) if bucket is not None else None
-            if cfg is not None:  # a tuned bucket answers at once, inside a graph capture too
-                logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
-            elif not disabled and _stream_capturing(backend, dev):
+            cfg = None
+            if bucket is not None and self.buckets.refine:  # a refined (exact) record wins over the bucket's
+                cfg = self._exact_record(args, key, backend, dev, arch)
+                if cfg is not None:
+                    bucket = None
+            if cfg is None and bucket is not None:
+                cfg = self._bucket_configs.get(bucket)
+                if cfg is not None:  # a tuned bucket answers at once, inside a graph capture too
+                    logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
+                    self._queue_refinement(key, args)
+            if cfg is None and not disabled and _stream_capturing(backend, dev):
                 if pend is None:
                     pend = self._pending_entry(args, key, backend, dev, arch)
                 if launch:
@@ -478,6 +552,8 @@ class TunedOp:
                     self.results[key] = res.result
                 if bucket is not None:
                     self._bucket_configs[bucket] = cfg
+                    if res.result is None:  # the bucket's stored winner, tuned on another shape
+                        self._queue_refinement(key, args)
             entry = self._install(cfg, args, key, backend, dev)
             if pend is not None:
                 del self._pending[key]

@@ -25,6 +25,7 @@ tried again in this process.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 import os
@@ -244,6 +245,20 @@ def _identity_configs(space: Space, arch: str) -> list[Config]:
     return ([base] if base is not None else []) + [c for c in drawn if c != base]
 
 
+_EXACT_KEYS: contextvars.ContextVar[bool] = contextvars.ContextVar("tiletune_exact_keys", default=False)
+
+
+@contextlib.contextmanager
+def exact_keys() -> Iterator[None]:
+    """Within it, an op's identity uses the call's exact key even when the op declares buckets (bucket
+    refinement: :meth:`tiletune.TunedOp.refine`)."""
+    token = _EXACT_KEYS.set(True)
+    try:
+        yield
+    finally:
+        _EXACT_KEYS.reset(token)
+
+
 def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
                   plans: PlanCache) -> TuningIdentity:
     """Everything the op's result for this key depends on (kernel sources, space, key, device, versions)."""
@@ -261,7 +276,7 @@ def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backe
     try:
         if op.key_fn is not None:
             key_json = canonical_json(key_to_json(key))
-        elif getattr(op, "buckets", None) is not None:
+        elif getattr(op, "buckets", None) is not None and not _EXACT_KEYS.get():
             key_json = canonical_json(op.buckets.key_json(args))
         else:
             key_json = canonical_json(args_key_json(args))
