@@ -9,17 +9,25 @@ and a batched 16 x 1024^3 product. ``A`` is ``M x K`` and ``B`` is
 ``x @ W.t()`` layout of a linear layer). 2*M*N*K flops.
 
 Attention forward (``tiletune.kernels.attention_op.attention`` vs
-``torch.nn.functional.scaled_dot_product_attention`` restricted to the flash backend): a constant
-16384 tokens per batch (``B = 16384 // S``, S from 1k to 16k), 32 query heads, 8 key/value heads
-(GQA), head dim 128, bf16, causal and not. 4*B*H*S*S*D flops, halved when causal.
+``torch.nn.functional.scaled_dot_product_attention``): a constant 16384 tokens per batch
+(``B = 16384 // S``, S from 1k to 16k), 32 query heads, 32 (MHA) or 8 (GQA) key/value heads, head
+dim 64 and 128, bf16, causal and not (40 rows; ``--quick``: 4). 4*B*H*S*S*D flops, halved when
+causal. The torch routes (:func:`attention_torch_routes`): SDPA with torch's default backend
+choice and each backend allowed alone via ``sdpa_kernel`` (flash, cuDNN, efficient; math only when
+none of those works), for GQA each both with ``enable_gqa=True`` and with k/v expanded by
+``repeat_interleave`` outside the timing. A route that errors (an unsupported backend or shape) is
+recorded in ``torch_route_errors``.
 
 Honest baselines (issue 14): every GEMM row times each torch route a user could pick (``torch.matmul``;
 ``F.linear`` with the weight stored ``N x K``; ``torch.bmm`` for batched rows; with ``--compile-routes``
-``torch.compile(mode="max-autotune-no-cudagraphs")``; ``torch._scaled_mm`` for fp8), each alone, and
-compares tiletune A/B against the fastest one: ``torch_routes`` (route -> us), ``torch_best_route``,
-``torch_best_us``, ``ratio = torch_best_us / tiletune_us``. The first ``--timer-check`` GEMM rows (3)
-also time tiletune with ``triton.testing.do_bench`` and record the disagreement (``timer_check``).
-``--quick``: the 9 Llama-3-8B GEMM rows at M 16, 128, 1024 (``--only gemm --quick``).
+``torch.compile(mode="max-autotune-no-cudagraphs")``; ``torch._scaled_mm`` for fp8; the SDPA routes
+above), each alone (first call excluded, limited to ``--route-limit-s``), and compares tiletune A/B
+against the fastest one: ``torch_routes`` (route -> us; the best route's entry is its A/B median,
+``torch_routes_solo_us`` keeps the solo medians), ``torch_best_route``, ``torch_best_us``, ``ratio =
+torch_best_us / tiletune_us``, ``verdict`` (win / loss). The first ``--timer-check`` rows (3) also
+time tiletune and the best torch route with ``triton.testing.do_bench`` and record the
+disagreement (``timer_check``, ``timer_check_torch``; agreement: within 3%). ``--quick``: the 9
+Llama-3-8B GEMM rows at M 16, 128, 1024 and 4 attention rows (shared helpers: ``_routes.py``).
 
 For each problem the first tiletune call tunes it (or finds it in the tuning database); that call is
 timed on its own (``tune_s``) and excluded from the kernel timing. Then both ops are warmed up and
@@ -40,7 +48,6 @@ it measured; ``--deadline`` stops starting new problems after that many seconds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import math
@@ -54,6 +61,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from _common import DEFAULT_OUT, write_result
+from _routes import TIMER_CHECK_TOLERANCE, summarize_timer_checks, time_routes, timer_check, verdict
 
 #: Llama-3-8B linear layers, (N, K): q/o-proj, gate/up-proj, down-proj.
 LLAMA3_8B_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
@@ -62,11 +70,15 @@ GEMM_M = [16, 128, 1024, 4096, 16384]
 QUICK_GEMM_M = [16, 128, 1024]
 #: rows whose tiletune timing is cross-checked against ``triton.testing.do_bench`` (first N GEMM rows)
 TIMER_CHECK_ROWS = 3
-#: largest disagreement between the two timers that counts as agreement
-TIMER_CHECK_TOLERANCE = 0.03
 ATTN_SEQ = [1024, 2048, 4096, 8192, 16384]
 ATTN_TOKENS = 16384
-ATTN_H, ATTN_HKV, ATTN_D = 32, 8, 128
+ATTN_H = 32
+#: k/v heads: MHA (32) and GQA 32/8
+ATTN_HKVS = [32, 8]
+ATTN_DS = [64, 128]
+#: ``--quick`` attention rows, (S, Hkv, D, causal): the GQA row of issue 14 where SDPA's default beats
+#: flash-only, a long GQA row, and two MHA rows (one at D 64)
+QUICK_ATTN = [(4096, 8, 128, True), (16384, 8, 128, False), (1024, 32, 64, True), (8192, 32, 128, False)]
 
 #: Issue 6 targets on the H200.
 TARGETS = {"gemm_4096_ratio": 1.0, "gemm_geomean": 0.95, "attention_geomean": 0.9}
@@ -99,11 +111,12 @@ def gemm_problems(quick: bool) -> list[dict[str, Any]]:
 
 
 def attention_problems(quick: bool) -> list[dict[str, Any]]:
-    """The attention sweep: B * S = 16384 tokens, H=32, Hkv=8, D=128, bf16, non-causal and causal."""
-    seqs = [1024, 4096, 16384] if quick else ATTN_SEQ
-    return [dict(op="attention", B=ATTN_TOKENS // s, H=ATTN_H, Hkv=ATTN_HKV, S=s, D=ATTN_D, causal=c,
-                 dtype="bfloat16", sweep=True)
-            for s in seqs for c in (False, True)]
+    """The attention sweep: B * S = 16384 tokens, 32 query heads, MHA (32 k/v heads) and GQA (8), head dim
+    64 and 128, bf16, non-causal and causal, S 1k-16k (40 rows); ``quick``: :data:`QUICK_ATTN` (4 rows)."""
+    combos = QUICK_ATTN if quick else [(s, hkv, d, c) for s in ATTN_SEQ for hkv in ATTN_HKVS for d in ATTN_DS
+                                       for c in (False, True)]
+    return [dict(op="attention", B=ATTN_TOKENS // s, H=ATTN_H, Hkv=hkv, S=s, D=d, causal=c, dtype="bfloat16",
+                 sweep=True) for s, hkv, d, c in combos]
 
 
 def shape_label(p: dict[str, Any]) -> str:
@@ -249,9 +262,45 @@ def gemm_torch_routes(a: Any, b: Any, compile_routes: bool) -> dict[str, Callabl
     return routes
 
 
-def _setup_attention(p: dict[str, Any]) -> tuple[Callable, Callable, tuple, Any, str]:
-    import torch
+def attention_torch_routes(q: Any, k: Any, v: Any, causal: bool) -> tuple[dict[str, Callable[[], Any]],
+                                                                      dict[str, Callable[[], Any]]]:
+    """Every SDPA route a torch user could pick for ``(q, k, v)`` (issue 14, item 1): torch's default
+    backend choice, then each backend allowed alone through ``torch.nn.attention.sdpa_kernel`` (flash,
+    cuDNN, efficient); for GQA (fewer k/v heads than query heads) each of those both with
+    ``enable_gqa=True`` and with k/v expanded by ``repeat_interleave`` (done here, once, outside any
+    timing). Returns ``(routes, fallback)``: ``fallback`` holds the math backend, to be timed only
+    when no other route works."""
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [("default", None), ("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    h, hkv = q.shape[-3], k.shape[-3]
+    variants: list[tuple[str, Any, Any, dict[str, Any]]]
+    if h == hkv:
+        variants = [("", k, v, {})]
+    else:
+        rep = h // hkv
+        ke, ve = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+        variants = [(", enable_gqa", k, v, {"enable_gqa": True}), (", expanded k/v", ke, ve, {})]
+
+    def route(backend: Any, kk: Any, vv: Any, kw: dict[str, Any]) -> Callable[[], Any]:
+        if backend is None:
+            return lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, **kw)
+
+        def call() -> Any:
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, **kw)
+
+        return call
+
+    routes = {f"SDPA {name}{tag}": route(be, kk, vv, kw) for name, be in backends for tag, kk, vv, kw in variants}
+    fallback = {f"SDPA math{tag}": route(SDPBackend.MATH, kk, vv, kw) for tag, kk, vv, kw in variants}
+    return routes, fallback
+
+
+def _setup_attention(p: dict[str, Any]) -> tuple[Callable, dict[str, Callable], dict[str, Callable], tuple, Any]:
+    import torch
 
     attn_mod = importlib.import_module("tiletune.kernels.attention_op")
 
@@ -261,154 +310,89 @@ def _setup_attention(p: dict[str, Any]) -> tuple[Callable, Callable, tuple, Any,
     k = torch.randn(p["B"], p["Hkv"], p["S"], p["D"], device="cuda", dtype=dt, generator=g)
     v = torch.randn(p["B"], p["Hkv"], p["S"], p["D"], device="cuda", dtype=dt, generator=g)
     causal = p["causal"]
-
-    # torch: flash backend, GQA natively (enable_gqa) when it takes it, else k/v repeated beforehand
-    gqa = "enable_gqa"
-    try:
-        F.scaled_dot_product_attention(q[:1, :, :128], k[:1, :, :128], v[:1, :, :128], is_causal=causal,
-                                       enable_gqa=True)
-        torch.cuda.synchronize()
-
-        def torch_fn() -> Any:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-    except Exception:
-        gqa = "expanded k/v"
-        rep = p["H"] // p["Hkv"]
-        ke = k.repeat_interleave(rep, dim=1)
-        ve = v.repeat_interleave(rep, dim=1)
-
-        def torch_fn() -> Any:
-            return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
-
-    return (lambda: attn_mod.attention(q, k, v, causal=causal)), torch_fn, (q, k, v), attn_mod, gqa
+    routes, fallback = attention_torch_routes(q, k, v, causal)
+    return (lambda: attn_mod.attention(q, k, v, causal=causal)), routes, fallback, (q, k, v), attn_mod
 
 
 def measure(p: dict[str, Any], args: argparse.Namespace, timer: Any) -> dict[str, Any]:
+    """One problem: tiletune's first (tuning) call, every torch route timed alone, then tiletune A/B
+    against the fastest route; a failing route or tiletune call is recorded in the row."""
     import torch
 
     row = blank_row(p)
     n_solo = max(args.rounds * args.per_round, 20)
-    ctx: Any
+    fallback: dict[str, Callable[[], Any]] = {}
     if p["op"] == "gemm":
-        ctx = contextlib.nullcontext()
+        tt_fn, routes, inputs, mod = _setup_gemm(p, args.b_transposed, args.compile_routes)
+        row["layout"] = "A row-major, B = W.t() (N x K weight)" if args.b_transposed else "A, B row-major"
     else:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        tt_fn, routes, fallback, inputs, mod = _setup_attention(p)
+    ops = _tuned_ops(mod)
+    if p["op"] == "gemm":
+        from tiletune.kernels._membound import OpFamily
 
-        ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
-    with ctx:  # the GQA probe must see the flash-only restriction too
-        if p["op"] == "gemm":
-            tt_fn, routes, inputs, mod = _setup_gemm(p, args.b_transposed, args.compile_routes)
-            row["layout"] = "A row-major, B = W.t() (N x K weight)" if args.b_transposed else "A, B row-major"
-        else:
-            tt_fn, torch_fn, inputs, mod, row["torch_gqa"] = _setup_attention(p)
-            routes = {"SDPA (flash)": torch_fn}
-        torch_fn = next(iter(routes.values()))
-        ops = _tuned_ops(mod)
-        if p["op"] == "gemm":
-            from tiletune.kernels._membound import OpFamily
-
-            ops += [op for fam in OpFamily._families if fam.name.startswith("tiletune.gemm")
-                    for op in fam.ops().values()]
-        ref = None
+        ops += [op for fam in OpFamily._families if fam.name.startswith("tiletune.gemm")
+                for op in fam.ops().values()]
+    # torch's reference output: the first route that works (its first call; compiles are excluded)
+    ref = None
+    for name, fn in {**routes, **fallback}.items():
         try:
-            ref = torch_fn()
+            ref = fn()
             torch.cuda.synchronize()
+            break
         except Exception as exc:
-            row["torch_error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        # tiletune: the first call tunes (or hits the database); timed on its own, excluded below
-        before = _snapshot(ops)
-        tt_ok = False
-        try:
-            t0 = time.perf_counter()
-            out = tt_fn()
-            torch.cuda.synchronize()
-            row["tune_s"] = round(time.perf_counter() - t0, 3)
-            row.update(_tuning_info(ops, before))
-            if ref is not None:
-                diff = (out.float() - ref.float()).abs().max().item()
-                scale = ref.float().abs().max().item() or 1.0
-                row["max_abs_diff_vs_torch"] = diff
-                row["rel_diff_vs_torch"] = diff / scale
-            del out
-            tt_ok = True
-            if ref is not None and len(routes) > 1:
-                best = time_routes(row, routes, timer, args.warmup, n_solo)
-                torch_fn = routes.get(best, torch_fn)
-            else:
-                row["torch_best_route"] = next(iter(routes))
-            if ref is not None:
-                ta, tb, n = ab_time(timer, tt_fn, torch_fn, args.rounds, args.per_round, args.warmup)
-                row["tiletune_us"], row["torch_us"], row["samples_each"] = ta, tb, n
-                row["torch_best_us"] = tb
-                row.setdefault("torch_routes", {})[row["torch_best_route"]] = tb
-            if p["op"] == "gemm" and getattr(args, "_timer_checks_left", 0) > 0 and row["tiletune_us"]:
-                args._timer_checks_left -= 1
-                row["timer_check"] = timer_check(tt_fn, row["tiletune_us"])
-            else:
-                timer.time(tt_fn, args.warmup)
-                row["tiletune_us"] = statistics.median(timer.time(tt_fn, n_solo))
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"[:4000]
-            row["traceback"] = traceback.format_exc()[-4000:]
-            if not tt_ok:
-                row.update(_tuning_info(ops, before))
-        if row["torch_us"] is None and ref is not None:  # tiletune failed: torch alone, for the table
-            try:
-                timer.time(torch_fn, args.warmup)
-                row["torch_us"] = statistics.median(timer.time(torch_fn, n_solo))
-            except Exception as exc:
-                row["torch_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            row["torch_error"] = f"{name}: {type(exc).__name__}: {exc}"[:2000]
+    # tiletune: the first call tunes (or hits the database); timed on its own, excluded below
+    before = _snapshot(ops)
+    tt_ok = False
+    torch_fn: Callable[[], Any] | None = None
+    try:
+        t0 = time.perf_counter()
+        out = tt_fn()
+        torch.cuda.synchronize()
+        row["tune_s"] = round(time.perf_counter() - t0, 3)
+        row.update(_tuning_info(ops, before))
+        if ref is not None:
+            diff = (out.float() - ref.float()).abs().max().item()
+            scale = ref.float().abs().max().item() or 1.0
+            row["max_abs_diff_vs_torch"] = diff
+            row["rel_diff_vs_torch"] = diff / scale
+        del out
+        tt_ok = True
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        row["traceback"] = traceback.format_exc()[-4000:]
+        row.update(_tuning_info(ops, before))
+    if ref is not None:
+        best = time_routes(row, routes, timer, args.warmup, n_solo, limit_s=args.route_limit_s, fallback=fallback)
+        torch_fn = {**routes, **fallback}.get(best) if best else None
+    try:
+        if tt_ok and torch_fn is not None:
+            ta, tb, n = ab_time(timer, tt_fn, torch_fn, args.rounds, args.per_round, args.warmup)
+            row["tiletune_us"], row["torch_us"], row["samples_each"] = ta, tb, n
+            row["torch_best_us"] = tb
+            row["torch_routes_solo_us"] = dict(row["torch_routes"])
+            row["torch_routes"][row["torch_best_route"]] = tb  # the A/B median of the best route
+        elif tt_ok:  # no torch route works: tiletune alone, for the table
+            timer.time(tt_fn, args.warmup)
+            row["tiletune_us"] = statistics.median(timer.time(tt_fn, n_solo))
+        elif torch_fn is not None:  # tiletune failed: torch alone, for the table
+            row["torch_us"] = row["torch_best_us"] = row["torch_routes"][row["torch_best_route"]]
+        if row["tiletune_us"] and getattr(args, "_timer_checks_left", 0) > 0:
+            args._timer_checks_left -= 1
+            row["timer_check"] = timer_check(tt_fn, row["tiletune_us"])
+            if torch_fn is not None and row["torch_us"]:
+                row["timer_check_torch"] = timer_check(torch_fn, row["torch_us"])
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        row["traceback"] = traceback.format_exc()[-4000:]
     del ref, inputs
     row["tiletune_tflops"] = _tflops(row["flops"], row["tiletune_us"])
     row["torch_tflops"] = _tflops(row["flops"], row["torch_us"])
     if row["tiletune_us"] and row["torch_us"]:
         row["ratio"] = row["torch_us"] / row["tiletune_us"]  # torch_best_us / tiletune_us
+    row["verdict"] = verdict(row["ratio"])
     return row
-
-
-def time_routes(row: dict[str, Any], routes: dict[str, Callable[[], Any]], timer: Any, warmup: int,
-                n: int) -> str | None:
-    """Time every torch route alone (cold L2 medians, first call excluded: torch.compile autotunes then),
-    record ``torch_routes`` (route -> us), ``torch_route_errors`` and ``torch_route_first_call_s``;
-    return the fastest route's name (also ``torch_best_route``), None if every route failed."""
-    import torch
-
-    us: dict[str, float] = {}
-    for name, fn in routes.items():
-        try:
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            row.setdefault("torch_route_first_call_s", {})[name] = round(time.perf_counter() - t0, 3)
-            timer.time(fn, warmup)
-            us[name] = statistics.median(timer.time(fn, n))
-        except Exception as exc:
-            row.setdefault("torch_route_errors", {})[name] = f"{type(exc).__name__}: {exc}"[:1000]
-    row["torch_routes"] = us
-    best = min(us, key=us.__getitem__) if us else None
-    row["torch_best_route"] = best
-    return best
-
-
-def timer_check(fn: Callable[[], Any], ours_us: float) -> dict[str, Any]:
-    """``fn`` timed by ``triton.testing.do_bench`` (L2 flushed between runs, median) next to this
-    benchmark's median: the disagreement ``|do_bench / ours - 1|`` and whether it is within
-    :data:`TIMER_CHECK_TOLERANCE`."""
-    try:
-        from triton.testing import do_bench
-    except Exception as exc:  # triton is optional
-        return {"error": f"triton.testing unavailable: {exc}"}
-    try:
-        ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-    except TypeError:  # older triton: no return_mode
-        ms = do_bench(fn, warmup=25, rep=200, quantiles=[0.5])
-        ms = ms[0] if isinstance(ms, (list, tuple)) else ms
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
-    theirs = float(ms) * 1000.0
-    dis = abs(theirs / ours_us - 1.0)
-    return {"do_bench_us": theirs, "ours_us": ours_us, "disagreement": dis,
-            "within_tolerance": dis <= TIMER_CHECK_TOLERANCE, "tolerance": TIMER_CHECK_TOLERANCE}
 
 
 # --------------------------------------------------------------------------------------------
@@ -435,11 +419,8 @@ def summarize(rows: list[dict[str, Any]], planned: dict[str, int]) -> dict[str, 
         "attention_planned": planned.get("attention", 0),
         "errors": sum(1 for r in rows if r.get("error")),
     }
-    checks = [r["timer_check"] for r in rows if isinstance(r.get("timer_check"), dict)
-              and r["timer_check"].get("disagreement") is not None]
-    s["timer_check_rows"] = len(checks)
-    s["timer_check_max_disagreement"] = max((c["disagreement"] for c in checks), default=None)
-    s["timer_check_ok"] = bool(checks) and all(c["within_tolerance"] for c in checks)
+    s.update(summarize_timer_checks([r[k] for r in rows for k in ("timer_check", "timer_check_torch")
+                                     if isinstance(r.get(k), dict)]))
     s["gemm_complete"] = s["gemm_measured"] == s["gemm_planned"]
     s["attention_complete"] = s["attention_measured"] == s["attention_planned"]
     for k, t in TARGETS.items():
@@ -478,7 +459,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         xs = range(len(gemm))
         w = 0.4
         ax.bar([x - w / 2 for x in xs], [r["tiletune_tflops"] or 0 for r in gemm], w, label="tiletune gemm")
-        ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in gemm], w, label="torch.matmul (fp8: torch._scaled_mm)")
+        ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in gemm], w, label="fastest torch route (named under each row)")
         for x, r in zip(xs, gemm):
             if r["ratio"]:
                 top = max(r["tiletune_tflops"] or 0, r["torch_tflops"] or 0)
@@ -487,7 +468,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
                 ax.text(x, 0, "error", ha="center", va="bottom", fontsize=7, color="red")
         ax.set_xticks(list(xs))
         ax.set_xticklabels([f"{r['shape']}\n{r['dtype'].replace('bfloat', 'bf').replace('float', 'fp')}"
-                            for r in gemm], rotation=60, ha="right", fontsize=7)
+                            f" {r.get('torch_best_route') or '-'}" for r in gemm], rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("TFLOP/s")
         ax.set_title("GEMM ([batch x] M x N x K), cold L2: tiletune.kernels.matmul vs torch")
         ax.legend()
@@ -498,23 +479,24 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         written.append(str(p))
     attn = [r for r in rows if r["op"] == "attention"]
     if attn:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for causal, style in ((False, "-"), (True, "--")):
-            rs = sorted((r for r in attn if r["params"]["causal"] == causal), key=lambda r: r["params"]["S"])
-            if not rs:
-                continue
-            s = [r["params"]["S"] for r in rs]
-            tag = "causal" if causal else "non-causal"
-            ax.plot(s, [r["tiletune_tflops"] or float("nan") for r in rs], style, marker="o",
-                    label=f"tiletune attention, {tag}")
-            ax.plot(s, [r["torch_tflops"] or float("nan") for r in rs], style, marker="s",
-                    label=f"SDPA flash, {tag}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(f"sequence length S (B = {ATTN_TOKENS} / S, H={ATTN_H}, Hkv={ATTN_HKV}, D={ATTN_D}, bf16)")
+        fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(attn) + 2), 5.5))
+        xs = range(len(attn))
+        w = 0.4
+        ax.bar([x - w / 2 for x in xs], [r["tiletune_tflops"] or 0 for r in attn], w, label="tiletune attention")
+        ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in attn], w,
+               label="fastest torch route (named under each row)")
+        for x, r in zip(xs, attn):
+            if r["ratio"]:
+                top = max(r["tiletune_tflops"] or 0, r["torch_tflops"] or 0)
+                ax.text(x, top, f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=7)
+            elif r.get("error"):
+                ax.text(x, 0, "error", ha="center", va="bottom", fontsize=7, color="red")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"{r['shape']}\n{(r.get('torch_best_route') or '-').replace('SDPA ', '')}" for r in attn],
+                           rotation=60, ha="right", fontsize=6)
         ax.set_ylabel("TFLOP/s")
-        ax.set_title("Attention forward, cold L2: tiletune vs SDPA (flash)")
+        ax.set_title(f"Attention forward (B*S={ATTN_TOKENS}, bf16), cold L2: tiletune vs the fastest SDPA route")
         ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
         fig.tight_layout()
         p = out / "kernels_compute_attention.png"
         fig.savefig(p, dpi=120)
@@ -599,13 +581,15 @@ def main() -> int:
     ap.add_argument("--out", default=None, help=f"result folder (default {DEFAULT_OUT})")
     ap.add_argument("--only", choices=["gemm", "attention"], default=None)
     ap.add_argument("--quick", action="store_true",
-                    help="fewer shapes: the 9 Llama-3-8B GEMM rows at M 16, 128, 1024; 6 attention problems")
+                    help="fewer shapes: the 9 Llama-3-8B GEMM rows at M 16, 128, 1024; 4 attention problems")
     ap.add_argument("--b-transposed", action="store_true", help="GEMM B as the .t() view of an N x K weight")
     ap.add_argument("--compile-routes", action="store_true",
                     help="GEMM: also time torch.compile(max-autotune-no-cudagraphs) of the matmul (its "
                          "autotuning adds ~10-60 s per shape)")
+    ap.add_argument("--route-limit-s", type=float, default=300.0,
+                    help="time limit of a torch route's first call (a compile); past it the route is an error")
     ap.add_argument("--timer-check", type=int, default=TIMER_CHECK_ROWS, metavar="N",
-                    help=f"cross-check the first N GEMM rows' tiletune timing with triton.testing.do_bench "
+                    help=f"cross-check the first N rows' timings with triton.testing.do_bench "
                          f"(default {TIMER_CHECK_ROWS}, 0: off)")
     ap.add_argument("--rounds", type=int, default=8, help="A/B rounds (default 8)")
     ap.add_argument("--per-round", type=int, default=4, help="samples per op per round (default 4)")
@@ -717,12 +701,14 @@ def main() -> int:
     pngs = plot(rows, out)
     path = write_result("kernels_compute", {
         "problem": ("GEMM: bf16 M in 16..16384 x Llama-3-8B (N, K) + fp16 4096^3 vs torch.matmul; attention "
-                    f"forward: B*S={ATTN_TOKENS}, H={ATTN_H}, Hkv={ATTN_HKV}, D={ATTN_D}, bf16, causal and not, "
-                    "vs SDPA flash. Public calls, CUDA events, cold L2, medians of interleaved A/B rounds; "
+                    f"forward: B*S={ATTN_TOKENS}, H={ATTN_H}, Hkv {ATTN_HKVS}, D {ATTN_DS}, bf16, causal and not, "
+                    "vs the fastest SDPA route (default, flash, cudnn, efficient; GQA: enable_gqa and expanded "
+                    "k/v). Public calls, CUDA events, cold L2, medians of interleaved A/B rounds; "
                     "the tuning call is excluded."),
         "quick": args.quick,
         "only": args.only,
         "compile_routes": args.compile_routes,
+        "route_limit_s": args.route_limit_s,
         "ratio_definition": "torch_best_us / tiletune_us (torch_best_route: the fastest of torch_routes, "
                             "then timed A/B against tiletune)",
         "b_transposed": args.b_transposed,

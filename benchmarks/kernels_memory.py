@@ -1,4 +1,4 @@
-"""Memory-bound kernels: tiletune vs torch eager vs torch.compile, GB/s and % of the device copy.
+"""Memory-bound kernels: tiletune vs every torch route, GB/s and % of the copy of the same bytes.
 
 Ops (``tiletune.kernels``): rms_norm, rms_norm_residual, layer_norm, softmax, swiglu, geglu (tanh
 GELU, the LLM-typical ``gelu_pytorch_tanh``), apply_rope_ (in place), cross_entropy (loss) and
@@ -11,25 +11,35 @@ Baselines are what a PyTorch user writes: eager ``F.rms_norm``, ``x + r`` then `
 ``F.layer_norm``, ``torch.softmax``, ``F.silu(g) * u``, ``F.gelu(g, approximate="tanh") * u``,
 Hugging Face's ``q * cos + rotate_half(q) * sin`` (out of place), ``F.cross_entropy`` and, for the
 gradient, ``F.cross_entropy`` + ``torch.autograd.grad``; and the same functions under
-``torch.compile(dynamic=False)`` (the gradient through AOTAutograd's compiled backward). The
-compile warm-up and tiletune's first (tuning) call are excluded from the timings (``tune_s`` is
-recorded).
+``torch.compile(dynamic=False)``, default and ``mode="max-autotune-no-cudagraphs"`` (the gradient
+through AOTAutograd's compiled backward), and fused torch alternatives where one exists
+(``torch._fused_rms_norm``). Each route's first call (the compile) runs once per shape before any
+timing, under ``--route-limit-s``; a route that fails or runs out of time is recorded in
+``torch_route_errors`` and the sweep goes on. tiletune's first (tuning) call is excluded too
+(``tune_s``). Per row (issue 14): ``torch_routes`` (route -> us), ``torch_best_route``,
+``torch_best_us``, ``ratio = torch_best_us / tiletune_us``, ``copy_gbps`` (a torch copy of the
+row's ``bytes``, timed in the same rounds) and ``verdict``: win (ratio >= 1), tie (the fastest torch
+route and tiletune both >= 97% of copy), else loss. ``--timer-check N`` re-times the first N rows
+(tiletune and the fastest torch route) with ``triton.testing.do_bench`` (agreement: within 3%).
 
 Timing: CUDA events around each call, a GPU spin of ``--backlog-us`` (200) before the start event so
 that the host's dispatch (Python wrappers, torch.compile guards) runs while the GPU is busy and the
 events time device work alone (nvbench's blocking kernel; per-call host cost is what
 ``dispatch_overhead.py`` measures), an L2-sized memset outside the timed events before every
-sample (:class:`tiletune.measure.ColdL2Timer`), the three implementations interleaved in rounds,
-medians reported. Bandwidth counts the bytes an op must move at least (inputs read once, outputs
+sample (:class:`tiletune.measure.ColdL2Timer`), tiletune, the copy and every torch route interleaved
+in rounds, medians reported. Bandwidth counts the bytes an op must move at least (inputs read once, outputs
 written once; cross-entropy: logits read once, and the gradient written once): ``gbps =
 bytes / time``. The copy bandwidth is measured in the same run: a device-to-device copy of 1 GiB,
 read + write bytes counted, median of the same number of samples.
 
     python benchmarks/kernels_memory.py [--out DIR] [--only rms_norm,softmax] [--full] [--quick]
-                                        [--deadline S] [--plot-only JSON]
+                                        [--timer-check N] [--route-limit-s S] [--deadline S]
+                                        [--plot-only JSON]
 
-Writes ``<out>/kernels_memory.json`` (rows: op, shape, dtype, bytes, tiletune_gbps, eager_gbps,
-compile_gbps, copy_gbps, pct_of_copy, *_us, speedups, the chosen config), one PNG per op
+``--quick``: 4 rows (:data:`QUICK_ROWS`), about 3 minutes on a fresh H200.
+
+Writes ``<out>/kernels_memory.json`` (rows: op, shape, dtype, bytes, the issue 14 fields above,
+tiletune_gbps, eager_gbps, compile_gbps, pct_of_copy, *_us, speedups, the chosen config), one PNG per op
 (``kernels_memory_<op>.png``, needs matplotlib; else render later with ``--plot-only``),
 ``kernels_memory.md`` (the README table), updates the table between the markers in
 ``benchmarks/README.md``, and prints the table and the per-op geometric means against the issue's
@@ -51,9 +61,13 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from _common import DEFAULT_OUT, write_result  # noqa: E402
+from _routes import best_route, first_calls, summarize_timer_checks, timer_check, verdict  # noqa: E402
 
 #: Issue 5 targets (H200): % of copy bandwidth at working sets >= 64 MiB, geomean speedups.
 TARGETS = {"pct_of_copy_min": 90.0, "big_ws_mib": 64.0, "geomean_vs_eager": 1.2, "geomean_vs_compile": 1.0}
+#: Issue 14 targets: every row >= 1.0x the fastest torch route or a tie (both >= 97% of the copy of the
+#: same bytes), and >= 90% of copy at working sets >= 256 MiB.
+ISSUE14 = {"ratio_min": 1.0, "tie_fraction_of_copy": 0.97, "pct_of_copy_min": 90.0, "big_ws_mib": 256.0}
 README = Path(__file__).resolve().parent / "README.md"
 BEGIN, END = "<!-- kernels_memory:begin -->", "<!-- kernels_memory:end -->"
 
@@ -75,7 +89,13 @@ SHAPES: dict[str, list[tuple[int, ...]]] = {
     "cross_entropy_grad": [(4096, 128256), (8192, 32000), (2048, 256000)],
 }
 FP32_TOO = ("rms_norm", "softmax", "swiglu", "cross_entropy")
-QUICK = {op: shapes[:2] for op, shapes in SHAPES.items()}
+#: ``--quick``: a handful of rows (op, shape, dtype) where issue 14 measured torch.compile ahead, about
+#: 3 minutes on a fresh H200 with every tuning and compile cold
+QUICK_ROWS: list[tuple[str, tuple[int, ...], str]] = [
+    ("rms_norm", (4096, 8192), "bf16"), ("layer_norm", (65536, 1024), "bf16"), ("softmax", (65536, 1024), "bf16"),
+    ("swiglu", (8192, 2 * 14336), "bf16")]
+#: rows whose timings are cross-checked against ``triton.testing.do_bench`` by default (the first N)
+TIMER_CHECK_ROWS = 3
 DT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -185,13 +205,22 @@ def working_set_mib(nbytes: int) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def timed_medians(fns: dict[str, Callable[[], Any]], timer: Any, rounds: int, per_round: int) -> dict[str, float]:
-    """Median microseconds of each function, measured in interleaved rounds (cold L2 per sample)."""
+def timed_medians(fns: dict[str, Callable[[], Any]], timer: Any, rounds: int, per_round: int,
+                  errors: dict[str, str] | None = None) -> dict[str, float]:
+    """Median microseconds of each function, measured in interleaved rounds (cold L2 per sample). A
+    function that raises is dropped (its message in ``errors``) and the others go on."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    live = dict(fns)
     for _ in range(rounds):
-        for k, fn in fns.items():
-            samples[k] += timer.time(fn, per_round)
-    return {k: statistics.median(v) for k, v in samples.items()}
+        for k, fn in list(live.items()):
+            try:
+                samples[k] += timer.time(fn, per_round)
+            except Exception as exc:
+                if errors is None:
+                    raise
+                errors[k] = f"{type(exc).__name__}: {exc}"[:1000]
+                del live[k]
+    return {k: statistics.median(samples[k]) for k in live if samples[k]}
 
 
 def copy_bandwidth(timer: Any, samples: int) -> dict[str, float]:
@@ -210,8 +239,90 @@ def copy_bandwidth(timer: Any, samples: int) -> dict[str, float]:
     return {"copy_bytes": 2 * n, "copy_us": us, "copy_gbps": 2 * n / us / 1e3}
 
 
+def copy_of(nbytes: int) -> Callable[[], Any]:
+    """A torch copy that moves ``nbytes`` (read + write): ``nbytes / 2`` bytes copied device to device."""
+    import torch
+
+    half = max(1, nbytes // 2)
+    src = torch.ones(half, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+#: the torch.compile routes every row gets: route name -> torch.compile keyword arguments
+COMPILE_ROUTES: dict[str, dict[str, Any]] = {
+    "torch.compile": {},
+    "torch.compile(max-autotune-no-cudagraphs)": {"mode": "max-autotune-no-cudagraphs"},
+}
+
+
+def fused_alternatives(op: str, prob: dict[str, Any]) -> dict[str, Callable[..., Any]]:
+    """Fused torch kernels a user could call instead of the eager expression, where torch has one that
+    ``F.*`` may not pick: ``torch._fused_rms_norm`` (torch >= 2.8) for rms_norm. (layer_norm, softmax
+    and cross_entropy's eager calls are torch's fused kernels already; the GLUs, RoPE and the residual
+    add have no fused torch op: torch.compile is their fused route.)"""
+    import torch
+
+    if op == "rms_norm" and hasattr(torch, "_fused_rms_norm"):
+        n = prob["args"][0].shape[-1]
+        return {"torch._fused_rms_norm": lambda x, w: torch._fused_rms_norm(x, [n], w, 1e-6)[0]}
+    return {}
+
+
+def memory_torch_routes(op: str, prob: dict[str, Any], compile_modes: bool = True) -> dict[str, Callable[[], Any]]:
+    """Every torch route for one problem, as zero-argument calls: ``eager`` (the straightforward torch
+    expression), each of :data:`COMPILE_ROUTES` of the same function (``dynamic=False``; compiled on
+    the first call, which the caller runs outside the timing) and :func:`fused_alternatives`. The
+    gradient rows wrap each in autograd (:func:`with_grad`)."""
+    import torch
+
+    fn, fargs = prob["torch_fn"], prob["args"]
+
+    def call(f: Callable[..., Any]) -> Callable[[], Any]:
+        return with_grad(f, *fargs) if prob.get("grad") else (lambda: f(*fargs))
+
+    routes = {"eager": call(fn)}
+    if compile_modes:
+        for name, kw in COMPILE_ROUTES.items():
+            routes[name] = call(torch.compile(fn, dynamic=False, **kw))
+    for name, f in fused_alternatives(op, prob).items():
+        routes[name] = call(f)
+    return routes
+
+
+def fill_row(row: dict[str, Any], med: dict[str, float], routes: list[str], nbytes: int) -> dict[str, Any]:
+    """The honest-baseline fields of a row from the interleaved medians (``med``: ``tiletune``, ``copy``
+    and each surviving torch route): ``torch_routes``, ``torch_best_route``, ``torch_best_us``,
+    ``ratio``, the bandwidths, ``copy_gbps`` of the same bytes, ``pct_of_copy`` and ``verdict``."""
+    gbps = (lambda us: None if not us else round(nbytes / us / 1e3, 1))
+    row["torch_routes"] = {k: round(med[k], 2) for k in routes if k in med}
+    row["torch_best_route"] = best_route(row["torch_routes"])
+    tt, cp = med.get("tiletune"), med.get("copy")
+    best = med.get(row["torch_best_route"]) if row["torch_best_route"] else None
+    row["tiletune_us"] = None if tt is None else round(tt, 2)
+    row["torch_best_us"] = None if best is None else round(best, 2)
+    row["copy_us"] = None if cp is None else round(cp, 2)
+    row["tiletune_gbps"], row["torch_best_gbps"], row["copy_gbps"] = gbps(tt), gbps(best), gbps(cp)
+    for k in ("eager", "torch.compile"):  # the columns of earlier result files
+        key = "compile" if k == "torch.compile" else k
+        row[f"{key}_us"] = row["torch_routes"].get(k)
+        row[f"{key}_gbps"] = gbps(med.get(k))
+    row["pct_of_copy"] = round(100.0 * row["tiletune_gbps"] / row["copy_gbps"], 1) \
+        if row["tiletune_gbps"] and row["copy_gbps"] else None
+    row["torch_best_pct_of_copy"] = round(100.0 * row["torch_best_gbps"] / row["copy_gbps"], 1) \
+        if row["torch_best_gbps"] and row["copy_gbps"] else None
+    row["ratio"] = round(best / tt, 4) if best and tt else None
+    row["speedup_vs_eager"] = round(med["eager"] / tt, 3) if tt and med.get("eager") else None
+    row["speedup_vs_compile"] = round(med["torch.compile"] / tt, 3) if tt and med.get("torch.compile") else None
+    row["verdict"] = verdict(row["ratio"], row["tiletune_gbps"], row["torch_best_gbps"], row["copy_gbps"])
+    return row
+
+
 def measure(op: str, shape: tuple[int, ...], dtype_name: str, args: argparse.Namespace, timer: Any,
-            copy_gbps: float) -> dict[str, Any]:
+            device_copy_gbps: float) -> dict[str, Any]:
+    """One row: tiletune's first (tuning) call, each torch route's first call (compiles, under
+    ``--route-limit-s``; failures become ``torch_route_errors``), then tiletune, a copy of the same
+    bytes and every working route timed interleaved in rounds (cold L2)."""
     import torch
 
     from tiletune.kernels._membound import OpFamily
@@ -220,7 +331,8 @@ def measure(op: str, shape: tuple[int, ...], dtype_name: str, args: argparse.Nam
     prob = build(op, shape, dtype)
     nbytes = prob["bytes"]
     row: dict[str, Any] = {"op": op, "shape": list(shape), "dtype": DT[dtype_name], "bytes": nbytes,
-                           "working_set_mib": round(working_set_mib(nbytes), 1), "copy_gbps": round(copy_gbps, 1)}
+                           "working_set_mib": round(working_set_mib(nbytes), 1),
+                           "device_copy_gbps": round(device_copy_gbps, 1)}
     fam_before = {id(f): f.chosen() for f in OpFamily._families}
 
     t0 = time.perf_counter()
@@ -232,31 +344,25 @@ def measure(op: str, shape: tuple[int, ...], dtype_name: str, args: argparse.Nam
         if new:
             row["config"] = new[-1]["config"]
 
-    fn, fargs = prob["torch_fn"], prob["args"]
-
-    def call(f: Callable[..., Any]) -> Callable[[], Any]:
-        return with_grad(f, *fargs) if prob.get("grad") else (lambda: f(*fargs))
-
-    fns: dict[str, Callable[[], Any]] = {"tiletune": prob["tiletune"], "eager": call(fn)}
-    if not args.no_compile:
-        t0 = time.perf_counter()
-        fns["compile"] = call(torch.compile(fn, dynamic=False))
-        for _ in range(2):
-            fns["compile"]()
-        torch.cuda.synchronize()
-        row["compile_warmup_s"] = round(time.perf_counter() - t0, 1)
+    torch._dynamo.reset()  # one shape's compiles never count against another's recompile limit
+    t0 = time.perf_counter()
+    routes = first_calls(row, memory_torch_routes(op, prob, not args.no_compile), args.route_limit_s)
+    row["routes_first_calls_s"] = round(time.perf_counter() - t0, 1)
+    fns: dict[str, Callable[[], Any]] = {"tiletune": prob["tiletune"], "copy": copy_of(nbytes), **routes}
     for fn in fns.values():  # warm-up
         for _ in range(args.warmup):
             fn()
     torch.cuda.synchronize()
-    med = timed_medians(fns, timer, args.rounds, args.per_round)
-    for k in ("tiletune", "eager", "compile"):
-        us = med.get(k)
-        row[f"{k}_us"] = None if us is None else round(us, 2)
-        row[f"{k}_gbps"] = None if us is None else round(nbytes / us / 1e3, 1)
-    row["pct_of_copy"] = round(100.0 * row["tiletune_gbps"] / copy_gbps, 1)
-    row["speedup_vs_eager"] = round(med["eager"] / med["tiletune"], 3)
-    row["speedup_vs_compile"] = round(med["compile"] / med["tiletune"], 3) if "compile" in med else None
+    errors: dict[str, str] = {}
+    med = timed_medians(fns, timer, args.rounds, args.per_round, errors)
+    if errors:
+        row.setdefault("torch_route_errors", {}).update(errors)
+    fill_row(row, med, list(routes), nbytes)
+    if getattr(args, "_timer_checks_left", 0) > 0 and row["tiletune_us"]:
+        args._timer_checks_left -= 1
+        row["timer_check"] = timer_check(prob["tiletune"], row["tiletune_us"])
+        if row["torch_best_route"]:
+            row["timer_check_torch"] = timer_check(routes[row["torch_best_route"]], row["torch_best_us"])
     return row
 
 
@@ -288,6 +394,29 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def summarize_honest(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 14 over the measured rows: verdict counts, the rows lost (not a tie) to the fastest torch
+    route, the lowest % of copy at working sets >= 256 MiB, the timer checks, and whether the targets
+    were met."""
+    rated = [r for r in rows if r.get("verdict")]
+    count = {v: sum(1 for r in rated if r["verdict"] == v) for v in ("win", "tie", "loss")}
+    big = [r for r in rated if r["working_set_mib"] >= ISSUE14["big_ws_mib"] and r.get("pct_of_copy") is not None]
+    low = min((r["pct_of_copy"] for r in big), default=None)
+    losses = [f"{r['op']} {_shape(r)} {r['dtype']}: {r['ratio']:.3f}x vs {r['torch_best_route']}"
+              for r in rated if r["verdict"] == "loss"]
+    best_routes: dict[str, int] = {}
+    for r in rated:
+        best_routes[r["torch_best_route"]] = best_routes.get(r["torch_best_route"], 0) + 1
+    s: dict[str, Any] = {"rows_rated": len(rated), "rows_unrated": len(rows) - len(rated), **count,
+                         "losses": losses, "geomean_ratio": _geomean([r["ratio"] for r in rated]),
+                         "min_pct_of_copy_256mib": low, "best_route_counts": best_routes,
+                         **summarize_timer_checks([r[k] for r in rows for k in ("timer_check", "timer_check_torch")
+                                                   if isinstance(r.get(k), dict)])}
+    s["met_every_row"] = bool(rated) and not losses and s["rows_unrated"] == 0
+    s["met_pct_of_copy"] = None if low is None else low >= ISSUE14["pct_of_copy_min"]
+    return s
+
+
 def _f(x: Any, nd: int = 0, suffix: str = "") -> str:
     return "-" if x is None else f"{x:.{nd}f}{suffix}"
 
@@ -303,18 +432,20 @@ def readme_table(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[
         f"{env.get('torch', '?')}); device copy {_f(copy)} GB/s (read + write). GB/s = minimal bytes / median "
         "time, cold L2.",
         "",
-        "| op | shape | dtype | MiB | tiletune GB/s | % copy | eager GB/s | compile GB/s | vs eager | vs compile |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| op | shape | dtype | MiB | tiletune GB/s | % copy | eager GB/s | compile GB/s | vs eager | vs compile "
+        "| fastest torch route | vs fastest | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("error") or r.get("skipped"):
             lines.append(f"| {r['op']} | {_shape(r)} | {r['dtype']} | - | {'error' if r.get('error') else 'skipped'} "
-                         "| - | - | - | - | - |")
+                         "| - | - | - | - | - | - | - | - |")
             continue
         lines.append(
             f"| {r['op']} | {_shape(r)} | {r['dtype']} | {_f(r['working_set_mib'])} | {_f(r['tiletune_gbps'])} | "
             f"{_f(r['pct_of_copy'], 1)} | {_f(r['eager_gbps'])} | {_f(r.get('compile_gbps'))} | "
-            f"{_f(r['speedup_vs_eager'], 2, 'x')} | {_f(r.get('speedup_vs_compile'), 2, 'x')} |")
+            f"{_f(r['speedup_vs_eager'], 2, 'x')} | {_f(r.get('speedup_vs_compile'), 2, 'x')} | "
+            f"{r.get('torch_best_route') or '-'} | {_f(r.get('ratio'), 2, 'x')} | {r.get('verdict') or '-'} |")
     lines += ["", "| op | geomean vs eager (>= 1.2) | geomean vs compile (>= 1.0) | min % copy, >= 64 MiB (>= 90) |",
               "|---|---|---|---|"]
 
@@ -360,18 +491,25 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         xs = list(range(len(rs)))
         w = 0.27
         for i, (k, label) in enumerate((("tiletune", "tiletune"), ("eager", "torch eager"),
-                                        ("compile", "torch.compile"))):
+                                        ("torch_best", "fastest torch route (named below)"))):
             ax.bar([x + (i - 1) * w for x in xs], [r.get(f"{k}_gbps") or 0 for r in rs], w, label=label)
-        copy = rs[0]["copy_gbps"]
-        ax.axhline(copy, color="black", lw=1, ls="--", label=f"device copy {copy:.0f} GB/s")
-        ax.axhline(0.9 * copy, color="gray", lw=1, ls=":", label="90% of copy")
+        # the copy of each row's bytes (older result files: one device copy for all rows)
+        ax.plot(xs, [r.get("copy_gbps") or 0 for r in rs], "k_", ms=30, mew=1.5, ls="none",
+                label="torch copy of the same bytes")
+        ax.plot(xs, [0.9 * (r.get("copy_gbps") or 0) for r in rs], "_", color="gray", ms=30, ls="none",
+                label="90% of copy")
         for x, r in zip(xs, rs):
-            ax.text(x - w, r["tiletune_gbps"], f"{r['pct_of_copy']:.0f}%", ha="center", va="bottom", fontsize=7)
+            ax.text(x - w, r["tiletune_gbps"], f"{r['pct_of_copy']:.0f}%" if r.get("pct_of_copy") else "",
+                    ha="center", va="bottom", fontsize=7)
+            if r.get("verdict"):
+                ax.text(x, 0.02 * (r.get("copy_gbps") or 1), f"{r['ratio']:.2f}x {r['verdict']}", ha="center",
+                        va="bottom", fontsize=7, color="white")
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{_shape(r)}\n{r['dtype'].replace('bfloat', 'bf').replace('float', 'fp')}\n"
-                            f"{r['working_set_mib']:.0f} MiB" for r in rs], fontsize=7)
+                            f"{r['working_set_mib']:.0f} MiB\n{r.get('torch_best_route') or 'compile'}" for r in rs],
+                           fontsize=6)
         ax.set_ylabel("GB/s (minimal bytes / time)")
-        ax.set_title(f"{op}: tiletune vs torch (cold L2)")
+        ax.set_title(f"{op}: tiletune vs torch routes (cold L2)")
         ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         p = out / f"kernels_memory_{op}.png"
@@ -379,6 +517,20 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         plt.close(fig)
         written.append(str(p))
     return written
+
+
+def print_honest(h: dict[str, Any]) -> None:
+    """Issue 14's targets against :func:`summarize_honest`."""
+    print(f"\n== issue 14: vs the fastest torch route over {h['rows_rated']} rows ({h['rows_unrated']} unrated): "
+          f"{h['win']} win, {h['tie']} tie (both >= {ISSUE14['tie_fraction_of_copy']:.0%} of copy), {h['loss']} loss "
+          f"[{'ok' if h['met_every_row'] else 'MISSED'}]; geomean {_f(h['geomean_ratio'], 3)}x; min % of copy at >= "
+          f"{ISSUE14['big_ws_mib']:.0f} MiB {_f(h['min_pct_of_copy_256mib'], 1)} (>= {ISSUE14['pct_of_copy_min']:.0f})")
+    for line in h["losses"]:
+        print(f"  loss: {line}")
+    print(f"  fastest torch route per row: {h['best_route_counts']}")
+    if h["timer_check_rows"]:
+        print(f"  timer vs triton do_bench: max disagreement {_f(h['timer_check_max_disagreement'], 4)} over "
+              f"{h['timer_check_rows']} timings ({'within' if h['timer_check_ok'] else 'OUTSIDE'} 3%)")
 
 
 def print_summary(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
@@ -389,7 +541,7 @@ def print_summary(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
             print(f"{r['op']:<20} {_shape(r):<22} {r['dtype']:<9} {r.get('error') or r.get('skipped')}")
             continue
         print(f"{r['op']:<20} {_shape(r):<22} {r['dtype']:<9} {r['working_set_mib']:7.0f} {r['tiletune_gbps']:9.0f} "
-              f"{r['pct_of_copy']:6.1f} {_f(r['eager_gbps']):>8} {_f(r.get('compile_gbps')):>8} "
+              f"{_f(r['pct_of_copy'], 1):>6} {_f(r['eager_gbps']):>8} {_f(r.get('compile_gbps')):>8} "
               f"{_f(r['speedup_vs_eager'], 2):>7} {_f(r.get('speedup_vs_compile'), 2):>7}  "
               f"{json.dumps(r.get('config', {}))}")
     print(f"\n== per-op targets (H200): geomean >= {TARGETS['geomean_vs_eager']}x eager, >= "
@@ -408,15 +560,20 @@ def print_summary(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
 
 
 def problems(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...], str]]:
+    """The rows to measure, (op, shape, dtype name), from ``--only``, ``--quick``, ``--full``, ``--dtypes``."""
     ops = OPS if not args.only else [o.strip() for o in args.only.split(",")]
     bad = [o for o in ops if o not in SHAPES]
     if bad:
         raise SystemExit(f"unknown op(s) {bad}; choose from {OPS}")
-    table = QUICK if args.quick else SHAPES
+    if args.quick:
+        return [r for r in QUICK_ROWS if r[0] in ops]
     dtypes = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else None
+    bad = [d for d in dtypes or [] if d not in DT]
+    if bad:
+        raise SystemExit(f"unknown dtype(s) {bad}; choose from {list(DT)}")
     out = []
     for op in ops:
-        for i, shape in enumerate(table[op]):
+        for i, shape in enumerate(SHAPES[op]):
             if args.full:
                 ds = ["bf16", "fp16", "fp32"]
             elif dtypes:
@@ -427,28 +584,50 @@ def problems(args: argparse.Namespace) -> list[tuple[str, tuple[int, ...], str]]
     return out
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help=f"result folder (default {DEFAULT_OUT})")
     ap.add_argument("--only", default=None, help="comma-separated ops: " + ",".join(OPS))
-    ap.add_argument("--quick", action="store_true", help="two shapes per op")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{len(QUICK_ROWS)} rows (rms_norm, layer_norm, softmax, swiglu), < 4 min on a fresh H200")
     ap.add_argument("--full", action="store_true", help="every shape in bf16, fp16 and fp32")
     ap.add_argument("--dtypes", default=None, help="e.g. bf16,fp32 for every shape (default: bf16, + fp32 first shape)")
-    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile routes")
+    ap.add_argument("--route-limit-s", type=float, default=None,
+                    help="time limit of a torch route's first call (its compile); past it the route is recorded "
+                         "as an error (default 90, --quick 45)")
+    ap.add_argument("--timer-check", type=int, default=TIMER_CHECK_ROWS, metavar="N",
+                    help="re-time the first N rows (tiletune and the fastest torch route) with "
+                         f"triton.testing.do_bench; agreement within 3%% (default {TIMER_CHECK_ROWS}, 0: off)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per-round", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--backlog-us", type=float, default=200.0,
                     help="GPU spin before each timed call so host overhead stays out of the events (0: off)")
     ap.add_argument("--db", default=None, help="tuning database (default: a fresh one in a temp folder)")
-    ap.add_argument("--deadline", type=float, default=None, help="start no new problem after this many seconds")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="start no new problem after this many seconds (default: none, --quick 150)")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite the table in benchmarks/README.md")
     ap.add_argument("--plot-only", default=None, metavar="JSON", help="only render PNGs/table from a result file")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.route_limit_s is None:
+        args.route_limit_s = 45.0 if args.quick else 90.0
+    if args.deadline is None and args.quick:
+        args.deadline = 150.0
+    if args.timer_check < 0:
+        ap.error("--timer-check must be >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args._timer_checks_left = args.timer_check
 
     if args.plot_only:
         doc = json.loads(Path(args.plot_only).read_text())
         out = Path(args.out) if args.out else Path(args.plot_only).parent
+        out.mkdir(parents=True, exist_ok=True)
         pngs = plot(doc["rows"], out)
         table = readme_table(doc["rows"], summarize(doc["rows"]), doc)
         (out / "kernels_memory.md").write_text(table + "\n")
@@ -483,15 +662,17 @@ def main() -> int:
     t_start = time.perf_counter()
     for i, (op, shape, dn) in enumerate(todo):
         elapsed = time.perf_counter() - t_start
-        base = {"op": op, "shape": list(shape), "dtype": DT[dn], "copy_gbps": round(copy["copy_gbps"], 1)}
+        base = {"op": op, "shape": list(shape), "dtype": DT[dn], "device_copy_gbps": round(copy["copy_gbps"], 1)}
         if args.deadline is not None and elapsed > args.deadline:
             rows.append({**base, "skipped": f"deadline {args.deadline:.0f} s"})
             continue
         print(f"[{elapsed:6.1f} s] {i + 1}/{len(todo)} {op} {shape} {dn} ...", flush=True)
         try:
             row = measure(op, shape, dn, args, timer, copy["copy_gbps"])
-            print(f"    tiletune {row['tiletune_gbps']:.0f} GB/s ({row['pct_of_copy']:.1f}% of copy), eager "
-                  f"{row['eager_gbps']:.0f}, compile {_f(row.get('compile_gbps'))}, tune {row['tune_s']} s, "
+            print(f"    tiletune {_f(row['tiletune_gbps'])} GB/s ({_f(row['pct_of_copy'], 1)}% of copy), eager "
+                  f"{_f(row['eager_gbps'])}, best torch {row.get('torch_best_route')} {_f(row.get('torch_best_gbps'))} "
+                  f"(ratio {_f(row.get('ratio'), 3)}, {row.get('verdict')}), copy {_f(row.get('copy_gbps'))}, "
+                  f"tune {row['tune_s']} s, "
                   f"config {json.dumps(row.get('config'))}", flush=True)
         except Exception as exc:  # keep going: one failing problem must not lose the sweep
             row = {**base, "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
@@ -501,16 +682,26 @@ def main() -> int:
         partial.write_text(json.dumps({"rows": rows}, indent=1, default=str) + "\n")
 
     summary = summarize(rows)
+    honest = summarize_honest(rows)
     pngs = plot(rows, out)
     path = write_result("kernels_memory", {
-        "problem": "memory-bound ops: tiletune vs torch eager vs torch.compile(dynamic=False); public calls, CUDA "
-                   "events, cold L2, medians of interleaved rounds; GB/s = minimal bytes / time",
+        "problem": "memory-bound ops: tiletune vs every torch route (eager, torch.compile default and "
+                   "max-autotune-no-cudagraphs, fused alternatives); public calls, CUDA events, cold L2, medians of "
+                   "interleaved rounds; GB/s = minimal bytes / time; copy_gbps per row: a torch copy of the same bytes",
         **copy,
         "samples_each": n_samples,
         "backlog_us": args.backlog_us,
         "backlog_cycles": timer.backlog_cycles,
         "targets": TARGETS,
         "summary": summary,
+        "honest_baselines": honest,
+        "issue14_targets": ISSUE14,
+        "quick": args.quick,
+        "route_limit_s": args.route_limit_s,
+        "torch_route_names": ["eager", *COMPILE_ROUTES, "torch._fused_rms_norm (rms_norm)"],
+        "ratio_definition": "torch_best_us / tiletune_us, all routes timed interleaved with tiletune and a copy of "
+                            "the same bytes; verdict: win (ratio >= 1), tie (ratio < 1 but the fastest torch route "
+                            "and tiletune both >= 97% of copy_gbps), loss",
         "wall_s": round(time.perf_counter() - t_start, 1),
         "pngs": [Path(p).name for p in pngs],
         "rows": rows,
@@ -523,6 +714,7 @@ def main() -> int:
         print(f"updated {README}")
     print(f"wrote {path}" + "".join(f", {p}" for p in pngs))
     print_summary(rows, summary)
+    print_honest(honest)
     return 0
 
 
