@@ -89,6 +89,8 @@ SHAPES: dict[str, list[tuple[int, ...]]] = {
     "cross_entropy_grad": [(4096, 128256), (8192, 32000), (2048, 256000)],
 }
 FP32_TOO = ("rms_norm", "softmax", "swiglu", "cross_entropy")
+#: two shapes per op (``ab_shrink.py`` uses them)
+QUICK = {op: shapes[:2] for op, shapes in SHAPES.items()}
 #: ``--quick``: a handful of rows (op, shape, dtype) where issue 14 measured torch.compile ahead, about
 #: 3 minutes on a fresh H200 with every tuning and compile cold
 QUICK_ROWS: list[tuple[str, tuple[int, ...], str]] = [
