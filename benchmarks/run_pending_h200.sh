@@ -15,6 +15,8 @@
 #   table     issue 13: add the missing token buckets to the shipped table (merged into it)
 #   decoder   issue 20: decoder_layer.py --quick
 #   gemm      issue 14: kernels_compute.py --only gemm --quick --splitk
+#   memory    issue 14: kernels_memory.py --quick (every torch route: eager, compile, max-autotune)
+#   attention issue 14: kernels_compute.py --only attention --quick (SDPA's backends, both GQA routes)
 set -uo pipefail
 part=${1:?PART}
 out=$(realpath -m "${2:-/tmp/pending-h200}")
@@ -41,5 +43,9 @@ case "$part" in
     limit 560 python benchmarks/decoder_layer.py --quick --out "$out" 2>&1 | tail -30 ;;
   gemm)
     limit 560 python benchmarks/kernels_compute.py --only gemm --quick --splitk --deadline 420 --out "$out" 2>&1 | tail -30 ;;
+  memory)
+    limit 560 python benchmarks/kernels_memory.py --quick --no-readme --out "$out" 2>&1 | tail -30 ;;
+  attention)
+    limit 560 python benchmarks/kernels_compute.py --only attention --quick --deadline 300 --out "$out" 2>&1 | tail -30 ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
