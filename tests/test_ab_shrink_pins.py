@@ -280,3 +280,29 @@ def test_pins_file_errors_and_export(tmp_path, monkeypatch):
     op2.cache_clear()
     with pytest.raises(tt.PinError, match="TILETUNE_PINS"):
         op2(torch.randn(8), torch.empty(8))
+
+
+def _result(arch, configs, names=("A", "B")):
+    return sh.ShrinkResult(arch=arch, configs=[dict(c) for c in configs], baseline=dict(configs[0]), losses={},
+                           tolerance=0.02, met=True, method="greedy", configs_before=9, keys=1, names=list(names))
+
+
+def test_build_space_matches_the_printed_code_without_executing_stored_data(tmp_path):
+    one = {"sm_90": _result("sm_90", [{"A": 1, "B": 4}, {"A": 2, "B": 8}])}
+    two = {**one, "sm_100": _result("sm_100", [{"A": 2, "B": 4}])}
+    for results in (one, two):
+        built = sh.build_space(results)
+        path = tmp_path / f"shrunk_{len(results)}.py"
+        path.write_text(sh.space_code(results, "S"))
+        ns: dict = {}
+        exec(compile(path.read_text(), str(path), "exec"), ns)  # the printed code, as a user would run it
+        for arch in results:
+            assert [c.as_dict() for c in built.configs(arch)] == [c.as_dict() for c in ns["S"].configs(arch)]
+            assert {tuple(sorted(c.as_dict().items())) for c in built.configs(arch)} <= \
+                {tuple(sorted(c.items())) for r in results.values() for c in r.configs}
+    # a parameter name read from a database is data, never code
+    evil = {"sm_90": _result("sm_90", [{"A": 1, "x=__import__('os')": 2}], names=("A", "x=__import__('os')"))}
+    with pytest.raises(ValueError, match="identifiers"):
+        sh.build_space(evil)
+    with pytest.raises(ValueError, match="identifiers"):
+        sh.space_code(evil)

@@ -309,19 +309,12 @@ def _literal(v: Any) -> str:
 def space_code(results: Mapping[str, ShrinkResult], name: str = "SHRUNK_SPACE", comment: str = "") -> str:
     """The shrunk configs as the code of a :class:`tiletune.Space` (per-architecture values when
     there are several architectures; a constraint keeps exactly the chosen combinations)."""
-    archs = sorted(results)
+    archs, names, allowed = _allowed(results)
     first = results[archs[0]]
-    names = first.names
     lines = ["import tiletune as tt", ""]
     if comment:
         lines += [f"# {c}" for c in comment.splitlines()]
     tup = ", ".join(f"c.{n}" for n in names)
-    allowed: list[tuple] = []
-    for a in archs:
-        for c in results[a].configs:
-            t = tuple(c.get(n) for n in names)
-            if t not in allowed:
-                allowed.append(t)
     lines.append(f"_{name}_CONFIGS = {{  # ({', '.join(names)})")
     for t in allowed:
         lines.append(f"    {t!r},")
@@ -329,14 +322,7 @@ def space_code(results: Mapping[str, ShrinkResult], name: str = "SHRUNK_SPACE", 
     lines.append(f"{name} = tt.Space(")
 
     def values(a: str, n: str) -> list[Any]:
-        vs = []
-        for c in results[a].configs:
-            if c.get(n) not in vs:
-                vs.append(c.get(n))
-        try:
-            return sorted(vs)
-        except TypeError:
-            return vs
+        return _values(results[a], n)
 
     for n in names:
         if len(archs) == 1:
@@ -354,11 +340,51 @@ def space_code(results: Mapping[str, ShrinkResult], name: str = "SHRUNK_SPACE", 
     return "\n".join(lines) + "\n"
 
 
+def _allowed(results: Mapping[str, ShrinkResult]) -> tuple[list[str], list[str], list[tuple]]:
+    """(architectures, parameter names, the chosen value tuples over every architecture)."""
+    archs = sorted(results)
+    names = list(results[archs[0]].names)
+    bad = [n for n in names if not (isinstance(n, str) and n.isidentifier())]
+    if bad:
+        raise ValueError(f"shrink: parameter names must be identifiers, got {bad!r}")
+    allowed: list[tuple] = []
+    for a in archs:
+        for c in results[a].configs:
+            t = tuple(c.get(n) for n in names)
+            if t not in allowed:
+                allowed.append(t)
+    return archs, names, allowed
+
+
+def _values(result: ShrinkResult, name: str) -> list[Any]:
+    vs: list[Any] = []
+    for c in result.configs:
+        if c.get(name) not in vs:
+            vs.append(c.get(name))
+    try:
+        return sorted(vs)
+    except TypeError:
+        return vs
+
+
 def build_space(results: Mapping[str, ShrinkResult]) -> Any:
-    """The shrunk :class:`tiletune.Space` itself (what :func:`space_code` prints)."""
-    ns: dict[str, Any] = {}
-    exec(compile(space_code(results, "S"), "<tiletune.shrink>", "exec"), ns)  # noqa: S102 - our own generated code
-    return ns["S"]
+    """The shrunk :class:`tiletune.Space` itself (what :func:`space_code` prints), built directly from
+    the values (stored data is never executed)."""
+    import tiletune as tt
+
+    archs, names, allowed = _allowed(results)
+    chosen = frozenset(allowed)
+
+    def shrunk(c: Any) -> bool:
+        return tuple(getattr(c, n) for n in names) in chosen
+
+    if len(archs) == 1:
+        params: dict[str, Any] = {n: _values(results[archs[0]], n) for n in names}
+        baseline: Any = dict(results[archs[0]].baseline)
+    else:
+        params = {n: tt.per_arch(**{a: _values(results[a], n) for a in archs}) for n in names}
+        baseline = tt.per_arch(**{a: dict(results[a].baseline) for a in archs})
+    return tt.Space(**params, constraints={"shrunk": shrunk}, baseline=baseline)
 
 
 def verify_replay(table: KeyTable, result: ShrinkResult, *, rounds: int = 10, batch: int = 10,
