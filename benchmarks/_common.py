@@ -79,6 +79,19 @@ def run_child(code: str, env: dict[str, str], timeout: float = 600) -> dict[str,
     raise RuntimeError(f"child printed no RESULT line:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
+def profile_rows(prof: Any, top: int) -> list[dict[str, Any]]:
+    """The ``top`` entries of a ``cProfile.Profile`` by cumulative time, as JSON-able rows (function as
+    ``folder/file.py:line(name)``, cumulative and own seconds, calls). Child processes of the
+    benchmarks import it (:func:`fresh_env` puts this folder on their path)."""
+    import pstats
+
+    rows = [{"function": "/".join(file.rsplit("/", 2)[-2:]) + f":{line}({fn})", "cumtime_s": ct_, "tottime_s": tt,
+             "calls": nc}
+            for (file, line, fn), (cc, nc, tt, ct_, callers) in pstats.Stats(prof).stats.items()]
+    rows.sort(key=lambda r: -r["cumtime_s"])
+    return rows[:top]
+
+
 def interleaved_ab(launch_a: Any, launch_b: Any, rounds: int = 30, per_round: int = 10) -> dict[str, float]:
     """Time two launch functions alternately (cold L2); medians and relative gap (b - a) / a."""
     import statistics

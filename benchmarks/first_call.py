@@ -60,11 +60,10 @@ t_ready = time.perf_counter()
 def timed():
     t = time.perf_counter(); fn(*args, **kwargs); torch.cuda.synchronize(); return time.perf_counter() - t
 if %(profile)r:
-    import cProfile, pstats
+    import cProfile
+    from _common import profile_rows
     prof = cProfile.Profile(); prof.enable(); first = timed(); prof.disable()
-    top = sorted(((v[3], v[2], k) for k, v in pstats.Stats(prof).stats.items()), reverse=True)[:20]
-    profile = [{"function": "/".join(k[0].rsplit("/", 2)[-2:]) + f":{k[1]}({k[2]})", "cumtime_s": c, "tottime_s": t}
-               for c, t, k in top]
+    profile = profile_rows(prof, 20)
 else:
     first = timed(); profile = None
 steady = statistics.median(timed() for _ in range(10))

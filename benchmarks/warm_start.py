@@ -46,16 +46,11 @@ print("RESULT " + json.dumps({"first_s": first, "steady_s": steady, "tuned": mat
 """
 
 PROFILE = SETUP + """
-import cProfile, pstats, io
+import cProfile, pstats
+from _common import profile_rows
 prof = cProfile.Profile()
 prof.enable(); matmul_into(a, b, c); torch.cuda.synchronize(); prof.disable()
-st = pstats.Stats(prof)
-rows = []
-for (file, line, fn), (cc, nc, tt, ct_, callers) in st.stats.items():
-    rows.append({"function": '/'.join(file.rsplit('/', 2)[-2:]) + f':{line}({fn})', "cumtime_s": ct_,
-                 "tottime_s": tt, "calls": nc})
-rows.sort(key=lambda r: -r["cumtime_s"])
-print("RESULT " + json.dumps({"top": rows[:25], "total_s": sum(r["tottime_s"] for r in rows)}))
+print("RESULT " + json.dumps({"top": profile_rows(prof, 25), "total_s": pstats.Stats(prof).total_tt}))
 """
 
 BARE = SETUP + """
