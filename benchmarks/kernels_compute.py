@@ -443,6 +443,32 @@ def readme_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _ratio_bars(plt: Any, rows: list[dict[str, Any]], *, label: str, ticks: list[str], title: str, path: Path,
+                per_row: float, height: float, tick_size: int, legend_size: Any = None) -> str:
+    """Bars of tiletune's and the fastest torch route's TFLOP/s per row, the ratio above each pair."""
+    fig, ax = plt.subplots(figsize=(max(8, per_row * len(rows) + 2), height))
+    xs = range(len(rows))
+    w = 0.4
+    ax.bar([x - w / 2 for x in xs], [r["tiletune_tflops"] or 0 for r in rows], w, label=label)
+    ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in rows], w,
+           label="fastest torch route (named under each row)")
+    for x, r in zip(xs, rows):
+        if r["ratio"]:
+            top = max(r["tiletune_tflops"] or 0, r["torch_tflops"] or 0)
+            ax.text(x, top, f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=7)
+        elif r.get("error"):
+            ax.text(x, 0, "error", ha="center", va="bottom", fontsize=7, color="red")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(ticks, rotation=60, ha="right", fontsize=tick_size)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
 def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     try:
         import matplotlib
@@ -455,53 +481,19 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     written: list[str] = []
     gemm = [r for r in rows if r["op"] == "gemm"]
     if gemm:
-        fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(gemm) + 2), 5))
-        xs = range(len(gemm))
-        w = 0.4
-        ax.bar([x - w / 2 for x in xs], [r["tiletune_tflops"] or 0 for r in gemm], w, label="tiletune gemm")
-        ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in gemm], w, label="fastest torch route (named under each row)")
-        for x, r in zip(xs, gemm):
-            if r["ratio"]:
-                top = max(r["tiletune_tflops"] or 0, r["torch_tflops"] or 0)
-                ax.text(x, top, f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=7)
-            elif r.get("error"):
-                ax.text(x, 0, "error", ha="center", va="bottom", fontsize=7, color="red")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels([f"{r['shape']}\n{r['dtype'].replace('bfloat', 'bf').replace('float', 'fp')}"
-                            f" {r.get('torch_best_route') or '-'}" for r in gemm], rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("TFLOP/s")
-        ax.set_title("GEMM ([batch x] M x N x K), cold L2: tiletune.kernels.matmul vs torch")
-        ax.legend()
-        fig.tight_layout()
-        p = out / "kernels_compute_gemm.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        written.append(str(p))
+        written.append(_ratio_bars(
+            plt, gemm, label="tiletune gemm",
+            ticks=[f"{r['shape']}\n{r['dtype'].replace('bfloat', 'bf').replace('float', 'fp')}"
+                   f" {r.get('torch_best_route') or '-'}" for r in gemm],
+            title="GEMM ([batch x] M x N x K), cold L2: tiletune.kernels.matmul vs torch",
+            path=out / "kernels_compute_gemm.png", per_row=0.7, height=5, tick_size=7))
     attn = [r for r in rows if r["op"] == "attention"]
     if attn:
-        fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(attn) + 2), 5.5))
-        xs = range(len(attn))
-        w = 0.4
-        ax.bar([x - w / 2 for x in xs], [r["tiletune_tflops"] or 0 for r in attn], w, label="tiletune attention")
-        ax.bar([x + w / 2 for x in xs], [r["torch_tflops"] or 0 for r in attn], w,
-               label="fastest torch route (named under each row)")
-        for x, r in zip(xs, attn):
-            if r["ratio"]:
-                top = max(r["tiletune_tflops"] or 0, r["torch_tflops"] or 0)
-                ax.text(x, top, f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=7)
-            elif r.get("error"):
-                ax.text(x, 0, "error", ha="center", va="bottom", fontsize=7, color="red")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels([f"{r['shape']}\n{(r.get('torch_best_route') or '-').replace('SDPA ', '')}" for r in attn],
-                           rotation=60, ha="right", fontsize=6)
-        ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"Attention forward (B*S={ATTN_TOKENS}, bf16), cold L2: tiletune vs the fastest SDPA route")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        p = out / "kernels_compute_attention.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        written.append(str(p))
+        written.append(_ratio_bars(
+            plt, attn, label="tiletune attention",
+            ticks=[f"{r['shape']}\n{(r.get('torch_best_route') or '-').replace('SDPA ', '')}" for r in attn],
+            title=f"Attention forward (B*S={ATTN_TOKENS}, bf16), cold L2: tiletune vs the fastest SDPA route",
+            path=out / "kernels_compute_attention.png", per_row=0.6, height=5.5, tick_size=6, legend_size=8))
     return written
 
 
