@@ -333,6 +333,24 @@ def demo(
 # ---------------------------------------------------------------------------------------- strategies
 
 
+def _library_calls(ops: List[str], tokens: str, **dims: Any) -> list:
+    """The calls of library ops (``all``: every one) over comma-separated token counts, for
+    ``tiletune tune`` and ``tiletune ab``; bad names or counts end the command with one line."""
+    from .fill import LLM_OPS, llm_calls
+
+    names = list(LLM_OPS) if ops == ["all"] else list(ops)
+    bad = [o for o in names if o not in LLM_OPS]
+    if bad:
+        _fail(f"unknown library op(s) {', '.join(map(repr, bad))}", hint=f"choose from {', '.join(LLM_OPS)}")
+    try:
+        counts = [int(t) for t in tokens.split(",") if t.strip()]
+    except ValueError:
+        _fail(f"--tokens {tokens!r}: expected comma-separated integers, e.g. 1,8,128")
+    if not counts or min(counts) < 1:
+        _fail(f"--tokens {tokens!r}: expected token counts >= 1")
+    return llm_calls(names, counts, **dims)
+
+
 @app.command("tune")
 def tune_cmd(
     ops: Optional[List[str]] = typer.Argument(None, help="Library ops to tune over LLM shapes (rms_norm, matmul, "
@@ -352,7 +370,7 @@ def tune_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-call report as JSON here."),
 ) -> None:
     """Tune many calls in one go (warm a machine before serving); re-running skips what is stored."""
-    from .fill import LLM_OPS, llm_calls, load_spec, run_calls
+    from .fill import LLM_OPS, load_spec, run_calls
 
     if spec is not None and ops:
         _fail("give library ops or --spec, not both")
@@ -363,18 +381,8 @@ def tune_cmd(
     if spec is not None:
         calls = load_spec(spec)
     else:
-        names = list(LLM_OPS) if ops == ["all"] else list(ops or [])
-        bad = [o for o in names if o not in LLM_OPS]
-        if bad:
-            _fail(f"unknown library op(s) {', '.join(map(repr, bad))}", hint=f"choose from {', '.join(LLM_OPS)}")
-        try:
-            counts = [int(t) for t in tokens.split(",") if t.strip()]
-        except ValueError:
-            _fail(f"--tokens {tokens!r}: expected comma-separated integers, e.g. 1,8,128")
-        if not counts or min(counts) < 1:
-            _fail(f"--tokens {tokens!r}: expected token counts >= 1")
-        calls = llm_calls(names, counts, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads,
-                          head_dim=head_dim, vocab=vocab, dtype=dtype)
+        calls = _library_calls(ops or [], tokens, hidden=hidden, intermediate=intermediate, heads=heads,
+                               kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, dtype=dtype)
     report = run_calls(calls, device=device, on_row=lambda r: console.print(safe(
         f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))
     if json_out is not None:
@@ -571,7 +579,7 @@ def ab_cmd(
 ) -> None:
     """A/B each call's tuned pick against a fixed config (interleaved, cold L2): ratio, 95% CI, verdict."""
     from .ab import ab, geomean
-    from .fill import LLM_OPS, _materialize, llm_calls, load_spec, resolve_op
+    from .fill import LLM_OPS, load_spec, materialize, resolve_op
 
     if (spec is None) == (not ops):
         _fail("give library ops or --spec (one of them)", hint=f"library ops: {', '.join(LLM_OPS)}")
@@ -586,25 +594,14 @@ def ab_cmd(
             fixed = None
         if not isinstance(fixed, dict):
             _fail(f"--against {against!r}: expected 'baseline' or a JSON object of parameter values")
-    if spec is not None:
-        calls = load_spec(spec)
-    else:
-        bad = [o for o in ops or [] if o not in LLM_OPS]
-        if bad:
-            _fail(f"unknown library op(s) {', '.join(map(repr, bad))}", hint=f"choose from {', '.join(LLM_OPS)}")
-        try:
-            counts = [int(t) for t in tokens.split(",") if t.strip()]
-        except ValueError:
-            _fail(f"--tokens {tokens!r}: expected comma-separated integers")
-        calls = llm_calls(list(ops or []), counts)
+    calls = load_spec(spec) if spec is not None else _library_calls(ops or [], tokens)
     import torch
 
     gen = torch.Generator(device=device).manual_seed(0)
     reports = []
     for call in calls:
         fn = resolve_op(call.op)
-        args = tuple(_materialize(a, device, gen) for a in call.args)
-        kwargs = {k: _materialize(v, device, gen) for k, v in call.kwargs.items()}
+        args, kwargs = materialize(call, device, gen)
         rep = ab(fn, [{"args": args, "kwargs": kwargs, "label": call.describe()}], against=fixed, rounds=rounds,
                  batch=batch)
         console.print(safe(rep.table().splitlines()[1]))
