@@ -6,7 +6,8 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # PART:
-#   verify    GPU tests of the code written on CPU hosts: split-K GEMM, decode attention (then turn on
+#   verify    GPU tests of the code written on CPU hosts: split-K GEMM, decode attention, tt.bench against
+#             triton.testing.do_bench (then turn on
 #             tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK / attention_op.ROUTE_SHORT_QUERIES_TO_DECODE
 #             if they pass), the campaign test
 #   tests     the GPU test files this session's cut run did not finish: kernels_compute, kernels_memory
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 limit() { timeout "$1" "${@:2}"; echo "[$part] $2 ${3:-} rc $?"; }
 case "$part" in
   verify)
-    limit 560 python -m pytest -m gpu -q -rs tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py \
+    limit 560 python -m pytest -m gpu -q -rs tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py tests/test_gpu_bench.py \
       tests/test_gpu_campaign.py --junitxml="$out/verify.xml" 2>&1 | tail -40 ;;
   tests)
     limit 560 python -m pytest -m gpu -q -rs -x tests/test_gpu_kernels_compute.py tests/test_gpu_kernels_memory.py \
