@@ -127,21 +127,47 @@ def shrink_rows(gpu: bool, db_path: str | None) -> list[dict[str, Any]]:
         print(json.dumps({k: row[k] for k in ("space", "keys", "configs_before", "configs_after", "worst_loss",
                                               "ab_geomean", "ab_geomean_replay")}), flush=True)
     if db_path:
-        from tiletune.store import TuningDB
+        rows += db_rows(db_path)
+    return rows
 
-        db = TuningDB(db_path)
-        for name in sorted({w.identity.name for w in db.winners()}):
-            tables = sh.tables_from_db(db, name)
-            for arch, table in tables.items():
+
+def db_rows(db_path: str, source: str | None = None) -> list[dict[str, Any]]:
+    """One row per op with records over >= 2 keys (per arch) in the database: its shrink at 2% / <= 8
+    configs, verified by replaying the records (``space`` = ``db:<op>``)."""
+    from tiletune import shrink as sh
+    from tiletune.store import TuningDB
+
+    db = TuningDB(db_path)
+    rows = []
+    for name in sorted({w.identity.name for w in db.winners()}):
+        for space in sh.space_hashes(db, name):  # an op may tune its key regimes over different spaces
+            for arch, table in sh.tables_from_db(db, name, space).items():
                 if len(table.keys) < 2:
                     continue
                 res = sh.shrink(table, 0.02, 8)
                 rep = sh.verify_replay(table, res)
-                rows.append({"space": f"db:{name}", "keys": res.keys, "configs_before": res.configs_before,
-                             "configs_after": len(res.configs), "worst_loss": round(res.worst_loss, 5),
-                             "ab_geomean": None, "ab_geomean_replay": round(rep["geomean"], 4),
-                             "method": res.method, "configs": res.configs})
+                row = {"space": f"db:{name}", "space_hash": space[:12], "arch": arch, "keys": res.keys,
+                       "configs_before": res.configs_before,
+                       "configs_after": len(res.configs), "worst_loss": round(res.worst_loss, 5), "ab_geomean": None,
+                       "ab_geomean_replay": round(rep["geomean"], 4), "method": res.method, "configs": res.configs}
+                if source:
+                    row["source"] = source
+                rows.append(row)
+                print(json.dumps({k: row[k] for k in ("space", "keys", "configs_before", "configs_after", "worst_loss",
+                                                      "ab_geomean_replay")}), flush=True)
     return rows
+
+
+def merge_db_rows(out: Path, db_path: str, source: str) -> Path:
+    """Replace the ``db:`` rows of ``out/shrink.json`` with the shrink of another database's records
+    (e.g. a campaign's, over many keys per op), keeping the recordings' rows and their GPU columns."""
+    path = out / "shrink.json"
+    doc = json.loads(path.read_text())
+    kept = [r for r in doc["rows"] if not str(r.get("space", "")).startswith("db:")]
+    doc["rows"] = kept + db_rows(db_path, source)
+    doc["db_source"] = source
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
 
 
 def _live_ab(prob: str, table: Any, res: Any) -> dict[str, Any]:
@@ -168,9 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(DEFAULT_OUT))
     ap.add_argument("--deadline", type=float, default=220.0)
     ap.add_argument("--cpu", action="store_true", help="shrink.json only, without the GPU columns")
+    ap.add_argument("--merge-db", metavar="PATH", help="only replace the db: rows of OUT/shrink.json with the "
+                    "shrink of this database's records (no GPU; the recordings' rows are kept)")
+    ap.add_argument("--db-source", default="", help="with --merge-db: where the database's records come from")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge_db:
+        print(merge_db_rows(out, args.merge_db, args.db_source or args.merge_db))
+        return 0
     gpu = False
     if not args.cpu:
         try:

@@ -1,7 +1,8 @@
 """A campaign over the library's memory-bound ops x LLM shapes vs the same sessions one after another.
 
-Issue 18 (``campaign.json``): the same tasks (7 memory-bound library ops x 2 decoder shapes, Llama-3
-8B and 70B, x 3 token buckets = 42 tuning sessions, small spaces) run
+Issue 18 (``campaign.json``): the same tasks (7 memory-bound library ops x 3 decoder shapes, Llama-3
+8B and 70B and Qwen2.5 7B, x 3 token counts = 63 calls; calls whose keys coincide, e.g. RoPE of two
+models with the same head layout, are one tuning session) run
 
 * **serial**: one process, one call after another (``tiletune.fill.run_calls``, what ``tiletune tune``
   does), and
@@ -12,7 +13,10 @@ each in a fresh process with an empty tuning database and an empty cuTile disk c
 cold). With one GPU the campaign cannot measure two sessions at once: its gain over the serial run is
 the compiles it overlaps with measurement. ``wall_s`` and ``serial_wall_s`` are the whole processes
 (start-up included, as a user waits for them). ``same_or_tied``: every key has the same pick in both
-databases, or picks inside the tuner's noise band (:func:`tiletune.campaign.compare_picks`).
+databases, or picks inside the tuner's noise band (:func:`tiletune.campaign.compare_picks`); keys whose
+picks differ by more than that in the two runs' own records are then A/B'd head to head on the GPU
+(``tt.ab``, interleaved cold-L2 rounds in one process): ``tied`` when the ratio's 95% interval
+reaches into the 3% band (the two runs' medians differ by run-to-run drift, not by the configs).
 ``resumed_ok``: the campaign run again on its database tunes nothing and keeps every pick; with
 ``--kill`` also a fresh campaign SIGKILLed half-way and started again ends with every session stored
 once.
@@ -41,9 +45,10 @@ from typing import Any
 from _common import ROOT, fresh_env, write_result
 
 OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "swiglu", "geglu", "apply_rope_")
-MODELS = {  # Llama-3 8B and 70B
+MODELS = {  # Llama-3 8B and 70B, Qwen2.5 7B
     "8b": {"hidden": 4096, "intermediate": 14336, "heads": 32, "kv_heads": 8, "head_dim": 128},
     "70b": {"hidden": 8192, "intermediate": 28672, "heads": 64, "kv_heads": 8, "head_dim": 128},
+    "qwen7b": {"hidden": 3584, "intermediate": 18944, "heads": 28, "kv_heads": 4, "head_dim": 128},
 }
 TOKENS = (16, 512, 4096)  # three row buckets: decode batch, a short and a long prefill
 
@@ -95,6 +100,61 @@ def campaign(spec: Path, gpus: int, env: dict[str, str], work: Path, tag: str, t
             "db": env["TILETUNE_DB"], "report": rep}
 
 
+AB_CHILD = """
+import json, sys
+import torch
+import tiletune as tt
+from tiletune.ab import ABCase, _tuned_launch
+from tiletune.campaign import parse_campaign
+from tiletune.fill import materialize, resolve_op
+from tiletune.tuning import PlanCache, make_identity
+
+spec = parse_campaign(json.load(open(sys.argv[1])))
+want = json.loads(sys.argv[2])  # digest -> the other run's pick
+gen = torch.Generator(device="cuda").manual_seed(0)
+rows, done = [], set()
+for task in spec.tasks:
+    fn = resolve_op(task.call.op)
+    args, kwargs = materialize(task.call, "cuda", gen)
+    op, bargs = _tuned_launch(fn, ABCase(tuple(args), kwargs))
+    dev = op.backend.arg_device(bargs)
+    arch = op.backend.device_info(dev).arch
+    ident = make_identity(op, bargs, op._key(bargs), op.backend, dev, arch,
+                          PlanCache(lambda cfg: op._launch_spec(cfg, bargs)))
+    if ident.digest not in want or ident.digest in done:
+        continue
+    done.add(ident.digest)
+    rep = tt.ab(op, [bargs], against=want[ident.digest], band=0.03, labels=[task.id])
+    r = rep.rows[0]
+    rows.append({"digest": ident.digest, "task": task.id, "ratio": r.ratio, "ci_low": r.ci_low,
+                 "ci_high": r.ci_high, "verdict": r.verdict, "pick_us": r.pick_us, "against_us": r.against_us})
+print("RESULT " + json.dumps(rows))
+"""
+
+
+def settle_differing(spec: Path, picks: dict[str, Any], env: dict[str, str], timeout: float) -> list[dict[str, Any]]:
+    """Head-to-head A/B of the keys whose picks differ between the runs: the campaign database's pick
+    (``env``) against the serial run's pick, in one process; a row is ``tied`` when the ratio's 95%
+    interval reaches into the 3% band."""
+    want = {r["digest"]: r["config_a"] for r in picks["rows"] if r["verdict"] == "differ"}
+    if not want:
+        return []
+    _, out = _run([sys.executable, "-c", AB_CHILD, str(spec), json.dumps(want)], env, timeout)
+    rows = json.loads(next(ln for ln in reversed(out.splitlines()) if ln.startswith("RESULT "))[7:])
+    for r in rows:
+        r["settled"] = "tied" if r["ci_low"] <= 1.03 and r["ci_high"] >= 1 / 1.03 else "differ"
+    return rows
+
+
+def save_db(src: str, dest: Path) -> None:
+    """A consistent copy of a SQLite database (its write-ahead log included)."""
+    import sqlite3
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(src) as a, sqlite3.connect(dest) as b:
+        a.backup(b)
+
+
 def kill_and_resume(spec: Path, gpus: int, sessions: int, timeout: float, work: Path) -> dict[str, Any]:
     """A fresh campaign SIGKILLed once half its sessions are stored, then started again."""
     from tiletune.store import TuningDB
@@ -130,6 +190,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 sessions (a smoke run)")
     ap.add_argument("--out", default=None, help="result folder (default benchmarks/results/h200, or $BENCH_OUT)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
+    ap.add_argument("--save-dbs", metavar="DIR", help="copy the serial and campaign tuning databases here "
+                    "(serial.db, campaign.db: per-config records over every key, e.g. for ab_shrink.py --merge-db)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from tiletune.campaign import compare_picks, parse_campaign
@@ -166,18 +228,24 @@ def main() -> None:
     print(f"campaign on {args.gpus} GPU(s): {run['wall_s']} s, {run['tuned']} tuned, {run['failed']} failed", flush=True)
     cdb, sdb = TuningDB(run["db"]), TuningDB(serial_env["TILETUNE_DB"])
     picks = compare_picks(sdb, cdb)
+    settled = settle_differing(spec, picks, env, args.timeout)
+    same_or_tied = picks["same_or_tied"] or (
+        len(settled) == picks["differ"] and all(r["settled"] == "tied" for r in settled))
     again = campaign(spec, args.gpus, env, work, "again", args.timeout)  # resume: everything is stored
     resumed_ok = (again["tuned"] == 0 and again["failed"] == 0
                   and compare_picks(cdb, cdb)["same"] == len(cdb.winners())
                   and [k["config"] for r in again["report"]["rows"] for k in r["keys"]]
                   == [k["config"] for r in run["report"]["rows"] for k in r["keys"]])
+    if args.save_dbs:
+        save_db(serial_env["TILETUNE_DB"], Path(args.save_dbs) / "serial.db")
+        save_db(run["db"], Path(args.save_dbs) / "campaign.db")
     kill = kill_and_resume(spec, args.gpus, len(cdb.winners()), args.timeout, work) if args.kill else None
     if kill is not None:
         resumed_ok = resumed_ok and kill["ok"]
     write_result("campaign", {
         "sessions": len(cdb.winners()), "gpus": args.gpus, "wall_s": run["wall_s"], "serial_wall_s": round(serial_wall, 2),
-        "speedup": round(serial_wall / run["wall_s"], 3), "same_or_tied": picks["same_or_tied"],
-        "resumed_ok": resumed_ok,
+        "speedup": round(serial_wall / run["wall_s"], 3), "same_or_tied": same_or_tied,
+        "resumed_ok": resumed_ok, "same_or_tied_from_records": picks["same_or_tied"], "differing_ab": settled,
         "tasks": tasks, "serial_inner_s": round(serial["inner_s"], 2), "campaign_inner_s": run["inner_s"],
         "serial_failed": serial["failed"], "campaign_failed": run["failed"],
         "compiled_ahead_tasks": run["compiled_ahead"], "compiled_ahead_jobs": run["compiled_ahead_jobs"],

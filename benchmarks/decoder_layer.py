@@ -52,8 +52,16 @@ FULL_ROWS = ([("prefill", b, s) for b in (1, 4, 8) for s in (512, 2048, 8192) if
                 if b * s <= 128 * 8192 or b <= 8])
 
 
-def rows_for(quick: bool) -> list[tuple[str, int, int]]:
-    """The rows of a run (pure)."""
+def rows_for(quick: bool, only: str | None = None) -> list[tuple[str, int, int]]:
+    """The rows of a run (pure); ``only`` = ``"phase:B:S,..."`` picks rows by hand."""
+    if only:
+        rows = []
+        for item in only.split(","):
+            phase, b, s = item.strip().split(":")
+            if phase not in ("prefill", "decode") or int(b) < 1 or int(s) < 1:
+                raise ValueError(f"--rows: {item!r} is not prefill|decode:B:S")
+            rows.append((phase, int(b), int(s)))
+        return rows
     return list(QUICK_ROWS if quick else FULL_ROWS)
 
 
@@ -306,11 +314,14 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int) -> dict[str, An
     return row
 
 
-def first_forward_child(phase: str, bsz: int, s: int) -> float:
+def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = False) -> float:
     """Wall time of the first forward of the layer in this (fresh) process."""
     import torch
 
     import tiletune.kernels as K  # noqa: F401
+    import tiletune.kernels.gemm as _gemm
+
+    _gemm.ROUTE_SMALL_M_TO_SPLITK = splitk
 
     w = make_weights()
     st = State(phase, bsz, s)
@@ -322,14 +333,14 @@ def first_forward_child(phase: str, bsz: int, s: int) -> float:
     return time.perf_counter() - t0
 
 
-def first_forward_fresh(phase: str, bsz: int, s: int) -> float | None:
+def first_forward_fresh(phase: str, bsz: int, s: int, splitk: bool = False) -> float | None:
     from _common import run_child
 
     env = dict(os.environ)
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = f"{root / 'src'}{os.pathsep}{root / 'benchmarks'}{os.pathsep}" + env.get("PYTHONPATH", "")
     code = ("import json, decoder_layer as d; "
-            f"print('RESULT ' + json.dumps(d.first_forward_child({phase!r}, {bsz}, {s})))")
+            f"print('RESULT ' + json.dumps(d.first_forward_child({phase!r}, {bsz}, {s}, {splitk!r})))")
     try:
         return float(run_child(code, env, timeout=300))
     except Exception as exc:  # noqa: BLE001
@@ -367,23 +378,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 rows (budget < 4 min on a fresh H200)")
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="output folder")
     ap.add_argument("--no-first-forward", action="store_true")
+    ap.add_argument("--rows", default=None, help="rows by hand: phase:B:S[,phase:B:S...] (e.g. decode:8:2048)")
+    ap.add_argument("--splitk", action="store_true",
+                    help="route small-M 16-bit GEMMs to the split-K op (tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK)")
     args = ap.parse_args(argv)
     import torch
+
+    if args.splitk:
+        import tiletune.kernels.gemm as _gemm
+
+        _gemm.ROUTE_SMALL_M_TO_SPLITK = True
 
     from _common import write_result
 
     t_start = time.perf_counter()
     w = make_weights()
     rows = []
-    for phase, bsz, s in rows_for(args.quick):
+    for phase, bsz, s in rows_for(args.quick, args.rows):
         r = measure_row(w, phase, bsz, s)
         rows.append(r)
         print(json.dumps(r), flush=True)
     if rows and not args.no_first_forward:
         r0 = rows[0]
-        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"])
+        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], args.splitk)
     out = Path(args.out) if args.out else None
-    path = write_result("decoder_layer", {"quick": args.quick, "rows": rows,
+    path = write_result("decoder_layer", {"quick": args.quick, "splitk": args.splitk, "rows": rows,
                                           "wall_s": time.perf_counter() - t_start,
                                           "layer": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
                                                     "head_dim": HEAD_DIM, "ffn": FFN, "dtype": "bfloat16"}}, out)

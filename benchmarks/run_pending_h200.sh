@@ -5,6 +5,7 @@
 #
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
+# LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART:
 #   verify    GPU tests of the code written on CPU hosts: split-K GEMM, decode attention, tt.bench against
 #             triton.testing.do_bench (then turn on
@@ -14,7 +15,7 @@
 #   campaign  issue 18: benchmarks/campaign.py --gpus 1 --kill (campaign.json)
 #   first     issue 13: first_call.py for matmul and attention, with --profile on every op's served rows
 #   table     issue 13: add the missing token buckets to the shipped table (merged into it)
-#   decoder   issue 20: decoder_layer.py --quick
+#   decoder   issue 20: decoder_layer.py --quick --splitk
 #   gemm      issue 14: kernels_compute.py --only gemm --quick --splitk
 #   memory    issue 14: kernels_memory.py --quick (every torch route: eager, compile, max-autotune)
 #   attention issue 14: kernels_compute.py --only attention --quick (SDPA's backends, both GQA routes)
@@ -23,7 +24,7 @@ part=${1:?PART}
 out=$(realpath -m "${2:-/tmp/pending-h200}")
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-limit() { timeout "$1" "${@:2}"; echo "[$part] $2 ${3:-} rc $?"; }
+limit() { timeout -k 10 "${LIMIT:-$1}" "${@:2}"; echo "[$part] $2 ${3:-} rc $?"; }
 case "$part" in
   verify)
     limit 560 python -m pytest -m gpu -q -rs tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py tests/test_gpu_bench.py \
@@ -32,7 +33,7 @@ case "$part" in
     limit 560 python -m pytest -m gpu -q -rs -x tests/test_gpu_kernels_compute.py tests/test_gpu_kernels_memory.py \
       --durations=15 --junitxml="$out/tests.xml" 2>&1 | tail -40 ;;
   campaign)
-    limit 560 python benchmarks/campaign.py --gpus 1 --kill --out "$out" 2>&1 | tail -30 ;;
+    limit 560 python benchmarks/campaign.py --gpus 1 --kill --save-dbs "$out/dbs" --out "$out" 2>&1 | tail -30 ;;
   first)
     limit 560 python benchmarks/first_call.py --ops matmul,attention --profile --out "$out" 2>&1 | grep -v "^ " | tail -30 ;;
   table)
@@ -41,7 +42,7 @@ case "$part" in
       --deadline-s 480 --report "$out/make_table.json" 2>&1 | tail -20
     cp src/tiletune/data/tables/h200-sm90.json "$out/" ;;
   decoder)
-    limit 560 python benchmarks/decoder_layer.py --quick --out "$out" 2>&1 | tail -30 ;;
+    limit 560 python benchmarks/decoder_layer.py --quick --splitk --out "$out" 2>&1 | tail -30 ;;
   gemm)
     limit 560 python benchmarks/kernels_compute.py --only gemm --quick --splitk --deadline 420 --out "$out" 2>&1 | tail -30 ;;
   memory)

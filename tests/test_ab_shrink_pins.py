@@ -306,3 +306,48 @@ def test_build_space_matches_the_printed_code_without_executing_stored_data(tmp_
         sh.build_space(evil)
     with pytest.raises(ValueError, match="identifiers"):
         sh.space_code(evil)
+
+
+def test_shrink_separates_the_spaces_of_one_op_name(tmp_path):
+    """A library op tunes its key regimes over different spaces under one name (seen in the H200
+    campaign's database: rms_norm had a few-rows space and a many-rows one, with different
+    parameters): each space is shrunk on its own, never one table mixing configs of both."""
+    from typer.testing import CliRunner
+
+    from tiletune.cli import app
+
+    db = TuningDB(tmp_path / "t.db")
+    wide = tt.Space(K=[0, 1, 2, 3, 4, 5, 6, 7], W=[1, 2], baseline=dict(K=0, W=1))
+    be = FakeBackend(lambda c: 10.0 + (c.K - 5) ** 2 + getattr(c, "W", 1), noise=0.01, seed=0)
+
+    def make(space):
+        @tt.autotune(space, reference=lambda x, y: x * 2, writes=["y"], db=db, backend=be, progress=False,
+                     name="test.two_spaces")
+        def op(cfg, x, y):
+            return tt.Launch(_kernel, (1,), (x, y, cfg.K))
+
+        return op
+
+    small, big = make(SPACE), make(wide)
+    for n in (4, 8):
+        small(torch.randn(n), torch.empty(n))
+    for n in (16, 32, 64):
+        big(torch.randn(n), torch.empty(n))
+    hashes = sh.space_hashes(db, "test.two_spaces")
+    assert sorted(hashes.values()) == [2, 3]
+    with pytest.raises(ValueError, match="2 spaces"):
+        sh.tables_from_db(db, "test.two_spaces")
+    for h, n in hashes.items():
+        (table,) = sh.tables_from_db(db, "test.two_spaces", h[:10]).values()
+        assert len(table.keys) == n
+        assert set(table.names) == ({"K", "W"} if n == 3 else {"K"})
+    out = tmp_path / "s.json"
+    res = CliRunner().invoke(app, ["shrink", "test.two_spaces", "--path", str(db.where), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("tt.Space(") == 2 and "each is shrunk on its own" in res.output
+    assert set(json.loads(out.read_text())["spaces"]) == set(hashes)
+    one = CliRunner().invoke(app, ["shrink", "test.two_spaces", "--path", str(db.where), "--space",
+                                   next(iter(hashes))[:8]])
+    assert one.exit_code == 0 and one.output.count("tt.Space(") == 1, one.output
+    bad = CliRunner().invoke(app, ["shrink", "test.two_spaces", "--path", str(db.where), "--space", "zzzz"])
+    assert bad.exit_code != 0 and "no space" in bad.output

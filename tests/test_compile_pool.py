@@ -137,3 +137,35 @@ def test_without_internals_the_pool_defers_to_cutile(monkeypatch):
     assert not pool.parallel and "compile_cubin" in pool.why_serial
     results = list(pool.compile_all(jobs(["a", "b"])))
     assert [r.deferred for r in results] == [True, True]
+
+
+def test_the_launch_signature_takes_convention_v2_only_when_a_constraint_needs_it():
+    """cuTile's launcher specialises size-1 dimensions as shape constants, which only convention v2
+    can carry: the pool must compute that signature (seen on the H200: decode attention, one query
+    token, missed every cubin compiled ahead under v1), and v1 for everything else."""
+    from tiletune.compile_pool import launch_signature
+
+    def array(*consts):
+        return SimpleNamespace(shape_constant=consts)
+
+    class TupleConstraint:  # named like cuda.tile's
+        pass
+
+    def make(params_by_conv):
+        return SimpleNamespace(
+            convention="v1", convention_v2="v2",
+            KernelSignature=SimpleNamespace(from_kernel_args=lambda k, args, conv: SimpleNamespace(
+                conv=conv, parameters=params_by_conv(conv, args))))
+
+    size_one = make(lambda conv, args: [array(None, 1 if conv == "v2" else None), SimpleNamespace(value=3)])
+    assert launch_signature(size_one, object(), (1,)).conv == "v2"
+    plain = make(lambda conv, args: [array(None, None), SimpleNamespace(value=3)])
+    assert launch_signature(plain, object(), (1,)).conv == "v1"
+    listed = make(lambda conv, args: [SimpleNamespace(element=array(1 if conv == "v2" else None))])
+    assert launch_signature(listed, object(), (1,)).conv == "v2"
+    tupled = make(lambda conv, args: [TupleConstraint()])
+    assert launch_signature(tupled, object(), (1,)).conv == "v2"
+    # a cuda-tile without convention v2: v1, as before
+    old = SimpleNamespace(convention="v1", KernelSignature=SimpleNamespace(
+        from_kernel_args=lambda k, args, conv: SimpleNamespace(conv=conv, parameters=[array(1)])))
+    assert launch_signature(old, object(), (1,)).conv == "v1"

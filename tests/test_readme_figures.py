@@ -44,7 +44,8 @@ def _strategy(space: str, strategy: str) -> dict:
 TABLE_SOURCES: dict[str, list[str]] = {
     "benchmark": ["h200/tuning_speed.json", "h200/warm_start.json", "h200/dispatch_overhead.json",
                   "h200/determinism.json", "h200/fault_matrix.json", "h200/host_cost.json",
-                  "h200/graphs_compile.json", "h200/first_call.json", "h200/ab.json"],
+                  "h200/graphs_compile.json", "h200/first_call.json", "h200/ab.json",
+                  "h200/campaign.json"],
     "space (valid configs)": ["h200/strategies_no_baseline.json"],
     "memory-bound op": ["h200/kernels_memory.json"],
     "compute-bound": ["h200/kernels_compute.json"],

@@ -631,6 +631,8 @@ def shrink_cmd(
     max_configs: int = typer.Option(8, min=1, help="Most configs per architecture."),
     verify: bool = typer.Option(True, help="A/B the shrunk space against each key's best by replaying the records."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    space: Optional[str] = typer.Option(None, help="Space hash (or prefix) to shrink when the op was tuned over "
+                                                   "several spaces (default: each in turn)."),
 ) -> None:
     """Choose the fewest configs per architecture within a tolerance of the full space's best on every key."""
     from . import shrink as sh
@@ -639,9 +641,36 @@ def shrink_cmd(
         _fail("give an op name (database) or --recording FILE (one of them)")
     if json_out is not None:
         _check_out_file(json_out, "--json")
-    tables = sh.tables_from_recordings(recording) if recording else sh.tables_from_db(_open_db(path, must_exist=True), op)
+    if recording:
+        groups = {"": sh.tables_from_recordings(recording)}
+    else:
+        db = _open_db(path, must_exist=True)
+        hashes = sh.space_hashes(db, op) if space is None else {}
+        if space is None and not hashes:
+            _fail(f"{db.where}: no tuning results for {op!r}")
+        chosen = list(hashes) if len(hashes) > 1 else [space]
+        try:
+            groups = {h or "": sh.tables_from_db(db, op, h) for h in chosen}
+        except ValueError as exc:
+            _fail(str(exc))
+    doc: dict[str, Any] = {"source": op or [str(r) for r in recording or []]}
+    per_space = {}
+    for h, tables in groups.items():
+        if len(groups) > 1:
+            console.print(safe(f"space {h[:12]} ({op} was tuned over {len(groups)} spaces; each is shrunk on its own)"))
+        per_space[h] = _shrink_tables(sh, tables, tolerance, max_configs, verify)
+    if len(per_space) == 1:
+        doc.update(next(iter(per_space.values())))
+    else:
+        doc["spaces"] = per_space
+    if json_out is not None:
+        json_out.write_text(json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n")
+
+
+def _shrink_tables(sh: Any, tables: dict, tolerance: float, max_configs: int, verify: bool) -> dict[str, Any]:
+    """Shrink one space's per-arch tables; print the summary and the Space code; return the JSON part."""
     results = {a: sh.shrink(t, tolerance, max_configs) for a, t in tables.items()}
-    doc: dict[str, Any] = {"source": op or [str(r) for r in recording or []], "archs": {}}
+    doc: dict[str, Any] = {"archs": {}}
     for a, r in sorted(results.items()):
         console.print(safe(f"{a}: {r.keys} key(s), {r.configs_before} -> {len(r.configs)} config(s), worst loss "
                            f"{100 * r.worst_loss:.2f}% ({'within' if r.met else 'NOT within'} "
@@ -657,8 +686,7 @@ def shrink_cmd(
     code = sh.space_code(results, comment=f"tiletune shrink: tolerance {tolerance:g}, <= {max_configs} per arch")
     doc["space_code"] = code
     typer.echo(code)
-    if json_out is not None:
-        json_out.write_text(json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n")
+    return doc
 
 
 # ---------------------------------------------------------------------------------------- recording

@@ -77,6 +77,8 @@ class _Internals:
         self.context = default_tile_context
         self.KernelSignature = KernelSignature
         self.convention = CallingConvention.cutile_python_v1()
+        v2 = getattr(CallingConvention, "cutile_python_v2", None)
+        self.convention_v2 = v2() if v2 is not None else None
         self.compiler_version = comp._get_compiler_version_string()
         for name in ("compile_tile", "compile_cubin", "_tileiras_effective_opt_and_device_debug"):
             if not hasattr(comp, name):
@@ -166,7 +168,7 @@ class CompilePool:
 
     def _bytecode(self, ints: _Internals, job: CompileJob) -> tuple[Any, str, bytes]:
         kernel = job.kernel
-        sig = ints.KernelSignature.from_kernel_args(kernel, job.args, ints.convention)
+        sig = launch_signature(ints, kernel, job.args)
         res = ints.comp.compile_tile(
             kernel._annotated_function,
             [sig],
@@ -228,6 +230,35 @@ class CompilePool:
                 remarks="",
             )
             ints.cache.cache_store(ints.cache_dir, key, cubin, meta.to_dict())
+
+
+def _needs_v2(constraint: Any) -> bool:
+    """Whether a parameter constraint can only be expressed in calling convention v2: an array with a
+    constant dimension (cuTile specialises size-1 dimensions), a list of such arrays, or a tuple."""
+    shape_constant = getattr(constraint, "shape_constant", None)
+    if shape_constant is not None and any(x is not None for x in shape_constant):
+        return True
+    element = getattr(constraint, "element", None)
+    if element is not None:
+        return _needs_v2(element)
+    return type(constraint).__name__ == "TupleConstraint"
+
+
+def launch_signature(ints: Any, kernel: Any, args: Sequence[Any]) -> Any:
+    """The signature cuTile's launcher asks the kernel to compile for ``args``.
+
+    The launcher derives the constraints with convention v2 (where a size-1 dimension becomes a
+    shape constant) and uses v2 only when some constraint needs it, v1 otherwise (cuda.tile's JAX
+    bridge states the same rule). Computing the signature with v1 alone misses every kernel launched
+    with a size-1 dimension (e.g. decode attention's one query token): its cubin compiled ahead is
+    never matched and the first launch compiles again.
+    """
+    v2 = getattr(ints, "convention_v2", None)
+    if v2 is not None:
+        sig = ints.KernelSignature.from_kernel_args(kernel, args, v2)
+        if any(_needs_v2(c) for c in getattr(sig, "parameters", ())):
+            return sig
+    return ints.KernelSignature.from_kernel_args(kernel, args, ints.convention)
 
 
 def _describe(exc: BaseException) -> str:

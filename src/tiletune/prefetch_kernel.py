@@ -27,6 +27,7 @@ class PrefetchKernel(ct.kernel):
         self._ahead: list[tuple[Any, bytes, str, str]] = []  # (signature, cubin, symbol, arch)
         self._ahead_lock = threading.Lock()
         self.prefetch_hits = 0
+        self.prefetch_misses = 0  # first launches that found cubins compiled ahead, none for their signature
 
     @staticmethod
     def with_hints(kernel: Any, hints: Mapping[str, Any]) -> "PrefetchKernel":
@@ -54,4 +55,6 @@ class PrefetchKernel(ct.kernel):
                     del self._ahead[i]
                     self.prefetch_hits += 1
                     return cubin, symbol, None, ()
+            if self._ahead:
+                self.prefetch_misses += 1
         return super()._compile(signature, context, compute_capability)

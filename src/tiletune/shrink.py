@@ -43,7 +43,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .records import DeviceInfo, Measurement, Status, canonical_json
 
-__all__ = ["KeyTable", "ShrinkResult", "shrink", "tables_from_db", "tables_from_recordings", "space_code",
+__all__ = ["KeyTable", "ShrinkResult", "shrink", "space_hashes", "tables_from_db", "tables_from_recordings", "space_code",
            "build_space", "verify_replay"]
 
 #: combinations tried at most by the exact check at one size
@@ -130,12 +130,37 @@ def _table(arch: str, per_key: list[tuple[str, list[Measurement], Any]], device:
                     sources=[s for _, _, s in per_key], device=device)
 
 
-def tables_from_db(db: Any, name: str) -> dict[str, KeyTable]:
+def space_hashes(db: Any, name: str) -> dict[str, int]:
+    """The spaces op ``name`` was tuned over in a tuning database: space hash -> number of keys.
+
+    A library op may tune different key regimes over different spaces (e.g. few rows vs many); each
+    space is shrunk on its own."""
+    keys: dict[str, set] = {}
+    for w in db.winners(name=name):
+        keys.setdefault(w.identity.space_hash, set()).add((w.identity.device.arch, w.identity.key))
+    return {h: len(k) for h, k in sorted(keys.items())}
+
+
+def tables_from_db(db: Any, name: str, space: str | None = None) -> dict[str, KeyTable]:
     """Per architecture, the per-config medians of op ``name`` over its keys in a tuning database
-    (a key's newest identity per architecture; its sessions' samples merged)."""
+    (a key's newest identity per architecture; its sessions' samples merged).
+
+    ``space``: the space hash (or a prefix of it) to shrink, required when the op was tuned over
+    several spaces (:func:`space_hashes`); their configs are not comparable."""
     winners = db.winners(name=name)
     if not winners:
         raise ValueError(f"{db.where}: no tuning results for {name!r}")
+    hashes = space_hashes(db, name)
+    if space is not None:
+        chosen = [h for h in hashes if h.startswith(space)]
+        if len(chosen) != 1:
+            raise ValueError(f"{db.where}: {name!r} has {'no' if not chosen else 'several'} space(s) matching "
+                             f"{space!r}; its spaces: {', '.join(f'{h[:12]} ({n} keys)' for h, n in hashes.items())}")
+        winners = [w for w in winners if w.identity.space_hash == chosen[0]]
+    elif len(hashes) > 1:
+        raise ValueError(f"{db.where}: {name!r} was tuned over {len(hashes)} spaces "
+                         f"({', '.join(f'{h[:12]}: {n} keys' for h, n in hashes.items())}); shrink one at a time "
+                         "(space=HASH, or the CLI's --space)")
     newest: dict[tuple[str, str], Any] = {}
     for w in winners:  # oldest first
         newest[(w.identity.device.arch, w.identity.key)] = w

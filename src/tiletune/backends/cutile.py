@@ -212,6 +212,7 @@ class CutileSession:
 
     def finish(self, winner: Candidate | None) -> None:
         self.stats["prefetch_hits"] = sum(getattr(k, "prefetch_hits", 0) for k in self._kernels.values())
+        self.stats["prefetch_misses"] = sum(getattr(k, "prefetch_misses", 0) for k in self._kernels.values())
         try:
             if self.guard is not None:
                 self.guard.restore()

@@ -13,9 +13,10 @@ worker. Every fault is turned into a failed candidate:
   candidate fails with ``timeout``;
 * an invalid reply: the worker is killed, the candidate fails.
 
-Watchdog: a check or sample request may take ``watchdog_floor_s + watchdog_factor x`` the expected
-time of its launches, where the expected time is the best median measured so far in the session
-(plus the cache flush per sample); before anything is measured, ``first_watchdog_s``.
+Watchdog: a sample request may take ``watchdog_floor_s + watchdog_factor x`` the expected time of its
+launches, where the expected time is the best median measured so far in the session (plus the cache
+flush per sample); before anything is measured, ``first_watchdog_s``. A check (a candidate's first
+launch, which may compile it in the worker) gets ``first_watchdog_s`` more.
 """
 
 from __future__ import annotations
@@ -189,6 +190,12 @@ class WorkerSession:
             return o.first_watchdog_s
         return o.watchdog_floor_s + o.watchdog_factor * launches * (self._best_us + o.flush_us) * 1e-6
 
+    def _check_deadline(self) -> float:
+        """A check is the candidate's first launch in the worker, which may compile it there (cuTile's
+        own path, when no cubin compiled ahead matches the launch): it gets ``first_watchdog_s`` on top
+        of a sample's deadline, so a slow first compile is not taken for a hung kernel."""
+        return self._deadline(1) + (self.options.first_watchdog_s if self._best_us is not None else 0.0)
+
     def _wire(self, cand: Candidate) -> tuple:
         return candidate_wire(cand.order, cand.config, cand.is_baseline)
 
@@ -268,10 +275,12 @@ class WorkerSession:
         try:
             self._ensure_compiled(candidate)
             reply = self.worker.request(
-                {"op": "check", "session": self.sid, "candidate": self._wire(candidate)}, self._deadline(1)
+                {"op": "check", "session": self.sid, "candidate": self._wire(candidate)}, self._check_deadline()
             )
             if not reply.ok:
                 return CheckOutcome(Status.LAUNCH_ERROR, reply.error)
+            if isinstance(reply.body.get("seconds"), (int, float)):  # the first launch and the check, in the worker
+                self.stats.setdefault("check_s", []).append(float(reply.body["seconds"]))
             status, reason = status_from(reply)
             return CheckOutcome(status, reason)
         except WorkerFault as fault:

@@ -268,8 +268,10 @@ class Worker:
     def op_check(self, msg: dict) -> dict:
         served = self.sessions[int(msg["session"])]
         cand = self._candidates(served, [msg["candidate"]])[0]
+        t0 = time.perf_counter()
         outcome = served.session.check(cand)
-        reply: dict = {"ok": True, "status": outcome.status.value, "reason": outcome.reason}
+        reply: dict = {"ok": True, "status": outcome.status.value, "reason": outcome.reason,
+                       "seconds": round(time.perf_counter() - t0, 4)}
         if outcome.status.value == "launch_error":
             return reply  # serve() probes the context
         if outcome.status.value in ("ok", "mismatch"):
