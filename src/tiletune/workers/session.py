@@ -16,7 +16,7 @@ worker. Every fault is turned into a failed candidate:
 Watchdog: a sample request may take ``watchdog_floor_s + watchdog_factor x`` the expected time of its
 launches, where the expected time is the best median measured so far in the session (plus the cache
 flush per sample); before anything is measured, ``first_watchdog_s``. A check (a candidate's first
-launch, which may compile it in the worker) gets ``first_watchdog_s`` more.
+launch, which may compile it in the worker once more) gets twice the candidate's compile time (at least 3 s) more.
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ class WorkerSession:
         self.stats: dict[str, Any] = {"isolation": "process", "worker_restarts": 0, "faults": []}
         self._opened_gen = -1  # worker generation the session is open in
         self._compiled: set[int] = set()  # candidates compiled in the current worker generation
+        self._compile_s: dict[int, float] = {}  # each candidate's compile time in the worker
         self._best_us: float | None = None
         self._stash: dict[int, tuple[int, Any]] = {}  # order -> (worker generation, compile event)
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
@@ -190,11 +191,13 @@ class WorkerSession:
             return o.first_watchdog_s
         return o.watchdog_floor_s + o.watchdog_factor * launches * (self._best_us + o.flush_us) * 1e-6
 
-    def _check_deadline(self) -> float:
-        """A check is the candidate's first launch in the worker, which may compile it there (cuTile's
-        own path, when no cubin compiled ahead matches the launch): it gets ``first_watchdog_s`` on top
-        of a sample's deadline, so a slow first compile is not taken for a hung kernel."""
-        return self._deadline(1) + (self.options.first_watchdog_s if self._best_us is not None else 0.0)
+    def _check_deadline(self, order: int) -> float:
+        """A check is the candidate's first launch in the worker, which may compile it there once more
+        (cuTile's own path, when no cubin compiled ahead matches the launch): on top of a sample's
+        deadline it gets twice the candidate's compile time in the worker (at least 3 s), so a slow first launch is
+        not taken for a hung kernel while a hung one is still caught within seconds."""
+        extra = max(2.0 * self._compile_s.get(order, 0.0), 3.0) if self._best_us is not None else 0.0
+        return self._deadline(1) + extra
 
     def _wire(self, cand: Candidate) -> tuple:
         return candidate_wire(cand.order, cand.config, cand.is_baseline)
@@ -224,6 +227,7 @@ class WorkerSession:
             if gen != self.worker.generation:
                 continue  # a result from a worker that has since been replaced
             self._compiled.add(ev.order)
+            self._compile_s[ev.order] = float(ev.seconds or 0.0)
             if ev.status is not Status.OK:
                 raise CandidateFault(ev.status, f"recompiling in a new worker failed: {ev.reason}")
             return
@@ -267,6 +271,7 @@ class WorkerSession:
             c = pending.pop(ev.order)
             if ev.status is Status.OK and gen == self.worker.generation:
                 self._compiled.add(ev.order)
+                self._compile_s[ev.order] = float(ev.seconds or 0.0)
             yield CompileOutcome(c, ev.status, ev.seconds, ev.reason)
             if serial and not any(o in pending for o in in_flight):
                 need_send = True  # the next one
@@ -275,7 +280,8 @@ class WorkerSession:
         try:
             self._ensure_compiled(candidate)
             reply = self.worker.request(
-                {"op": "check", "session": self.sid, "candidate": self._wire(candidate)}, self._check_deadline()
+                {"op": "check", "session": self.sid, "candidate": self._wire(candidate)},
+                self._check_deadline(candidate.order),
             )
             if not reply.ok:
                 return CheckOutcome(Status.LAUNCH_ERROR, reply.error)
