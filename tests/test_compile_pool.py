@@ -165,6 +165,14 @@ def test_the_launch_signature_takes_convention_v2_only_when_a_constraint_needs_i
     assert launch_signature(listed, object(), (1,)).conv == "v2"
     tupled = make(lambda conv, args: [TupleConstraint()])
     assert launch_signature(tupled, object(), (1,)).conv == "v2"
+    def refuse_v2(k, args, conv):
+        if conv == "v2":
+            raise TypeError("not expressible in v2")
+        return SimpleNamespace(conv=conv, parameters=[array(None)])
+
+    refusing = SimpleNamespace(convention="v1", convention_v2="v2", KernelSignature=SimpleNamespace(
+        from_kernel_args=refuse_v2))
+    assert launch_signature(refusing, object(), (1,)).conv == "v1"
     # a cuda-tile without convention v2: v1, as before
     old = SimpleNamespace(convention="v1", KernelSignature=SimpleNamespace(
         from_kernel_args=lambda k, args, conv: SimpleNamespace(conv=conv, parameters=[array(1)])))

@@ -255,8 +255,11 @@ def launch_signature(ints: Any, kernel: Any, args: Sequence[Any]) -> Any:
     """
     v2 = getattr(ints, "convention_v2", None)
     if v2 is not None:
-        sig = ints.KernelSignature.from_kernel_args(kernel, args, v2)
-        if any(_needs_v2(c) for c in getattr(sig, "parameters", ())):
+        try:
+            sig = ints.KernelSignature.from_kernel_args(kernel, args, v2)
+        except Exception:  # arguments v2 cannot express: the launcher signs them with v1 as well
+            sig = None
+        if sig is not None and any(_needs_v2(c) for c in getattr(sig, "parameters", ())):
             return sig
     return ints.KernelSignature.from_kernel_args(kernel, args, ints.convention)
 
