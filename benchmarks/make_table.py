@@ -5,9 +5,11 @@ two 1..16384; attention at a few sequence lengths, it is not bucketed) into a fr
 commonest token counts first, until a wall-clock deadline; then exports the winners as a tuning
 table (``TuningTable.from_db``), merged into the existing table file when it was made for the same
 device and versions (so a later run adds buckets: pass the token counts still missing with
-``--tokens``). Re-running with the same ``--db`` resumes: stored keys are skipped.
+``--tokens``; an entry of a call tuned again replaces the old one). Re-running with the same ``--db``
+resumes: stored keys are skipped. ``tests/test_shipped_table.py`` fails when a kernel, plan or space
+edit leaves shipped entries stale: re-run this on the GPU for their token counts.
 
-    python benchmarks/make_table.py --db /tmp/fill.db --table src/tiletune/data/tables/h200.json \
+    python benchmarks/make_table.py --db /tmp/fill.db --table src/tiletune/data/tables/h200-sm90.json \
         [--deadline-s 400] [--report OUT.json]
 """
 
@@ -61,7 +63,10 @@ def main() -> int:
     if os.path.exists(args.table):
         old = TuningTable.load(args.table)
         if old.device == table.device and old.versions == table.versions:
-            kept = [e for k, e in old.entries.items() if k not in table.entries]
+            # an old entry for a call this run tuned again (same op name and key, e.g. after a kernel edit
+            # changed its kernel id) is replaced, not kept beside the new one
+            redone = {(e.name, e.key) for e in table.entries.values()}
+            kept = [e for k, e in old.entries.items() if k not in table.entries and (e.name, e.key) not in redone]
             table = TuningTable(table.device, table.versions, [*kept, *table.entries.values()])
             print(f"merged {len(kept)} entries of the existing table", flush=True)
         else:
