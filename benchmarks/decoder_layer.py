@@ -235,21 +235,6 @@ def host_us(fn: Any, iters: int) -> float:
     return dt * 1e6 / iters
 
 
-def graph_of(fn: Any) -> Any:
-    """A CUDA graph of one call of ``fn`` (warmed on a side stream first); returns ``(graph, output)``."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
-
-
 def iters_for(phase: str, bsz: int, s: int) -> int:
     tokens = bsz * (s if phase == "prefill" else 1)
     return max(5, min(200, int(2e5 // max(1, tokens))))
@@ -265,6 +250,8 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int) -> dict[str, An
     """One row: tune + time tiletune, time eager / compile / compile reduce-overhead, check rel_err."""
     import torch
 
+    from tiletune.bench import capture_graph
+
     st = State(phase, bsz, s)
     row: dict[str, Any] = {"phase": phase, "B": bsz, "S": s}
     n = iters_for(phase, bsz, s)
@@ -278,7 +265,7 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int) -> dict[str, An
     torch.cuda.synchronize()
     row["tiletune_host_us"] = host_us(fwd, n)
     row["tiletune_stream_us"] = gpu_us(fwd, n)
-    g, _ = graph_of(fwd)
+    g, _ = capture_graph(fwd)
     row["tiletune_us"] = gpu_us(g.replay, n)
 
     eager_caches = st.caches() if phase == "decode" else (None, None)

@@ -393,15 +393,12 @@ def gpu_time(fn: Callable[..., Any], args: tuple) -> dict[str, Any]:
     """Per-call GPU time of ``fn(*args)`` from CUDA-graph replays, and launches per call (graph nodes)."""
     import torch
 
+    from tiletune.bench import warm_on_side_stream
+
     out: dict[str, Any] = {"gpu_us": None, "launches_per_call": None}
     graph = None
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn(*args)
-        torch.cuda.current_stream().wait_stream(side)
+        warm_on_side_stream(lambda: fn(*args), times=3)
         torch.cuda.synchronize()
         try:
             graph, keep = torch.cuda.CUDAGraph(keep_graph=True), True

@@ -165,3 +165,76 @@ def test_no_cuda_without_a_timer():
 
 def test_exported():
     assert tt.bench is bench and tt.BenchResult is BenchResult
+
+
+class FakeCuda:
+    """Stands in for ``torch.cuda``'s streams and graphs, logging what the capture helpers do."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.current = "main"
+        fake = self
+
+        class Stream:
+            def __init__(self) -> None:
+                self.name = "side"
+
+            def wait_stream(self, other) -> None:
+                fake.log.append(f"{self.name} waits {other.name}")
+
+        class Main(Stream):
+            def __init__(self) -> None:
+                self.name = "main"
+
+        class CUDAGraph:
+            def replay(self) -> None:
+                fake.log.append("replay")
+
+        self.Stream, self.CUDAGraph, self._main = Stream, CUDAGraph, Main()
+
+        import contextlib
+
+        @contextlib.contextmanager
+        def stream(s):
+            before, fake.current = fake.current, s.name
+            yield
+            fake.current = before
+
+        @contextlib.contextmanager
+        def graph(g):
+            before, fake.current = fake.current, "capture"
+            yield
+            fake.current = before
+
+        self.stream, self.graph = stream, graph
+
+    def current_stream(self):
+        return self._main
+
+    def synchronize(self) -> None:
+        self.log.append("synchronize")
+
+
+def test_capture_graph_warms_on_a_side_stream_then_captures_one_call(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from tiletune.bench import _capture, capture_graph, warm_on_side_stream
+
+    fake = FakeCuda()
+    for name in ("Stream", "CUDAGraph", "stream", "graph", "current_stream", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+
+    def call():
+        fake.log.append(f"call on {fake.current}")
+        return len(fake.log)
+
+    graph, out = capture_graph(call)
+    assert fake.log == ["side waits main", "call on side", "main waits side", "call on capture"]
+    assert out == 4 and isinstance(graph, fake.CUDAGraph)  # the captured call's output
+    fake.log.clear()
+    warm_on_side_stream(call, times=3)
+    assert fake.log == ["side waits main"] + ["call on side"] * 3 + ["main waits side"]
+    fake.log.clear()
+    replay = _capture(call)  # bench(graph=True): the same capture, synchronized, then replayed
+    assert fake.log == ["side waits main", "call on side", "main waits side", "call on capture", "synchronize"]
+    replay()
+    assert fake.log[-1] == "replay"

@@ -255,3 +255,26 @@ def test_background_refinement_never_blocks_resolved_calls():
     torch.testing.assert_close(op(x, torch.empty(300, 4)), x * 2)
     thread.join(30)
     assert not thread.is_alive() and op.tuning_count == 2 and op.refining == []
+
+
+def test_a_refining_miss_hashes_the_kernel_sources_and_runs_the_plans_once():
+    # a miss looks up the exact key, then resolves the bucket's: two identities of one call's
+    # arguments, which share the kernel id (the plans' kernels) and differ only in the key
+    be = FakeBackend(model, noise=0.0)
+    hashed = []
+    real = be.kernel_sources
+    be.kernel_sources = lambda kernel: hashed.append(kernel) or real(kernel)
+    plan_calls = []
+    op = make_refining_op(be)
+    real_spec = op._launch_spec
+    op._launch_spec = lambda cfg, args: plan_calls.append(cfg) or real_spec(cfg, args)
+    op(torch.randn(300, 4), torch.empty(300, 4))  # exact lookup misses, the bucket is tuned
+    assert op.tuning_count == 1
+    assert len(hashed) == 1  # one kernel in the space, hashed once for both identities
+    # the identities and the session plan each config once; installing the winner plans it again
+    *planned, installed = plan_calls
+    assert sorted(planned, key=lambda c: c.TM) == sorted(SPACE.candidates(), key=lambda c: c.TM)
+    assert installed == SPACE.config(TM=128)
+    hashed.clear()
+    op(torch.randn(400, 4), torch.empty(400, 4))  # the bucket answers; one exact lookup
+    assert len(hashed) == 1 and op.tuning_count == 1 and len(op.refining) == 1

@@ -370,6 +370,27 @@ def test_decode_attention_argument_errors():
     assert lens.dtype == torch.int32 and lens.tolist() == [3, 4]
 
 
+def test_decode_attention_names_the_caches_in_the_checks_it_shares_with_attention():
+    # the q/k/v checks of attention() (tiletune.kernels._attention_checks), with the caches' names;
+    # the decode op reaches them on CPU tensors (it checks the device last)
+    q, k, v = make(2, 8, 2, 1, 64, 64)
+    with pytest.raises(TypeError, match=r"^decode_attention\(\): cache_v must be a torch tensor, got list$"):
+        dop.decode_attention(q, k, v.tolist())
+    with pytest.raises(ValueError, match=r"^decode_attention\(\): cache_k must be 4-D \(B, H, S, D\)"):
+        dop.decode_attention(q, k[0], v)
+    with pytest.raises(TypeError, match=r"^decode_attention\(\): q, cache_k, cache_v must share a dtype"):
+        dop.decode_attention(q, k.half(), v)
+    with pytest.raises(ValueError, match=r"^decode_attention\(\): cache_k and cache_v shapes differ"):
+        dop.decode_attention(q, k, v[:, :, :32])
+    with pytest.raises(ValueError, match=r"^decode_attention\(\): cache_k/cache_v of shape \(3, 2, 64, 64\) do not "
+                                         r"match q of shape \(2, 8, 1, 64\) \(batch and head dim must agree\)$"):
+        dop.decode_attention(q, *make(3, 8, 2, 1, 64, 64)[1:])
+    with pytest.raises(ValueError, match=r"^decode_attention\(\): the caches hold no position"):
+        dop.decode_attention(q, k[:, :, :0], v[:, :, :0])
+    with pytest.raises(ValueError, match=r"^decode_attention\(\) expects q, cache_k, cache_v on one CUDA device"):
+        dop.decode_attention(q, k, v)
+
+
 # ---------------------------------------------------------------------------------------------
 # sm_90 compiles (skipped without the TileIR assembler)
 # ---------------------------------------------------------------------------------------------

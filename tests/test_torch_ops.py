@@ -173,7 +173,7 @@ def eager_without_launch(monkeypatch):
     # operand copies for the kernel (``contiguous()`` of a fake CUDA tensor needs a CUDA build of
     # torch) do not change what is allocated for the output
     monkeypatch.setattr(gemm, "_as_kernel_operand", lambda x: (x, False))
-    monkeypatch.setattr(attn, "_strided_ok", lambda t: t)
+    monkeypatch.setattr(attn, "aligned_operand", lambda t: t)
     # the memory-bound ops index their inputs (``x2[:, :h]``), which fake CUDA tensors refuse on a
     # torch without CUDA: they run on meta tensors with the device check stubbed out instead
     for mod in ("norms", "softmax_op", "glu", "cross_entropy_op"):

@@ -43,7 +43,8 @@ from typing import Any, Callable, Protocol, Sequence
 from .errors import NoBackendError
 from .stats import SampleSummary, StoppingRule, summarize
 
-__all__ = ["BenchResult", "ClockReading", "DeviceTimer", "NvmlProbe", "bench", "nvml_probe"]
+__all__ = ["BenchResult", "ClockReading", "DeviceTimer", "NvmlProbe", "bench", "capture_graph", "nvml_probe",
+           "warm_on_side_stream"]
 
 #: NVML clock-event reason bits that mean the GPU slowed itself down (power or thermal limits):
 #: software power cap, hardware slowdown, software / hardware thermal slowdown, power brake.
@@ -302,20 +303,42 @@ def _device_index(sets: Sequence[tuple[Any, ...]], device: Any) -> int:
     return int(torch.cuda.current_device())
 
 
-def _capture(call: Callable[[], Any]) -> Callable[[], None]:
-    """A CUDA graph of one ``call`` (warmed on a side stream first, as torch asks); returns its replay."""
+def warm_on_side_stream(call: Callable[[], Any], times: int = 1) -> None:
+    """Run ``call`` ``times`` times on a fresh side stream, ordered after the current stream's work and
+    before its later work: the warm-up torch asks for before a CUDA graph capture."""
     import torch
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        call()
+        for _ in range(times):
+            call()
     torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        call()
+
+
+def capture_graph(call: Callable[[], Any]) -> tuple[Any, Any]:
+    """A CUDA graph of one ``call``, warmed up on a side stream first (:func:`warm_on_side_stream`).
+
+    Returns ``(graph, output)``: the ``torch.cuda.CUDAGraph`` (``graph.replay()`` runs it again) and
+    what the captured call returned (its tensors are the graph's static outputs). Nothing is
+    synchronized after the capture.
+    """
+    import torch
+
+    warm_on_side_stream(call)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
+def _capture(call: Callable[[], Any]) -> Callable[[], None]:
+    """A CUDA graph of one ``call`` (:func:`capture_graph`), synchronized; returns its replay."""
+    import torch
+
+    graph, _ = capture_graph(call)
     torch.cuda.synchronize()
-    return g.replay
+    return graph.replay
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import os
 import threading
 import weakref
 from operator import itemgetter
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .backends.base import Backend, Launch
 from .binding import positional_binder
@@ -31,6 +31,9 @@ from .space import Config, Space
 from .store import TuningDB
 from .strategies.base import Budget, StrategySpec
 from .tuner import TunerOptions
+
+if TYPE_CHECKING:
+    from .tuning import PlanCache
 
 #: ``tolerance(*args) -> {dtype name: (rtol, atol)}``: a problem-dependent tolerance.
 ToleranceFn = Callable[..., Mapping[str, "tuple[float, float]"]]
@@ -427,13 +430,15 @@ class TunedOp:
         if self.buckets is not None and self.buckets.refine and key not in self._refine:
             self._refine[key] = _ArgTemplate(args)
 
-    def _exact_record(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Config | None:
-        """The stored config of this exact key (a refined shape), or None; no tuning."""
+    def _exact_record(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
+                      plans: PlanCache) -> Config | None:
+        """The stored config of this exact key (a refined shape), or None; no tuning. ``plans``: the
+        call's plan cache, shared with the bucket's resolution (one kernel id for both)."""
         from .tuning import exact_keys, lookup
 
         try:
             with exact_keys():
-                return lookup(self, args, key, backend, dev, arch)
+                return lookup(self, args, key, backend, dev, arch, plans)
         except Exception as exc:  # noqa: BLE001 - the bucket answers without it
             logger.debug("%s: exact lookup failed: %s", self.name, exc)
             return None
@@ -525,8 +530,11 @@ class TunedOp:
             pend = self._pending.get(key)
             bucket = self.buckets.key(args) if self.buckets is not None and not disabled else None
             cfg = None
+            from .tuning import PlanCache
+
+            plans = PlanCache(lambda c: self._launch_spec(c, args))  # this call's plans, for every identity
             if bucket is not None and self.buckets.refine:  # a refined (exact) record wins over the bucket's
-                cfg = self._exact_record(args, key, backend, dev, arch)
+                cfg = self._exact_record(args, key, backend, dev, arch, plans)
                 if cfg is not None:
                     bucket = None
             if cfg is None and bucket is not None:
@@ -546,7 +554,7 @@ class TunedOp:
             elif cfg is None:
                 from .tuning import resolve
 
-                res = resolve(self, args, key, backend, dev, arch)
+                res = resolve(self, args, key, backend, dev, arch, plans)
                 cfg, launched = res.config, res.launched
                 if res.result is not None:
                     self.results[key] = res.result

@@ -51,8 +51,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["MissScope", "PlanCache", "Resolution", "Resolved", "database_failed", "lookup", "make_identity",
-           "miss_scope", "open_database", "resolve", "tune"]
+__all__ = ["KernelPart", "MissScope", "PlanCache", "Resolution", "Resolved", "database_failed", "kernel_part",
+           "lookup", "make_identity", "miss_scope", "open_database", "resolve", "tune"]
 
 
 # ---------------------------------------------------------------------- a database that cannot be used
@@ -144,12 +144,16 @@ class PlanCache:
 
     ``spec_for(cfg)`` evaluates the plan on the fixed arguments; the cache is called like a plan,
     ``cache(cfg, *args)`` (the arguments are those it was made for), so a session can use it as one.
+    It also keeps the part of the op's identity that those arguments fix whatever the key
+    (:class:`KernelPart`), so identities of one call under several keys (a bucket's and the
+    exact one) hash the kernel sources once.
     """
 
     def __init__(self, spec_for: Callable[[Config], Launch]) -> None:
         self.spec_for = spec_for
         self.specs: dict[Config, Launch] = {}
         self.calls = 0
+        self.kernel: KernelPart | None = None
 
     def __call__(self, cfg: Config, *args: Any) -> Launch:
         spec = self.specs.get(cfg)
@@ -259,9 +263,20 @@ def exact_keys() -> Iterator[None]:
         _EXACT_KEYS.reset(token)
 
 
-def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
-                  plans: PlanCache) -> TuningIdentity:
-    """Everything the op's result for this key depends on (kernel sources, space, key, device, versions)."""
+@dataclass(frozen=True)
+class KernelPart:
+    """The part of an op's identity that does not depend on the key: the kernel id (the plan's and
+    its kernels' sources over the identity configs) and the backend's versions."""
+
+    kernel_id: str
+    versions: str
+
+
+def kernel_part(op: "TunedOp", backend: Backend, arch: str, plans: PlanCache) -> KernelPart:
+    """The key-independent part of the identity of a call (whose arguments ``plans`` was made for),
+    computed at the first request and kept on ``plans``."""
+    if plans.kernel is not None:
+        return plans.kernel
     sources = []
     seen: set[int] = set()
     for cfg in _identity_configs(op.space, arch):
@@ -273,6 +288,14 @@ def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backe
         if id(k) not in seen:
             seen.add(id(k))
             sources.append(backend.kernel_sources(k))
+    plans.kernel = KernelPart(kernel_identity(op.plan, sources), canonical_json(dict(backend.versions())))
+    return plans.kernel
+
+
+def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
+                  plans: PlanCache) -> TuningIdentity:
+    """Everything the op's result for this key depends on (kernel sources, space, key, device, versions)."""
+    kernel = kernel_part(op, backend, arch, plans)
     try:
         if op.key_fn is not None:
             key_json = canonical_json(key_to_json(key))
@@ -283,11 +306,11 @@ def make_identity(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backe
     except TypeError as exc:
         raise TiletuneError(f"{op.name}: {exc}") from exc
     return TuningIdentity(
-        kernel_id=kernel_identity(op.plan, sources),
+        kernel_id=kernel.kernel_id,
         space_hash=op.space.hash,
         key=key_json,
         device=backend.device_info(dev),
-        versions=canonical_json(dict(backend.versions())),
+        versions=kernel.versions,
         name=op.name,
     )
 
@@ -302,11 +325,13 @@ def _config_from_record(op: "TunedOp", values: Mapping[str, Any], arch: str) -> 
     return cfg if cfg in set(op.space.candidates(arch)) else None
 
 
-def lookup(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Config | None:
+def lookup(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
+           plans: PlanCache | None = None) -> Config | None:
     """The database's config for this key, or None: no lease, no waiting, no tuning (what a call made
-    during CUDA graph capture may do)."""
+    during CUDA graph capture may do). ``plans``: the call's plan cache, when the caller has one."""
     db = op.db
-    plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
+    if plans is None:
+        plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
     identity = make_identity(op, args, key, backend, dev, arch, plans)
     record = None
     if db is not None:
@@ -337,11 +362,14 @@ def _from_table(op: "TunedOp", identity: TuningIdentity, arch: str) -> Config | 
     return cfg
 
 
-def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> Resolution:
+def resolve(op: "TunedOp", args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
+            plans: PlanCache | None = None) -> Resolution:
     """The config this op uses for ``key``: from a pin (:mod:`tiletune.pins`), the database, a tuning
     table, another process's session, or tuned. In a ``torch.distributed`` job every rank that misses
-    the same key uses the one config the first of them resolved (:mod:`tiletune.distributed`)."""
-    plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
+    the same key uses the one config the first of them resolved (:mod:`tiletune.distributed`).
+    ``plans``: the call's plan cache (for these ``args``), when the caller has one."""
+    if plans is None:
+        plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
     identity = make_identity(op, args, key, backend, dev, arch, plans)
     from . import distributed
 

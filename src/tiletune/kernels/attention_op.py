@@ -11,8 +11,6 @@ sizes, load latency hint, occupancy and worker warps are tuned per problem
 
 from __future__ import annotations
 
-
-import math
 from typing import Any
 
 from ..backends.base import Launch
@@ -20,6 +18,14 @@ from ..fastcall import custom_op_route, fast_op
 from ..dispatch import autotune
 from ..space import Space
 from ..verify import Tolerance, derived_tolerance, eps
+from ._attention_checks import (
+    aligned_operand,
+    check_cuda_device,
+    check_head_dim,
+    check_kv_shapes,
+    check_qkv_tensors,
+    softmax_scale,
+)
 from .decode_attention_kernels import DECODE_MAX_Q
 from .decode_attention_op import prepare_decode
 from .attention_kernels import (
@@ -75,13 +81,6 @@ def attention_into(cfg: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, qk_sc
                   (q, k, v, o, qk_scale_log2, q.shape[-1], cfg.BLOCK_M, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
 
 
-def _strided_ok(t: Any) -> Any:
-    """``t`` itself if its last dim is unit-stride and other strides are 16-byte multiples, else a copy."""
-    if t.stride(-1) == 1 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]):
-        return t
-    return t.contiguous()
-
-
 #: Whether :func:`attention` sends short queries to the split-KV decode kernels. Off until
 #: ``tests/test_gpu_decode_attention.py`` has passed on a GPU: the decode kernels were written and
 #: compiled on a CPU host and checked against a torch emulation only.
@@ -113,37 +112,16 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     """
     import torch
 
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"attention: {name} must be a torch tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"attention: {name} must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"attention supports bfloat16 and float16, got q of dtype {q.dtype}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.is_cuda or k.device != q.device or v.device != q.device:
-        raise ValueError(f"attention expects q, k, v on one CUDA device, got {q.device}, {k.device}, {v.device}")
+    names = ("q", "k", "v")
+    check_qkv_tensors("attention", names, q, k, v)
+    check_cuda_device("attention", names, q, k, v)
+    check_head_dim("attention", q, ATTENTION_HEAD_DIMS)
+    check_kv_shapes("attention", names, q, k, v)
     bsz, h, sq, d = q.shape
-    if d not in ATTENTION_HEAD_DIMS:
-        raise ValueError(f"attention: head dim {d} is not supported (supported: {ATTENTION_HEAD_DIMS})")
-    if k.shape != v.shape:
-        raise ValueError(f"attention: k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if k.shape[0] != bsz or k.shape[3] != d:
-        raise ValueError(
-            f"attention: k/v of shape {tuple(k.shape)} do not match q of shape {tuple(q.shape)} "
-            "(batch and head dim must agree)"
-        )
-    hkv, sk = k.shape[1], k.shape[2]
-    if hkv < 1 or h % hkv:
-        raise ValueError(f"attention: query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    sk = k.shape[2]
     if sq < 1 or sk < 1:
         raise ValueError(f"attention: empty sequence (Sq={sq}, Sk={sk})")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    scale = float(scale)
-    if not (math.isfinite(scale) and scale > 0.0):
-        raise ValueError(f"attention: scale must be a positive finite number, got {scale}")
+    scale = softmax_scale("attention", scale, d)
     if _routes_to_decode(sq, sk):
         # few queries, many keys: the split-KV decode kernel. Top-left causal: query i sees keys
         # 0..i, so only the first Sq keys matter, where top-left and bottom-right alignment agree.
@@ -151,7 +129,7 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
             k, v = k[:, :, :sq], v[:, :, :sq]
         lens = torch.full((bsz,), k.shape[2], dtype=torch.int32, device=q.device)
         return prepare_decode(q, k, v, lens, bool(causal), scale).run()
-    q, k, v = _strided_ok(q), _strided_ok(k), _strided_ok(v)
+    q, k, v = aligned_operand(q), aligned_operand(k), aligned_operand(v)
     o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
     if bsz == 0 or h == 0:
         return o

@@ -24,7 +24,6 @@ Public ops::
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..backends.base import Launch
@@ -32,6 +31,14 @@ from ..buckets import Buckets
 from ..dispatch import autotune
 from ..space import Space
 from ..verify import Tolerance, derived_tolerance, derived_tolerances, eps
+from ._attention_checks import (
+    aligned_operand,
+    check_cuda_device,
+    check_head_dim,
+    check_kv_shapes,
+    check_qkv_tensors,
+    softmax_scale,
+)
 from ._membound import int64_twin, needs_int64, sm_count
 from .decode_attention_kernels import (
     DECODE_BASELINE,
@@ -205,31 +212,18 @@ decode_combine_into = autotune(
 # --------------------------------------------------------------------------------------------
 
 
-def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
-    import torch
+_CACHE_NAMES = ("q", "cache_k", "cache_v")
 
-    for name, t in (("q", q), ("cache_k", k), ("cache_v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}(): '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{op}(): '{name}' must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"{op}() supports bfloat16 and float16, got q of dtype {q.dtype}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"{op}(): q and the caches must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    bsz, h, sq, d = q.shape
-    if d not in DECODE_HEAD_DIMS:
-        raise ValueError(f"{op}(): head dim {d} is not supported (supported: {DECODE_HEAD_DIMS})")
+
+def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
+    """The tensor checks of ``op`` (the shared ones of :mod:`._attention_checks`, the query count and
+    the capacity), in the order the messages have always come; the device is checked later."""
+    check_qkv_tensors(f"{op}()", _CACHE_NAMES, q, k, v)
+    check_head_dim(f"{op}()", q, DECODE_HEAD_DIMS)
+    sq = q.shape[2]
     if not 1 <= sq <= DECODE_MAX_Q:
         raise ValueError(f"{op}(): takes 1 to {DECODE_MAX_Q} query tokens, got {sq} (use attention() for more)")
-    if k.shape != v.shape:
-        raise ValueError(f"{op}(): cache_k and cache_v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if k.shape[0] != bsz or k.shape[3] != d:
-        raise ValueError(f"{op}(): caches of shape {tuple(k.shape)} do not match q of shape {tuple(q.shape)} "
-                         "(batch and head dim must agree)")
-    hkv = k.shape[1]
-    if hkv < 1 or h % hkv:
-        raise ValueError(f"{op}(): query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    check_kv_shapes(f"{op}()", _CACHE_NAMES, q, k, v)
     if k.shape[2] < 1:
         raise ValueError(f"{op}(): the caches hold no position (capacity 0)")
 
@@ -261,13 +255,6 @@ def _lengths_tensor(op: str, lengths: Any, bsz: int, cap: int, sq: int, causal: 
     return lengths
 
 
-def _aligned(t: Any) -> Any:
-    """``t`` itself if its last dim is unit-stride and other strides are 16-byte multiples, else a copy."""
-    if t.stride(-1) == 1 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]):
-        return t
-    return t.contiguous()
-
-
 class DecodeCall:
     """One decode-attention call ready to launch: ``partial(*partial_args)``, ``combine(*combine_args)``."""
 
@@ -295,8 +282,8 @@ def prepare_decode(q: Any, k: Any, v: Any, lens: Any, causal: bool, scale: float
     bsz, h, sq, d = q.shape
     hkv, cap = k.shape[1], k.shape[2]
     g = h // hkv
-    q = _aligned(q)
-    k, v = _aligned(k), _aligned(v)
+    q = aligned_operand(q)
+    k, v = aligned_operand(k), aligned_operand(v)
     q5 = q.unflatten(1, (hkv, g))  # (B, Hkv, G, Sq, D), a view whatever q's strides
     _, _, ngb = decode_rows(g, sq)
     if sms is None:
@@ -329,14 +316,8 @@ def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, ca
     """
     op = "decode_attention"
     _check_qkv(op, q, cache_k, cache_v)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    scale = float(scale)
-    if not (math.isfinite(scale) and scale > 0.0):
-        raise ValueError(f"{op}(): scale must be a positive finite number, got {scale}")
-    if not q.is_cuda or cache_k.device != q.device or cache_v.device != q.device:
-        raise ValueError(f"{op}(): expects q and the caches on one CUDA device, got {q.device}, "
-                         f"{cache_k.device}, {cache_v.device}")
+    scale = softmax_scale(f"{op}()", scale, q.shape[-1])
+    check_cuda_device(f"{op}()", _CACHE_NAMES, q, cache_k, cache_v)
     bsz, h, sq, _ = q.shape
     lens = _lengths_tensor(op, lengths, bsz, cache_k.shape[2], sq, bool(causal), q.device)
     if bsz == 0 or h == 0:
