@@ -7,7 +7,7 @@
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART:
-#   verify    GPU tests of the code written on CPU hosts: split-K GEMM (8 of its cases passed on 2026-12-01,
+#   verify    GPU tests of the code written on CPU hosts: compile-ahead hits (v1 and v2 launches), split-K GEMM (8 of its cases passed on 2026-12-01,
 #             the rest were cut by the time limit), decode attention (its full space passed the gate on one
 #             shape; the rest not run; check that stats["prefetch_hits"] now counts its configs: before the
 #             calling-convention-v2 fix every config compiled twice), the campaign test. Then turn on
@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 limit() { timeout -k 10 "${LIMIT:-$1}" "${@:2}"; echo "[$part] $2 ${3:-} rc $?"; }
 case "$part" in
   verify)
-    limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py \
+    limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_compile_pool.py tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py \
       tests/test_gpu_campaign.py --junitxml="$out/verify.xml" > "$out/verify.log" 2>&1
     tail -40 "$out/verify.log" ;;
   tests)

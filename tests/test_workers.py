@@ -415,3 +415,25 @@ def test_a_slow_first_launch_is_not_taken_for_a_hang():
     assert by_k[5].status is Status.OK, by_k[5].reason  # a sample's deadline here is about 1 s
     assert by_k[3].status is Status.TIMEOUT and "watchdog" in by_k[3].reason
     assert max(result.stats["check_s"]) >= 2.5  # the worker reports each check's time
+
+
+class CountingBackend(FakeBackend):
+    """A fake whose sessions carry the compile-ahead counters a cuTile session keeps."""
+
+    def open_session(self, *args, **kwargs):
+        session = super().open_session(*args, **kwargs)
+        session.stats = {"prefetch_hits": 5, "prefetch_misses": 1, "not_forwarded": 9}
+        return session
+
+
+def test_the_worker_sessions_compile_ahead_counters_reach_the_result():
+    """prefetch_hits / prefetch_misses of the worker's session come back when it closes (a mismatch
+    between the signature compiled ahead and the launch shows up as misses in the caller's result)."""
+    be = CountingBackend(model, noise=0.002)
+    iso = IsolatedBackend(be, worker_spec=be, options=FAST)
+    op = tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False, backend=iso, progress=False,
+                     isolation="none")(lambda cfg, x, y: tt.Launch(good_kernel, (1,), (x, y)))
+    op(torch.randn(16), torch.empty(16))
+    (result,) = op.results.values()
+    assert (result.stats["prefetch_hits"], result.stats["prefetch_misses"]) == (5, 1)
+    assert "not_forwarded" not in result.stats

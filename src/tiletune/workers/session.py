@@ -38,6 +38,12 @@ logger = logging.getLogger("tiletune")
 __all__ = ["IsolationOptions", "IsolatedBackend", "WorkerSession", "CandidateFault"]
 
 
+#: Counters of the worker's own session reported back when it closes (``prefetch_hits``: first
+#: launches answered by a cubin compiled ahead; ``prefetch_misses``: first launches that compiled
+#: again although cubins compiled ahead were waiting, i.e. a signature mismatch).
+WORKER_STATS = ("prefetch_hits", "prefetch_misses")
+
+
 class CandidateFault(Exception):
     """A candidate took its worker down or timed out; ``status`` is LAUNCH_ERROR or TIMEOUT."""
 
@@ -327,7 +333,11 @@ class WorkerSession:
         try:
             if self.worker.alive and self._opened_gen == self.worker.generation:
                 try:
-                    self.worker.request({"op": "close", "session": self.sid}, 60.0)
+                    reply = self.worker.request({"op": "close", "session": self.sid}, 60.0)
+                    got = reply.body.get("stats") if reply.ok else None
+                    if isinstance(got, dict):  # the worker session's compile-ahead counters
+                        self.stats.update({k: int(v) for k, v in got.items()
+                                           if k in WORKER_STATS and isinstance(v, int) and not isinstance(v, bool)})
                 except WorkerFault as fault:
                     self._restarted(fault, None)
         finally:

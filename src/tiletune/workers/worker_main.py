@@ -301,6 +301,10 @@ class Worker:
                 served.session.finish(None)
             except Exception as exc:
                 return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            from .session import WORKER_STATS
+
+            stats = getattr(served.session, "stats", None) or {}
+            return {"ok": True, "stats": {k: v for k, v in stats.items() if k in WORKER_STATS and isinstance(v, int)}}
         return {"ok": True}
 
 
