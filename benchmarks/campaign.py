@@ -53,6 +53,10 @@ MODELS = {  # Llama-3 8B and 70B, Qwen2.5 7B
 TOKENS = (16, 512, 4096)  # three row buckets: decode batch, a short and a long prefill
 
 
+#: Environment of every child process (``--backlog-us`` adds the tuner's timer backlog).
+CHILD_ENV: dict[str, str] = {"TILETUNE_PROGRESS": "0"}
+
+
 def spec_doc(quick: bool) -> dict[str, Any]:
     models = {"8b": MODELS["8b"]} if quick else MODELS
     ops = OPS[:4] if quick else OPS
@@ -159,7 +163,7 @@ def kill_and_resume(spec: Path, gpus: int, sessions: int, timeout: float, work: 
     """A fresh campaign SIGKILLed once half its sessions are stored, then started again."""
     from tiletune.store import TuningDB
 
-    env = fresh_env(TILETUNE_PROGRESS="0")
+    env = fresh_env(**CHILD_ENV)
     db = Path(env["TILETUNE_DB"])
     cmd = _campaign_cmd(spec, gpus, env, work / "killed.json")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -190,9 +194,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 sessions (a smoke run)")
     ap.add_argument("--out", default=None, help="result folder (default benchmarks/results/h200, or $BENCH_OUT)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
+    ap.add_argument("--backlog-us", type=float, default=0.0,
+                    help="TILETUNE_TIMER_BACKLOG_US for every run (a GPU spin before each tuning sample: does it "
+                         "make the picks of ~5 us kernels reproducible?)")
     ap.add_argument("--save-dbs", metavar="DIR", help="copy the serial and campaign tuning databases here "
                     "(serial.db, campaign.db: per-config records over every key, e.g. for ab_shrink.py --merge-db)")
     args = ap.parse_args()
+    if args.backlog_us:
+        CHILD_ENV["TILETUNE_TIMER_BACKLOG_US"] = str(args.backlog_us)
     sys.path.insert(0, str(ROOT / "src"))
     from tiletune.campaign import compare_picks, parse_campaign
     from tiletune.store import TuningDB
@@ -206,7 +215,7 @@ def main() -> None:
     if args.scaling:
         runs = {}
         for n in (1, 2):
-            env = fresh_env(TILETUNE_PROGRESS="0")
+            env = fresh_env(**CHILD_ENV)
             runs[n] = campaign(spec, n, env, work, f"gpus{n}", args.timeout)
             print(f"{n} GPU(s): {runs[n]['wall_s']} s, {runs[n]['tuned']} tuned", flush=True)
         picks = compare_picks(TuningDB(runs[1]["db"]), TuningDB(runs[2]["db"]))
@@ -219,11 +228,11 @@ def main() -> None:
             "tasks": tasks, "quick": args.quick}, args.out)
         return
 
-    serial_env = fresh_env(TILETUNE_PROGRESS="0")
+    serial_env = fresh_env(**CHILD_ENV)
     serial_wall, out = _run([sys.executable, "-c", SERIAL, str(spec)], serial_env, args.timeout)
     serial = json.loads(next(ln for ln in reversed(out.splitlines()) if ln.startswith("RESULT "))[7:])
     print(f"serial: {serial_wall:.1f} s ({serial['failed']} failed)", flush=True)
-    env = fresh_env(TILETUNE_PROGRESS="0")
+    env = fresh_env(**CHILD_ENV)
     run = campaign(spec, args.gpus, env, work, "campaign", args.timeout)
     print(f"campaign on {args.gpus} GPU(s): {run['wall_s']} s, {run['tuned']} tuned, {run['failed']} failed", flush=True)
     cdb, sdb = TuningDB(run["db"]), TuningDB(serial_env["TILETUNE_DB"])
@@ -252,7 +261,7 @@ def main() -> None:
         "picks": {k: v for k, v in picks.items() if k != "rows"},
         "picks_differ": [r for r in picks["rows"] if r["verdict"] == "differ"],
         "resume_wall_s": again["wall_s"], "kill_resume": kill, "workers": run["workers"], "per_op": run["per_op"],
-        "spec": spec_doc(args.quick), "quick": args.quick}, args.out)
+        "spec": spec_doc(args.quick), "quick": args.quick, "timer_backlog_us": args.backlog_us}, args.out)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@
 #             if they pass. (tests/test_gpu_bench.py passed on 2026-12-01, do_bench check included.)
 #   tests     the GPU test files this session's cut run did not finish: kernels_compute, kernels_memory
 #   campaign  issue 18: benchmarks/campaign.py --gpus 1 --kill (campaign.json; ran on 2026-12-01, 56 sessions)
+#   backlog   issue 18: the campaign again with TILETUNE_TIMER_BACKLOG_US=50 (out/backlog/campaign.json): do
+#             the two ~5 us keys whose picks differed between runs agree with a GPU spin before each sample?
 #   first     issue 13: first_call.py for matmul and attention, with --profile on every op's served rows
 #   table     issue 13: add the missing token buckets to the shipped table (merged into it)
 #   decoder   issue 20: decoder_layer.py --quick --splitk (timed out at 265 s on 2026-12-01 with no row:
@@ -39,6 +41,8 @@ case "$part" in
       --durations=15 --junitxml="$out/tests.xml" 2>&1 | tail -40 ;;
   campaign)
     limit 560 python benchmarks/campaign.py --gpus 1 --kill --save-dbs "$out/dbs" --out "$out" 2>&1 | tail -30 ;;
+  backlog)
+    limit 560 python benchmarks/campaign.py --gpus 1 --backlog-us 50 --out "$out/backlog" 2>&1 | tail -20 ;;
   first)
     limit 560 python benchmarks/first_call.py --ops matmul,attention --profile --out "$out" 2>&1 | grep -v "^ " | tail -30 ;;
   table)

@@ -262,3 +262,17 @@ def test_compile_workers_is_a_count(monkeypatch):
             settings.compile_workers()
     monkeypatch.setenv("TILETUNE_COMPILE_WORKERS", "")
     assert settings.compile_workers() is None
+
+
+def test_timer_backlog_is_off_by_default_and_validated(monkeypatch):
+    monkeypatch.delenv("TILETUNE_TIMER_BACKLOG_US", raising=False)
+    assert settings.timer_backlog_us() == 0.0
+    for off in ("", " ", "0", "0.0"):
+        monkeypatch.setenv("TILETUNE_TIMER_BACKLOG_US", off)
+        assert settings.timer_backlog_us() == 0.0
+    monkeypatch.setenv("TILETUNE_TIMER_BACKLOG_US", " 40 ")
+    assert settings.timer_backlog_us() == 40.0
+    for bad in ("-5", "fast", "inf"):
+        monkeypatch.setenv("TILETUNE_TIMER_BACKLOG_US", bad)
+        with pytest.raises(ValueError, match="TILETUNE_TIMER_BACKLOG_US="):
+            settings.timer_backlog_us()

@@ -52,6 +52,9 @@ TILETUNE_PINS                    path      unset      A pins file (tiletune.pins
 TILETUNE_COMPILE_WORKERS         count     unset      Compile (``tileiras``) processes per tuning session;
                                                       unset: every core this process may use. A campaign
                                                       sets it to split the cores between its GPU workers.
+TILETUNE_TIMER_BACKLOG_US        us        0          GPU spin queued before each tuning sample so a busy
+                                                      host cannot leak into short kernels' samples (0:
+                                                      off; the L2 flush alone covers the launch).
 TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
@@ -90,6 +93,7 @@ __all__ = [
     "tables_enabled",
     "pins_path",
     "compile_workers",
+    "timer_backlog_us",
     "watchdog_s",
     "watchdog_factor",
     "worker_trace",
@@ -132,6 +136,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_TABLES", "bool", True, "consult the user's and the shipped tuning tables"),
         Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.pins)"),
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
+        Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
         Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
@@ -294,6 +299,16 @@ def compile_workers() -> int | None:
     return count("TILETUNE_COMPILE_WORKERS")
 
 
+def timer_backlog_us() -> float:
+    """``TILETUNE_TIMER_BACKLOG_US``: microseconds of GPU spin queued before each sample the tuner takes
+    (:class:`tiletune.measure.ColdL2Timer`'s ``backlog_us``); 0 (the default, also when unset or empty)
+    turns it off."""
+    raw = os.environ.get("TILETUNE_TIMER_BACKLOG_US")
+    if raw is None or not raw.strip() or raw.strip() in ("0", "0.0"):
+        return 0.0
+    return seconds("TILETUNE_TIMER_BACKLOG_US", 50.0)
+
+
 def in_worker() -> bool:
     """``TILETUNE_IN_WORKER`` (default false; set by tiletune in its worker processes)."""
     return flag("TILETUNE_IN_WORKER", False)
@@ -317,6 +332,7 @@ _CHECKS = {
     "TILETUNE_TABLES": tables_enabled,
     "TILETUNE_PINS": pins_path,
     "TILETUNE_COMPILE_WORKERS": compile_workers,
+    "TILETUNE_TIMER_BACKLOG_US": timer_backlog_us,
 }
 
 

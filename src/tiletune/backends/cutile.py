@@ -10,6 +10,7 @@ from ..compile_pool import CompileJob, CompilePool
 from ..errors import NoBackendError
 from ..identity import function_source
 from ..measure import ColdL2Timer
+from .. import settings
 from ..records import DeviceInfo, Status
 from ..space import Config
 from ..verify import ArgGuard, Checker
@@ -139,7 +140,7 @@ class CutileSession:
         self._devctx.__enter__()
         self.guard = ArgGuard(args, writes, inplace) if (writes or inplace) else None
         self.checker = Checker(reference, self.guard, tolerance) if self.guard is not None else None
-        self.timer = ColdL2Timer(device_index)
+        self.timer = ColdL2Timer(device_index, backlog_us=settings.timer_backlog_us())
         self.pool = CompilePool(backend.workers, backend.compile_timeout_s)
         self._launchers: dict[int, Callable[[], None]] = {}
         self._kernels: dict[int, Any] = {}
@@ -237,8 +238,6 @@ def prewarm() -> None:
     """
     global _prewarm_started
     import threading
-
-    from .. import settings
 
     if _prewarm_started or not settings.prewarm():
         return
