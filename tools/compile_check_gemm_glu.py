@@ -18,7 +18,7 @@ Variants (Llama-3-8B's MLP, hidden 4096, FFN 14336, plus odd sizes):
 
 Usage::
 
-    python tools/compile_check_gemm_glu.py [--variants main|all] [--workers N]
+    python tools/compile_check_gemm_glu.py [--variants main|all] [--workers N] [--resources CUDA_BIN]
 
 Exit status 0 if every compile succeeded.
 """
@@ -108,8 +108,11 @@ def launch_args(variant: str, cfg: dict) -> tuple:
     return gg.plan_args(cfg, *prep.args)
 
 
-def compile_one(variant: str, cfg: dict, arch: str = "sm_90") -> tuple[bool, float, int, str]:
-    """Compile one config for one variant; ``(ok, seconds, cubin bytes, error)``."""
+def compile_one(variant: str, cfg: dict, arch: str = "sm_90", cuda_bin: str | None = None
+                ) -> tuple[bool, float, int, str]:
+    """Compile one config for one variant; ``(ok, seconds, cubin bytes, error or resources)``: with
+    ``cuda_bin`` (a folder holding ``cuobjdump``) the last item of a success reads the cubin's
+    registers, spill stack and shared memory (``tools/compile_check_memory.py``'s reader)."""
     from tiletune.kernels.gemm_glu_kernels import gemm_swiglu_hints, gemm_swiglu_kernel
 
     kernel = gemm_swiglu_kernel.replace_hints(**gemm_swiglu_hints(cfg))
@@ -119,12 +122,21 @@ def compile_one(variant: str, cfg: dict, arch: str = "sm_90") -> tuple[bool, flo
         export_kernel(kernel, [signature(launch_args(variant, cfg))], buf, gpu_code=arch, output_format="cubin")
     except Exception as e:  # noqa: BLE001 - report every failure
         return False, time.perf_counter() - t0, 0, f"{type(e).__name__}: {e}"
-    return True, time.perf_counter() - t0, len(buf.getvalue()), ""
+    dt = time.perf_counter() - t0
+    info = ""
+    if cuda_bin:
+        from compile_check_memory import find_tool, resources
+
+        cuobjdump = find_tool("cuobjdump", cuda_bin)
+        if cuobjdump:
+            r = resources(buf.getvalue(), cuobjdump, None)
+            info = f"reg {r.get('reg')} stack {r.get('stack')} smem {r.get('smem')}"
+    return True, dt, len(buf.getvalue()), info
 
 
-def _job(item: tuple[str, dict, str]) -> tuple[str, dict, tuple[bool, float, int, str]]:
-    vname, cfg, arch = item
-    return vname, cfg, compile_one(vname, cfg, arch)
+def _job(item: tuple[str, dict, str, str | None]) -> tuple[str, dict, tuple[bool, float, int, str]]:
+    vname, cfg, arch, cuda_bin = item
+    return vname, cfg, compile_one(vname, cfg, arch, cuda_bin)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,20 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--variants", choices=["main", "all"], default="all")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--resources", default=None, metavar="CUDA_BIN",
+                    help="folder with cuobjdump: print registers / spill stack / shared memory per cubin")
     args = ap.parse_args(argv)
     names = list(VARIANTS) if args.variants == "all" else list(MAIN)
     cfgs = [c.as_dict() for c in GEMM_SWIGLU_SPACE.candidates(args.arch)]
-    items = [(v, c, args.arch) for v in names for c in cfgs]
-    n_bad = 0
+    items = [(v, c, args.arch, args.resources) for v in names for c in cfgs]
+    n_bad = spills = 0
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as ex:
         for vname, cfg, (ok, dt, size, err) in ex.map(_job, items):
             label = " ".join(f"{k}={v}" for k, v in cfg.items())
-            print(f"{vname:<9} {label:<90} {dt:6.2f} s  {'ok %7.1f KiB' % (size / 1024) if ok else 'FAIL'}",
-                  flush=True)
+            print(f"{vname:<9} {label:<90} {dt:6.2f} s  {'ok %7.1f KiB' % (size / 1024) if ok else 'FAIL'}"
+                  + (f"  {err}" if ok and err else ""), flush=True)
+            spills += bool(ok and err and " stack 0 " not in err)
             if not ok:
                 n_bad += 1
                 print("    " + err[:2000].replace("\n", "\n    "), flush=True)
-    print(f"{len(items) - n_bad}/{len(items)} compiled ({len(cfgs)} configs x {len(names)} variants)")
+    print(f"{len(items) - n_bad}/{len(items)} compiled ({len(cfgs)} configs x {len(names)} variants)"
+          + (f"; {spills} cubins spill registers" if args.resources else ""))
     return 1 if n_bad else 0
 
 

@@ -23,7 +23,9 @@ output's dtype. The intermediate never reaches memory.
 
 Space (:func:`gemm_swiglu_space`): the matmul template's parameters
 (:func:`tiletune.templates.matmul_params`) under constraints for two accumulators and two ``B``
-tiles per pipeline stage (:func:`gemm_swiglu_constraints`), 20 configurations for 16-bit inputs.
+tiles per pipeline stage, without the tiles that spilled in the sm_90 compile probe
+(:func:`gemm_swiglu_constraints`): 18 configurations for 16-bit inputs, every one compiling for sm_90
+(``tools/compile_check_gemm_glu.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "GEMM_SWIGLU_BASELINE",
     "GEMM_SWIGLU_SPACE_PARAMS",
     "dual_acc_fits",
+    "dual_regs_fit",
     "dual_shape",
     "dual_stage_fits",
     "dual_warps_fit",
@@ -99,11 +102,22 @@ def dual_shape(cfg: Any) -> bool:
     return cfg.num_worker_warps == 4 or 2 * cfg.TM * cfg.TN >= 128 * 128
 
 
+def dual_regs_fit(cfg: Any) -> bool:
+    """What the sm_90 compile probe (``tools/compile_check_gemm_glu.py --resources``, tileiras 13.4)
+    showed spilling: at occupancy 2 every tile larger than 64x64 (two accumulators at the full
+    ``256 * 128`` budget: 184-664 bytes of spill stack per thread), and 64x256 tiles (632 bytes with
+    two consumer warpgroups). Those are dropped; the one remaining spiller (64x128x32, occupancy 1,
+    4 warps) stays beside its spill-free 64-deep neighbour, as the templates keep such configs."""
+    if cfg.occupancy > 1 and cfg.TM * cfg.TN > 64 * 64:
+        return False
+    return not (cfg.TM == 64 and cfg.TN == 256)
+
+
 def gemm_swiglu_constraints(elem_bytes: int = 2) -> dict[str, Any]:
-    """The space's constraints: :func:`dual_stage_fits`, :func:`dual_acc_fits`, :func:`dual_warps_fit`
-    and :func:`dual_shape`."""
+    """The space's constraints: :func:`dual_stage_fits`, :func:`dual_acc_fits`, :func:`dual_warps_fit`,
+    :func:`dual_shape` and :func:`dual_regs_fit`."""
     return {"stage_fits": dual_stage_fits(elem_bytes), "acc_fits": dual_acc_fits, "warps_fit": dual_warps_fit,
-            "shape": dual_shape}
+            "shape": dual_shape, "regs_fit": dual_regs_fit}
 
 
 def gemm_swiglu_space() -> Space:
