@@ -322,3 +322,55 @@ def test_configs_compile_for_sm90(variant):
     for cfg in (cfgs[0], cfgs[1]):
         ok, _, size, err = tools.compile_one(variant, dict(cfg))
         assert ok and size > 0, err
+
+
+# ------------------------------------------------------------------------------------- decoder layer routing
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_decoder_layer_fused_mlp_flag_routes_the_mlp(monkeypatch, fused):
+    """``benchmarks/decoder_layer.py``: the MLP uses ``K.matmul_swiglu`` exactly with ``--fused-mlp``; with
+    torch stand-ins for the library ops both routes give the same layer output (CPU, small layer)."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import decoder_layer as dl
+
+    for name, val in (("HIDDEN", 64), ("HEADS", 2), ("KV_HEADS", 1), ("HEAD_DIM", 32), ("FFN", 96)):
+        monkeypatch.setattr(dl, name, val)
+    calls: list[str] = []
+
+    def rec(name, fn):
+        def wrapped(*a, **kw):
+            calls.append(name)
+            return fn(*a, **kw)
+        return wrapped
+
+    def swiglu(t):
+        n = t.shape[-1] // 2
+        return (F.silu(t[..., :n].float()) * t[..., n:].float()).to(t.dtype)
+
+    def rms(x, w, eps):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+    def rms_res(a, r, w, eps):
+        h = (a.float() + r.float()).to(a.dtype)
+        return rms(h, w, eps), h
+
+    def sdpa(q, k, v, causal=True):
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                              enable_gqa=True).to(q.dtype)
+
+    fakes = {"rms_norm": rms, "rms_norm_residual": rms_res, "apply_rope_": lambda *a: None, "attention": sdpa,
+             "matmul": lambda a, b: (a.float() @ b.float()).to(a.dtype), "swiglu": swiglu,
+             "matmul_swiglu": lambda x, w: swiglu((x.float() @ w.float()).to(x.dtype))}
+    for name, fn in fakes.items():
+        monkeypatch.setattr(K, name, rec(name, fn), raising=False)
+    w = dl.make_weights("cpu")
+    st = dl.State("prefill", 1, 4, device="cpu")
+    out = dl.tiletune_layer(w, st, fused_mlp=fused)()
+    assert out.shape == st.x.shape and torch.isfinite(out.float()).all()
+    assert ("matmul_swiglu" in calls) is fused
+    assert calls.count("swiglu") == (0 if fused else 1)
+    assert calls.count("matmul") == (3 if fused else 4)  # qkv, o, [gate_up,] down
