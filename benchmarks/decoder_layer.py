@@ -26,6 +26,7 @@ Usage (one command writes ``decoder_layer.json`` + ``decoder_layer.png`` under `
 
     python benchmarks/decoder_layer.py --quick        # 4 rows, tuning included (budget: < 4 min on an H200)
     python benchmarks/decoder_layer.py                # full: prefill B 1-8 x S 512-8192, decode B 1-128 x S 512-32k
+    python benchmarks/decoder_layer.py --quick --fused-mlp   # MLP gate-up + SwiGLU as one K.matmul_swiglu
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ class State:
         return self.ck.clone(), self.cv.clone()
 
 
-def tiletune_layer(w: dict[str, Any], st: State, ck: Any = None, cv: Any = None):
-    """``forward()`` of the layer built from ``tiletune.kernels`` for this row's shapes."""
+def tiletune_layer(w: dict[str, Any], st: State, ck: Any = None, cv: Any = None, fused_mlp: bool = False):
+    """``forward()`` of the layer built from ``tiletune.kernels`` for this row's shapes; with
+    ``fused_mlp`` the gate-up projection and SwiGLU are one ``K.matmul_swiglu``."""
     import tiletune.kernels as K
 
     bsz, s = st.B, st.S
@@ -143,7 +145,10 @@ def tiletune_layer(w: dict[str, Any], st: State, ck: Any = None, cv: Any = None)
             o = K.decode_attention(q.transpose(1, 2), ck, cv, st.lens, causal=True)
         a = K.matmul(o.transpose(1, 2).reshape(bsz * t, HIDDEN), w["o"])
         y, res = K.rms_norm_residual(a, x.view(bsz * t, HIDDEN), w["norm2"], EPS)
-        out = K.matmul(K.swiglu(K.matmul(y, w["gate_up"])), w["down"])
+        if fused_mlp:
+            out = K.matmul(K.matmul_swiglu(y, w["gate_up"]), w["down"])
+        else:
+            out = K.matmul(K.swiglu(K.matmul(y, w["gate_up"])), w["down"])
         return (out + res).view(bsz, t, HIDDEN)
 
     return forward
@@ -246,7 +251,7 @@ def rel_err(got: Any, want: Any) -> float:
     return float(torch.linalg.vector_norm((got.float() - want.float())) / torch.linalg.vector_norm(want.float()))
 
 
-def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int) -> dict[str, Any]:
+def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool = False) -> dict[str, Any]:
     """One row: tune + time tiletune, time eager / compile / compile reduce-overhead, check rel_err."""
     import torch
 
@@ -256,7 +261,7 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int) -> dict[str, An
     row: dict[str, Any] = {"phase": phase, "B": bsz, "S": s}
     n = iters_for(phase, bsz, s)
     tt_caches = st.caches() if phase == "decode" else (None, None)
-    fwd = tiletune_layer(w, st, *tt_caches)
+    fwd = tiletune_layer(w, st, *tt_caches, fused_mlp=fused_mlp)
     t0 = time.perf_counter()
     out_tt = fwd()  # tunes every op of the layer on its first forward
     torch.cuda.synchronize()
@@ -301,7 +306,7 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int) -> dict[str, An
     return row
 
 
-def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = False) -> float:
+def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = False, fused_mlp: bool = False) -> float:
     """Wall time of the first forward of the layer in this (fresh) process."""
     import torch
 
@@ -312,7 +317,7 @@ def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = False) -> f
 
     w = make_weights()
     st = State(phase, bsz, s)
-    fwd = tiletune_layer(w, st, *(st.caches() if phase == "decode" else (None, None)))
+    fwd = tiletune_layer(w, st, *(st.caches() if phase == "decode" else (None, None)), fused_mlp=fused_mlp)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fwd()
@@ -320,14 +325,14 @@ def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = False) -> f
     return time.perf_counter() - t0
 
 
-def first_forward_fresh(phase: str, bsz: int, s: int, splitk: bool = False) -> float | None:
+def first_forward_fresh(phase: str, bsz: int, s: int, splitk: bool = False, fused_mlp: bool = False) -> float | None:
     from _common import run_child
 
     env = dict(os.environ)
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = f"{root / 'src'}{os.pathsep}{root / 'benchmarks'}{os.pathsep}" + env.get("PYTHONPATH", "")
     code = ("import json, decoder_layer as d; "
-            f"print('RESULT ' + json.dumps(d.first_forward_child({phase!r}, {bsz}, {s}, {splitk!r})))")
+            f"print('RESULT ' + json.dumps(d.first_forward_child({phase!r}, {bsz}, {s}, {splitk!r}, {fused_mlp!r})))")
     try:
         return float(run_child(code, env, timeout=300))
     except Exception as exc:  # noqa: BLE001
@@ -368,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=None, help="rows by hand: phase:B:S[,phase:B:S...] (e.g. decode:8:2048)")
     ap.add_argument("--splitk", action="store_true",
                     help="route small-M 16-bit GEMMs to the split-K op (tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK)")
+    ap.add_argument("--fused-mlp", action="store_true",
+                    help="gate-up projection + SwiGLU as one fused GEMM (tiletune.kernels.matmul_swiglu; not yet "
+                         "validated on a GPU, see tests/test_gpu_gemm_glu.py)")
     args = ap.parse_args(argv)
     import torch
 
@@ -382,17 +390,19 @@ def main(argv: list[str] | None = None) -> int:
     w = make_weights()
     rows = []
     for phase, bsz, s in rows_for(args.quick, args.rows):
-        r = measure_row(w, phase, bsz, s)
+        r = measure_row(w, phase, bsz, s, fused_mlp=args.fused_mlp)
         rows.append(r)
         print(json.dumps(r), flush=True)
     if rows and not args.no_first_forward:
         r0 = rows[0]
-        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], args.splitk)
+        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], args.splitk, args.fused_mlp)
     out = Path(args.out) if args.out else None
-    path = write_result("decoder_layer", {"quick": args.quick, "splitk": args.splitk, "rows": rows,
-                                          "wall_s": time.perf_counter() - t_start,
-                                          "layer": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
-                                                    "head_dim": HEAD_DIM, "ffn": FFN, "dtype": "bfloat16"}}, out)
+    # a --fused-mlp run writes decoder_layer_fused_mlp.json beside the unfused run's decoder_layer.json
+    name = "decoder_layer_fused_mlp" if args.fused_mlp else "decoder_layer"
+    path = write_result(name, {"quick": args.quick, "splitk": args.splitk, "fused_mlp": args.fused_mlp,
+                               "rows": rows, "wall_s": time.perf_counter() - t_start,
+                               "layer": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
+                                         "head_dim": HEAD_DIM, "ffn": FFN, "dtype": "bfloat16"}}, out)
     plot(rows, path.with_suffix(".png"))
     del torch
     return 0

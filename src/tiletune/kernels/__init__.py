@@ -37,6 +37,10 @@ _MEMORY_OPS = {
 # in __all__ yet (benchmarks/host_cost.py and the torch.library custom ops cover exactly __all__)
 _DECODE_OPS = {"decode_attention": "decode_attention_op", "kv_cache_append": "decode_attention_op"}
 
+# fused GEMM epilogues (issue 20): importable as tiletune.kernels.matmul_swiglu, not in __all__ either; not
+# used by any other library path until tests/test_gpu_gemm_glu.py has passed on a GPU
+_FUSED_OPS = {"matmul_swiglu": "gemm_glu"}
+
 
 def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional dependency
     if name in ("matmul", "attention"):
@@ -45,10 +49,11 @@ def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional 
         fn = getattr(importlib.import_module(".gemm" if name == "matmul" else ".attention_op", __name__), name)
         globals()[name] = fn
         return fn
-    if name in _MEMORY_OPS or name in _DECODE_OPS:
+    if name in _MEMORY_OPS or name in _DECODE_OPS or name in _FUSED_OPS:
         import importlib
 
-        fn = getattr(importlib.import_module(f".{_MEMORY_OPS.get(name) or _DECODE_OPS[name]}", __name__), name)
+        module = _MEMORY_OPS.get(name) or _DECODE_OPS.get(name) or _FUSED_OPS[name]
+        fn = getattr(importlib.import_module(f".{module}", __name__), name)
         globals()[name] = fn
         return fn
     raise AttributeError(f"module 'tiletune.kernels' has no attribute {name!r}")
