@@ -17,6 +17,7 @@
 #   campaign  issue 18: benchmarks/campaign.py --gpus 1 --kill (campaign.json; ran on 2026-12-01, 56 sessions)
 #   backlog   issue 18: the campaign again with TILETUNE_TIMER_BACKLOG_US=50 (out/backlog/campaign.json): do
 #             the two ~5 us keys whose picks differed between runs agree with a GPU spin before each sample?
+#   gemmglu   issue 20: the fused gate-up + SwiGLU GEMM's GPU tests, then the decoder layer with --fused-mlp
 #   first     issue 13: first_call.py for matmul and attention, with --profile on every op's served rows
 #   table     issue 13: add the missing token buckets to the shipped table (merged into it)
 #   decoder   issue 20: decoder_layer.py --quick --splitk (timed out at 265 s on 2026-12-01 with no row:
@@ -43,6 +44,10 @@ case "$part" in
     limit 560 python benchmarks/campaign.py --gpus 1 --kill --save-dbs "$out/dbs" --out "$out" 2>&1 | tail -30 ;;
   backlog)
     limit 560 python benchmarks/campaign.py --gpus 1 --backlog-us 50 --out "$out/backlog" 2>&1 | tail -20 ;;
+  gemmglu)
+    limit 240 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_gemm_glu.py > "$out/gemmglu.log" 2>&1
+    tail -30 "$out/gemmglu.log"
+    limit 300 python benchmarks/decoder_layer.py --quick --fused-mlp --splitk --no-first-forward --out "$out" 2>&1 | tail -12 ;;
   first)
     limit 560 python benchmarks/first_call.py --ops matmul,attention --profile --out "$out" 2>&1 | grep -v "^ " | tail -30 ;;
   table)
