@@ -143,7 +143,9 @@ class CutileSession:
         self.timer = ColdL2Timer(device_index, backlog_us=settings.timer_backlog_us())
         self.pool = CompilePool(backend.workers, backend.compile_timeout_s)
         self._launchers: dict[int, Callable[[], None]] = {}
-        self._kernels: dict[int, Any] = {}
+        # kernel objects of this session, with their prefetch counters when the session first met them
+        # (the objects are shared by every session of the process, so the counters are cumulative)
+        self._kernels: dict[int, tuple[Any, int, int]] = {}
         self._warm: set[int] = set()
         self.stats: dict[str, Any] = {"parallel_compile": self.pool.parallel, "why_serial": self.pool.why_serial}
 
@@ -155,7 +157,7 @@ class CutileSession:
         if fn is None:
             spec = self.plan(cand.config, *self.args)
             kernel = self.backend.hinted.get(spec.kernel, cand.config.hints)
-            self._kernels[id(kernel)] = kernel
+            self._track(kernel)
             stream = self.backend._raw_stream
             launch, dev, grid, kargs = self.backend.ct.launch, self.dev, tuple(spec.grid), tuple(spec.args)
 
@@ -165,6 +167,11 @@ class CutileSession:
             self._launchers[cand.order] = fn
         return fn
 
+    def _track(self, kernel: Any) -> None:
+        if id(kernel) not in self._kernels:
+            hits, misses = getattr(kernel, "prefetch_hits", 0), getattr(kernel, "prefetch_misses", 0)
+            self._kernels[id(kernel)] = (kernel, hits, misses)
+
     def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
         jobs = []
         by_order = {c.order: c for c in candidates}
@@ -172,6 +179,7 @@ class CutileSession:
             try:
                 spec = self.plan(c.config, *self.args)
                 kernel = self.backend.hinted.get(spec.kernel, c.config.hints)
+                self._track(kernel)  # before anything of this session is offered to it
             except Exception as exc:  # a plan that rejects a config is a failed candidate
                 yield CompileOutcome(c, Status.COMPILE_ERROR, 0.0, f"launch plan failed: {type(exc).__name__}: {exc}")
                 continue
@@ -212,8 +220,9 @@ class CutileSession:
         return self.timer.time(fn, n)
 
     def finish(self, winner: Candidate | None) -> None:
-        self.stats["prefetch_hits"] = sum(getattr(k, "prefetch_hits", 0) for k in self._kernels.values())
-        self.stats["prefetch_misses"] = sum(getattr(k, "prefetch_misses", 0) for k in self._kernels.values())
+        self.stats["prefetch_hits"] = sum(getattr(k, "prefetch_hits", 0) - h0 for k, h0, _ in self._kernels.values())
+        self.stats["prefetch_misses"] = sum(getattr(k, "prefetch_misses", 0) - m0
+                                            for k, _, m0 in self._kernels.values())
         try:
             if self.guard is not None:
                 self.guard.restore()
