@@ -114,8 +114,11 @@ def _aligned_rows(t: Any) -> bool:
 
 
 def _kernel_rows(t: Any) -> Any:
-    """``t`` itself if the kernel can read it (:func:`_aligned_rows`), else a contiguous copy."""
-    return t if _aligned_rows(t) else t.contiguous()
+    """``t`` itself if the kernel can read it (:func:`_aligned_rows`), else a contiguous copy (a new
+    allocation: ``contiguous()`` would return a contiguous tensor with a misaligned start as it is)."""
+    import torch
+
+    return t if _aligned_rows(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def prepare_matmul_swiglu(x: Any, w: Any) -> Prepared:
