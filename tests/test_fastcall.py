@@ -339,3 +339,129 @@ def test_unlearnable_signatures_do_not_grow_memory(monkeypatch):
     for n in range(1, 30):
         copies(torch.randn(n))
     assert len(copies.fastcall.attempts) <= 8 and not copies.fastcall.recipes
+
+
+# ------------------------------------------------------------------------------------------------
+# tiletune.kernels.matmul_swiglu: the library op itself on the fake backend (a CPU stand-in kernel)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def swiglu_gemm(monkeypatch):
+    """``matmul_swiglu`` on CPU tensors: its device check and SM count stubbed, its kernel a torch stand-in
+    (the op's own ``_plan`` and kernel arguments), every library op on a fake backend without a database.
+    Yields ``(op, backend, slow)``: ``slow["n"]`` counts the calls that ran the op's Python."""
+    pytest.importorskip("cuda.tile")
+    import importlib
+
+    from tiletune.kernels._membound import OpFamily
+
+    gg = importlib.import_module("tiletune.kernels.gemm_glu")
+
+    def kernel(a, bg, bu, c, *consts):
+        trans_b = consts[-1]
+        g = a.float() @ (bg.float().t() if trans_b else bg.float())
+        u = a.float() @ (bu.float().t() if trans_b else bu.float())
+        c.copy_(torch.nn.functional.silu(g) * u)
+
+    slow = {"n": 0}
+    prepare = gg.prepare_matmul_swiglu
+
+    def counted(x, w):
+        slow["n"] += 1
+        return prepare(x, w)
+
+    monkeypatch.setattr(gg, "gemm_swiglu_kernel", kernel)
+    monkeypatch.setattr(gg, "check_device", lambda op, **t: 0)
+    monkeypatch.setattr(gg, "sm_count", lambda device: 132)
+    monkeypatch.setattr(gg, "prepare_matmul_swiglu", counted)
+    be = FakeBackend(lambda cfg: 100.0 - 0.01 * cfg.TM - 0.01 * cfg.TN, noise=0.0)
+    OpFamily.configure(backend=be, db=False, progress=False,
+                       options=tt.TunerOptions(stopping=tt.StoppingRule(min_samples=1, max_samples=1)))
+    try:
+        yield gg.matmul_swiglu, be, slow
+    finally:
+        OpFamily.configure()
+
+
+def _swiglu_ref(x, w):
+    n = w.shape[1] // 2
+    p = x.float() @ w.float()
+    return (torch.nn.functional.silu(p[..., :n]) * p[..., n:]).to(x.dtype)
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def test_matmul_swiglu_replays_aligned_calls_of_both_weight_layouts(swiglu_gemm):
+    op, be, slow = swiglu_gemm
+    for make_w in (lambda: _bf16(32, 48), lambda: _bf16(48, 32).t()):  # row-major [K, 2N]; W.t() of [2N, K]
+        op.fastcall.clear()
+        w, n0, l0 = make_w(), slow["n"], len(be.launches)
+        for _ in range(5):
+            x = _bf16(2, 3, 32)
+            got = op(x, w)
+            torch.testing.assert_close(got, _swiglu_ref(x, w), rtol=2e-2, atol=2e-2)
+            assert got.shape == (2, 3, 24) and got.is_contiguous()
+        assert len(op.fastcall.recipes) == 1
+        assert slow["n"] - n0 == 2  # tune, learn; then three replays
+        assert len(be.launches) - l0 >= 5
+        # the replayed launches read x in place (a view of the call's tensor), not a copy
+        assert be.launches[-1][2][0].data_ptr() == x.data_ptr()
+
+
+def test_matmul_swiglu_calls_that_copy_a_weight_half_are_never_replayed(swiglu_gemm):
+    """[K, 8] bfloat16: 16-byte rows, but the up half starts 8 bytes in (TMA cannot read it): copied on
+    every call, so the signature keeps the slow path; [K, 6]: 12-byte rows, both halves copied."""
+    op, be, slow = swiglu_gemm
+    for cols in (8, 6):
+        w = _bf16(32, cols)
+        n0 = slow["n"]
+        for _ in range(5):
+            x = _bf16(4, 32)
+            torch.testing.assert_close(op(x, w), _swiglu_ref(x, w), rtol=2e-2, atol=2e-2)
+            assert be.launches[-1][2][2].data_ptr() != w.data_ptr() + (cols // 2) * 2  # a copy, not a view
+        assert slow["n"] - n0 == 5
+        assert not op.fastcall.recipes
+        assert any("copy" in why for why in op.fastcall.refusals.values())
+
+
+def test_matmul_swiglu_misaligned_start_with_a_learnt_signature_takes_the_slow_path(swiglu_gemm):
+    """The signature (shapes, strides) does not see where ``x`` starts: a call whose ``x`` starts 2 bytes
+    into its storage has the signature of a learnt aligned call, but must not replay it (the slow path
+    copies ``x`` for the kernel)."""
+    op, be, slow = swiglu_gemm
+    w = _bf16(32, 48)
+    for _ in range(3):
+        op(_bf16(4, 32), w)
+    assert len(op.fastcall.recipes) == 1
+    n0 = slow["n"]
+    buf = _bf16(4 * 32 + 1)
+    x = buf[1:].view(4, 32)  # same shape and strides, storage offset 1 element
+    assert (x.shape, x.stride()) == ((4, 32), (32, 1))
+    got = op(x, w)
+    torch.testing.assert_close(got, _swiglu_ref(x, w), rtol=2e-2, atol=2e-2)
+    assert slow["n"] == n0 + 1
+    a = be.launches[-1][2][0]
+    assert a.data_ptr() != x.data_ptr() and a.storage_offset() == 0  # the copy the kernel can read
+    # a misaligned weight start too
+    wbuf = _bf16(32 * 48 + 1)
+    w2 = wbuf[1:].view(32, 48)
+    x = _bf16(4, 32)
+    torch.testing.assert_close(op(x, w2), _swiglu_ref(x, w2), rtol=2e-2, atol=2e-2)
+    assert slow["n"] == n0 + 2
+    # an aligned call still replays
+    x = _bf16(4, 32)
+    torch.testing.assert_close(op(x, w), _swiglu_ref(x, w), rtol=2e-2, atol=2e-2)
+    assert slow["n"] == n0 + 2
+
+
+def test_matmul_swiglu_empty_calls_launch_nothing_and_learn_nothing(swiglu_gemm):
+    op, be, slow = swiglu_gemm
+    w = _bf16(32, 48)
+    n0 = len(be.launches)
+    for _ in range(4):
+        got = op(_bf16(0, 32), w)
+        assert got.shape == (0, 24)
+    assert len(be.launches) == n0 and not op.fastcall.recipes

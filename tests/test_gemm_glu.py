@@ -279,8 +279,10 @@ def test_input_errors_are_one_line():
 
 
 def test_op_is_exported_but_not_routed_anywhere():
+    """Exported and a torch custom op (its route under torch.compile), but no other library path calls it."""
     assert K.matmul_swiglu is gg.matmul_swiglu
-    assert "matmul_swiglu" not in K.__all__  # like the decode ops: not a torch custom op yet
+    assert "matmul_swiglu" not in K.__all__  # like the decode ops: not in the library's op list yet
+    assert gg.matmul_swiglu.fastcall.route is not None  # the custom op while compiling
     src_root = os.path.dirname(K.__file__)
     users = []
     for root, _, files in os.walk(os.path.dirname(src_root)):
@@ -290,7 +292,7 @@ def test_op_is_exported_but_not_routed_anywhere():
                     text = fh.read()
                 if "matmul_swiglu" in text or "gemm_glu" in text:
                     users.append(name)
-    assert users == []
+    assert users == ["torch_ops.py"]  # the custom op's real implementation calls the op itself
 
 
 # ------------------------------------------------------------------------------------- compiles (sm_90)

@@ -34,7 +34,7 @@ pytest.importorskip("cuda.tile")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import tiletune as tt  # noqa: E402
-from tiletune.kernels import _MEMORY_OPS  # noqa: E402
+from tiletune.kernels import _FUSED_OPS, _MEMORY_OPS  # noqa: E402
 from tiletune.kernels._membound import OpFamily  # noqa: E402
 from tiletune.kernels.torch_ops import PUBLIC_OPS, compiled_call  # noqa: E402
 
@@ -75,7 +75,7 @@ def fresh_dynamo():
 
 def public_functions():
     """The public functions, taken from their defining modules."""
-    where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}
+    where = {**_MEMORY_OPS, **_FUSED_OPS, "matmul": "gemm", "attention": "attention_op"}
     return types.SimpleNamespace(**{name: getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
                                     for name, mod in where.items()})
 
@@ -120,7 +120,9 @@ def block_inputs(seed, seq=S):
     return randn(B, seq, HID, seed=seed), cos, sin
 
 
-def make_block(K, W):
+def make_block(K, W, fused_mlp=False):
+    """The decoder block; with ``fused_mlp`` its gate-up projection and SwiGLU are one ``K.matmul_swiglu``."""
+
     def block(x, cos, sin):
         b, s, _ = x.shape
         h = K.rms_norm(x, W["norm1"])
@@ -131,7 +133,8 @@ def make_block(K, W):
         o = K.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
         a = K.matmul(o.transpose(1, 2).reshape(b, s, HID), W["o"])
         y, res = K.rms_norm_residual(a, x, W["norm2"])
-        return K.matmul(K.swiglu(K.matmul(y, W["up"])), W["down"]) + res
+        g = K.matmul_swiglu(y, W["up"]) if fused_mlp else K.swiglu(K.matmul(y, W["up"]))
+        return K.matmul(g, W["down"]) + res
 
     return block
 
@@ -201,6 +204,25 @@ def test_block_compiled_fullgraph_matches_eager(api, weights):
 
     x2 = block_inputs(seed=11)[0]  # new data, same shapes: no recompilation needed
     assert_close(compiled(x2, cos, sin), block(x2, cos, sin), "compiled, new data")
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_fused_mlp_block_compiled_fullgraph_matches_eager(api, weights):
+    """The block with ``matmul_swiglu`` for its MLP: one graph, the eager fused block's output, and
+    the unfused block's to rounding."""
+    block = make_block(APIS[api], weights, fused_mlp=True)
+    x, cos, sin = block_inputs(seed=12)
+    want = block(x, cos, sin)
+    torch.cuda.synchronize()
+    assert want.shape == (B, S, HID) and want.dtype == BF16
+    assert rel_rms(want, torch_block(weights, x, cos, sin)) < 2e-2
+    explanation = torch._dynamo.explain(block)(x, cos, sin)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    torch._dynamo.reset()
+    got = torch.compile(block, fullgraph=True)(x, cos, sin)
+    torch.cuda.synchronize()
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert_close(got, want, "compiled fused block")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +304,10 @@ SINGLE_OPS = {
     "attention": (lambda K: lambda q, k, v: K.attention(q, k, v, causal=True),
                   lambda s: (randn(1, 4, 64, 64, seed=s), randn(1, 2, 64, 64, seed=s + 1),
                              randn(1, 2, 64, 64, seed=s + 2))),
+    "matmul_swiglu": (lambda K: lambda x, w: K.matmul_swiglu(x, w),
+                      lambda s: (randn(3, 16, 256, seed=s), randn(256, 2 * 128, seed=s + 1, scale=0.0625))),
+    "matmul_swiglu_wt": (lambda K: lambda x, w: K.matmul_swiglu(x, w.t()),  # W.t() of a [2N, K] weight
+                         lambda s: (randn(16, 256, seed=s), randn(2 * 128, 256, seed=s + 1, scale=0.0625))),
 }
 if FP8 is not None:
     SINGLE_OPS["matmul_fp8_float_scales"] = (

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import importlib
+import importlib.util
 import subprocess
 import sys
 
@@ -76,6 +77,7 @@ EXPECTED_SCHEMAS = {
     "cross_entropy_grad": (["logits", "target", "ignore_index"], [], 2),
     "matmul": (["a", "b", "scale_a", "scale_b", "out_dtype"], [], 1),
     "attention": (["q", "k", "v", "causal", "scale"], [], 1),
+    "matmul_swiglu": (["x", "w_gate_up"], [], 1),
 }
 
 
@@ -110,6 +112,7 @@ EXPECTED_SCHEMA_TEXT = [
     'tiletune::cross_entropy_grad(Tensor logits, Tensor target, SymInt ignore_index) -> (Tensor, Tensor)',
     'tiletune::matmul(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor',
     'tiletune::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor',
+    'tiletune::matmul_swiglu(Tensor x, Tensor w_gate_up) -> Tensor',
 ]
 
 
@@ -176,7 +179,7 @@ def eager_without_launch(monkeypatch):
     monkeypatch.setattr(attn, "aligned_operand", lambda t: t)
     # the memory-bound ops index their inputs (``x2[:, :h]``), which fake CUDA tensors refuse on a
     # torch without CUDA: they run on meta tensors with the device check stubbed out instead
-    for mod in ("norms", "softmax_op", "glu", "cross_entropy_op"):
+    for mod in ("norms", "softmax_op", "glu", "cross_entropy_op", "gemm_glu"):
         monkeypatch.setattr(importlib.import_module(f"tiletune.kernels.{mod}"), "check_device", lambda op, **t: 0)
 
     return {
@@ -189,6 +192,7 @@ def eager_without_launch(monkeypatch):
         "cross_entropy": importlib.import_module("tiletune.kernels.cross_entropy_op").cross_entropy,
         "matmul": gemm.matmul,
         "attention": attn.attention,
+        "matmul_swiglu": importlib.import_module("tiletune.kernels.gemm_glu").matmul_swiglu,
     }
 
 
@@ -231,6 +235,12 @@ EAGER_CASES = [
                               empty((2, 2, 16, 64), device=d)), {"causal": True})),
     ("attention", lambda d: ((empty((2, 16, 4, 128), F16, d).transpose(1, 2), empty((2, 4, 24, 128), F16, d),
                               empty((2, 4, 24, 128), F16, d)), {"scale": 0.1})),
+    ("matmul_swiglu", lambda d: ((empty((4, 64), device=d), empty((64, 96), device=d)), {})),
+    ("matmul_swiglu", lambda d: ((empty((2, 3, 64), F16, d), empty((96, 64), F16, d).t()), {})),  # W.t()
+    ("matmul_swiglu", lambda d: ((_strided((5, 32), BF16, d, 32), empty((32, 6), device=d)), {})),  # copies
+    ("matmul_swiglu", lambda d: ((empty((32,), device=d), empty((32, 16), device=d)), {})),  # 1-D x
+    ("matmul_swiglu", lambda d: ((empty((0, 3, 32), device=d), empty((32, 16), device=d)), {})),  # no rows
+    ("matmul_swiglu", lambda d: ((empty((4, 0), device=d), empty((0, 16), device=d)), {})),  # K = 0
 ]
 
 #: torch.matmul's shape rules: 1-D operands, (..., M, K) @ (K, N), broadcast batch dims, empty dims
@@ -396,6 +406,64 @@ def test_glu_fakes_follow_torch():
         compiled_call("geglu", x, "erf")
 
 
+@pytest.mark.parametrize("x_shape, w_shape", [((6, 64), (64, 96)), ((2, 3, 64), (64, 16)), ((64,), (64, 2)),
+                                             ((0, 64), (64, 8)), ((5, 0), (0, 8))])
+def test_matmul_swiglu_fake_follows_torch(x_shape, w_shape):
+    """``[..., N]`` of ``x``'s dtype, contiguous: what ``swiglu(x @ w)`` gives with torch's ops."""
+    for dtype in (BF16, F16):
+        x, w = empty(x_shape, dtype), empty(w_shape, dtype)
+        n = w_shape[1] // 2
+        u = torch.matmul(x, w)
+        want = F.silu(u[..., :n]) * u[..., n:]
+        got = compiled_call("matmul_swiglu", x, w)
+        assert meta_of(got) == meta_of(want) == ((*x_shape[:-1], n), dtype, contiguous_strides((*x_shape[:-1], n)),
+                                                 META)
+        # a transposed view of a [2N, K] weight gives the same result metadata
+        assert meta_of(compiled_call("matmul_swiglu", x, empty(w_shape[::-1], dtype).t())) == meta_of(want)
+
+
+#: (x, w_gate_up, error type, message): the eager op's one-line refusals
+MATMUL_SWIGLU_BAD = [
+    (empty((4, 64), F32), empty((64, 8), F32), TypeError, r"^matmul_swiglu\(\): 'x' must be bfloat16 or float16, got float32$"),
+    (empty((4, 64)), empty((64, 8), F32), TypeError, r"^matmul_swiglu\(\): 'w_gate_up' must be bfloat16 or float16, got float32$"),
+    (empty((4, 64)), empty((64, 8), F16), TypeError, r"^matmul_swiglu\(\): 'x' is bfloat16 but 'w_gate_up' is float16; they must match$"),
+    (empty(()), empty((64, 8)), ValueError, r"^matmul_swiglu\(\): 'x' must have at least one dimension"),
+    (empty((4, 64)), empty((64, 4, 2)), ValueError, r"^matmul_swiglu\(\): 'w_gate_up' must be 2-D \[K, 2N\], got shape \(64, 4, 2\)$"),
+    (empty((4, 64)), empty((64, 7)), ValueError, r"^matmul_swiglu\(\): 'w_gate_up' must have an even number of columns >= 2"),
+    (empty((4, 64)), empty((64, 0)), ValueError, r"even number of columns >= 2 .*got shape \(64, 0\)$"),
+    (empty((4, 64)), empty((63, 8)), ValueError, r"^matmul_swiglu\(\): inner dimensions differ: x \(4, 64\) @ w_gate_up \(63, 8\)$"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(MATMUL_SWIGLU_BAD)))
+def test_matmul_swiglu_fake_refuses_what_the_op_refuses(case, monkeypatch):
+    """The fake raises the eager op's error, type and one-line message, for each bad call; the eager op
+    (its device check stubbed: meta tensors) raises the same."""
+    x, w, error, message = MATMUL_SWIGLU_BAD[case]
+    with pytest.raises(error, match=message) as got:
+        compiled_call("matmul_swiglu", x, w)
+    assert "\n" not in str(got.value)
+    if importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None:
+        gg = importlib.import_module("tiletune.kernels.gemm_glu")
+        monkeypatch.setattr(gg, "check_device", lambda op, **t: 0)
+        with pytest.raises(error) as eager:
+            gg.matmul_swiglu(x, w)
+        assert str(eager.value) == str(got.value)
+
+
+def test_matmul_swiglu_fake_under_dynamic_compile_keeps_its_refusals():
+    """With symbolic sizes the shape checks are ``torch._check``s: a good call compiles into one node,
+    a bad one still fails with the op's message."""
+    backend = CountingBackend()
+    fn = torch.compile(lambda x, w: compiled_call("matmul_swiglu", x, w), fullgraph=True, dynamic=True,
+                       backend=backend)
+    assert meta_of(fn(empty((5, 64)), empty((64, 96)))) == ((5, 48), BF16, (48, 1), META)
+    assert meta_of(fn(empty((2, 7, 32)), empty((32, 16)))) == ((2, 7, 8), BF16, (56, 8, 1), META)
+    assert all(tiletune_ops_in(g) == collections.Counter({"matmul_swiglu": 1}) for g in backend.graphs)
+    with pytest.raises(Exception, match="inner dimensions differ"):
+        fn(empty((5, 64)), empty((32, 96)))
+
+
 def test_cross_entropy_fake_is_a_float32_scalar_and_a_logits_shaped_grad():
     logits, target = empty((2, 3, 50)), empty((2, 3), torch.long)
     ref = F.cross_entropy(logits.reshape(-1, 50).float(), target.reshape(-1))
@@ -436,6 +504,7 @@ def _opcheck_args():
         "cross_entropy_grad": (x, empty((4,), torch.long), -100),
         "matmul": (empty((3, 4, 64)), empty((64, 32)), None, None, None),
         "attention": (empty((1, 4, 8, 64)), empty((1, 2, 8, 64)), empty((1, 2, 8, 64)), True, None),
+        "matmul_swiglu": (empty((3, 4, 64)), empty((64, 96))),
     }
     assert set(cases) == set(OP_NAMES)
     return cases
@@ -561,6 +630,7 @@ def _single_op_calls():
         "cross_entropy": ((x, empty((4,), torch.long)), {"return_grad": True}),
         "matmul": ((empty((3, 4, 64)), empty((64,))), {}),
         "attention": ((empty((1, 4, 8, 64)), empty((1, 2, 8, 64)), empty((1, 2, 8, 64))), {"causal": True}),
+        "matmul_swiglu": ((empty((3, 4, 64)), empty((96, 64)).t()), {}),
     }
 
 
@@ -608,16 +678,17 @@ def public_block(K, x, w_norm1, w_qkv, cos, sin, w_o, w_norm2, w_up, w_down):
     out = K.matmul(K.swiglu(K.matmul(y, w_up)), w_down) + res
     target = torch.zeros((B * S,), dtype=torch.long, device=x.device)
     loss, grad = K.cross_entropy(out.reshape(B * S, HID), target, return_grad=True)
-    return out, loss, grad, K.softmax(out, dim=1), K.layer_norm(out), K.geglu(out, approximate="tanh")
+    return (out, loss, grad, K.softmax(out, dim=1), K.layer_norm(out), K.geglu(out, approximate="tanh"),
+            K.matmul_swiglu(y, w_up))
 
 
 def public_functions():
     """The public functions, taken from their defining modules."""
     import types
 
-    from tiletune.kernels import _MEMORY_OPS
+    from tiletune.kernels import _FUSED_OPS, _MEMORY_OPS
 
-    where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}
+    where = {**_MEMORY_OPS, **_FUSED_OPS, "matmul": "gemm", "attention": "attention_op"}
     return types.SimpleNamespace(**{name: getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
                                     for name, mod in where.items()})
 
@@ -629,16 +700,17 @@ def test_public_functions_route_to_the_custom_ops_under_compile():
 
     backend = CountingBackend()
     fn = torch.compile(lambda *a: public_block(K, *a), fullgraph=True, backend=backend)
-    out, loss, grad, sm, ln, ge = fn(*block_inputs())
+    out, loss, grad, sm, ln, ge, mlp = fn(*block_inputs())
     assert len(backend.graphs) == 1
     assert tiletune_ops_in(backend.graphs[0]) == EXPECTED_BLOCK_OPS + collections.Counter(
-        {"cross_entropy_grad": 1, "softmax": 1, "layer_norm": 1, "geglu": 1})
+        {"cross_entropy_grad": 1, "softmax": 1, "layer_norm": 1, "geglu": 1, "matmul_swiglu": 1})
     assert meta_of(out) == ((B, S, HID), BF16, (S * HID, HID, 1), META)
     assert meta_of(loss) == ((), F32, (), META)
     assert meta_of(grad) == ((B * S, HID), BF16, (HID, 1), META)
     assert meta_of(sm) == ((B, S, HID), BF16, (S * HID, 1, S), META)  # softmax over dim 1: moved back
     assert meta_of(ln) == ((B, S, HID), BF16, (S * HID, HID, 1), META)
     assert meta_of(ge) == ((B, S, HID // 2), BF16, (S * HID // 2, HID // 2, 1), META)
+    assert meta_of(mlp) == ((B, S, FF), BF16, (S * FF, FF, 1), META)
 
 
 def test_dynamic_compile_keeps_float_arguments_out_of_the_graph_inputs():

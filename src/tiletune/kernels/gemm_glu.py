@@ -11,7 +11,9 @@ and stores the activation.
   transposed order, not copied); bfloat16 or float16, one dtype; the result is ``[..., N]``.
 * Status: written and compiled for sm_90 on a CPU host only. It is not used by any other library
   path; ``benchmarks/decoder_layer.py --fused-mlp`` opts in. ``tests/test_gpu_gemm_glu.py`` is the
-  GPU check it needs first.
+  GPU check it needs first. Like the other library ops it replays its launch per call signature
+  (:mod:`tiletune.fastcall`) and is the ``torch.library`` custom op ``tiletune::matmul_swiglu`` under
+  ``torch.compile`` (:mod:`tiletune.kernels.torch_ops`); it is not in ``tiletune.kernels.__all__``.
 
 One tuned op (:data:`GEMM_SWIGLU`, one regime) over :data:`GEMM_SWIGLU_SPACE`; the correctness gate
 compares every measured config with :func:`_reference` (products in float64, activation in float32)
@@ -24,6 +26,7 @@ from typing import Any
 
 from ..backends.base import Launch
 from ..buckets import Buckets
+from ..fastcall import custom_op_route, fast_op
 from ..verify import Tolerance, derived_tolerance
 from ._membound import OpFamily, Prepared, check_device, check_tensor, sm_count
 from .gemm_glu_kernels import gemm_swiglu_args, gemm_swiglu_grid, gemm_swiglu_kernel, gemm_swiglu_space
@@ -111,8 +114,11 @@ def _aligned_rows(t: Any) -> bool:
 
 
 def _kernel_rows(t: Any) -> Any:
-    """``t`` itself if the kernel can read it (:func:`_aligned_rows`), else a contiguous copy."""
-    return t if _aligned_rows(t) else t.contiguous()
+    """``t`` itself if the kernel can read it (:func:`_aligned_rows`), else a contiguous copy (a new
+    allocation: ``contiguous()`` would return a contiguous tensor with a misaligned start as it is)."""
+    import torch
+
+    return t if _aligned_rows(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def prepare_matmul_swiglu(x: Any, w: Any) -> Prepared:
@@ -137,10 +143,25 @@ def prepare_matmul_swiglu(x: Any, w: Any) -> Prepared:
     return Prepared(GEMM_SWIGLU, 2, (a, bg, bu, c, trans_b), c.view(tuple(x.shape[:-1]) + (n,)))
 
 
+def _aligned_starts(x: Any, w_gate_up: Any, *_: Any) -> bool:
+    """Precheck of :func:`matmul_swiglu`'s fast path: both operands start 16 bytes into their storage.
+
+    A call signature holds shapes and strides but not the start offset, on which
+    :func:`prepare_matmul_swiglu` decides to copy an operand (TMA needs 16-byte aligned starts): a
+    recipe is only ever learnt from a call that copied nothing, so a call with a misaligned start
+    takes the slow path, which copies. Non-tensors go to the slow path too (it raises)."""
+    try:
+        return ((x.storage_offset() * x.element_size()) % 16 == 0
+                and (w_gate_up.storage_offset() * w_gate_up.element_size()) % 16 == 0)
+    except AttributeError:
+        return False
+
+
 def _dtype(t: Any) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
+@fast_op(route=custom_op_route("matmul_swiglu"), precheck=_aligned_starts)
 def matmul_swiglu(x: Any, w_gate_up: Any) -> Any:
     """``swiglu(x @ w_gate_up)`` in one autotuned fused GEMM: ``silu(g) * u`` with ``g`` the first and
     ``u`` the last ``N`` columns of the ``[..., 2N]`` product (float32 accumulation and activation).
@@ -151,6 +172,11 @@ def matmul_swiglu(x: Any, w_gate_up: Any) -> Any:
             ``[2N, K]`` weight (read in place).
 
     Returns a new ``[..., N]`` tensor of ``x``'s dtype.
+
+    Calls after the first ones with a signature replay the launch (:func:`tiletune.fastcall.fast_op`);
+    a call that copies an operand or a weight half the kernel cannot read by TMA, or whose operands
+    start misaligned (:func:`_aligned_starts`), runs this function. Under ``torch.compile`` it is the
+    custom op ``torch.ops.tiletune.matmul_swiglu`` (:mod:`tiletune.kernels.torch_ops`).
     """
     import torch
 

@@ -20,6 +20,7 @@ Registered ops (``torch.ops.tiletune.<name>``; every output is a new tensor)::
     cross_entropy_grad(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)  # loss, grad
     matmul(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor
     attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor
+    matmul_swiglu(Tensor x, Tensor w_gate_up) -> Tensor                    # swiglu(x @ w_gate_up), fused
 
 A custom op has one return schema, so ``cross_entropy(..., return_grad=True)`` is its own op
 (``cross_entropy_grad``); ``apply_rope_`` mutates ``q`` and ``k`` and returns nothing (a custom op
@@ -66,6 +67,7 @@ OP_NAMES = (
     "cross_entropy_grad",
     "matmul",
     "attention",
+    "matmul_swiglu",
 )
 #: Public functions :func:`compiled_call` accepts (the names of :mod:`tiletune.kernels`).
 #: Every custom op but ``cross_entropy_grad``, which serves ``cross_entropy(..., return_grad=True)``.
@@ -150,6 +152,12 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[fl
     from .attention_op import attention
 
     return attention(q, k, v, causal, scale)
+
+
+def _matmul_swiglu(x: Tensor, w_gate_up: Tensor) -> Tensor:
+    from .gemm_glu import matmul_swiglu
+
+    return matmul_swiglu(x, w_gate_up)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,6 +291,31 @@ def _attention_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Option
     return q.new_empty(q.shape)
 
 
+def _matmul_swiglu_fake(x: Tensor, w_gate_up: Tensor) -> Tensor:
+    """``[..., N]`` of ``x``'s dtype for ``x [..., K]`` and ``w_gate_up [K, 2N]``, contiguous (the eager
+    op views a new ``M x N`` tensor), with the eager op's refusals (shape ones through ``torch._check``
+    with its message where the sizes may be symbolic)."""
+    op = "matmul_swiglu"
+    for name, t in (("x", x), ("w_gate_up", w_gate_up)):
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"{op}(): '{name}' must be bfloat16 or float16, got {str(t.dtype).replace('torch.', '')}")
+    if x.dtype != w_gate_up.dtype:
+        raise TypeError(f"{op}(): 'x' is {str(x.dtype).replace('torch.', '')} but 'w_gate_up' is "
+                        f"{str(w_gate_up.dtype).replace('torch.', '')}; they must match")
+    if x.dim() < 1:
+        raise ValueError(f"{op}(): 'x' must have at least one dimension ([..., K]), got a scalar")
+    if w_gate_up.dim() != 2:
+        raise ValueError(f"{op}(): 'w_gate_up' must be 2-D [K, 2N], got shape {tuple(w_gate_up.shape)}")
+    n2 = w_gate_up.shape[1]
+    torch._check_with(ValueError, n2 >= 2 and n2 % 2 == 0,
+                      lambda: f"{op}(): 'w_gate_up' must have an even number of columns >= 2 (gate and up "
+                              f"halves), got shape {tuple(w_gate_up.shape)}")
+    torch._check_with(ValueError, x.shape[-1] == w_gate_up.shape[0],
+                      lambda: f"{op}(): inner dimensions differ: x {tuple(x.shape)} @ w_gate_up "
+                              f"{tuple(w_gate_up.shape)}")
+    return x.new_empty((*x.shape[:-1], n2 // 2))
+
+
 # ---------------------------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------------------------
@@ -300,6 +333,7 @@ _DEFS: Dict[str, Tuple[Callable[..., Any], Callable[..., Any], Tuple[str, ...]]]
     "cross_entropy_grad": (_cross_entropy_grad, _cross_entropy_grad_fake, ()),
     "matmul": (_matmul, _matmul_fake, ()),
     "attention": (_attention, _attention_fake, ()),
+    "matmul_swiglu": (_matmul_swiglu, _matmul_swiglu_fake, ()),
 }
 
 
@@ -406,6 +440,10 @@ def _call_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     return _ops().attention(q, k, v, bool(causal), None if scale is None else float(scale))
 
 
+def _call_matmul_swiglu(x: Tensor, w_gate_up: Tensor) -> Tensor:
+    return _ops().matmul_swiglu(x, w_gate_up)
+
+
 _ROUTES: Dict[str, Callable[..., Any]] = {
     "rms_norm": _call_rms_norm,
     "rms_norm_residual": _call_rms_norm_residual,
@@ -417,6 +455,7 @@ _ROUTES: Dict[str, Callable[..., Any]] = {
     "cross_entropy": _call_cross_entropy,
     "matmul": _call_matmul,
     "attention": _call_attention,
+    "matmul_swiglu": _call_matmul_swiglu,
 }
 
 
