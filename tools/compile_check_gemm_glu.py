@@ -38,12 +38,9 @@ sys.path.insert(0, os.path.join(_ROOT, "src"))
 sys.path.insert(0, os.path.join(_ROOT, "tools"))
 
 import cuda.tile as ct  # noqa: E402
-from cuda.tile.compilation import (  # noqa: E402
-    ArrayConstraint,
-    CallingConvention,
-    KernelSignature,
-    export_kernel,
-)
+from cuda.tile.compilation import CallingConvention, KernelSignature, export_kernel  # noqa: E402
+
+from compile_check_memory import array_constraint, find_tool, resources  # noqa: E402
 
 #: name -> (torch dtype name, M, N, K, weight given as W.T)
 VARIANTS: dict[str, tuple[str, int, int, int, bool]] = {
@@ -54,41 +51,13 @@ VARIANTS: dict[str, tuple[str, int, int, int, bool]] = {
 }
 MAIN = ("m1_nt", "m2048_nt")
 
-_CT = {"bfloat16": ct.bfloat16, "float16": ct.float16, "float32": ct.float32}
-
-
-def array_constraint(t: Any, v2: bool) -> ArrayConstraint:
-    """The constraint the launcher derives for a torch tensor ``t`` (a meta tensor here): unit strides
-    are constants, 16-byte multiples of strides and dims divisibility facts, base 16-byte aligned where
-    the view's offset is, and with ``v2`` size-1 dimensions as shape constants."""
-    dtype = _CT[str(t.dtype).replace("torch.", "")]
-    es = t.element_size()
-    per16 = 16 // es
-    shape, strides = tuple(t.shape), tuple(t.stride())
-    kw: dict[str, Any] = {}
-    if v2:
-        kw["shape_constant"] = tuple(1 if d == 1 else None for d in shape)
-    return ArrayConstraint(
-        dtype, len(shape),
-        index_dtype=ct.int32,
-        stride_lower_bound_incl=0,
-        alias_groups=(),
-        may_alias_internally=False,
-        stride_constant=tuple(1 if s == 1 else None for s in strides),
-        stride_divisible_by=tuple(1 if s == 1 else (per16 if s % per16 == 0 else 1) for s in strides),
-        shape_divisible_by=tuple(16 if d % 16 == 0 else 1 for d in shape),
-        base_addr_divisible_by=16 if (t.storage_offset() * es) % 16 == 0 else es,
-        **kw,
-    )
-
-
 def signature(args: tuple) -> KernelSignature:
     """The signature ``ct.launch`` would build for the plan's arguments: convention v2 when some array
     has a size-1 dimension (the launcher's rule), v1 otherwise."""
     import torch
 
     v2 = any(isinstance(a, torch.Tensor) and 1 in tuple(a.shape) for a in args)
-    params = [array_constraint(a, v2) if isinstance(a, torch.Tensor) else a for a in args]
+    params = [array_constraint(a, ct.int32, v2) if isinstance(a, torch.Tensor) else a for a in args]
     conv = CallingConvention.cutile_python_v2() if v2 else CallingConvention.cutile_python_v1()
     return KernelSignature(params, conv)
 
@@ -125,8 +94,6 @@ def compile_one(variant: str, cfg: dict, arch: str = "sm_90", cuda_bin: str | No
     dt = time.perf_counter() - t0
     info = ""
     if cuda_bin:
-        from compile_check_memory import find_tool, resources
-
         cuobjdump = find_tool("cuobjdump", cuda_bin)
         if cuobjdump:
             r = resources(buf.getvalue(), cuobjdump, None)

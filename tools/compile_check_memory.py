@@ -185,12 +185,14 @@ CASES: dict[str, list[tuple[str, Callable[[Any], Any]]]] = {
 # ---------------------------------------------------------------------------------------------
 
 
-def array_constraint(t: torch.Tensor, index_dtype) -> ArrayConstraint:
-    """The constraint ``ct.launch`` derives for a tensor: strides, 16-byte divisibility, alignment."""
+def array_constraint(t: torch.Tensor, index_dtype, v2: bool = False) -> ArrayConstraint:
+    """The constraint ``ct.launch`` derives for a tensor: strides, 16-byte divisibility, alignment;
+    with ``v2`` (calling convention v2) size-1 dimensions are shape constants."""
     itemsize = t.element_size()
     elems_16b = max(1, 16 // itemsize)
     strides = [int(s) for s in t.stride()]
     shape = [int(d) for d in t.shape]
+    extra: dict[str, Any] = {"shape_constant": tuple(1 if d == 1 else None for d in shape)} if v2 else {}
     return ArrayConstraint(
         _CT[t.dtype], t.dim(),
         index_dtype=index_dtype,
@@ -201,6 +203,7 @@ def array_constraint(t: torch.Tensor, index_dtype) -> ArrayConstraint:
         stride_divisible_by=tuple(1 if s == 1 else (elems_16b if (s * itemsize) % 16 == 0 else 1) for s in strides),
         shape_divisible_by=tuple(16 if d % 16 == 0 else 1 for d in shape),
         base_addr_divisible_by=16 if (t.storage_offset() * itemsize) % 16 == 0 else itemsize,
+        **extra,
     )
 
 

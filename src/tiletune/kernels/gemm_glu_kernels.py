@@ -37,6 +37,7 @@ import cuda.tile as ct
 from ..space import Space
 from ..templates import matmul_params
 from ._config import param as _param
+from .gemm_kernels import _tile_coords
 from .glu import _sigmoid_mul
 
 __all__ = [
@@ -124,14 +125,6 @@ def gemm_swiglu_space() -> Space:
     """The fused op's space for 16-bit inputs: :data:`GEMM_SWIGLU_SPACE_PARAMS` under
     :func:`gemm_swiglu_constraints`, baseline :data:`GEMM_SWIGLU_BASELINE`."""
     return Space(**GEMM_SWIGLU_SPACE_PARAMS, constraints=gemm_swiglu_constraints(2), baseline=GEMM_SWIGLU_BASELINE)
-
-
-def _tile_coords(tile, num_m, num_n, GROUP_M):
-    """Linear tile id -> ``(tile_row, tile_col)`` with grouped (L2-friendly) order."""
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    rows = min(num_m - first_m, GROUP_M)
-    return first_m + tile % rows, (tile % per_group) // rows
 
 
 def _load_tile(X, i, j, T0: ConstInt, T1: ConstInt, LAT: ConstInt, ALLOW_TMA: ConstBool, TRANS: ConstBool):
