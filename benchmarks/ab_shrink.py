@@ -140,8 +140,8 @@ def db_rows(db_path: str, source: str | None = None) -> list[dict[str, Any]]:
     db = TuningDB(db_path)
     rows = []
     for name in sorted({w.identity.name for w in db.winners()}):
-        for space in sh.space_hashes(db, name):  # an op may tune its key regimes over different spaces
-            for arch, table in sh.tables_from_db(db, name, space).items():
+        for space, tables in sh.tables_by_space(db, name).items():  # an op may tune its regimes over several
+            for arch, table in tables.items():
                 if len(table.keys) < 2:
                     continue
                 res = sh.shrink(table, 0.02, 8)

@@ -645,14 +645,15 @@ def shrink_cmd(
         groups = {"": sh.tables_from_recordings(recording)}
     else:
         db = _open_db(path, must_exist=True)
-        hashes = sh.space_hashes(db, op) if space is None else {}
-        if space is None and not hashes:
-            _fail(f"{db.where}: no tuning results for {op!r}")
-        chosen = list(hashes) if len(hashes) > 1 else [space]
-        try:
-            groups = {h or "": sh.tables_from_db(db, op, h) for h in chosen}
-        except ValueError as exc:
-            _fail(str(exc))
+        if space is None:
+            groups = sh.tables_by_space(db, op)
+            if not groups:
+                _fail(f"{db.where}: no tuning results for {op!r}")
+        else:
+            try:
+                groups = {space: sh.tables_from_db(db, op, space)}
+            except ValueError as exc:
+                _fail(str(exc))
     doc: dict[str, Any] = {"source": op or [str(r) for r in recording or []]}
     per_space = {}
     for h, tables in groups.items():

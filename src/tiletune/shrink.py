@@ -43,7 +43,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .records import DeviceInfo, Measurement, Status, canonical_json
 
-__all__ = ["KeyTable", "ShrinkResult", "shrink", "space_hashes", "tables_from_db", "tables_from_recordings", "space_code",
+__all__ = ["KeyTable", "ShrinkResult", "shrink", "space_hashes", "tables_by_space", "tables_from_db",
+           "tables_from_recordings", "space_code",
            "build_space", "verify_replay"]
 
 #: combinations tried at most by the exact check at one size
@@ -130,15 +131,34 @@ def _table(arch: str, per_key: list[tuple[str, list[Measurement], Any]], device:
                     sources=[s for _, _, s in per_key], device=device)
 
 
+def _key_counts(winners: Iterable[Any]) -> dict[str, int]:
+    """Space hash -> number of (arch, key) pairs among ``winners``, in hash order."""
+    keys: dict[str, set] = {}
+    for w in winners:
+        keys.setdefault(w.identity.space_hash, set()).add((w.identity.device.arch, w.identity.key))
+    return {h: len(k) for h, k in sorted(keys.items())}
+
+
 def space_hashes(db: Any, name: str) -> dict[str, int]:
     """The spaces op ``name`` was tuned over in a tuning database: space hash -> number of keys.
 
     A library op may tune different key regimes over different spaces (e.g. few rows vs many); each
     space is shrunk on its own."""
-    keys: dict[str, set] = {}
-    for w in db.winners(name=name):
-        keys.setdefault(w.identity.space_hash, set()).add((w.identity.device.arch, w.identity.key))
-    return {h: len(k) for h, k in sorted(keys.items())}
+    return _key_counts(db.winners(name=name))
+
+
+def _tables(db: Any, winners: Iterable[Any]) -> dict[str, KeyTable]:
+    """Per architecture, the table of ``winners`` (one space): a key's newest identity per architecture."""
+    newest: dict[tuple[str, str], Any] = {}
+    for w in winners:  # oldest first
+        newest[(w.identity.device.arch, w.identity.key)] = w
+    by_arch: dict[str, list[tuple[str, list[Measurement], Any]]] = {}
+    devices: dict[str, DeviceInfo] = {}
+    for (arch, key), w in sorted(newest.items()):
+        ms = db.measurements(w.identity)
+        by_arch.setdefault(arch, []).append((key, ms, ms))
+        devices[arch] = w.identity.device
+    return {a: _table(a, rows, devices[a]) for a, rows in by_arch.items()}
 
 
 def tables_from_db(db: Any, name: str, space: str | None = None) -> dict[str, KeyTable]:
@@ -150,7 +170,7 @@ def tables_from_db(db: Any, name: str, space: str | None = None) -> dict[str, Ke
     winners = db.winners(name=name)
     if not winners:
         raise ValueError(f"{db.where}: no tuning results for {name!r}")
-    hashes = space_hashes(db, name)
+    hashes = _key_counts(winners)
     if space is not None:
         chosen = [h for h in hashes if h.startswith(space)]
         if len(chosen) != 1:
@@ -161,16 +181,16 @@ def tables_from_db(db: Any, name: str, space: str | None = None) -> dict[str, Ke
         raise ValueError(f"{db.where}: {name!r} was tuned over {len(hashes)} spaces "
                          f"({', '.join(f'{h[:12]}: {n} keys' for h, n in hashes.items())}); shrink one at a time "
                          "(space=HASH, or the CLI's --space)")
-    newest: dict[tuple[str, str], Any] = {}
-    for w in winners:  # oldest first
-        newest[(w.identity.device.arch, w.identity.key)] = w
-    by_arch: dict[str, list[tuple[str, list[Measurement], Any]]] = {}
-    devices: dict[str, DeviceInfo] = {}
-    for (arch, key), w in sorted(newest.items()):
-        ms = db.measurements(w.identity)
-        by_arch.setdefault(arch, []).append((key, ms, ms))
-        devices[arch] = w.identity.device
-    return {a: _table(a, rows, devices[a]) for a, rows in by_arch.items()}
+    return _tables(db, winners)
+
+
+def tables_by_space(db: Any, name: str) -> dict[str, dict[str, KeyTable]]:
+    """:func:`tables_from_db` for every space op ``name`` was tuned over, from one read of its
+    winners: space hash -> per-architecture tables ({} when the op has no results)."""
+    by_space: dict[str, list[Any]] = {}
+    for w in db.winners(name=name):  # oldest first, kept so within each space
+        by_space.setdefault(w.identity.space_hash, []).append(w)
+    return {h: _tables(db, ws) for h, ws in sorted(by_space.items())}
 
 
 def tables_from_recordings(recordings: Iterable[Any]) -> dict[str, KeyTable]:
