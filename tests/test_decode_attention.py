@@ -465,11 +465,11 @@ def test_decoder_layer_rows_and_torch_layer_on_cpu(monkeypatch):
             assert torch.equal(mod.ck[:, :, :s - 1], st.ck[:, :, :s - 1])
 
 
-def test_attention_keeps_short_queries_on_the_flash_kernel_until_decode_is_verified(monkeypatch):
+def test_attention_routes_short_queries_to_decode_and_the_switch_turns_it_off(monkeypatch):
     import tiletune.kernels.attention_op as attn_mod
 
-    assert attn_mod.ROUTE_SHORT_QUERIES_TO_DECODE is False
-    assert not attn_mod._routes_to_decode(1, 4096)
-    monkeypatch.setattr(attn_mod, "ROUTE_SHORT_QUERIES_TO_DECODE", True)
+    assert attn_mod.ROUTE_SHORT_QUERIES_TO_DECODE is True  # on since the decode GPU tests passed
     assert attn_mod._routes_to_decode(1, 4096) and attn_mod._routes_to_decode(16, 17)
     assert not attn_mod._routes_to_decode(17, 4096) and not attn_mod._routes_to_decode(8, 8)
+    monkeypatch.setattr(attn_mod, "ROUTE_SHORT_QUERIES_TO_DECODE", False)
+    assert not attn_mod._routes_to_decode(1, 4096)

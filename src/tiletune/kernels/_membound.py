@@ -22,6 +22,7 @@ from typing import Any, Callable, Hashable, Iterable, NamedTuple, Sequence
 
 from ..dispatch import TunedOp, autotune
 from ..space import Space
+from ..strategies.base import Budget
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -128,6 +129,10 @@ class OpFamily:
         space_for: ``space_for(regime) -> Space``.
         plan: the launch plan shared by every regime.
         reference, writes, inplace, tolerance, buckets: as for :func:`tiletune.autotune`.
+        budget: the family's default tuning budget (``autotune``'s ``budget=``): with
+            ``Budget(max_evals=n)`` a regime's space larger than ``n`` configs is searched with the
+            ``"auto"`` strategy for ``n`` evaluations instead of measured whole, which bounds the stall
+            of a cold key. A ``budget=`` or ``strategy=`` of :meth:`configure` takes precedence.
     """
 
     _overrides: dict[str, Any] = {}  # autotune keywords shared by every family: see configure
@@ -144,9 +149,11 @@ class OpFamily:
         inplace: Sequence[str] = (),
         tolerance: dict[str, tuple[float, float]] | None = None,
         buckets: Any = None,
+        budget: Budget | None = None,
     ) -> None:
         self.name = name
         self.buckets = buckets
+        self.budget = budget
         self.space_for = space_for
         self.plan = plan
         self.reference = reference
@@ -165,6 +172,8 @@ class OpFamily:
                 op = self._ops.get(regime)
                 if op is None:
                     kwargs: dict[str, Any] = dict(OpFamily._overrides)
+                    if self.budget is not None and "budget" not in kwargs and "strategy" not in kwargs:
+                        kwargs["budget"] = self.budget
                     op = autotune(
                         self.space_for(regime),
                         reference=self.reference,

@@ -81,10 +81,10 @@ def attention_into(cfg: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, qk_sc
                   (q, k, v, o, qk_scale_log2, q.shape[-1], cfg.BLOCK_M, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
 
 
-#: Whether :func:`attention` sends short queries to the split-KV decode kernels. Off until
-#: ``tests/test_gpu_decode_attention.py`` has passed on a GPU: the decode kernels were written and
-#: compiled on a CPU host and checked against a torch emulation only.
-ROUTE_SHORT_QUERIES_TO_DECODE = False
+#: Whether :func:`attention` sends short queries to the split-KV decode kernels. On since
+#: ``tests/test_gpu_decode_attention.py`` passed on the H200; set it False to keep every call on the
+#: FlashAttention-style kernel.
+ROUTE_SHORT_QUERIES_TO_DECODE = True
 
 
 def _routes_to_decode(sq: int, sk: int) -> bool:
@@ -106,7 +106,7 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     Returns:
         A new ``(B, H, Sq, D)`` tensor of ``q``'s dtype.
 
-    With :data:`ROUTE_SHORT_QUERIES_TO_DECODE` set, calls with ``Sq <= 16`` query tokens and more keys
+    With :data:`ROUTE_SHORT_QUERIES_TO_DECODE` set (the default), calls with ``Sq <= 16`` query tokens and more keys
     than queries run the split-KV decode kernel (:func:`tiletune.kernels.decode_attention`), the
     others the FlashAttention-style kernel.
     """
