@@ -251,8 +251,47 @@ def rel_err(got: Any, want: Any) -> float:
     return float(torch.linalg.vector_norm((got.float() - want.float())) / torch.linalg.vector_norm(want.float()))
 
 
-def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool = False) -> dict[str, Any]:
-    """One row: tune + time tiletune, time eager / compile / compile reduce-overhead, check rel_err."""
+def kernel_table(kernels: Any, forwards: int, top: int = 25) -> list[dict[str, Any]]:
+    """Per-kernel GPU time of one forward from ``(kernel name, duration us)`` pairs of ``forwards`` forwards:
+    ``[{"kernel", "us", "calls"}]`` per forward, slowest first, the first ``top`` (the rest summed into
+    one ``"(other kernels)"`` entry)."""
+    total: dict[str, list[float]] = {}
+    for name, us in kernels:
+        t = total.setdefault(name, [0.0, 0])
+        t[0] += float(us)
+        t[1] += 1
+    rows = sorted(({"kernel": k, "us": v[0] / forwards, "calls": v[1] / forwards} for k, v in total.items()),
+                  key=lambda r: -r["us"])
+    if len(rows) > top:
+        rest = rows[top:]
+        rows = rows[:top] + [{"kernel": "(other kernels)", "us": sum(r["us"] for r in rest),
+                              "calls": sum(r["calls"] for r in rest)}]
+    return rows
+
+
+def profile_kernels(fn: Any, forwards: int = 10) -> list[dict[str, Any]]:
+    """:func:`kernel_table` of ``fn`` (one forward) under ``torch.profiler`` (CUDA activity), after a warm-up."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(forwards):
+            fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return kernel_table(((e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == cuda),
+                        forwards)
+
+
+def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool = False,
+                profile: bool = False) -> dict[str, Any]:
+    """One row: tune + time tiletune, time eager / compile / compile reduce-overhead, check rel_err.
+
+    With ``profile``, ``row["kernel_profile"]`` holds per-kernel GPU time per forward of tiletune's
+    layer and of ``torch.compile``'s (default mode: the same Inductor kernels reduce-overhead replays
+    from a graph), each launched without a graph so the profiler sees every kernel."""
     import torch
 
     from tiletune.bench import capture_graph
@@ -292,6 +331,10 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
                 row[key.replace("_us", "_warmup_s")] = time.perf_counter() - t0
                 row[key.replace("_us", "_rel_err")] = rel_err(out_c, out_eager)
                 row[key] = gpu_us(lambda: fn(st.x, st.cos, st.sin), n)
+                if profile and mode is None:
+                    prof = row.setdefault("kernel_profile", {})
+                    prof["torch.compile"] = profile_kernels(lambda: fn(st.x, st.cos, st.sin))
+                    prof["tiletune"] = profile_kernels(fwd)
             except Exception as exc:  # noqa: BLE001 - a compile failure is a result, not a crash
                 row[key] = None
                 row[key.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -306,7 +349,7 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
     return row
 
 
-def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = False, fused_mlp: bool = False) -> float:
+def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = True, fused_mlp: bool = False) -> float:
     """Wall time of the first forward of the layer in this (fresh) process."""
     import torch
 
@@ -325,7 +368,7 @@ def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = False, fuse
     return time.perf_counter() - t0
 
 
-def first_forward_fresh(phase: str, bsz: int, s: int, splitk: bool = False, fused_mlp: bool = False) -> float | None:
+def first_forward_fresh(phase: str, bsz: int, s: int, splitk: bool = True, fused_mlp: bool = False) -> float | None:
     from _common import run_child
 
     env = dict(os.environ)
@@ -370,19 +413,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 rows (budget < 4 min on a fresh H200)")
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="output folder")
     ap.add_argument("--no-first-forward", action="store_true")
+    ap.add_argument("--profile-kernels", action="store_true",
+                    help="per-kernel GPU time of one forward, tiletune vs torch.compile, in each row (torch.profiler)")
+    ap.add_argument("--no-splitk", action="store_true",
+                    help="keep small-M 16-bit GEMMs on the plain GEMM (tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK = False)")
     ap.add_argument("--rows", default=None, help="rows by hand: phase:B:S[,phase:B:S...] (e.g. decode:8:2048)")
     ap.add_argument("--splitk", action="store_true",
-                    help="route small-M 16-bit GEMMs to the split-K op (tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK)")
+                    help="(the default since split-K passed on the H200; kept for old command lines)")
     ap.add_argument("--fused-mlp", action="store_true",
-                    help="gate-up projection + SwiGLU as one fused GEMM (tiletune.kernels.matmul_swiglu; not yet "
-                         "validated on a GPU, see tests/test_gpu_gemm_glu.py)")
+                    help="gate-up projection + SwiGLU as one fused GEMM (tiletune.kernels.matmul_swiglu)")
     args = ap.parse_args(argv)
     import torch
 
-    if args.splitk:
-        import tiletune.kernels.gemm as _gemm
+    import tiletune.kernels.gemm as _gemm
 
-        _gemm.ROUTE_SMALL_M_TO_SPLITK = True
+    if args.no_splitk:
+        _gemm.ROUTE_SMALL_M_TO_SPLITK = False
+    splitk = _gemm.ROUTE_SMALL_M_TO_SPLITK
 
     from _common import write_result
 
@@ -390,16 +437,16 @@ def main(argv: list[str] | None = None) -> int:
     w = make_weights()
     rows = []
     for phase, bsz, s in rows_for(args.quick, args.rows):
-        r = measure_row(w, phase, bsz, s, fused_mlp=args.fused_mlp)
+        r = measure_row(w, phase, bsz, s, fused_mlp=args.fused_mlp, profile=args.profile_kernels)
         rows.append(r)
         print(json.dumps(r), flush=True)
     if rows and not args.no_first_forward:
         r0 = rows[0]
-        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], args.splitk, args.fused_mlp)
+        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], splitk, args.fused_mlp)
     out = Path(args.out) if args.out else None
     # a --fused-mlp run writes decoder_layer_fused_mlp.json beside the unfused run's decoder_layer.json
     name = "decoder_layer_fused_mlp" if args.fused_mlp else "decoder_layer"
-    path = write_result(name, {"quick": args.quick, "splitk": args.splitk, "fused_mlp": args.fused_mlp,
+    path = write_result(name, {"quick": args.quick, "splitk": splitk, "fused_mlp": args.fused_mlp,
                                "rows": rows, "wall_s": time.perf_counter() - t_start,
                                "layer": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
                                          "head_dim": HEAD_DIM, "ffn": FFN, "dtype": "bfloat16"}}, out)

@@ -6,24 +6,21 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART:
-#   verify    GPU tests of the code written on CPU hosts: compile-ahead hits (v1 and v2 launches), split-K GEMM (8 of its cases passed on 2026-12-01,
-#             the rest were cut by the time limit), decode attention (its full space passed the gate on one
-#             shape; the rest not run; check that stats["prefetch_hits"] now counts its configs: before the
-#             calling-convention-v2 fix every config compiled twice), the campaign test. Then turn on
-#             tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK / attention_op.ROUTE_SHORT_QUERIES_TO_DECODE
-#             if they pass. (tests/test_gpu_bench.py passed on 2026-12-01, do_bench check included.)
-#   tests     the GPU test files this session's cut run did not finish: kernels_compute, kernels_memory
+# PART (what is still owed after the 2026-12-01 afternoon session; verify, gemmglu, decoder, memory, gemm,
+# attention and first ran then, see docs/GPU-NOTES.md):
+#   first     issue 13: first_call.py for matmul with --profile: the sympy import of matmul's first call is gone
+#             (served warm rows were 2.1-3.5 s), and split-K cold keys now search 40 configs (tuned row was 38 s)
+#   table     issue 13: add split-K (small-M matmul) and attention keys to the shipped table (merged into it)
+#   decoder   issue 20: decoder_layer.py --quick --fused-mlp --profile-kernels: per-kernel GPU time of one forward,
+#             tiletune vs torch.compile (why the graph replay is 0.76-0.93x of reduce-overhead), and first forward
+#   gemm      issue 14: kernels_compute.py --only gemm --quick (tune_s of the budgeted split-K search per row)
+#   graphs    issue 12: graphs_compile.py's torch.compile cases (cut by the deadline on 2026-12-01 07:51)
+#   verify    regression: the GPU test files of the split-K, decode attention, compile pool and campaign
+#   tests     the GPU test files of the kernel library: kernels_compute, kernels_memory
 #   campaign  issue 18: benchmarks/campaign.py --gpus 1 --kill (campaign.json; ran on 2026-12-01, 56 sessions)
 #   backlog   issue 18: the campaign again with TILETUNE_TIMER_BACKLOG_US=50 (out/backlog/campaign.json): do
 #             the two ~5 us keys whose picks differed between runs agree with a GPU spin before each sample?
 #   gemmglu   issue 20: the fused gate-up + SwiGLU GEMM's GPU tests, then the decoder layer with --fused-mlp
-#   first     issue 13: first_call.py for matmul and attention, with --profile on every op's served rows
-#   table     issue 13: add the missing token buckets to the shipped table (merged into it)
-#   decoder   issue 20: decoder_layer.py --quick --splitk (timed out at 265 s on 2026-12-01 with no row:
-#             decode attention then tuned for ~54 s per key; run decoder1 first)
-#   decoder1  issue 20: one decode row (B=8, 2048 cached), no first-forward child
-#   gemm      issue 14: kernels_compute.py --only gemm --quick --splitk
 #   memory    issue 14: kernels_memory.py --quick (every torch route: eager, compile, max-autotune)
 #   attention issue 14: kernels_compute.py --only attention --quick (SDPA's backends, both GQA routes)
 set -uo pipefail
@@ -47,20 +44,22 @@ case "$part" in
   gemmglu)
     limit 240 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_gemm_glu.py > "$out/gemmglu.log" 2>&1
     tail -30 "$out/gemmglu.log"
-    limit 300 python benchmarks/decoder_layer.py --quick --fused-mlp --splitk --no-first-forward --out "$out" 2>&1 | tail -12 ;;
+    limit 300 python benchmarks/decoder_layer.py --quick --fused-mlp --no-first-forward --out "$out" 2>&1 | tail -12 ;;
   first)
-    limit 560 python benchmarks/first_call.py --ops matmul,attention --profile --out "$out" 2>&1 | grep -v "^ " | tail -30 ;;
+    limit 560 python benchmarks/first_call.py --ops matmul --profile --out "$out" 2>&1 | grep -v "^ " | tail -30 ;;
+  graphs)
+    limit 560 python benchmarks/graphs_compile.py --cases compile_fullgraph,reduce_overhead --deadline 500 --out "$out" 2>&1 | tail -30 ;;
   table)
     limit 540 python benchmarks/make_table.py --db "$out/fill.db" --table src/tiletune/data/tables/h200-sm90.json \
-      --tokens 128,1024,4096,8,64,512,2048,2,4,32,256,8192,16384 \
+      --tokens 1,16,128,1024,4096,8,64,512,2048,2,4,32,256,8192,16384 \
       --deadline-s 480 --report "$out/make_table.json" 2>&1 | tail -20
     cp src/tiletune/data/tables/h200-sm90.json "$out/" ;;
   decoder1)
-    limit 400 python benchmarks/decoder_layer.py --rows decode:8:2048 --splitk --no-first-forward --out "$out" 2>&1 | tail -12 ;;
+    limit 400 python benchmarks/decoder_layer.py --rows decode:8:2048 --no-first-forward --out "$out" 2>&1 | tail -12 ;;
   decoder)
-    limit 560 python benchmarks/decoder_layer.py --quick --splitk --out "$out" 2>&1 | tail -30 ;;
+    limit 560 python benchmarks/decoder_layer.py --quick --fused-mlp --profile-kernels --out "$out" 2>&1 | tail -30 ;;
   gemm)
-    limit 560 python benchmarks/kernels_compute.py --only gemm --quick --splitk --deadline 420 --out "$out" 2>&1 | tail -30 ;;
+    limit 560 python benchmarks/kernels_compute.py --only gemm --quick --deadline 420 --out "$out" 2>&1 | tail -30 ;;
   memory)
     limit 560 python benchmarks/kernels_memory.py --quick --no-readme --out "$out" 2>&1 | tail -30 ;;
   attention)

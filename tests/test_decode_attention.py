@@ -473,3 +473,19 @@ def test_attention_routes_short_queries_to_decode_and_the_switch_turns_it_off(mo
     assert not attn_mod._routes_to_decode(17, 4096) and not attn_mod._routes_to_decode(8, 8)
     monkeypatch.setattr(attn_mod, "ROUTE_SHORT_QUERIES_TO_DECODE", False)
     assert not attn_mod._routes_to_decode(1, 4096)
+
+
+def test_decoder_layer_kernel_table_is_per_forward_and_keeps_the_total():
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import decoder_layer as dl
+
+    events = [("gemm", 10.0), ("norm", 2.0), ("gemm", 12.0), ("norm", 2.0)] * 2 + [("tiny", 0.5)] * 2
+    rows = dl.kernel_table(events, forwards=2)
+    assert [r["kernel"] for r in rows] == ["gemm", "norm", "tiny"]
+    assert rows[0] == {"kernel": "gemm", "us": 22.0, "calls": 2.0}
+    assert rows[2] == {"kernel": "tiny", "us": 0.5, "calls": 1.0}
+    cut = dl.kernel_table(events, forwards=2, top=1)
+    assert cut[0]["kernel"] == "gemm" and cut[1] == {"kernel": "(other kernels)", "us": 4.5, "calls": 3.0}
+    assert sum(r["us"] for r in cut) == sum(us for _, us in events) / 2
