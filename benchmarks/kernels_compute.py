@@ -329,9 +329,9 @@ def measure(p: dict[str, Any], args: argparse.Namespace, timer: Any) -> dict[str
         tt_fn, routes, fallback, inputs, mod = _setup_attention(p)
     ops = _tuned_ops(mod)
     if p["op"] == "gemm":
-        from tiletune.kernels._membound import OpFamily
+        from tiletune.kernels.library_op import LibraryOp
 
-        ops += [op for fam in OpFamily._families if fam.name.startswith("tiletune.gemm")
+        ops += [op for fam in LibraryOp.instances() if fam.name.startswith("tiletune.gemm")
                 for op in fam.ops().values()]
     # torch's reference output: the first route that works (its first call; compiles are excluded)
     ref = None

@@ -222,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         print("planted_bugs.py needs a CUDA GPU", file=sys.stderr)
         return 2
     import tiletune as tt
-    from tiletune.kernels._membound import OpFamily
+    from tiletune.kernels.library_op import LibraryOp
 
-    OpFamily.configure(db=os.environ["TILETUNE_DB"], progress=False, budget=tt.Budget(max_evals=ns.max_evals))
+    LibraryOp.configure(db=os.environ["TILETUNE_DB"], progress=False, budget=tt.Budget(max_evals=ns.max_evals))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
         from _common import environment

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 import tiletune as tt  # noqa: E402
 from tiletune.kernels import _FUSED_OPS, _MEMORY_OPS  # noqa: E402
-from tiletune.kernels._membound import OpFamily  # noqa: E402
+from tiletune.kernels.library_op import LibraryOp  # noqa: E402
 from tiletune.kernels.torch_ops import PUBLIC_OPS, compiled_call  # noqa: E402
 
 F = torch.nn.functional
@@ -60,9 +60,9 @@ def library_settings(tmp_path_factory):
         op = getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
         mp.setattr(op, "options", FAST)
         mp.setattr(op, "progress", False)
-    OpFamily.configure(db=False, progress=False, options=FAST)
+    LibraryOp.configure(db=False, progress=False, options=FAST)
     yield
-    OpFamily.configure()
+    LibraryOp.configure()
     mp.undo()
 
 

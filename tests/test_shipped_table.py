@@ -9,7 +9,7 @@ seconds to a minute instead of being answered at once. This test catches that in
 For every entry of every table in ``tiletune/data/tables/`` it
 
 1. rebuilds the call's arguments from the entry's key on *meta* tensors (shapes, dtypes, strides;
-   the plans read nothing else) and, for an :class:`~tiletune.kernels._membound.OpFamily`, runs the
+   the plans read nothing else) and, for an :class:`~tiletune.kernels.library_op.LibraryOp`, runs the
    op's own ``prepare_*`` function on them, which picks the regime (hence the space) as a real call
    does;
 2. finds the library op of the entry's name whose current space has the entry's space hash (a
@@ -40,6 +40,7 @@ from tiletune import tables, tuning  # noqa: E402
 from tiletune.backends.cutile import CutileBackend  # noqa: E402
 from tiletune.dispatch import TunedOp  # noqa: E402
 from tiletune.kernels import _membound  # noqa: E402
+from tiletune.kernels.library_op import LibraryOp  # noqa: E402
 from tiletune.kernels import gemm as gemm_mod  # noqa: E402
 from tiletune.kernels.cross_entropy_op import prepare_cross_entropy  # noqa: E402
 from tiletune.kernels.gemm_kernels import splitk_regime  # noqa: E402
@@ -168,13 +169,13 @@ PREPARE: dict[str, Callable[..., Any]] = {
 }
 
 
-def library_ops() -> tuple[list[TunedOp], list[_membound.OpFamily]]:
+def library_ops() -> tuple[list[TunedOp], list[LibraryOp]]:
     """Every module-level tuned op and every op family of ``tiletune.kernels`` (all modules imported)."""
     ops: list[TunedOp] = []
     for info in pkgutil.iter_modules(K.__path__):
         mod = importlib.import_module(f"{K.__name__}.{info.name}")
         ops += [v for v in vars(mod).values() if isinstance(v, TunedOp) and all(v is not o for o in ops)]
-    return ops, list(_membound.OpFamily._families)
+    return ops, list(LibraryOp.instances())
 
 
 class _TableBackend:
@@ -193,7 +194,7 @@ class _TableBackend:
         return dict(self.table.versions)
 
 
-def _candidates(entry: tables.TableEntry, ops: list[TunedOp], families: list[_membound.OpFamily]
+def _candidates(entry: tables.TableEntry, ops: list[TunedOp], families: list[LibraryOp]
                 ) -> tuple[list[tuple[TunedOp, tuple[Any, ...]]], list[str]]:
     """``(op, plan arguments)`` of each library op named like the entry that would take its call, and
     notes on the ones that could not be built."""
@@ -234,7 +235,7 @@ def stale_entries(table: tables.TuningTable) -> list[Stale]:
 
 
 def _why_stale(entry: tables.TableEntry, table: tables.TuningTable, backend: Any, arch: str, ops: list[TunedOp],
-               families: list[_membound.OpFamily]) -> str | None:
+               families: list[LibraryOp]) -> str | None:
     try:
         cands, notes = _candidates(entry, ops, families)
     except Exception as exc:  # noqa: BLE001

@@ -31,7 +31,7 @@ from ..space import Space
 from ..strategies.base import Budget
 from ..templates import matmul_space
 from ..verify import Tolerance, derived_tolerance, eps
-from ._membound import OpFamily
+from .library_op import LibraryOp
 from .gemm_kernels import (
     GEMM_BASELINE,
     GEMM_CONSTRAINTS,
@@ -215,10 +215,10 @@ def _splitk_space_for(regime: tuple[int, int, int, int]) -> Space:
 #: 80-160 configs, and measuring all of them stalled a first call for tens of seconds (docs/GPU-NOTES.md);
 #: issue 13 asks for a budgeted search on library spaces over ~40 configs, and on the recorded 512-config
 #: GEMM space the model-guided searches came within 1% of the optimum well inside this budget
-#: (``benchmarks/results/h200/strategies.json``). ``OpFamily.configure(budget=tiletune.Budget())``
+#: (``benchmarks/results/h200/strategies.json``). ``LibraryOp.configure(budget=tiletune.Budget())``
 #: measures every config again.
 SPLITK_SEARCH_EVALS = 40
-GEMM_SPLITK = OpFamily("tiletune.gemm_splitk", _splitk_space_for, _splitk_plan, reference=_splitk_reference,
+GEMM_SPLITK = LibraryOp("tiletune.gemm_splitk", _splitk_space_for, _splitk_plan, reference=_splitk_reference,
                        writes=["c"], inplace=["ws", "sem"], tolerance=_splitk_tolerance,  # type: ignore[arg-type]
                        buckets=GEMM_BUCKETS, budget=Budget(max_evals=SPLITK_SEARCH_EVALS))
 
