@@ -353,13 +353,11 @@ def main() -> int:
     fast = None if args.full_tuning else tt.TunerOptions(
         stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
     LibraryOp.configure(db=tt.TuningDB(db_path), progress=False, **({"options": fast} if fast else {}))
-    compute_ops = [importlib.import_module("tiletune.kernels.gemm").gemm_into,
-                   importlib.import_module("tiletune.kernels.gemm").gemm_tf32_into,
-                   importlib.import_module("tiletune.kernels.attention_op").attention_into]
-    for op in compute_ops:  # the same short measurements for the compute-bound ops' own TunedOps
-        op.progress = False
-        if fast is not None:
-            op.options = fast
+    # the same short measurements for attention's own TunedOp (matmul's GEMMs are library ops: configured above)
+    attention_op = importlib.import_module("tiletune.kernels.attention_op").attention_into
+    attention_op.progress = False
+    if fast is not None:
+        attention_op.options = fast
 
     if args.api == "public":
         where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}

@@ -41,6 +41,7 @@ from tiletune.backends.cutile import CutileBackend  # noqa: E402
 from tiletune.dispatch import TunedOp  # noqa: E402
 from tiletune.kernels import _membound  # noqa: E402
 from tiletune.kernels.library_op import LibraryOp  # noqa: E402
+from tiletune.kernels import decode_attention_op as dop  # noqa: E402
 from tiletune.kernels import gemm as gemm_mod  # noqa: E402
 from tiletune.kernels.cross_entropy_op import prepare_cross_entropy  # noqa: E402
 from tiletune.kernels.gemm_kernels import splitk_regime  # noqa: E402
@@ -149,6 +150,11 @@ class _SplitK:  # GEMM_SPLITK has no prepare_*: its regime as tiletune.kernels.g
                                   None)
 
 
+def _one_regime(lib: LibraryOp) -> Callable[..., Any]:
+    """The rule of a library op with one space (regime ``None``): the plan arguments are the call."""
+    return lambda *args: _membound.Prepared(lib, None, args, None)
+
+
 #: How a family's call is rebuilt from its plan arguments: the op's own ``prepare_*`` on the inputs the
 #: plan arguments are views of (so the regime, hence the space, is the one a real call gets). A family
 #: without a rule makes its entries fail with a message asking for one.
@@ -166,6 +172,11 @@ PREPARE: dict[str, Callable[..., Any]] = {
     "tiletune.cross_entropy_grad": lambda logits, target, loss, g, ii: prepare_cross_entropy(logits, target, True,
                                                                                              ii),
     "tiletune.gemm_splitk": _SplitK.prepare,
+    "tiletune.gemm": _one_regime(gemm_mod.GEMM),
+    "tiletune.gemm_tf32": _one_regime(gemm_mod.GEMM_TF32),
+    "tiletune.gemm_fp8": _one_regime(gemm_mod.GEMM_FP8),
+    "tiletune.decode_attention": _one_regime(dop.DECODE_PARTIAL),
+    "tiletune.decode_combine": _one_regime(dop.DECODE_COMBINE),
 }
 
 

@@ -206,11 +206,11 @@ def _tolerance(logits: Any, target: Any, loss: Any, grad: Any, ignore_index: int
 _TOL = _tolerance
 
 CE_LOSS = LibraryOp("tiletune.cross_entropy", lambda regime: loss_space(), cross_entropy_plan,
-                   reference=cross_entropy_reference, writes=["loss"], tolerance=_TOL,
-                   buckets=rows_bucketed("logits", "target", "loss"))
+                    reference=cross_entropy_reference, writes=["loss"], tolerance=_TOL,
+                    buckets=rows_bucketed("logits", "target", "loss"))
 CE_GRAD = LibraryOp("tiletune.cross_entropy_grad", lambda regime: grad_space(), cross_entropy_grad_plan,
-                   reference=cross_entropy_grad_reference, writes=["loss", "grad"], tolerance=_TOL,
-                   buckets=rows_bucketed("logits", "target", "loss", "grad"))
+                    reference=cross_entropy_grad_reference, writes=["loss", "grad"], tolerance=_TOL,
+                    buckets=rows_bucketed("logits", "target", "loss", "grad"))
 
 _INT_TARGETS = ("torch.int64", "torch.int32")
 

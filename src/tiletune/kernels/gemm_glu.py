@@ -95,7 +95,7 @@ def _tolerance(a: Any, *_: Any) -> dict[str, Tolerance]:
 
 
 GEMM_SWIGLU = LibraryOp("tiletune.gemm_swiglu", lambda regime: GEMM_SWIGLU_SPACE, _plan, reference=_reference,
-                       writes=["c"], tolerance=_tolerance, buckets=GEMM_SWIGLU_BUCKETS)  # type: ignore[arg-type]
+                        writes=["c"], tolerance=_tolerance, buckets=GEMM_SWIGLU_BUCKETS)
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ benchmarks swap the tuning database (and other ``autotune`` settings) of every l
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from ..dispatch import TunedOp, autotune
+from ..dispatch import ToleranceFn, TunedOp, autotune
 from ..space import Space
 from ..strategies.base import Budget
 
@@ -46,7 +46,7 @@ class LibraryOp:
         reference: Callable[..., Any] | None = None,
         writes: Sequence[str] = (),
         inplace: Sequence[str] = (),
-        tolerance: dict[str, tuple[float, float]] | None = None,
+        tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = None,
         buckets: Any = None,
         budget: Budget | None = None,
     ) -> None:

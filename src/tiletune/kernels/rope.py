@@ -126,8 +126,8 @@ def rope_tolerance(*_: Any) -> dict:
 
 
 ROPE = LibraryOp("tiletune.rope", _space_for, rope_plan, reference=rope_reference, tolerance=rope_tolerance,
-                inplace=["q1", "q2", "k1", "k2"],
-                buckets=rows_bucketed("q1", "q2", "k1", "k2", "c1", "c2", "s1", "s2", dim=1))
+                 inplace=["q1", "q2", "k1", "k2"],
+                 buckets=rows_bucketed("q1", "q2", "k1", "k2", "c1", "c2", "s1", "s2", dim=1))
 
 
 def _distinct(q: Any, k: Any, *_: Any) -> bool:
