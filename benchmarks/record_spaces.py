@@ -153,7 +153,7 @@ def problems(sm_count: int) -> dict[str, Problem]:
     from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, attention_into
     from tiletune.kernels.attention_kernels import LOG2E, attention_reference
     from tiletune.kernels.gemm import GEMM, GEMM_FULL_SPACE
-    from tiletune.kernels.layernorm_kernels import (
+    from tiletune.examples.layernorm_kernels import (
         LAYERNORM_BASELINE,
         LAYERNORM_CONSTRAINTS,
         LAYERNORM_SPACE_PARAMS,

@@ -289,8 +289,6 @@ def fake_sms(monkeypatch):
     """Meta tensors have no device: the plans' SM count is the H200's (the grid is not in the identity)."""
     monkeypatch.setattr(_membound, "sm_count", lambda device_index: FAKE_SM_COUNT)
     monkeypatch.setattr(gemm_mod, "_sm_count", lambda device_index: FAKE_SM_COUNT)
-    rms = importlib.import_module("tiletune.kernels.rmsnorm")
-    monkeypatch.setattr(rms, "_sm_count", lambda device_index: FAKE_SM_COUNT)
     return FAKE_SM_COUNT
 
 
