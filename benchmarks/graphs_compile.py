@@ -20,7 +20,7 @@ difference from eager tiletune, relative to max(1, max|eager|)), ``ref_err`` (re
 the result against torch's own ops in float32, a check that eager itself is right), ``seconds``, and
 ``error`` (the exception) when it failed. Every case runs in its own ``try``: a failure is recorded
 and the others still run. A fresh temporary tuning database (``TILETUNE_DB`` and
-``OpFamily.configure``) and short tuning measurements keep runs reproducible; a full run from an
+``LibraryOp.configure``) and short tuning measurements keep runs reproducible; a full run from an
 empty database takes about 8 minutes on an H200 (most of it tuning the new keys).
 
     cd benchmarks && python graphs_compile.py [--out DIR] [--ops rms_norm,matmul] [--cases ...]
@@ -347,19 +347,17 @@ def main() -> int:
 
     import tiletune as tt
     from tiletune.kernels import _MEMORY_OPS
-    from tiletune.kernels._membound import OpFamily
+    from tiletune.kernels.library_op import LibraryOp
     from tiletune.kernels.torch_ops import PUBLIC_OPS, compiled_call
 
     fast = None if args.full_tuning else tt.TunerOptions(
         stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
-    OpFamily.configure(db=tt.TuningDB(db_path), progress=False, **({"options": fast} if fast else {}))
-    compute_ops = [importlib.import_module("tiletune.kernels.gemm").gemm_into,
-                   importlib.import_module("tiletune.kernels.gemm").gemm_tf32_into,
-                   importlib.import_module("tiletune.kernels.attention_op").attention_into]
-    for op in compute_ops:  # the same short measurements for the compute-bound ops' own TunedOps
-        op.progress = False
-        if fast is not None:
-            op.options = fast
+    LibraryOp.configure(db=tt.TuningDB(db_path), progress=False, **({"options": fast} if fast else {}))
+    # the same short measurements for attention's own TunedOp (matmul's GEMMs are library ops: configured above)
+    attention_op = importlib.import_module("tiletune.kernels.attention_op").attention_into
+    attention_op.progress = False
+    if fast is not None:
+        attention_op.options = fast
 
     if args.api == "public":
         where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}

@@ -31,7 +31,7 @@ Method, per row:
    ``ratio = tiletune_host_us / torch_host_us``.
 
 Every op uses one fresh temporary tuning database (``TILETUNE_DB`` set before tiletune is imported,
-plus ``OpFamily.configure(db=...)``), so a run does not depend on earlier tunings.
+plus ``LibraryOp.configure(db=...)``), so a run does not depend on earlier tunings.
 
     cd benchmarks && python host_cost.py [--out DIR] [--quick] [--only SUBSTRING]
 
@@ -582,19 +582,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tiletune.kernels._membound import OpFamily
+    from tiletune.kernels.library_op import LibraryOp
 
     import tiletune as tt
 
     # short tuning measurements: host cost does not depend on which config wins (--full-tuning: default)
     fast = None if a.full_tuning else tt.TunerOptions(
         stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
-    OpFamily.configure(db=str(db), progress=False, **({"options": fast} if fast else {}))
+    LibraryOp.configure(db=str(db), progress=False, **({"options": fast} if fast else {}))
     if fast is not None and torch.cuda.is_available():
         import importlib
 
-        for mod, name in (("gemm", "gemm_into"), ("gemm", "gemm_tf32_into"), ("attention_op", "attention_into")):
-            getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name).options = fast
+        # (matmul's GEMMs are library ops: configure set theirs)
+        importlib.import_module("tiletune.kernels.attention_op").attention_into.options = fast
     if not torch.cuda.is_available():
         print("host_cost.py needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -151,6 +151,13 @@ def _tuned_ops(module: Any) -> list[Any]:
     return [v for v in vars(module).values() if isinstance(v, TunedOp)]
 
 
+def _plain_gemm_ops() -> list[Any]:
+    """The tuned ops of the plain GEMM library ops (16-bit, tf32, fp8), made now if they are not yet
+    (library ops are made on first use; the first problem's tuning must find them in the snapshot)."""
+    gemm_mod = importlib.import_module("tiletune.kernels.gemm")
+    return [lib.op(None) for lib in (gemm_mod.GEMM, gemm_mod.GEMM_TF32, gemm_mod.GEMM_FP8)]
+
+
 def _snapshot(ops: list[Any]) -> dict[int, set]:
     return {id(op): set(getattr(op, "_configs", {})) for op in ops}
 
@@ -329,9 +336,10 @@ def measure(p: dict[str, Any], args: argparse.Namespace, timer: Any) -> dict[str
         tt_fn, routes, fallback, inputs, mod = _setup_attention(p)
     ops = _tuned_ops(mod)
     if p["op"] == "gemm":
-        from tiletune.kernels._membound import OpFamily
+        from tiletune.kernels.library_op import LibraryOp
 
-        ops += [op for fam in OpFamily._families if fam.name.startswith("tiletune.gemm")
+        _plain_gemm_ops()
+        ops += [op for fam in LibraryOp.instances() if fam.name.startswith("tiletune.gemm")
                 for op in fam.ops().values()]
     # torch's reference output: the first route that works (its first call; compiles are excluded)
     ref = None
@@ -508,17 +516,15 @@ def _apply_tuning_overrides(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     from tiletune import Budget
 
-    gemm_mod = importlib.import_module("tiletune.kernels.gemm")
     attn_mod = importlib.import_module("tiletune.kernels.attention_op")
 
     budget = Budget(max_evals=args.max_evals, max_seconds=args.tune_seconds) \
         if (args.max_evals or args.tune_seconds) else None
-    for mod in (gemm_mod, attn_mod):
-        for op in _tuned_ops(mod):
-            if args.strategy:
-                op.strategy = args.strategy
-            if budget is not None:
-                op.budget = budget
+    for op in _plain_gemm_ops() + _tuned_ops(attn_mod):  # (split-K keeps its own budget)
+        if args.strategy:
+            op.strategy = args.strategy
+        if budget is not None:
+            op.budget = budget
     return {"strategy": args.strategy, "max_evals": args.max_evals, "tune_seconds": args.tune_seconds}
 
 

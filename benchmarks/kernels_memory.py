@@ -327,7 +327,7 @@ def measure(op: str, shape: tuple[int, ...], dtype_name: str, args: argparse.Nam
     bytes and every working route timed interleaved in rounds (cold L2)."""
     import torch
 
-    from tiletune.kernels._membound import OpFamily
+    from tiletune.kernels.library_op import LibraryOp
 
     dtype = getattr(torch, DT[dtype_name])
     prob = build(op, shape, dtype)
@@ -335,13 +335,13 @@ def measure(op: str, shape: tuple[int, ...], dtype_name: str, args: argparse.Nam
     row: dict[str, Any] = {"op": op, "shape": list(shape), "dtype": DT[dtype_name], "bytes": nbytes,
                            "working_set_mib": round(working_set_mib(nbytes), 1),
                            "device_copy_gbps": round(device_copy_gbps, 1)}
-    fam_before = {id(f): f.chosen() for f in OpFamily._families}
+    fam_before = {id(f): f.chosen() for f in LibraryOp.instances()}
 
     t0 = time.perf_counter()
     prob["tiletune"]()  # tunes (or finds the key in the database)
     torch.cuda.synchronize()
     row["tune_s"] = round(time.perf_counter() - t0, 2)
-    for f in OpFamily._families:  # the config this problem got
+    for f in LibraryOp.instances():  # the config this problem got
         new = [c for c in f.chosen() if c not in fam_before.get(id(f), [])]
         if new:
             row["config"] = new[-1]["config"]
@@ -646,13 +646,13 @@ def main(argv: list[str] | None = None) -> int:
         print("kernels_memory: needs a CUDA GPU", file=sys.stderr)
         return 2
     import tiletune as tt
-    from tiletune.kernels._membound import OpFamily
+    from tiletune.kernels.library_op import LibraryOp
     from tiletune.measure import ColdL2Timer
 
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     db_path = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="tiletune-kmem-")) / "tuning.db"
-    OpFamily.configure(db=tt.TuningDB(db_path), progress=False)
+    LibraryOp.configure(db=tt.TuningDB(db_path), progress=False)
 
     timer = ColdL2Timer(torch.cuda.current_device(), backlog_us=args.backlog_us)
     n_samples = args.rounds * args.per_round

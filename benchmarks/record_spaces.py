@@ -152,8 +152,8 @@ def problems(sm_count: int) -> dict[str, Problem]:
     from tiletune import Launch, Space
     from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, attention_into
     from tiletune.kernels.attention_kernels import LOG2E, attention_reference
-    from tiletune.kernels.gemm import GEMM_FULL_SPACE, gemm_into
-    from tiletune.kernels.layernorm_kernels import (
+    from tiletune.kernels.gemm import GEMM, GEMM_FULL_SPACE
+    from tiletune.examples.layernorm_kernels import (
         LAYERNORM_BASELINE,
         LAYERNORM_CONSTRAINTS,
         LAYERNORM_SPACE_PARAMS,
@@ -210,7 +210,7 @@ def problems(sm_count: int) -> dict[str, Problem]:
 
     return {
         "gemm": Problem(
-            "gemm_bf16_4096", "tiletune.gemm", GEMM_FULL_SPACE, gemm_into.plan, gemm_ref, ("c",), gemm_args,
+            "gemm_bf16_4096", "tiletune.gemm", GEMM_FULL_SPACE, GEMM.plan, gemm_ref, ("c",), gemm_args,
             f"persistent GEMM bf16 {n}x{n}x{n}", lambda us: f"{2 * n ** 3 / us / 1e6:.0f} TFLOP/s"),
         "layernorm": Problem(
             "layernorm_bf16_16384x4096", "tiletune.layer_norm", ln_space, ln_plan, ln_ref, ("y",), ln_args,

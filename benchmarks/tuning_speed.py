@@ -23,8 +23,8 @@ from _common import fresh_env, run_child, write_result
 SETUP = {
     "matmul": """
 import torch, cuda.tile as ct
-from tiletune.kernels.simple_matmul import MATMUL_SPACE, matmul_into
-from tiletune.kernels.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
+from tiletune.examples.simple_matmul import MATMUL_SPACE, matmul_into
+from tiletune.examples.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
 torch.manual_seed(0)
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -36,8 +36,8 @@ def args_fn(cfg): return (a, b, c, cfg["TM"], cfg["TN"], cfg["TK"], MATMUL_GROUP
 """,
     "rmsnorm": """
 import torch, cuda.tile as ct
-from tiletune.kernels.rmsnorm import RMSNORM_SPACE, rms_norm_into, _sm_count
-from tiletune.kernels.rmsnorm_kernels import rmsnorm_kernel, next_power_of_2
+from tiletune.examples.rmsnorm import RMSNORM_SPACE, rms_norm_into, _sm_count
+from tiletune.examples.rmsnorm_kernels import rmsnorm_kernel, next_power_of_2
 torch.manual_seed(0)
 m, k = 16384, 4096
 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

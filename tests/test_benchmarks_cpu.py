@@ -159,13 +159,13 @@ def test_main_with_cpu_fakes(monkeypatch, tmp_path):
     """The whole driver on CPU: tiletune faked by the first torch candidate, no CUDA graphs; a row that
     fails records its error and the others still run; the result has the fields the issue asks for."""
     torch = pytest.importorskip("torch")
-    from tiletune.kernels import _membound
+    from tiletune.kernels.library_op import LibraryOp
 
     configured = []
     written = {}
     monkeypatch.setenv("TILETUNE_DB", "unchanged")  # main sets both; monkeypatch restores them
     monkeypatch.setenv("TILETUNE_PROGRESS", "0")
-    monkeypatch.setattr(_membound.OpFamily, "configure", lambda **kw: configured.append(kw))
+    monkeypatch.setattr(LibraryOp, "configure", lambda **kw: configured.append(kw))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(host_cost, "gpu_time", lambda fn, args: {"gpu_us": 1.0, "launches_per_call": 4.0})

@@ -160,7 +160,7 @@ def test_library_families_bucket_their_row_dimensions():
     assert ROPE.buckets.rules["q1"] == {1: "pow2"}
     gemm.GEMM_BUCKETS.resolve(list(inspect.signature(gemm._plan).parameters)[1:])
     # one Buckets object serves several ops: binding returns copies
-    assert gemm.gemm_into.buckets is not gemm.gemm_tf32_into.buckets
+    assert gemm.GEMM.op(None).buckets is not gemm.GEMM_TF32.op(None).buckets
 
 
 def test_a_tuned_bucket_answers_a_new_shape_during_graph_capture():

@@ -304,7 +304,7 @@ def test_addressable_offsets():
 
 
 def test_opfamily_configure_drops_recipes():
-    from tiletune.kernels._membound import OpFamily
+    from tiletune.kernels.library_op import LibraryOp
 
     be = FakeBackend(model, noise=0.0)
     scale, _, calls = make_library(be)
@@ -313,9 +313,9 @@ def test_opfamily_configure_drops_recipes():
         scale(torch.randn(4, 8), w)
     assert scale.fastcall.recipes
     try:
-        OpFamily.configure(progress=False)
+        LibraryOp.configure(progress=False)
     finally:
-        OpFamily.configure()
+        LibraryOp.configure()
     assert not scale.fastcall.recipes
 
 
@@ -354,7 +354,7 @@ def swiglu_gemm(monkeypatch):
     pytest.importorskip("cuda.tile")
     import importlib
 
-    from tiletune.kernels._membound import OpFamily
+    from tiletune.kernels.library_op import LibraryOp
 
     gg = importlib.import_module("tiletune.kernels.gemm_glu")
 
@@ -376,12 +376,12 @@ def swiglu_gemm(monkeypatch):
     monkeypatch.setattr(gg, "sm_count", lambda device: 132)
     monkeypatch.setattr(gg, "prepare_matmul_swiglu", counted)
     be = FakeBackend(lambda cfg: 100.0 - 0.01 * cfg.TM - 0.01 * cfg.TN, noise=0.0)
-    OpFamily.configure(backend=be, db=False, progress=False,
+    LibraryOp.configure(backend=be, db=False, progress=False,
                        options=tt.TunerOptions(stopping=tt.StoppingRule(min_samples=1, max_samples=1)))
     try:
         yield gg.matmul_swiglu, be, slow
     finally:
-        OpFamily.configure()
+        LibraryOp.configure()
 
 
 def _swiglu_ref(x, w):

@@ -398,7 +398,7 @@ def test_public_matmul_routes_small_m_to_split_k_since_it_passed_on_a_gpu():
 
 def test_split_k_cold_keys_search_a_budget_not_the_whole_space():
     """Issue 13: a library space over ~40 configs is searched under a budget on a cold key."""
-    from tiletune.kernels._membound import OpFamily
+    from tiletune.kernels.library_op import LibraryOp
     from tiletune.search import default_search
     from tiletune.strategies.base import Budget
 
@@ -410,13 +410,13 @@ def test_split_k_cold_keys_search_a_budget_not_the_whole_space():
     assert size > gemm_mod.SPLITK_SEARCH_EVALS
     assert default_search(op.space, "sm_90", op.budget) == ("auto", Budget(max_evals=gemm_mod.SPLITK_SEARCH_EVALS))
     try:
-        OpFamily.configure(budget=Budget())  # an explicit unlimited budget measures every config again
+        LibraryOp.configure(budget=Budget())  # an explicit unlimited budget measures every config again
         op = gemm_mod.GEMM_SPLITK.op(gemm_mod.splitk_regime(100, 4096, 4096, 2, 1))
         assert default_search(op.space, "sm_90", op.budget)[0] == "exhaustive"
-        OpFamily.configure(strategy="random")  # a strategy of configure brings its own (no) budget
+        LibraryOp.configure(strategy="random")  # a strategy of configure brings its own (no) budget
         op = gemm_mod.GEMM_SPLITK.op(gemm_mod.splitk_regime(100, 4096, 4096, 2, 1))
         assert op.strategy == "random" and op.budget in (None, Budget())
     finally:
-        OpFamily.configure()
+        LibraryOp.configure()
     assert gemm_mod.GEMM_SPLITK.op(gemm_mod.splitk_regime(100, 4096, 4096, 2, 1)).budget.max_evals == \
         gemm_mod.SPLITK_SEARCH_EVALS

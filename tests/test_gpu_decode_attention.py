@@ -46,7 +46,7 @@ _ops: dict[str, tt.TunedOp] = {}
 
 def _op(which: str) -> tt.TunedOp:
     if which not in _ops:
-        prod = dop.decode_combine_into if which == "combine" else dop.decode_partial_into
+        prod = dop.DECODE_COMBINE if which == "combine" else dop.DECODE_PARTIAL
         space = {"full": dop.DECODE_SPACE, "small": SMALL_SPACE, "combine": dop.DECODE_COMBINE_SPACE}[which]
         _ops[which] = tt.autotune(space, reference=prod.reference, writes=list(prod.writes), db=False,
                                   progress=False, tolerance=prod.tolerance, options=FAST,
@@ -54,10 +54,15 @@ def _op(which: str) -> tt.TunedOp:
     return _ops[which]
 
 
+def _use(monkeypatch, partial: tt.TunedOp, combine: tt.TunedOp) -> None:
+    """The library ops DECODE_PARTIAL and DECODE_COMBINE answer every call with these tuned ops."""
+    monkeypatch.setattr(dop.DECODE_PARTIAL, "op", lambda regime: partial)
+    monkeypatch.setattr(dop.DECODE_COMBINE, "op", lambda regime: combine)
+
+
 @pytest.fixture
 def small_ops(monkeypatch):
-    monkeypatch.setattr(dop, "decode_partial_into", _op("small"))
-    monkeypatch.setattr(dop, "decode_combine_into", _op("combine"))
+    _use(monkeypatch, _op("small"), _op("combine"))
     return _ops["small"]
 
 
@@ -108,8 +113,7 @@ def _check(o, want, dtype):
 def test_every_config_of_the_space_passes_the_gate(monkeypatch, shape):
     bsz, h, hkv, sq, cap, d, lens, causal = shape
     op = _op("full")
-    monkeypatch.setattr(dop, "decode_partial_into", op)
-    monkeypatch.setattr(dop, "decode_combine_into", _op("combine"))
+    _use(monkeypatch, op, _op("combine"))
     before = set(op.results)
     q, k, v = _inputs(bsz, h, hkv, sq, cap, d)
     lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)

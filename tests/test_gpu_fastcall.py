@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 import tiletune as tt  # noqa: E402
 import tiletune.kernels as K  # noqa: E402
-from tiletune.kernels._membound import OpFamily  # noqa: E402
+from tiletune.kernels.library_op import LibraryOp  # noqa: E402
 from tiletune.kernels.cross_entropy_op import cross_entropy_rows as CE_ROWS  # noqa: E402
 
 F = torch.nn.functional
@@ -26,9 +26,9 @@ BF = torch.bfloat16
 def fresh_database(tmp_path_factory, monkeypatch_module):
     path = tmp_path_factory.mktemp("tuning") / "t.db"
     monkeypatch_module.setenv("TILETUNE_DB", str(path))
-    OpFamily.configure(db=tt.TuningDB(path), options=FAST, progress=False)
+    LibraryOp.configure(db=tt.TuningDB(path), options=FAST, progress=False)
     yield
-    OpFamily.configure()
+    LibraryOp.configure()
 
 
 @pytest.fixture(scope="module")

@@ -106,20 +106,19 @@ FAST = tt.TunerOptions(stopping=tt.StoppingRule(min_samples=3, max_samples=6, ma
                        showdown_rounds=1)
 
 
-#: small op name -> (production op attribute, its module, small space, written argument)
+#: small op name -> (production op: a library op, or attention's module-level tuned op; small space; written argument)
 _SMALL = {
-    "gemm": ("gemm_into", gemm_mod, GEMM_SMALL_SPACE, "c"),
-    "gemm_tf32": ("gemm_tf32_into", gemm_mod, TF32_SMALL_SPACE, "c"),
-    "gemm_fp8": ("gemm_fp8_into", gemm_mod, FP8_SMALL_SPACE, "c"),
-    "attention": ("attention_into", attn_mod, ATTN_SMALL_SPACE, "o"),
+    "gemm": (gemm_mod.GEMM, GEMM_SMALL_SPACE, "c"),
+    "gemm_tf32": (gemm_mod.GEMM_TF32, TF32_SMALL_SPACE, "c"),
+    "gemm_fp8": (gemm_mod.GEMM_FP8, FP8_SMALL_SPACE, "c"),
+    "attention": (attn_mod.attention_into, ATTN_SMALL_SPACE, "o"),
 }
 
 
 def _small_op(which: str) -> tt.TunedOp:
     """One small-space op per process (so its compiled kernels and tuned keys are shared by tests)."""
     if which not in _ops:
-        attr, mod, space, out = _SMALL[which]
-        prod = getattr(mod, attr)
+        prod, space, out = _SMALL[which]
         _ops[which] = tt.autotune(space, reference=prod.reference, writes=[out], db=False, progress=False,
                                   tolerance=prod.tolerance, options=FAST, name=f"{prod.name}[test-space]")(prod.plan)
     return _ops[which]
@@ -127,10 +126,10 @@ def _small_op(which: str) -> tt.TunedOp:
 
 @pytest.fixture
 def small_gemm(monkeypatch):
-    """All three GEMM ops (16-bit, tf32, fp8) swapped for 4-config ones; returns the 16-bit one."""
+    """All three GEMM library ops (16-bit, tf32, fp8) answer with 4-config ops; returns the 16-bit one."""
     for which in ("gemm", "gemm_tf32", "gemm_fp8"):
-        assert len(_SMALL[which][2].candidates("sm_90")) == 4, which
-        monkeypatch.setattr(gemm_mod, _SMALL[which][0], _small_op(which))
+        assert len(_SMALL[which][1].candidates("sm_90")) == 4, which
+        monkeypatch.setattr(_SMALL[which][0], "op", lambda regime, small=_small_op(which): small)
     return _ops["gemm"]
 
 
@@ -223,7 +222,7 @@ def test_gemm_fp32_runs_as_tf32(small_gemm, m, n, k):
     The tuner's gate uses the op's K-aware tf32 tolerance; every candidate must pass it.
     """
     a, b = _gemm_inputs(m, n, k, torch.float32, seed=2)
-    op = gemm_mod.gemm_tf32_into
+    op = gemm_mod.GEMM_TF32.op(None)  # the small op of the fixture
     before = set(op.results)
     _check_gemm(gemm(a, b), a, b)
     _assert_all_candidates_passed(op, before)
@@ -320,7 +319,7 @@ def test_matmul_fp8_with_per_tensor_scales(small_gemm, m, n, k, trans_b, out_dty
     a32, b32 = _gemm_inputs(m, n, k, torch.float32, trans_b=trans_b, seed=11)
     a, b = a32.to(FP8), b32.to(FP8)
     sa, sb = 0.5, torch.tensor([0.25], device="cuda")
-    op = gemm_mod.gemm_fp8_into
+    op = gemm_mod.GEMM_FP8.op(None)  # the small op of the fixture
     before = set(op.results)
     c = matmul(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
     _check_gemm(c, a, b, scale=sa * 0.25, out_dtype=out_dtype)

@@ -22,7 +22,7 @@ ct = pytest.importorskip("cuda.tile")
 
 import tiletune as tt  # noqa: E402
 import tiletune.kernels as K  # noqa: E402
-from tiletune.kernels._membound import OpFamily  # noqa: E402
+from tiletune.kernels.library_op import LibraryOp  # noqa: E402
 from tiletune.kernels.cross_entropy_op import CE_GRAD, CE_LOSS  # noqa: E402
 from tiletune.kernels.glu import GEGLU, SWIGLU  # noqa: E402
 from tiletune.kernels.norms import LAYER_NORM, RMS_NORM, RMS_NORM_RESIDUAL  # noqa: E402
@@ -52,9 +52,9 @@ ROW_SHAPES = [
 
 @pytest.fixture(scope="module", autouse=True)
 def fresh_database(tmp_path_factory):
-    OpFamily.configure(db=tt.TuningDB(tmp_path_factory.mktemp("tuning") / "t.db"), options=FAST, progress=False)
+    LibraryOp.configure(db=tt.TuningDB(tmp_path_factory.mktemp("tuning") / "t.db"), options=FAST, progress=False)
     yield
-    OpFamily.configure()
+    LibraryOp.configure()
 
 
 def assert_every_candidate_passed(*families):

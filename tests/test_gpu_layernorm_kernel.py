@@ -1,4 +1,4 @@
-"""GPU checks of the LayerNorm kernel (``tiletune.kernels.layernorm_kernels``), launched directly.
+"""GPU checks of the LayerNorm kernel (``tiletune.examples.layernorm_kernels``), launched directly.
 
 Run on the GPU host: ``source .gpu/activate.sh && python -m pytest -m gpu -q tests/test_gpu_layernorm_kernel.py``.
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 ct = pytest.importorskip("cuda.tile")
 
-from tiletune.kernels.layernorm_kernels import (  # noqa: E402
+from tiletune.examples.layernorm_kernels import (  # noqa: E402
     LAYERNORM_BASELINE,
     layernorm_args,
     layernorm_grid,

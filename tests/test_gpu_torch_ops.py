@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 import tiletune as tt  # noqa: E402
 from tiletune.kernels import _FUSED_OPS, _MEMORY_OPS  # noqa: E402
-from tiletune.kernels._membound import OpFamily  # noqa: E402
+from tiletune.kernels.library_op import LibraryOp  # noqa: E402
 from tiletune.kernels.torch_ops import PUBLIC_OPS, compiled_call  # noqa: E402
 
 F = torch.nn.functional
@@ -52,17 +52,16 @@ FAST = tt.TunerOptions(stopping=tt.StoppingRule(min_samples=3, max_samples=10, m
 
 @pytest.fixture(scope="module", autouse=True)
 def library_settings(tmp_path_factory):
-    """No database and short measurements for the memory-bound ops; the same measurements and a
-    temporary database (if not opened yet) for matmul's and attention's own tuned ops."""
+    """No database and short measurements for the library ops (matmul's included); the same measurements
+    and a temporary database (if not opened yet) for attention's own module-level tuned op."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TILETUNE_DB", str(tmp_path_factory.mktemp("tuning") / "t.db"))
-    for mod, name in (("gemm", "gemm_into"), ("gemm", "gemm_fp8_into"), ("attention_op", "attention_into")):
-        op = getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
-        mp.setattr(op, "options", FAST)
-        mp.setattr(op, "progress", False)
-    OpFamily.configure(db=False, progress=False, options=FAST)
+    op = importlib.import_module("tiletune.kernels.attention_op").attention_into
+    mp.setattr(op, "options", FAST)
+    mp.setattr(op, "progress", False)
+    LibraryOp.configure(db=False, progress=False, options=FAST)
     yield
-    OpFamily.configure()
+    LibraryOp.configure()
     mp.undo()
 
 

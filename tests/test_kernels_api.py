@@ -327,8 +327,8 @@ def test_rms_norm_references_match_an_independent_computation():
         torch.testing.assert_close(got.double(), _rms_norm_elementwise(x, None, eps), rtol=1e-6, atol=1e-6)
         if hasattr(F, "rms_norm"):  # torch's own RMSNorm agrees too
             torch.testing.assert_close(got, F.rms_norm(x, (33,), None, eps))
-    # the demo op's reference (tiletune.kernels.rmsnorm) agrees as well
-    from tiletune.kernels import rmsnorm as demo_rms
+    # the demo op's reference (tiletune.examples.rmsnorm) agrees as well
+    from tiletune.examples import rmsnorm as demo_rms
 
     torch.testing.assert_close(demo_rms._reference(x, w, torch.empty_like(x), 1e-6).double(),
                                _rms_norm_elementwise(x, w, 1e-6), rtol=1e-6, atol=1e-6)

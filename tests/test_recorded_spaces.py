@@ -17,7 +17,7 @@ ct = pytest.importorskip("cuda.tile")
 
 from tiletune.kernels import attention_kernels as at  # noqa: E402
 from tiletune.kernels import gemm_kernels as gk  # noqa: E402
-from tiletune.kernels import layernorm_kernels as ln  # noqa: E402
+from tiletune.examples import layernorm_kernels as ln  # noqa: E402
 from tiletune.space import Space  # noqa: E402
 
 

@@ -9,7 +9,7 @@ seconds to a minute instead of being answered at once. This test catches that in
 For every entry of every table in ``tiletune/data/tables/`` it
 
 1. rebuilds the call's arguments from the entry's key on *meta* tensors (shapes, dtypes, strides;
-   the plans read nothing else) and, for an :class:`~tiletune.kernels._membound.OpFamily`, runs the
+   the plans read nothing else) and, for an :class:`~tiletune.kernels.library_op.LibraryOp`, runs the
    op's own ``prepare_*`` function on them, which picks the regime (hence the space) as a real call
    does;
 2. finds the library op of the entry's name whose current space has the entry's space hash (a
@@ -40,6 +40,8 @@ from tiletune import tables, tuning  # noqa: E402
 from tiletune.backends.cutile import CutileBackend  # noqa: E402
 from tiletune.dispatch import TunedOp  # noqa: E402
 from tiletune.kernels import _membound  # noqa: E402
+from tiletune.kernels.library_op import LibraryOp  # noqa: E402
+from tiletune.kernels import decode_attention_op as dop  # noqa: E402
 from tiletune.kernels import gemm as gemm_mod  # noqa: E402
 from tiletune.kernels.cross_entropy_op import prepare_cross_entropy  # noqa: E402
 from tiletune.kernels.gemm_kernels import splitk_regime  # noqa: E402
@@ -148,6 +150,11 @@ class _SplitK:  # GEMM_SPLITK has no prepare_*: its regime as tiletune.kernels.g
                                   None)
 
 
+def _one_regime(lib: LibraryOp) -> Callable[..., Any]:
+    """The rule of a library op with one space (regime ``None``): the plan arguments are the call."""
+    return lambda *args: _membound.Prepared(lib, None, args, None)
+
+
 #: How a family's call is rebuilt from its plan arguments: the op's own ``prepare_*`` on the inputs the
 #: plan arguments are views of (so the regime, hence the space, is the one a real call gets). A family
 #: without a rule makes its entries fail with a message asking for one.
@@ -165,16 +172,21 @@ PREPARE: dict[str, Callable[..., Any]] = {
     "tiletune.cross_entropy_grad": lambda logits, target, loss, g, ii: prepare_cross_entropy(logits, target, True,
                                                                                              ii),
     "tiletune.gemm_splitk": _SplitK.prepare,
+    "tiletune.gemm": _one_regime(gemm_mod.GEMM),
+    "tiletune.gemm_tf32": _one_regime(gemm_mod.GEMM_TF32),
+    "tiletune.gemm_fp8": _one_regime(gemm_mod.GEMM_FP8),
+    "tiletune.decode_attention": _one_regime(dop.DECODE_PARTIAL),
+    "tiletune.decode_combine": _one_regime(dop.DECODE_COMBINE),
 }
 
 
-def library_ops() -> tuple[list[TunedOp], list[_membound.OpFamily]]:
+def library_ops() -> tuple[list[TunedOp], list[LibraryOp]]:
     """Every module-level tuned op and every op family of ``tiletune.kernels`` (all modules imported)."""
     ops: list[TunedOp] = []
     for info in pkgutil.iter_modules(K.__path__):
         mod = importlib.import_module(f"{K.__name__}.{info.name}")
         ops += [v for v in vars(mod).values() if isinstance(v, TunedOp) and all(v is not o for o in ops)]
-    return ops, list(_membound.OpFamily._families)
+    return ops, list(LibraryOp.instances())
 
 
 class _TableBackend:
@@ -193,7 +205,7 @@ class _TableBackend:
         return dict(self.table.versions)
 
 
-def _candidates(entry: tables.TableEntry, ops: list[TunedOp], families: list[_membound.OpFamily]
+def _candidates(entry: tables.TableEntry, ops: list[TunedOp], families: list[LibraryOp]
                 ) -> tuple[list[tuple[TunedOp, tuple[Any, ...]]], list[str]]:
     """``(op, plan arguments)`` of each library op named like the entry that would take its call, and
     notes on the ones that could not be built."""
@@ -234,7 +246,7 @@ def stale_entries(table: tables.TuningTable) -> list[Stale]:
 
 
 def _why_stale(entry: tables.TableEntry, table: tables.TuningTable, backend: Any, arch: str, ops: list[TunedOp],
-               families: list[_membound.OpFamily]) -> str | None:
+               families: list[LibraryOp]) -> str | None:
     try:
         cands, notes = _candidates(entry, ops, families)
     except Exception as exc:  # noqa: BLE001
@@ -277,8 +289,6 @@ def fake_sms(monkeypatch):
     """Meta tensors have no device: the plans' SM count is the H200's (the grid is not in the identity)."""
     monkeypatch.setattr(_membound, "sm_count", lambda device_index: FAKE_SM_COUNT)
     monkeypatch.setattr(gemm_mod, "_sm_count", lambda device_index: FAKE_SM_COUNT)
-    rms = importlib.import_module("tiletune.kernels.rmsnorm")
-    monkeypatch.setattr(rms, "_sm_count", lambda device_index: FAKE_SM_COUNT)
     return FAKE_SM_COUNT
 
 

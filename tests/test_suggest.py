@@ -179,7 +179,7 @@ def test_the_library_kernels_are_recognised():
     pytest.importorskip("cuda.tile")
     expected = {
         "tiletune.kernels.gemm_kernels:gemm_kernel": "matmul",
-        "tiletune.kernels.matmul_kernels:matmul_kernel": "matmul",
+        "tiletune.examples.matmul_kernels:matmul_kernel": "matmul",
         "tiletune.kernels.attention_kernels:attention_kernel": "fmha",
         "tiletune.kernels.norms:rms_norm_kernel": "rowwise",
         "tiletune.kernels.norms:layer_norm_kernel": "rowwise",

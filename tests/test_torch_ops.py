@@ -165,8 +165,8 @@ def eager_without_launch(monkeypatch):
     gemm = importlib.import_module("tiletune.kernels.gemm")
     attn = importlib.import_module("tiletune.kernels.attention_op")
     monkeypatch.setattr(_membound.Prepared, "run", lambda self: self.result)
-    for name in ("gemm_into", "gemm_tf32_into", "gemm_fp8_into"):
-        monkeypatch.setattr(gemm, name, lambda *args: None)
+    for name in ("GEMM", "GEMM_TF32", "GEMM_FP8"):
+        monkeypatch.setattr(getattr(gemm, name), "op", lambda regime: lambda *args: None)
     monkeypatch.setattr(gemm, "_unit_scale", lambda device: None)  # lru_cache would keep a fake tensor
     monkeypatch.setattr(attn, "attention_into", lambda *args: None)
     # short queries take the decode kernels (issue 20): same output allocation, no launch, no device query

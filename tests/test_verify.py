@@ -394,7 +394,7 @@ def test_kernel_like_gated_activations_and_rope_pass_their_tolerances(dtype):
 def test_kernel_like_matmul_and_attention_pass_their_tolerances(dtype):
     att = importlib.import_module("tiletune.kernels.attention_op")
     gemm = importlib.import_module("tiletune.kernels.gemm")
-    simple_matmul = importlib.import_module("tiletune.kernels.simple_matmul")
+    simple_matmul = importlib.import_module("tiletune.examples.simple_matmul")
     from tiletune.kernels.attention_kernels import attention_reference
 
     a = torch.randn(1, 96, 2048, generator=gen(11)).to(dtype)

@@ -63,12 +63,13 @@ def main() -> int:
         c = torch.empty(batch, m, n, device="cuda", dtype=torch.bfloat16)
         one = gm._unit_scale(a.device)
         op_args = (a3, b3, c, one, one, False, False, False)
-        cfg = gm.gemm_into.config_for(*op_args)
+        op = gm.GEMM.op(None)
+        cfg = op.config_for(*op_args)
         # the tuning result of *this* problem: results are keyed by the op's problem key. (Looking it up
         # by winning config instead picked another problem's session whenever two problems had the same
         # winner, e.g. the 4096^3 row reported the 1024x4096x4096 session's 49.7 us.)
-        res = tuning_result(gm.gemm_into, op_args)
-        launch = gm.gemm_into.plan(cfg, *op_args)
+        res = tuning_result(op, op_args)
+        launch = op.plan(cfg, *op_args)
         kern = launch.kernel.replace_hints(**cfg.hints)
         stream = torch.cuda.current_stream().cuda_stream
         fns = {
@@ -78,7 +79,7 @@ def main() -> int:
         }
         row = {"batch": batch, "M": m, "N": n, "K": k, "winner": cfg.as_dict(), "tune_s": round(tune_s, 2),
                "tuner_winner_median_us": None if res is None else round(res.winner_median_us, 2),
-               "hot_path_recipes": len(getattr(gm.gemm_into, "recipe_keys", ()))}
+               "hot_path_recipes": len(getattr(op, "recipe_keys", ()))}
         for tname, timer in timers.items():
             for f in fns.values():
                 timer.time(f, 5)

@@ -274,7 +274,7 @@ def demo(
     budget_evals: Optional[int] = typer.Option(None, min=1, help="With --strategy: at most this many configs per op."),
     seed: int = typer.Option(0, help="Seed of the replay and of the strategy."),
 ) -> None:
-    """Tune the library's matmul (32 configs) and RMSNorm (4 configs) end to end."""
+    """Tune the example matmul (32 configs) and RMSNorm (4 configs) end to end."""
     from .strategies import Budget
 
     if strategy is not None:

@@ -1,4 +1,4 @@
-"""The main job (``tiletune demo``): tune the library's matmul and RMSNorm end to end.
+"""The main job (``tiletune demo``): tune the example matmul and RMSNorm (:mod:`tiletune.examples`) end to end.
 
 With a GPU it tunes live: the 32-config bf16 4096^3 matmul space and the 4-config RMSNorm space,
 through the decorator, compiled in parallel, verified and timed, stored in the tuning database.
@@ -84,8 +84,8 @@ def run_live(record_dir: Path | None = None) -> list[DemoRow]:
     """Tune matmul (bf16 4096^3) and RMSNorm (bf16 16384x4096) on the GPU."""
     import torch
 
-    from .kernels.simple_matmul import matmul_into
-    from .kernels.rmsnorm import rms_norm_into
+    from .examples.simple_matmul import matmul_into
+    from .examples.rmsnorm import rms_norm_into
 
     rows = []
     torch.manual_seed(0)
@@ -150,8 +150,8 @@ def run_replay(
     """
     search = dict(strategy=strategy, budget=budget, seed=seed)
     from .dispatch import autotune
-    from .kernels.simple_matmul import MATMUL_SPACE, matmul_into
-    from .kernels.rmsnorm import RMSNORM_SPACE, rms_norm_into
+    from .examples.simple_matmul import MATMUL_SPACE, matmul_into
+    from .examples.rmsnorm import RMSNORM_SPACE, rms_norm_into
 
     rows = []
     for path in paths or packaged_recordings():
@@ -174,7 +174,7 @@ def run_replay(
                           **search)(rms_norm_into.plan)
             xs, ws, ys = (tuple(p["shape"]) for p in rec.key[:3])
             dtype = rec.key[0]["dtype"]
-            import tiletune.kernels.rmsnorm as rn
+            import tiletune.examples.rmsnorm as rn
 
             rn._sm_count.cache_clear()
             _orig = rn._sm_count

@@ -22,7 +22,7 @@ Anything else (a copy made for an unaligned input, two launches, a tuning call, 
 graph capture) leaves that signature on the slow path. Views are passed to cuTile as
 ``__cuda_array_interface__`` objects (no torch view op per call) where cuTile can read the dtype that
 way. A recipe is dropped whenever a tuned op's choice changes (``cache_clear``, ``tune_pending``,
-``OpFamily.configure``). Under ``torch.compile`` tracing the wrapper calls the op's ``torch.library``
+``LibraryOp.configure``). Under ``torch.compile`` tracing the wrapper calls the op's ``torch.library``
 custom op instead (:mod:`tiletune.kernels.torch_ops`).
 """
 

@@ -1,9 +1,7 @@
 """Shared pieces of the memory-bound op library (norms, softmax, gated activations, RoPE, CE).
 
-* :class:`OpFamily`: one tuned op per *regime* (a small hashable key such as the row regime and
-  whether a weight is present). Each regime has its own :class:`~tiletune.Space` from a template,
-  so the tuner never measures configurations that cannot apply to the call. Ops are made on first
-  use, and tests or tools can swap the tuning database for every op of the library at once.
+* :class:`Prepared`: one call of a :class:`~tiletune.kernels.library_op.LibraryOp` (the op, its
+  regime, the launch arguments and the result), ready to run.
 * :func:`int64_twin`: a second cuTile kernel from the same Python function whose big array
   parameters index with 64-bit integers (``ct.IndexedWithInt64``), used when an array spans more
   than 2**31 elements.
@@ -16,18 +14,14 @@ Every check that can fail on a CPU tensor (types, dtypes, shapes) runs before th
 from __future__ import annotations
 
 import functools
-import threading
 import types
-from typing import Any, Callable, Hashable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Iterable, NamedTuple
 
-from ..dispatch import TunedOp, autotune
-from ..space import Space
-from ..strategies.base import Budget
+from .library_op import LibraryOp
 
 __all__ = [
     "FLOAT_DTYPES",
     "INDEX_LIMIT",
-    "OpFamily",
     "Prepared",
     "as_rows",
     "check_device",
@@ -117,116 +111,20 @@ def int64_twin(fn: Callable[..., Any], arrays: Iterable[str], suffix: str = "_i6
 
 
 # ---------------------------------------------------------------------------------------------
-# Families of tuned ops
+# One call of a library op
 # ---------------------------------------------------------------------------------------------
 
 
-class OpFamily:
-    """Tuned ops of one kind, one per regime, made on first use.
-
-    Args:
-        name: op name in logs and the database (``"tiletune.rms_norm"``).
-        space_for: ``space_for(regime) -> Space``.
-        plan: the launch plan shared by every regime.
-        reference, writes, inplace, tolerance, buckets: as for :func:`tiletune.autotune`.
-        budget: the family's default tuning budget (``autotune``'s ``budget=``): with
-            ``Budget(max_evals=n)`` a regime's space larger than ``n`` configs is searched with the
-            ``"auto"`` strategy for ``n`` evaluations instead of measured whole, which bounds the stall
-            of a cold key. A ``budget=`` or ``strategy=`` of :meth:`configure` takes precedence.
-    """
-
-    _overrides: dict[str, Any] = {}  # autotune keywords shared by every family: see configure
-    _families: list["OpFamily"] = []
-
-    def __init__(
-        self,
-        name: str,
-        space_for: Callable[[Hashable], Space],
-        plan: Callable[..., Any],
-        *,
-        reference: Callable[..., Any] | None = None,
-        writes: Sequence[str] = (),
-        inplace: Sequence[str] = (),
-        tolerance: dict[str, tuple[float, float]] | None = None,
-        buckets: Any = None,
-        budget: Budget | None = None,
-    ) -> None:
-        self.name = name
-        self.buckets = buckets
-        self.budget = budget
-        self.space_for = space_for
-        self.plan = plan
-        self.reference = reference
-        self.writes = tuple(writes)
-        self.inplace = tuple(inplace)
-        self.tolerance = tolerance
-        self._ops: dict[Hashable, TunedOp] = {}
-        self._lock = threading.Lock()
-        OpFamily._families.append(self)
-
-    def op(self, regime: Hashable) -> TunedOp:
-        """The tuned op of ``regime`` (created on first use)."""
-        op = self._ops.get(regime)
-        if op is None:
-            with self._lock:
-                op = self._ops.get(regime)
-                if op is None:
-                    kwargs: dict[str, Any] = dict(OpFamily._overrides)
-                    if self.budget is not None and "budget" not in kwargs and "strategy" not in kwargs:
-                        kwargs["budget"] = self.budget
-                    op = autotune(
-                        self.space_for(regime),
-                        reference=self.reference,
-                        writes=list(self.writes),
-                        inplace=list(self.inplace),
-                        tolerance=self.tolerance,
-                        name=self.name,
-                        buckets=self.buckets,
-                        **kwargs,
-                    )(self.plan)
-                    self._ops[regime] = op
-        return op
-
-    def ops(self) -> dict[Hashable, TunedOp]:
-        """Every op made so far, by regime."""
-        return dict(self._ops)
-
-    def chosen(self) -> list[dict[str, Any]]:
-        """Every (regime, config) decided so far, for reports."""
-        out = []
-        for regime, op in self._ops.items():
-            for cfg in list(op._configs.values()):
-                out.append({"regime": regime, "config": dict(cfg)})
-        return out
-
-    @classmethod
-    def configure(cls, **autotune_kwargs: Any) -> None:
-        """Pass ``db=``, ``options=``, ``progress=``, ``backend=``, ``strategy=`` or ``budget=`` to every
-        library op made from now on (``configure()`` with no arguments restores the defaults), and
-        forget the ops made so far: they are re-made with the new settings on their next use. For
-        tests, tools and benchmarks."""
-        allowed = {"db", "options", "progress", "backend", "strategy", "budget"}
-        bad = set(autotune_kwargs) - allowed
-        if bad:
-            raise TypeError(f"OpFamily.configure: unknown setting(s) {sorted(bad)}; allowed: {sorted(allowed)}")
-        cls._overrides = dict(autotune_kwargs)
-        for fam in cls._families:
-            with fam._lock:
-                fam._ops.clear()
-        from ..fastcall import clear_recipes
-
-        clear_recipes()  # recipes hold the old ops' choices
-
-
 class Prepared(NamedTuple):
-    """One call of a library op, ready to launch: ``family.op(regime)(*args)``, then return ``result``.
+    """One call of a library op, ready to launch: ``family.op(regime)(*args)``, then return ``result``
+    (``family`` is the :class:`~tiletune.kernels.library_op.LibraryOp`, one tuned op per regime).
 
     Each op splits into checks and a ``prepare_*`` function that builds views and outputs; tools
     call ``prepare_*`` on meta tensors to see the plan (``tools/compile_check_memory.py``), and
     benchmarks to read the chosen configuration.
     """
 
-    family: "OpFamily"
+    family: LibraryOp
     regime: Hashable
     args: tuple
     result: Any

@@ -35,7 +35,8 @@ from ..backends.base import Launch
 from ..fastcall import constant_tensor, custom_op_route, fast_op
 from ..space import Space
 from ..templates import chunked_row_space
-from ._membound import OpFamily, Prepared, check_device, check_float, check_tensor, int64_twin, needs_int64, persistent_grid
+from .library_op import LibraryOp
+from ._membound import Prepared, check_device, check_float, check_tensor, int64_twin, needs_int64, persistent_grid
 from ._membound import rows_bucketed
 from ._tile_ops import load_zero_padded as _ld
 from ..verify import derived_tolerances, eps, exp_range
@@ -204,12 +205,12 @@ def _tolerance(logits: Any, target: Any, loss: Any, grad: Any, ignore_index: int
 
 _TOL = _tolerance
 
-CE_LOSS = OpFamily("tiletune.cross_entropy", lambda regime: loss_space(), cross_entropy_plan,
-                   reference=cross_entropy_reference, writes=["loss"], tolerance=_TOL,
-                   buckets=rows_bucketed("logits", "target", "loss"))
-CE_GRAD = OpFamily("tiletune.cross_entropy_grad", lambda regime: grad_space(), cross_entropy_grad_plan,
-                   reference=cross_entropy_grad_reference, writes=["loss", "grad"], tolerance=_TOL,
-                   buckets=rows_bucketed("logits", "target", "loss", "grad"))
+CE_LOSS = LibraryOp("tiletune.cross_entropy", lambda regime: loss_space(), cross_entropy_plan,
+                    reference=cross_entropy_reference, writes=["loss"], tolerance=_TOL,
+                    buckets=rows_bucketed("logits", "target", "loss"))
+CE_GRAD = LibraryOp("tiletune.cross_entropy_grad", lambda regime: grad_space(), cross_entropy_grad_plan,
+                    reference=cross_entropy_grad_reference, writes=["loss", "grad"], tolerance=_TOL,
+                    buckets=rows_bucketed("logits", "target", "loss", "grad"))
 
 _INT_TARGETS = ("torch.int64", "torch.int32")
 

@@ -14,10 +14,11 @@ Public ops::
   decode / speculative-decoding convention; ``lengths[b] >= Sq`` is then required (rows without a
   visible key return 0).
 * The work: :mod:`tiletune.kernels.decode_attention_kernels` (split-KV partials + a combine kernel,
-  two tuned ops). The number of KV splits is chosen on the host from the capacity, the batch and the
-  SM count (:func:`~tiletune.kernels.decode_attention_kernels.decode_splits`); the partial kernel's
-  key tile, K/V latency hint, occupancy and worker warps are tuned (:data:`DECODE_SPACE`, 24 configs),
-  with the cache capacity, the batch and the workspace rows bucketed to powers of two.
+  two library ops, :data:`DECODE_PARTIAL` and :data:`DECODE_COMBINE`). The number of KV splits is
+  chosen on the host from the capacity, the batch and the SM count
+  (:func:`~tiletune.kernels.decode_attention_kernels.decode_splits`); the partial kernel's key tile,
+  K/V latency hint, occupancy and worker warps are tuned (:data:`DECODE_SPACE`, 24 configs), with the
+  cache capacity, the batch and the workspace rows bucketed to powers of two.
 
 :func:`tiletune.kernels.attention` routes calls with ``Sq <= 16`` and ``Sk > Sq`` here (same result).
 """
@@ -28,7 +29,6 @@ from typing import Any
 
 from ..backends.base import Launch
 from ..buckets import Buckets
-from ..dispatch import autotune
 from ..space import Space
 from ..verify import Tolerance, derived_tolerance, derived_tolerances, eps
 from ._attention_checks import (
@@ -40,6 +40,7 @@ from ._attention_checks import (
     softmax_scale,
 )
 from ._membound import int64_twin, needs_int64, sm_count
+from .library_op import LibraryOp
 from .decode_attention_kernels import (
     DECODE_BASELINE,
     DECODE_HEAD_DIMS,
@@ -56,13 +57,13 @@ from .decode_attention_kernels import (
 )
 
 __all__ = [
+    "DECODE_COMBINE",
     "DECODE_COMBINE_SPACE",
+    "DECODE_PARTIAL",
     "DECODE_SPACE",
     "decode_attention",
-    "decode_combine_into",
     "decode_combine_plan",
     "decode_combine_reference",
-    "decode_partial_into",
     "decode_partial_plan",
     "decode_partial_reference",
     "kv_cache_append",
@@ -194,17 +195,19 @@ def _rows_bucketed(**dims: int) -> Buckets:
     return Buckets({name: {dim: "pow2"} for name, dim in dims.items()})
 
 
-#: Tuned op of the partial kernel (writes ``po`` and ``pl``).
-decode_partial_into = autotune(
-    DECODE_SPACE, reference=decode_partial_reference, writes=["po", "pl"], name="tiletune.decode_attention",
-    tolerance=_partial_tolerance, buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, po=0, pl=0),
-)(decode_partial_plan)
+#: The partial kernel's library op (:data:`DECODE_SPACE`, one regime: ``DECODE_PARTIAL.op(None)``; writes
+#: ``po`` and ``pl``).
+DECODE_PARTIAL = LibraryOp(
+    "tiletune.decode_attention", lambda regime: DECODE_SPACE, decode_partial_plan, reference=decode_partial_reference,
+    writes=["po", "pl"], tolerance=_partial_tolerance, buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, po=0, pl=0),
+)
 
-#: Tuned op of the combine kernel (writes ``o``).
-decode_combine_into = autotune(
-    DECODE_COMBINE_SPACE, reference=decode_combine_reference, writes=["o"], name="tiletune.decode_combine",
-    tolerance=_combine_tolerance, buckets=_rows_bucketed(po=0, pl=0, o=0),
-)(decode_combine_plan)
+#: The combine kernel's library op (:data:`DECODE_COMBINE_SPACE`, one regime; writes ``o``).
+DECODE_COMBINE = LibraryOp(
+    "tiletune.decode_combine", lambda regime: DECODE_COMBINE_SPACE, decode_combine_plan,
+    reference=decode_combine_reference, writes=["o"], tolerance=_combine_tolerance,
+    buckets=_rows_bucketed(po=0, pl=0, o=0),
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,8 +270,8 @@ class DecodeCall:
         self.splits = splits
 
     def run(self) -> Any:
-        decode_partial_into(*self.partial_args)
-        decode_combine_into(*self.combine_args)
+        DECODE_PARTIAL.op(None)(*self.partial_args)
+        DECODE_COMBINE.op(None)(*self.combine_args)
         return self.out
 
 

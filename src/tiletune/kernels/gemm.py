@@ -11,9 +11,11 @@ kernel of :mod:`tiletune.kernels.gemm_kernels`:
 * either operand may be a transposed view (``w.t()``, ``x.transpose(-1, -2)``) of a contiguous
   tensor: it is read in transposed order instead of being copied. Other layouts are copied first.
 
-Each dtype family is its own tuned op (:data:`gemm_into`, :data:`gemm_tf32_into`,
-:data:`gemm_fp8_into`) over a ~40-config space shrunk from the 512-config space recorded on the
-H200 (:data:`GEMM_FULL_SPACE`, kept for offline recording and strategy studies).
+Each dtype family is its own library op (:data:`GEMM`, :data:`GEMM_TF32`, :data:`GEMM_FP8`: a
+:class:`~tiletune.kernels.library_op.LibraryOp` with one regime, ``None``) over a ~40-config space
+shrunk from the 512-config space recorded on the H200 (:data:`GEMM_FULL_SPACE`, kept for offline
+recording and strategy studies); 16-bit products of few rows go to :data:`GEMM_SPLITK`, whose regime
+depends on the problem.
 """
 
 from __future__ import annotations
@@ -26,12 +28,11 @@ from typing import Any
 from ..backends.base import Launch
 from ..buckets import Buckets
 from ..fastcall import constant_tensor, custom_op_route, fast_op
-from ..dispatch import autotune
 from ..space import Space
 from ..strategies.base import Budget
 from ..templates import matmul_space
 from ..verify import Tolerance, derived_tolerance, eps
-from ._membound import OpFamily
+from .library_op import LibraryOp
 from .gemm_kernels import (
     GEMM_BASELINE,
     GEMM_CONSTRAINTS,
@@ -49,15 +50,15 @@ from .gemm_kernels import (
 )
 
 __all__ = [
+    "GEMM",
+    "GEMM_FP8",
     "GEMM_FP8_SPACE",
     "GEMM_FULL_SPACE",
     "GEMM_SPACE",
     "GEMM_SPLITK",
+    "GEMM_TF32",
     "GEMM_TF32_SPACE",
     "gemm",
-    "gemm_fp8_into",
-    "gemm_into",
-    "gemm_tf32_into",
     "matmul",
     "splitk_workspace",
 ]
@@ -155,15 +156,16 @@ def _fp8_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: 
 #: M (dimension 1 of the 3-D operand ``a`` and of ``c``) is bucketed to a power of two: a new token count
 #: inside a tuned bucket reuses its winner
 GEMM_BUCKETS = Buckets({"a": {1: "pow2"}, "c": {1: "pow2"}})
-gemm_into = autotune(GEMM_SPACE, reference=_reference, writes=["c"], tolerance=_tolerance, name="tiletune.gemm",
-                     buckets=GEMM_BUCKETS)(_plan)
-gemm_into.__doc__ = "The bfloat16 / float16 GEMM op (:data:`GEMM_SPACE`); launch plan :func:`_plan`."
-gemm_tf32_into = autotune(GEMM_TF32_SPACE, reference=_reference, writes=["c"], tolerance=_tf32_tolerance,
-                          name="tiletune.gemm_tf32", buckets=GEMM_BUCKETS)(_plan)
-gemm_tf32_into.__doc__ = "The float32 (tf32) GEMM op (:data:`GEMM_TF32_SPACE`)."
-gemm_fp8_into = autotune(GEMM_FP8_SPACE, reference=_reference, writes=["c"], tolerance=_fp8_tolerance,
-                         name="tiletune.gemm_fp8", buckets=GEMM_BUCKETS)(_plan)
-gemm_fp8_into.__doc__ = "The float8_e4m3fn GEMM op with per-tensor scales (:data:`GEMM_FP8_SPACE`)."
+#: The bfloat16 / float16 GEMM (:data:`GEMM_SPACE`, one regime: ``GEMM.op(None)``), launch plan :func:`_plan`,
+#: arguments ``(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled)``.
+GEMM = LibraryOp("tiletune.gemm", lambda regime: GEMM_SPACE, _plan, reference=_reference, writes=["c"],
+                 tolerance=_tolerance, buckets=GEMM_BUCKETS)
+#: The float32 (tf32) GEMM (:data:`GEMM_TF32_SPACE`, one regime), same plan and arguments.
+GEMM_TF32 = LibraryOp("tiletune.gemm_tf32", lambda regime: GEMM_TF32_SPACE, _plan, reference=_reference,
+                      writes=["c"], tolerance=_tf32_tolerance, buckets=GEMM_BUCKETS)
+#: The float8_e4m3fn GEMM with per-tensor scales (:data:`GEMM_FP8_SPACE`, one regime), same plan and arguments.
+GEMM_FP8 = LibraryOp("tiletune.gemm_fp8", lambda regime: GEMM_FP8_SPACE, _plan, reference=_reference,
+                     writes=["c"], tolerance=_fp8_tolerance, buckets=GEMM_BUCKETS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,12 +217,12 @@ def _splitk_space_for(regime: tuple[int, int, int, int]) -> Space:
 #: 80-160 configs, and measuring all of them stalled a first call for tens of seconds (docs/GPU-NOTES.md);
 #: issue 13 asks for a budgeted search on library spaces over ~40 configs, and on the recorded 512-config
 #: GEMM space the model-guided searches came within 1% of the optimum well inside this budget
-#: (``benchmarks/results/h200/strategies.json``). ``OpFamily.configure(budget=tiletune.Budget())``
+#: (``benchmarks/results/h200/strategies.json``). ``LibraryOp.configure(budget=tiletune.Budget())``
 #: measures every config again.
 SPLITK_SEARCH_EVALS = 40
-GEMM_SPLITK = OpFamily("tiletune.gemm_splitk", _splitk_space_for, _splitk_plan, reference=_splitk_reference,
-                       writes=["c"], inplace=["ws", "sem"], tolerance=_splitk_tolerance,  # type: ignore[arg-type]
-                       buckets=GEMM_BUCKETS, budget=Budget(max_evals=SPLITK_SEARCH_EVALS))
+GEMM_SPLITK = LibraryOp("tiletune.gemm_splitk", _splitk_space_for, _splitk_plan, reference=_splitk_reference,
+                        writes=["c"], inplace=["ws", "sem"], tolerance=_splitk_tolerance,
+                        buckets=GEMM_BUCKETS, budget=Budget(max_evals=SPLITK_SEARCH_EVALS))
 
 
 class _Pool:
@@ -442,7 +444,7 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
     b_arg, trans_b = _as_kernel_operand(b3)
     if fp8:
         sa, sb = _scale_tensor(scale_a, "scale_a", a.device), _scale_tensor(scale_b, "scale_b", a.device)
-        gemm_fp8_into(a_arg, b_arg, c, sa, sb, trans_a, trans_b, True)
+        GEMM_FP8.op(None)(a_arg, b_arg, c, sa, sb, trans_a, trans_b, True)
     else:
         one = _unit_scale(a.device)
         regime = None if a.dtype == torch.float32 or not ROUTE_SMALL_M_TO_SPLITK else \
@@ -451,8 +453,8 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
             ws, sem = splitk_workspace(a.device, c.shape[1], n, c.shape[0], regime[3])
             GEMM_SPLITK.op(regime)(a_arg, b_arg, c, one, one, trans_a, trans_b, False, ws, sem)
         else:
-            op = gemm_tf32_into if a.dtype == torch.float32 else gemm_into
-            op(a_arg, b_arg, c, one, one, trans_a, trans_b, False)
+            lib_op = GEMM_TF32 if a.dtype == torch.float32 else GEMM
+            lib_op.op(None)(a_arg, b_arg, c, one, one, trans_a, trans_b, False)
     return _finish(c, out_shape, a, b)
 
 

@@ -28,7 +28,8 @@ from ..backends.base import Launch
 from ..buckets import Buckets
 from ..fastcall import custom_op_route, fast_op
 from ..verify import Tolerance, derived_tolerance
-from ._membound import OpFamily, Prepared, check_device, check_tensor, sm_count
+from .library_op import LibraryOp
+from ._membound import Prepared, check_device, check_tensor, sm_count
 from .gemm_glu_kernels import gemm_swiglu_args, gemm_swiglu_grid, gemm_swiglu_kernel, gemm_swiglu_space
 
 __all__ = [
@@ -93,8 +94,8 @@ def _tolerance(a: Any, *_: Any) -> dict[str, Tolerance]:
     return {d: derived_tolerance(d, length=k, atol_ulps=2.0, compute_ulps=64.0) for d in ("float16", "bfloat16")}
 
 
-GEMM_SWIGLU = OpFamily("tiletune.gemm_swiglu", lambda regime: GEMM_SWIGLU_SPACE, _plan, reference=_reference,
-                       writes=["c"], tolerance=_tolerance, buckets=GEMM_SWIGLU_BUCKETS)  # type: ignore[arg-type]
+GEMM_SWIGLU = LibraryOp("tiletune.gemm_swiglu", lambda regime: GEMM_SWIGLU_SPACE, _plan, reference=_reference,
+                        writes=["c"], tolerance=_tolerance, buckets=GEMM_SWIGLU_BUCKETS)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Persistent batched GEMM ``C[i] = A[i] @ B[i]`` written in cuTile, plus its tuning spaces.
 
-Unlike :mod:`tiletune.kernels.matmul_kernels` (one output tile per block), this kernel is
+Unlike :mod:`tiletune.examples.matmul_kernels` (one output tile per block), this kernel is
 *persistent*: it is launched with ``min(num_tiles, NUM_SMS * occupancy)`` blocks and each block
 walks the output tiles ``bid, bid + num_blocks, bid + 2 * num_blocks, ...`` of all batch entries.
 Within a batch entry the linear tile id is mapped to ``(tile_row, tile_col)`` with a ``GROUP_M``

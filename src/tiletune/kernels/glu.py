@@ -27,7 +27,8 @@ import cuda.tile as ct
 from ..backends.base import Launch
 from ..fastcall import custom_op_route, fast_op
 from ..templates import elementwise_space, next_power_of_2
-from ._membound import OpFamily, Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from .library_op import LibraryOp
+from ._membound import Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
 from ._membound import rows_bucketed
 from ._tile_ops import load_zero_padded as _ld
 from ..verify import derived_tolerances
@@ -119,10 +120,10 @@ def glu_tolerance(*_: Any) -> dict:
     return derived_tolerances(atol_ulps=2.0, compute_ulps=64.0)
 
 
-SWIGLU = OpFamily("tiletune.swiglu", lambda regime: elementwise_space(), glu_plan, reference=glu_reference,
+SWIGLU = LibraryOp("tiletune.swiglu", lambda regime: elementwise_space(), glu_plan, reference=glu_reference,
+                   writes=["y"], tolerance=glu_tolerance, buckets=rows_bucketed("gate", "up", "y"))
+GEGLU = LibraryOp("tiletune.geglu", lambda regime: elementwise_space(), glu_plan, reference=glu_reference,
                   writes=["y"], tolerance=glu_tolerance, buckets=rows_bucketed("gate", "up", "y"))
-GEGLU = OpFamily("tiletune.geglu", lambda regime: elementwise_space(), glu_plan, reference=glu_reference,
-                 writes=["y"], tolerance=glu_tolerance, buckets=rows_bucketed("gate", "up", "y"))
 
 
 def prepare_glu(x: Any, act: int) -> Prepared:

@@ -35,8 +35,8 @@ from ..templates import ROW_MAX_ELEMS, next_power_of_2, row_regime, rowwise_spac
 from ._tile_ops import load_zero_padded as _ld
 from ..verify import derived_tolerances
 from ..fastcall import constant_tensor, custom_op_route, fast_op
+from .library_op import LibraryOp
 from ._membound import (
-    OpFamily,
     Prepared,
     as_rows,
     check_device,
@@ -314,16 +314,16 @@ def _layer_norm_tolerance(x: Any, *_: Any) -> dict:
     return derived_tolerances(length=x.shape[-1], atol_ulps=2.0)
 
 
-RMS_NORM = OpFamily("tiletune.rms_norm", row_space_for(1), rms_norm_plan,
-                    reference=rms_norm_reference, writes=["y"], tolerance=_norm_tolerance,
-                    buckets=rows_bucketed("x", "y"))
-RMS_NORM_RESIDUAL = OpFamily("tiletune.rms_norm_residual", row_space_for(2), rms_norm_residual_plan,
-                             reference=rms_norm_residual_reference, writes=["y", "h"], tolerance=_norm_tolerance,
-                             buckets=rows_bucketed("x", "r", "y", "h"))
+RMS_NORM = LibraryOp("tiletune.rms_norm", row_space_for(1), rms_norm_plan,
+                     reference=rms_norm_reference, writes=["y"], tolerance=_norm_tolerance,
+                     buckets=rows_bucketed("x", "y"))
+RMS_NORM_RESIDUAL = LibraryOp("tiletune.rms_norm_residual", row_space_for(2), rms_norm_residual_plan,
+                              reference=rms_norm_residual_reference, writes=["y", "h"], tolerance=_norm_tolerance,
+                              buckets=rows_bucketed("x", "r", "y", "h"))
 # LayerNorm keeps x and x - mean live at once: it spills where RMSNorm does not (streams=2)
-LAYER_NORM = OpFamily("tiletune.layer_norm", row_space_for(2), layer_norm_plan,
-                      reference=layer_norm_reference, writes=["y"], tolerance=_layer_norm_tolerance,
-                      buckets=rows_bucketed("x", "y"))
+LAYER_NORM = LibraryOp("tiletune.layer_norm", row_space_for(2), layer_norm_plan,
+                       reference=layer_norm_reference, writes=["y"], tolerance=_layer_norm_tolerance,
+                       buckets=rows_bucketed("x", "y"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ from ..fastcall import custom_op_route, fast_op
 from ..space import Space
 from ..templates import next_power_of_2, rope_space
 from ..verify import derived_tolerances
-from ._membound import OpFamily, Prepared, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from .library_op import LibraryOp
+from ._membound import Prepared, check_device, check_float, int64_twin, needs_int64, persistent_grid
 from ._membound import rows_bucketed
 
 __all__ = ["ROPE", "apply_rope_", "prepare_rope", "rope_plan", "rope_reference"]
@@ -124,9 +125,9 @@ def rope_tolerance(*_: Any) -> dict:
     return derived_tolerances(atol_ulps=2.0)
 
 
-ROPE = OpFamily("tiletune.rope", _space_for, rope_plan, reference=rope_reference, tolerance=rope_tolerance,
-                inplace=["q1", "q2", "k1", "k2"],
-                buckets=rows_bucketed("q1", "q2", "k1", "k2", "c1", "c2", "s1", "s2", dim=1))
+ROPE = LibraryOp("tiletune.rope", _space_for, rope_plan, reference=rope_reference, tolerance=rope_tolerance,
+                 inplace=["q1", "q2", "k1", "k2"],
+                 buckets=rows_bucketed("q1", "q2", "k1", "k2", "c1", "c2", "s1", "s2", dim=1))
 
 
 def _distinct(q: Any, k: Any, *_: Any) -> bool:

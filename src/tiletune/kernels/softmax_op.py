@@ -29,7 +29,8 @@ from ..backends.base import Launch
 from ..fastcall import custom_op_route, fast_op
 from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
-from ._membound import OpFamily, Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from .library_op import LibraryOp
+from ._membound import Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
 from ._membound import rows_bucketed
 from ._tile_ops import load_zero_padded as _ld
 from ..verify import derived_tolerances, exp_range
@@ -116,8 +117,8 @@ def softmax_tolerance(x: Any, y: Any) -> dict:
     return derived_tolerances(length=x.shape[-1], atol_ulps=0.0, exp_range=exp_range(x))
 
 
-SOFTMAX = OpFamily("tiletune.softmax", _space_for, softmax_plan, reference=softmax_reference, writes=["y"],
-                   tolerance=softmax_tolerance, buckets=rows_bucketed("x", "y"))
+SOFTMAX = LibraryOp("tiletune.softmax", _space_for, softmax_plan, reference=softmax_reference, writes=["y"],
+                    tolerance=softmax_tolerance, buckets=rows_bucketed("x", "y"))
 
 
 def prepare_softmax(x: Any) -> Prepared:

@@ -1,7 +1,8 @@
-"""``tiletune.kernels.simple_matmul``: the first autotuned bf16/fp16 matmul (32 configs: tile sizes x occupancy).
+"""``tiletune.examples.simple_matmul``: the first autotuned bf16/fp16 matmul (32 configs: tile sizes x occupancy).
 
-One output tile per block (not persistent). It is the kernel of the tuning-speed, warm-start and
-determinism benchmarks; the library GEMM is :func:`tiletune.kernels.matmul` (:mod:`.gemm`).
+One output tile per block (not persistent). A benchmark fixture, not a library op: it is the kernel
+of the tuning-speed, warm-start, determinism, fault-matrix and profile benchmarks and of ``tiletune
+demo``; the library GEMM is :func:`tiletune.kernels.matmul` (:mod:`tiletune.kernels.gemm`).
 """
 
 from __future__ import annotations

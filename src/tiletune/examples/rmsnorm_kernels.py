@@ -1,4 +1,4 @@
-"""Persistent RMSNorm written in cuTile, plus its tuning space.
+"""Persistent RMSNorm written in cuTile, plus its tuning space (the kernel of :mod:`.rmsnorm`).
 
 ``y[i, :] = x[i, :] / sqrt(mean(x[i, :] ** 2) + eps) * w`` for a 2D ``x`` of shape ``M x N``
 (bfloat16, float16 or float32; all math in float32; ``y`` has its own dtype, normally ``x``'s).
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 
 import cuda.tile as ct
-from ._config import param as _param
+from ..kernels._config import param as _param
 from ..templates import next_power_of_2
 
 __all__ = [

@@ -1,4 +1,6 @@
-"""LayerNorm forward written in cuTile, plus its tuning space.
+"""LayerNorm forward written in cuTile, plus its tuning space: the kernel of the recorded
+16384 x 4096 LayerNorm space (``benchmarks/record_spaces.py``); the library's LayerNorm is
+:func:`tiletune.kernels.layer_norm` (:mod:`tiletune.kernels.norms`, its own kernel).
 
 ``y[i, :] = (x[i, :] - mean_i) / sqrt(var_i + eps) * w + b`` over the last dimension of a 2-D
 ``x`` (``M x N``; bfloat16, float16 or float32; all statistics in float32; biased variance like
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 
 import cuda.tile as ct
-from ._config import param as _param
+from ..kernels._config import param as _param
 from ..templates import next_power_of_2
 
 __all__ = [

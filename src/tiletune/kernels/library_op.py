@@ -1,0 +1,122 @@
+"""How every op of the library is built: :class:`LibraryOp`, one tuned op per *regime*, made on first use.
+
+A regime is a small hashable key the op's public function computes from the call's shapes (the row
+regime of a norm, whether a weight is present, the split-K regime of a small-M GEMM; ``None`` for an
+op with one space). Each regime has its own :class:`~tiletune.Space`, so a space may depend on the
+call's problem and the tuner never measures configurations that cannot apply to it. Tests, tools and
+benchmarks swap the tuning database (and other ``autotune`` settings) of every library op at once with
+:meth:`LibraryOp.configure`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+from ..dispatch import ToleranceFn, TunedOp, autotune
+from ..space import Space
+from ..strategies.base import Budget
+
+__all__ = ["LibraryOp"]
+
+
+class LibraryOp:
+    """Tuned ops of one kind, one per regime, made on first use.
+
+    Args:
+        name: op name in logs and the database (``"tiletune.rms_norm"``).
+        space_for: ``space_for(regime) -> Space``.
+        plan: the launch plan shared by every regime.
+        reference, writes, inplace, tolerance, buckets: as for :func:`tiletune.autotune`.
+        budget: the op's default tuning budget (``autotune``'s ``budget=``): with
+            ``Budget(max_evals=n)`` a regime's space larger than ``n`` configs is searched with the
+            ``"auto"`` strategy for ``n`` evaluations instead of measured whole, which bounds the stall
+            of a cold key. A ``budget=`` or ``strategy=`` of :meth:`configure` takes precedence.
+    """
+
+    _overrides: dict[str, Any] = {}  # autotune keywords shared by every library op: see configure
+    _instances: list["LibraryOp"] = []
+
+    def __init__(
+        self,
+        name: str,
+        space_for: Callable[[Hashable], Space],
+        plan: Callable[..., Any],
+        *,
+        reference: Callable[..., Any] | None = None,
+        writes: Sequence[str] = (),
+        inplace: Sequence[str] = (),
+        tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = None,
+        buckets: Any = None,
+        budget: Budget | None = None,
+    ) -> None:
+        self.name = name
+        self.buckets = buckets
+        self.budget = budget
+        self.space_for = space_for
+        self.plan = plan
+        self.reference = reference
+        self.writes = tuple(writes)
+        self.inplace = tuple(inplace)
+        self.tolerance = tolerance
+        self._ops: dict[Hashable, TunedOp] = {}
+        self._lock = threading.Lock()
+        LibraryOp._instances.append(self)
+
+    def op(self, regime: Hashable) -> TunedOp:
+        """The tuned op of ``regime`` (created on first use)."""
+        op = self._ops.get(regime)
+        if op is None:
+            with self._lock:
+                op = self._ops.get(regime)
+                if op is None:
+                    kwargs: dict[str, Any] = dict(LibraryOp._overrides)
+                    if self.budget is not None and "budget" not in kwargs and "strategy" not in kwargs:
+                        kwargs["budget"] = self.budget
+                    op = autotune(
+                        self.space_for(regime),
+                        reference=self.reference,
+                        writes=list(self.writes),
+                        inplace=list(self.inplace),
+                        tolerance=self.tolerance,
+                        name=self.name,
+                        buckets=self.buckets,
+                        **kwargs,
+                    )(self.plan)
+                    self._ops[regime] = op
+        return op
+
+    def ops(self) -> dict[Hashable, TunedOp]:
+        """Every op made so far, by regime."""
+        return dict(self._ops)
+
+    def chosen(self) -> list[dict[str, Any]]:
+        """Every (regime, config) decided so far, for reports."""
+        out = []
+        for regime, op in self._ops.items():
+            for cfg in list(op._configs.values()):
+                out.append({"regime": regime, "config": dict(cfg)})
+        return out
+
+    @classmethod
+    def instances(cls) -> list["LibraryOp"]:
+        """Every library op constructed so far (those of the modules imported), in construction order."""
+        return list(cls._instances)
+
+    @classmethod
+    def configure(cls, **autotune_kwargs: Any) -> None:
+        """Pass ``db=``, ``options=``, ``progress=``, ``backend=``, ``strategy=`` or ``budget=`` to every
+        library op made from now on (``configure()`` with no arguments restores the defaults), and
+        forget the ops made so far: they are re-made with the new settings on their next use. For
+        tests, tools and benchmarks."""
+        allowed = {"db", "options", "progress", "backend", "strategy", "budget"}
+        bad = set(autotune_kwargs) - allowed
+        if bad:
+            raise TypeError(f"LibraryOp.configure: unknown setting(s) {sorted(bad)}; allowed: {sorted(allowed)}")
+        cls._overrides = dict(autotune_kwargs)
+        for lib_op in cls._instances:
+            with lib_op._lock:
+                lib_op._ops.clear()
+        from ..fastcall import clear_recipes
+
+        clear_recipes()  # recipes hold the old ops' choices
