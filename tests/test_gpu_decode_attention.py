@@ -189,7 +189,7 @@ def test_attention_routes_short_queries_to_decode(small_ops, monkeypatch, causal
         return real(*a, **kw)
 
     monkeypatch.setattr(attn_mod, "prepare_decode", spy)
-    monkeypatch.setattr(attn_mod, "ROUTE_SHORT_QUERIES_TO_DECODE", True)  # off by default until this file passes
+    monkeypatch.setattr(attn_mod, "ROUTE_SHORT_QUERIES_TO_DECODE", True)  # the default; set so this test does not depend on it
     q, k, v = _inputs(2, 16, 4, 4, 1200, 64)
     o = attn_mod.attention(q, k, v, causal=causal)
     assert calls == [q.shape]

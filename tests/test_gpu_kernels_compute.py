@@ -126,7 +126,11 @@ def _small_op(which: str) -> tt.TunedOp:
 
 @pytest.fixture
 def small_gemm(monkeypatch):
-    """All three GEMM library ops (16-bit, tf32, fp8) answer with 4-config ops; returns the 16-bit one."""
+    """All three GEMM library ops (16-bit, tf32, fp8) answer with 4-config ops; returns the 16-bit one.
+
+    Small-M 16-bit products stay on the plain GEMM (split-K routing off): these tests are about the plain
+    kernels, whose results they check; ``tests/test_gpu_splitk.py`` covers the split-K op."""
+    monkeypatch.setattr(gemm_mod, "ROUTE_SMALL_M_TO_SPLITK", False)
     for which in ("gemm", "gemm_tf32", "gemm_fp8"):
         assert len(_SMALL[which][1].candidates("sm_90")) == 4, which
         monkeypatch.setattr(_SMALL[which][0], "op", lambda regime, small=_small_op(which): small)
