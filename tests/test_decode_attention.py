@@ -489,3 +489,55 @@ def test_decoder_layer_kernel_table_is_per_forward_and_keeps_the_total():
     cut = dl.kernel_table(events, forwards=2, top=1)
     assert cut[0]["kernel"] == "gemm" and cut[1] == {"kernel": "(other kernels)", "us": 4.5, "calls": 3.0}
     assert sum(r["us"] for r in cut) == sum(us for _, us in events) / 2
+
+
+def test_decode_attention_replays_its_two_launches_with_a_fresh_temporary(monkeypatch):
+    """After tuning and one recorded call, a call with the same signature skips the checks and
+    preparation and replays the partial and combine launches (the split partials a per-call temporary)."""
+    import tiletune as tt
+    from tiletune.backends import FakeBackend
+    from tiletune.kernels.library_op import LibraryOp
+
+    def partial_kernel(q5, k, v, lens, po, pl, qk_scale_log2, d, gb, qp, block_n, causal, lat):
+        want_o, want_l = dop.decode_partial_reference(q5, k, v, lens, po, pl, causal, qk_scale_log2)
+        po.copy_(want_o)
+        pl.copy_(want_l)
+
+    def combine_kernel(po, pl, o, qp, d):
+        o.copy_(dop.decode_combine_reference(po, pl, o))
+
+    prepared = {"n": 0}
+    real_prepare = dop.prepare_decode
+
+    def counted(*a, **kw):
+        prepared["n"] += 1
+        return real_prepare(*a, **kw)
+
+    monkeypatch.setattr(dop, "decode_partial_kernel", partial_kernel)
+    monkeypatch.setattr(dop, "decode_combine_kernel", combine_kernel)
+    monkeypatch.setattr(dop, "check_cuda_device", lambda *a, **k: None)
+    monkeypatch.setattr(dop, "prepare_decode", counted)
+    be = FakeBackend(lambda cfg: 10.0, noise=0.0)
+    LibraryOp.configure(backend=be, db=False, progress=False,
+                        options=tt.TunerOptions(stopping=tt.StoppingRule(min_samples=1, max_samples=1)))
+    dop.decode_attention.fastcall.clear()
+    try:
+        lens = [700, 300]
+        lens_t = torch.tensor(lens, dtype=torch.int32)
+        for i in range(5):
+            q, k, v = make(2, 8, 2, 1, 700, 64, seed=i)
+            n0 = len(be.launches)
+            got = dop.decode_attention(q, k, v, lens_t, causal=True)
+            want = sdpa_bottom_right(q, k, v, lens, True, 1.0 / math.sqrt(64))
+            torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+            if i >= 2:
+                assert len(be.launches) - n0 == 2
+        assert prepared["n"] == 2  # tune, learn; then three replays
+        assert len(dop.decode_attention.fastcall.recipes) == 1
+        # an int length makes a new lengths tensor on every call: that signature keeps the slow path
+        for _ in range(3):
+            dop.decode_attention(q, k, v, 700, causal=False)
+        assert len(dop.decode_attention.fastcall.recipes) == 1 and prepared["n"] == 5
+    finally:
+        LibraryOp.configure()
+        dop.decode_attention.fastcall.clear()

@@ -152,6 +152,60 @@ def _refusal(fn, *make_args, calls=4):
     return next(iter(fn.fastcall.refusals.values()))
 
 
+def _split_combine(be):
+    """A two-launch op in the decode-attention pattern: partial sums into a temporary, then a combine."""
+    calls = {"slow": 0}
+
+    def partial(x, parts):
+        parts.copy_(x.reshape(2, -1).sum(dim=1))
+
+    def combine(parts, out, scale):
+        out.copy_(parts.sum() * scale)
+
+    @tt.autotune(SPACE, reference=lambda x, parts: x.reshape(2, -1).sum(dim=1), writes=["parts"], db=False,
+                 backend=be, progress=False, name="partial")
+    def partial_plan(cfg, x, parts):
+        return tt.Launch(partial, (cfg.TM,), (x, parts))
+
+    @tt.autotune(SPACE, reference=lambda parts, out, scale: parts.sum() * scale, writes=["out"], db=False,
+                 backend=be, progress=False, name="combine")
+    def combine_plan(cfg, parts, out, scale):
+        return tt.Launch(combine, (cfg.TM,), (parts, out, scale))
+
+    @fastcall.fast_op()
+    def total(x, scale=1.0):
+        calls["slow"] += 1
+        parts = torch.empty(2)
+        out = torch.empty(())
+        partial_plan(x.reshape(-1), parts)
+        combine_plan(parts, out, float(scale))
+        return out
+
+    return total, calls
+
+
+def test_two_launches_with_a_temporary_are_replayed_in_order_with_a_fresh_temporary():
+    be = FakeBackend(model, noise=0.0)
+    total, calls = _split_combine(be)
+    temps = []
+    for i in range(6):
+        x = torch.randn(3, 4)
+        n0 = len(be.launches)
+        got = total(x, 0.5)
+        torch.testing.assert_close(got, x.sum() * 0.5)
+        if i >= 2:  # replayed: the two kernels, partial first, each with this call's tensors
+            new = be.launches[n0:]
+            assert [len(launch[2]) for launch in new] == [2, 3]  # partial (x, parts), then combine (parts, out, s)
+            assert new[0][2][0].data_ptr() == x.data_ptr()  # x read in place (a view of the call's tensor)
+            assert new[0][2][1] is new[1][2][0]  # the temporary the first kernel wrote, the second read
+            temps.append(new[0][2][1])
+    # call 1 tunes both ops, call 2 learns, calls 3-6 replay
+    assert calls["slow"] == 2 and len(total.fastcall.recipes) == 1
+    source = next(iter(total.fastcall.recipes.values())).source
+    assert "t0 = _empty(" in source and "_launch1(" in source  # a temporary allocated per call, two launches
+    assert all(t.shape == (2,) and t.untyped_storage().data_ptr() != 0 for t in temps)
+
+
 def test_refusals():
     be = FakeBackend(model, noise=0.0)
 
@@ -179,13 +233,32 @@ def test_refusals():
     assert "written whole" in _refusal(post_processes, lambda: torch.randn(4))
 
     @fastcall.fast_op()
-    def two_launches(x):
+    def too_many_launches(x):
         y = torch.empty(x.shape)
-        plan(x, y)
-        plan(y, y.clone())
+        for _ in range(fastcall.MAX_LAUNCHES + 1):
+            plan(x, y)
         return y
 
-    assert "2 tuned-op launches" in _refusal(two_launches, lambda: torch.randn(4))
+    assert f"{fastcall.MAX_LAUNCHES + 1} tuned-op launches" in _refusal(too_many_launches, lambda: torch.randn(4))
+
+    @fastcall.fast_op()
+    def reads_scratch_no_launch_wrote(x):
+        y = torch.empty(x.shape)
+        tmp = torch.zeros(x.shape)  # initialised by torch, not by a recorded launch
+        plan(tmp, y)
+        return y
+
+    assert "copy or scratch" in _refusal(reads_scratch_no_launch_wrote, lambda: torch.randn(4))
+
+    @fastcall.fast_op()
+    def reads_before_the_write(x):
+        y = torch.empty(x.shape)
+        tmp = torch.zeros(x.shape)
+        plan(tmp, y)  # reads tmp first ...
+        plan(x, tmp)  # ... a later launch writes it
+        return y
+
+    assert "copy or scratch" in _refusal(reads_before_the_write, lambda: torch.randn(4))
 
     @fastcall.fast_op()
     def partial_result(x):

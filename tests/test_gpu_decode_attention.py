@@ -55,9 +55,14 @@ def _op(which: str) -> tt.TunedOp:
 
 
 def _use(monkeypatch, partial: tt.TunedOp, combine: tt.TunedOp) -> None:
-    """The library ops DECODE_PARTIAL and DECODE_COMBINE answer every call with these tuned ops."""
+    """The library ops DECODE_PARTIAL and DECODE_COMBINE answer every call with these tuned ops.
+
+    Recipes learnt so far are dropped: a replayed call would launch an earlier test's ops' choices."""
+    from tiletune.fastcall import clear_recipes
+
     monkeypatch.setattr(dop.DECODE_PARTIAL, "op", lambda regime: partial)
     monkeypatch.setattr(dop.DECODE_COMBINE, "op", lambda regime: combine)
+    clear_recipes()
 
 
 @pytest.fixture

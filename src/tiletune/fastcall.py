@@ -1,24 +1,29 @@
-"""Library ops at the host cost of one launch: a per-call-signature recipe learnt from the op itself.
+"""Library ops at the host cost of their launches: a per-call-signature recipe learnt from the op itself.
 
 A library op (``tiletune.kernels.rms_norm`` ...) checks its arguments, builds views and outputs and
-calls a tuned op: several microseconds of Python on every call before the launch. :func:`fast_op`
+calls tuned ops: several microseconds of Python on every call before the launches. :func:`fast_op`
 wraps such a function. Its *call signature* is, for each argument, the type, shape, strides, dtype
 and device of a tensor, or the type and value of anything else. The first calls with a signature
-run the function itself (checks, tuning), while the tuned op's launches are recorded; once a call
-ran as exactly one launch of a tuned op's cached choice, the wrapper derives a *recipe* and from then
-on a call with that signature allocates the outputs, assembles the kernel arguments and launches:
+run the function itself (checks, tuning), while the tuned ops' launches are recorded; once a call
+ran as one to :data:`MAX_LAUNCHES` launches of tuned ops' cached choices, the wrapper derives a
+*recipe* and from then on a call with that signature allocates the outputs and temporaries,
+assembles the kernel arguments and launches, in the recorded order:
 
 * every tensor kernel argument is one of the call's tensors, a view into one of them (same storage,
-  inside its extent, at a byte offset fixed by the signature), a new output, a view into a new
-  output, or a tensor registered with :func:`constant_tensor` (a cached placeholder);
-* every other kernel argument, the grid and the hinted kernel are constants of the signature (the
+  inside its extent, at a byte offset fixed by the signature), a new output, a temporary, a view into
+  either, or a tensor registered with :func:`constant_tensor` (a cached placeholder);
+* a *temporary* is a new contiguous tensor covering its whole storage that a launch writes whole (one
+  of its tuned op's ``writes``) before any launch reads it, and that the function does not return
+  (e.g. split-KV partial results that a second kernel combines);
+* every other kernel argument, the grids and the hinted kernels are constants of the signature (the
   launch plans are functions of shapes, strides, dtypes and scalar values: the ``cache_plan`` rule);
 * the function's result is made of the call's tensors, ``None`` and new outputs; each new output is
-  a contiguous tensor covering its whole storage, written by the launch (one of the tuned op's
+  a contiguous tensor covering its whole storage, written by a launch (one of its tuned op's
   ``writes`` or ``inplace`` arguments covers it): outputs are allocated with ``torch.empty``, so a
-  function that initialises an output, post-processes it, or uses scratch memory is never replayed.
+  function that initialises an output, post-processes it, or uses scratch memory it does not fully
+  write is never replayed.
 
-Anything else (a copy made for an unaligned input, two launches, a tuning call, a key met during CUDA
+Anything else (a copy made for an unaligned input, more launches, a tuning call, a key met during CUDA
 graph capture) leaves that signature on the slow path. Views are passed to cuTile as
 ``__cuda_array_interface__`` objects (no torch view op per call) where cuTile can read the dtype that
 way. A recipe is dropped whenever a tuned op's choice changes (``cache_clear``, ``tune_pending``,
@@ -46,6 +51,8 @@ __all__ = ["CudaArrayView", "constant_tensor", "fast_op", "clear_recipes", "reci
 MAX_RECIPES = 1024
 #: attempts to learn a signature's recipe before it stays on the slow path
 MAX_ATTEMPTS = 3
+#: tuned-op launches one recipe replays at most
+MAX_LAUNCHES = 4
 
 _constants: dict[int, Any] = {}  # id -> tensor registered as a constant kernel argument
 _wrappers: list["_FastOp"] = []
@@ -189,8 +196,8 @@ def fast_op(route: Callable[..., Any] | None = None,
 
         @functools.wraps(fn)
         def op(*args: Any, **kwargs: Any) -> Any:
-            if is_compiling() and fast.route is not None:
-                return fast.route(*args, **kwargs)
+            if is_compiling():  # traced: the op's custom op, else the function itself (never a recipe)
+                return fast.route(*args, **kwargs) if fast.route is not None else fn(*args, **kwargs)
             if kwargs:
                 try:
                     bound, rest = bind(args, kwargs)
@@ -239,19 +246,23 @@ def _is_dense(t: Any) -> bool:
     return bool(t.is_contiguous())
 
 
+def _whole(t: Any) -> bool:
+    """Whether ``t`` is contiguous and covers its whole storage from its first byte."""
+    sp, nbytes = _storage(t)
+    return _is_dense(t) and t.data_ptr() == sp and t.numel() * t.element_size() == nbytes
+
+
 def _learn(args: tuple[Any, ...], result: Any, rec: list) -> Callable[[tuple[Any, ...]], Any]:
     torch = _torch()
-    if len(rec) != 1:
-        raise _Refused(f"{len(rec)} tuned-op launches (one is replayed)")
-    op, key, op_args = rec[0]
-    if key is None or key not in op._cache or key in op._pending:
-        raise _Refused("the launch was not a cached choice (tuning, capture or first call)")
-    if not op.cache_plan:
-        raise _Refused("the tuned op's plan may read more than the key (cache_plan is off)")
-    cfg = op._configs[key]
-    kernel, grid, kargs = op._launch_spec(cfg, op_args)
-    dev = op.backend.arg_device(op_args)
-    launch, stream, hinted, dev = op.backend.launch_parts(cfg, kernel, dev)
+    if not rec or len(rec) > MAX_LAUNCHES:
+        raise _Refused(f"{len(rec)} tuned-op launches (1 to {MAX_LAUNCHES} are replayed)")
+    recorded = []
+    for op, key, op_args in rec:
+        if key is None or key not in op._cache or key in op._pending:
+            raise _Refused("a launch was not a cached choice (tuning, capture or first call)")
+        if not op.cache_plan:
+            raise _Refused("a tuned op's plan may read more than the key (cache_plan is off)")
+        recorded.append((op, op._configs[key], op_args))
 
     inputs = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     in_ids = {id(a) for _, a in inputs}
@@ -266,8 +277,8 @@ def _learn(args: tuple[Any, ...], result: Any, rec: list) -> Callable[[tuple[Any
         elif isinstance(r, torch.Tensor) and id(r) in in_ids:
             result_parts.append(("arg", next(i for i, a in inputs if a is r)))
         elif isinstance(r, torch.Tensor):
-            sp, nbytes = _storage(r)
-            if not (_is_dense(r) and r.data_ptr() == sp and r.numel() * r.element_size() == nbytes):
+            sp = _storage(r)[0]
+            if not _whole(r):
                 raise _Refused("a result is not a whole new contiguous tensor")
             if any(_storage(a)[0] == sp for _, a in inputs) or any(_storage(o)[0] == sp for o in outputs):
                 raise _Refused("a result shares memory with an argument or another result")
@@ -275,27 +286,51 @@ def _learn(args: tuple[Any, ...], result: Any, rec: list) -> Callable[[tuple[Any
             outputs.append(r)
         else:
             raise _Refused(f"a result of type {type(r).__name__}")
-    # every new output must be written whole by the launch
-    written = [op_args[i] for i in (*op.writes, *op.inplace)]
+    # every new output must be written whole by a launch
+    written = [op_args[i] for op, _, op_args in recorded for i in (*op.writes, *op.inplace)]
     for o in outputs:
-        sp, nbytes = _storage(o)
-        if not any(isinstance(w, torch.Tensor) and _storage(w)[0] == sp and _is_dense(w)
-                   and w.data_ptr() == sp and w.numel() * w.element_size() == nbytes for w in written):
-            raise _Refused("a new output is not written whole by the launch")
+        sp = _storage(o)[0]
+        if not any(isinstance(w, torch.Tensor) and _storage(w)[0] == sp and _whole(w) for w in written):
+            raise _Refused("a new output is not written whole by a launch")
 
+    known = {_storage(a)[0] for _, a in inputs} | {_storage(o)[0] for o in outputs}
     sources = [("arg", i, a) for i, a in inputs] + [("out", j, o) for j, o in enumerate(outputs)]
-    parts: list[tuple] = []
-    for v in kargs:
-        if isinstance(v, torch.Tensor):
-            if id(v) in _constants:
+    temps: list[Any] = []
+    launches = []
+    for op, cfg, op_args in recorded:
+        # what this launch writes whole and nobody has seen yet is a temporary from here on
+        for i in op.writes:
+            w = op_args[i]
+            if isinstance(w, torch.Tensor) and _whole(w) and _storage(w)[0] not in known and id(w) not in _constants:
+                known.add(_storage(w)[0])
+                sources.append(("tmp", len(temps), w))
+                temps.append(w)
+        kernel, grid, kargs = op._launch_spec(cfg, op_args)
+        dev = op.backend.arg_device(op_args)
+        launch, stream, hinted, dev = op.backend.launch_parts(cfg, kernel, dev)
+        parts: list[tuple] = []
+        for v in kargs:
+            if isinstance(v, torch.Tensor):
+                if id(v) in _constants:
+                    parts.append(("const", v))
+                    continue
+                parts.append(_locate(v, sources))
+            else:
                 parts.append(("const", v))
-                continue
-            parts.append(_locate(v, sources))
-        else:
-            parts.append(("const", v))
-    views_by_interface = bool(getattr(op.backend, "accepts_array_interface", False))
-    return _build(parts, result_parts, as_tuple, outputs, launch, stream, hinted, dev, tuple(grid), args,
-                  views_by_interface)
+        launches.append(_Launch(parts, launch, stream, hinted, dev, tuple(grid),
+                                bool(getattr(op.backend, "accepts_array_interface", False))))
+    return _build(launches, result_parts, as_tuple, outputs, temps, args)
+
+
+class _Launch:
+    """One recorded launch of a recipe: located kernel arguments and the backend's launch parts."""
+
+    __slots__ = ("parts", "launch", "stream", "hinted", "dev", "grid", "views_by_interface")
+
+    def __init__(self, parts: list[tuple], launch: Any, stream: Any, hinted: Any, dev: int, grid: tuple[int, ...],
+                 views_by_interface: bool) -> None:
+        self.parts, self.launch, self.stream, self.hinted = parts, launch, stream, hinted
+        self.dev, self.grid, self.views_by_interface = dev, grid, views_by_interface
 
 
 def _addressable(src: Any, byte_offset: int) -> bool | None:
@@ -345,8 +380,8 @@ def _locate(v: Any, sources: list[tuple[str, int, Any]]) -> tuple:
         if slo <= lo and hi <= shi and _derives_from(v, src) is not False:
             hits.append((kind, idx, src))
     if not hits:
-        raise _Refused("a kernel argument is neither a call tensor, a view of one, nor a new output "
-                       "(a copy or scratch memory)")
+        raise _Refused("a kernel argument is neither a call tensor, a view of one, a new output nor a "
+                       "temporary a launch wrote before (a copy or scratch memory)")
     if len(hits) > 1:
         raise _Refused("a kernel argument lies inside several call tensors (aliased arguments)")
     kind, idx, src = hits[0]
@@ -359,47 +394,51 @@ def _locate(v: Any, sources: list[tuple[str, int, Any]]) -> tuple:
             int(v.storage_offset()) - int(src.storage_offset()) if v.dtype == src.dtype else None)
 
 
-def _build(parts: list[tuple], result_parts: list[tuple[str, Any]], as_tuple: bool, outputs: list[Any], launch: Any,
-           stream: Any, hinted: Any, dev: int, grid: tuple[int, ...], args: tuple[Any, ...],
-           views_by_interface: bool) -> Callable:
+def _build(launches: list[_Launch], result_parts: list[tuple[str, Any]], as_tuple: bool, outputs: list[Any],
+           temps: list[Any], args: tuple[Any, ...]) -> Callable:
     """The per-call function of a recipe, as straight-line code (no loop, no per-argument calls).
 
-    Views go to the kernel as :class:`CudaArrayView` objects when the backend reads them
+    Views go to a kernel as :class:`CudaArrayView` objects when its backend reads them
     (``views_by_interface``; cuTile does) and the dtype has a typestr, else as torch views."""
     torch = _torch()
-    ns: dict[str, Any] = {"_launch": launch, "_stream": stream, "_kernel": hinted, "_dev": dev, "_grid": grid,
-                          "_CA": CudaArrayView, "_empty": torch.empty, "_empty_like": torch.empty_like}
+    ns: dict[str, Any] = {"_CA": CudaArrayView, "_empty": torch.empty, "_empty_like": torch.empty_like}
     lines = ["def recipe(a):"]
-    for j, o in enumerate(outputs):
-        like = next((i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.is_contiguous()
-                     and x.shape == o.shape and x.dtype == o.dtype and x.device == o.device), None)
-        if like is not None:
-            lines.append(f"    o{j} = _empty_like(a[{like}])")
-        else:
-            ns[f"_os{j}"], ns[f"_od{j}"], ns[f"_ov{j}"] = tuple(o.shape), o.dtype, o.device
-            lines.append(f"    o{j} = _empty(_os{j}, dtype=_od{j}, device=_ov{j})")
-    items = []
-    for n, p in enumerate(parts):
-        kind = p[0]
-        if kind == "const":
-            ns[f"_c{n}"] = p[1]
-            items.append(f"_c{n}")
-        elif kind in ("arg", "out"):
-            items.append(f"a[{p[1]}]" if kind == "arg" else f"o{p[1]}")
-        else:
-            _, src_kind, idx, delta, shape, bstrides, dtype, strides, elem_off = p
-            src = f"a[{idx}]" if src_kind == "arg" else f"o{idx}"
-            typestr = _TYPESTR.get(str(dtype).replace("torch.", "")) if views_by_interface else None
-            ns[f"_s{n}"], ns[f"_t{n}"] = shape, bstrides
-            if typestr is not None:
-                items.append(f"_CA({{'shape': _s{n}, 'strides': _t{n}, 'typestr': {typestr!r}, "
-                             f"'data': ({src}.data_ptr() + {delta}, False)}})")
-            elif elem_off is not None:
-                ns[f"_e{n}"] = strides
-                items.append(f"{src}.as_strided(_s{n}, _e{n}, {src}.storage_offset() + {elem_off})")
+    for prefix, news in (("o", outputs), ("t", temps)):
+        for j, o in enumerate(news):
+            like = next((i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.is_contiguous()
+                         and x.shape == o.shape and x.dtype == o.dtype and x.device == o.device), None)
+            if like is not None:
+                lines.append(f"    {prefix}{j} = _empty_like(a[{like}])")
             else:
-                raise _Refused(f"a reinterpreting view of dtype {dtype}")
-    lines.append(f"    _launch(_stream(_dev), _grid, _kernel, ({', '.join(items)}{',' if len(items) == 1 else ''}))")
+                ns[f"_{prefix}s{j}"], ns[f"_{prefix}d{j}"], ns[f"_{prefix}v{j}"] = tuple(o.shape), o.dtype, o.device
+                lines.append(f"    {prefix}{j} = _empty(_{prefix}s{j}, dtype=_{prefix}d{j}, device=_{prefix}v{j})")
+    names = {"arg": "a[{}]", "out": "o{}", "tmp": "t{}"}
+    for li, ln in enumerate(launches):
+        ns[f"_launch{li}"], ns[f"_stream{li}"], ns[f"_kernel{li}"] = ln.launch, ln.stream, ln.hinted
+        ns[f"_dev{li}"], ns[f"_grid{li}"] = ln.dev, ln.grid
+        items = []
+        for n, p in enumerate(ln.parts):
+            kind = p[0]
+            if kind == "const":
+                ns[f"_c{li}_{n}"] = p[1]
+                items.append(f"_c{li}_{n}")
+            elif kind in names:
+                items.append(names[kind].format(p[1]))
+            else:
+                _, src_kind, idx, delta, shape, bstrides, dtype, strides, elem_off = p
+                src = names[src_kind].format(idx)
+                typestr = _TYPESTR.get(str(dtype).replace("torch.", "")) if ln.views_by_interface else None
+                ns[f"_s{li}_{n}"], ns[f"_t{li}_{n}"] = shape, bstrides
+                if typestr is not None:
+                    items.append(f"_CA({{'shape': _s{li}_{n}, 'strides': _t{li}_{n}, 'typestr': {typestr!r}, "
+                                 f"'data': ({src}.data_ptr() + {delta}, False)}})")
+                elif elem_off is not None:
+                    ns[f"_e{li}_{n}"] = strides
+                    items.append(f"{src}.as_strided(_s{li}_{n}, _e{li}_{n}, {src}.storage_offset() + {elem_off})")
+                else:
+                    raise _Refused(f"a reinterpreting view of dtype {dtype}")
+        lines.append(f"    _launch{li}(_stream{li}(_dev{li}), _grid{li}, _kernel{li}, "
+                     f"({', '.join(items)}{',' if len(items) == 1 else ''}))")
     res = [("None" if k == "none" else f"a[{v}]" if k == "arg" else f"o{v}") for k, v in result_parts]
     lines.append(f"    return ({', '.join(res)},)" if as_tuple else f"    return {res[0]}")
     code = "\n".join(lines)

@@ -39,6 +39,7 @@ from ._attention_checks import (
     check_qkv_tensors,
     softmax_scale,
 )
+from ..fastcall import fast_op
 from ._membound import int64_twin, needs_int64, sm_count
 from .library_op import LibraryOp
 from .decode_attention_kernels import (
@@ -299,6 +300,7 @@ def prepare_decode(q: Any, k: Any, v: Any, lens: Any, causal: bool, scale: float
     return DecodeCall((q5, k, v, lens, po, pl, bool(causal), float(scale) * LOG2E), (po, pl, o), o, ns)
 
 
+@fast_op()
 def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, causal: bool = True,
                      scale: float | None = None) -> Any:
     """Attention of ``Sq <= 16`` new query tokens over the first ``lengths`` positions of a KV cache.
@@ -316,6 +318,10 @@ def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, ca
     Returns:
         A new ``(B, H, Sq, D)`` tensor of ``q``'s dtype. No host synchronization: capturable in a CUDA
         graph once tuned (pass ``lengths`` as a tensor and update it in place between replays).
+
+    Calls after the first ones with a signature replay the two launches (:func:`tiletune.fastcall.fast_op`:
+    the split partials are a temporary of the recipe) when ``lengths`` is an int32 tensor and the
+    operands need no copy; otherwise every call takes the checks again.
     """
     op = "decode_attention"
     _check_qkv(op, q, cache_k, cache_v)
