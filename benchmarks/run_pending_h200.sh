@@ -15,6 +15,9 @@
 #             tiletune vs torch.compile (why the graph replay is 0.76-0.93x of reduce-overhead), and first forward
 #   gemm      issue 14: kernels_compute.py --only gemm --quick (tune_s of the budgeted split-K search per row)
 #   graphs    issue 12: graphs_compile.py's torch.compile cases (cut by the deadline on 2026-12-01 07:51)
+#   gap       issue 14: tests/test_gpu_call_gap.py (public matmul within 3% of a bare launch of its winner and of
+#             the tuner's median; 5 problems) and the fastcall / decode-attention GPU tests after the multi-launch
+#             recipes (tests/test_gpu_decode_attention.py)
 #   verify    regression: the GPU test files of the split-K, decode attention, compile pool and campaign
 #   tests     the GPU test files of the kernel library: kernels_compute, kernels_memory
 #   campaign  issue 18: benchmarks/campaign.py --gpus 1 --kill (campaign.json; ran on 2026-12-01, 56 sessions)
@@ -47,6 +50,10 @@ case "$part" in
     limit 300 python benchmarks/decoder_layer.py --quick --fused-mlp --no-first-forward --out "$out" 2>&1 | tail -12 ;;
   first)
     limit 560 python benchmarks/first_call.py --ops matmul --profile --out "$out" 2>&1 | grep -v "^ " | tail -30 ;;
+  gap)
+    limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_call_gap.py tests/test_gpu_decode_attention.py \
+      tests/test_gpu_kernels_compute.py --junitxml="$out/gap.xml" > "$out/gap.log" 2>&1
+    tail -40 "$out/gap.log" ;;
   graphs)
     limit 560 python benchmarks/graphs_compile.py --cases compile_fullgraph,reduce_overhead --deadline 500 --out "$out" 2>&1 | tail -30 ;;
   table)

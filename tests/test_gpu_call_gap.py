@@ -1,0 +1,82 @@
+"""The public ``tiletune.kernels.matmul`` call runs as fast as the winner its tuning measured (issue 14).
+
+For a few GEMM problems (the rows of ``tools/gemm_call_gap.py``: small-M split-K, mid-size, batched,
+4096^3): tune through the public call in a fresh database, record the tuned-op launch the public call
+makes (op, key, arguments), and time, interleaved, with a cold L2 and a 2 ms GPU backlog before each
+sample (host cost stays out of the events): the public call, and a bare launch of the recorded
+winner (its plan's kernel with the config's hints, the same arguments). The public call must be
+within 3% of the bare launch (it launches the winner and nothing else) and of the median the tuner
+measured for the winner.
+
+Run on the GPU host: ``source .gpu/activate.sh && python -m pytest -m gpu -q tests/test_gpu_call_gap.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TOLERANCE = 0.03
+PROBLEMS = [(1, 16, 4096, 14336), (1, 128, 14336, 4096), (1, 1024, 4096, 4096), (16, 1024, 1024, 1024),
+            (1, 4096, 4096, 4096)]
+
+
+def _recorded_launch(fn, *args):
+    """``fn(*args)`` once, with the tuned-op launches it makes recorded: ``[(op, key, op_args)]``."""
+    from tiletune import dispatch
+
+    tid = threading.get_ident()
+    rec: list = []
+    dispatch._recorders[tid] = rec
+    try:
+        fn(*args)
+    finally:
+        dispatch._recorders.pop(tid, None)
+    torch.cuda.synchronize()
+    return rec
+
+
+@pytest.mark.parametrize("batch,m,n,k", PROBLEMS)
+def test_public_matmul_runs_at_its_winners_speed(batch, m, n, k, tmp_path, monkeypatch):
+    from tiletune.kernels import gemm as gm
+    from tiletune.kernels.library_op import LibraryOp
+    from tiletune.measure import ColdL2Timer
+
+    monkeypatch.setenv("TILETUNE_DB", str(tmp_path / "t.db"))
+    monkeypatch.setenv("TILETUNE_TABLES", "0")
+    LibraryOp.configure()  # ops made from now on read this test's database
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lead = (batch,) if batch > 1 else ()
+    a = torch.randn(*lead, m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(*lead, k, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    gm.matmul(a, b)  # tunes
+    torch.cuda.synchronize()
+    rec = _recorded_launch(gm.matmul, a, b)
+    assert len(rec) == 1, f"the public call made {len(rec)} tuned-op launches"
+    op, key, op_args = rec[0]
+    cfg = op._configs[key]
+    kernel, grid, kargs = op._launch_spec(cfg, op_args)
+    dev = op.backend.arg_device(op_args)
+    launch, stream, hinted, dev = op.backend.launch_parts(cfg, kernel, dev)
+    grid = tuple(grid)
+    fns = {"public": lambda: gm.matmul(a, b), "bare": lambda: launch(stream(dev), grid, hinted, tuple(kargs))}
+    timer = ColdL2Timer(torch.cuda.current_device(), backlog_us=2000)
+    for f in fns.values():
+        timer.time(f, 5)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(8):
+        for name, f in fns.items():
+            samples[name] += timer.time(f, 5)
+    med = {name: statistics.median(s) for name, s in samples.items()}
+    what = f"{batch}x{m}x{n}x{k} ({op.name}, {cfg.as_dict()}): public {med['public']:.2f} us, bare {med['bare']:.2f} us"
+    assert med["public"] <= med["bare"] * (1 + TOLERANCE), what
+    res = op.results.get(key)
+    if res is not None:  # tuned in this process (not answered by a bucket tuned on another shape)
+        tuned = res.winner_median_us
+        assert abs(med["public"] / tuned - 1) <= TOLERANCE, f"{what}, tuner's winner {tuned:.2f} us"
+    LibraryOp.configure()
