@@ -538,3 +538,23 @@ def test_matmul_swiglu_empty_calls_launch_nothing_and_learn_nothing(swiglu_gemm)
         got = op(_bf16(0, 32), w)
         assert got.shape == (0, 24)
     assert len(be.launches) == n0 and not op.fastcall.recipes
+
+
+def test_library_ops_leave_the_worker_unstarted_until_a_call_tunes(monkeypatch):
+    """A library op is made on its first call: a database or table hit must not start the isolated
+    worker (a process and a CUDA context); a plain tuned op defined by a user still starts it ahead."""
+    from tiletune import workers
+    from tiletune.kernels.library_op import LibraryOp
+
+    started = []
+    monkeypatch.setattr(workers, "prestart", lambda *a: started.append(a))
+    monkeypatch.setattr("tiletune.backends.prewarm_default", lambda: None)
+    fam = LibraryOp("tiletune.test_deferred", lambda regime: SPACE, lambda cfg, x, y: tt.Launch(lambda *a: None, (1,), (x, y)),
+                    writes=["y"])
+    try:
+        op = fam.op("r")
+        assert op.isolation == "process" and started == []
+        tt.autotune(SPACE, writes=["y"], isolation="process")(lambda cfg, x, y: tt.Launch(lambda *a: None, (1,), (x, y)))
+        assert len(started) == 1
+    finally:
+        LibraryOp._instances.remove(fam)

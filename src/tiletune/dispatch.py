@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import weakref
+from contextvars import ContextVar
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -52,6 +53,13 @@ def _check_strategy(strategy: Any) -> None:
 
 
 ISOLATION_MODES = settings.ISOLATION_MODES
+
+
+#: True while an op is made inside a call that will look its key up at once (a library op is made on
+#: its first call): the isolated worker is then not started ahead. A call the database or a table
+#: answers never needs it (no worker process, no second CUDA context), and a tuning starts it anyway,
+#: a few milliseconds later than a start at creation would have.
+defer_worker_start: ContextVar[bool] = ContextVar("tiletune_defer_worker_start", default=False)
 
 
 def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
@@ -286,7 +294,7 @@ class TunedOp:
             from .backends import prewarm_default
 
             prewarm_default()
-            if self.isolation == "process":
+            if self.isolation == "process" and not defer_worker_start.get():
                 from .workers import prestart
 
                 prestart()

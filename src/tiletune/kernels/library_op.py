@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from ..dispatch import ToleranceFn, TunedOp, autotune
+from ..dispatch import ToleranceFn, TunedOp, autotune, defer_worker_start
 from ..space import Space
 from ..strategies.base import Budget
 
@@ -73,16 +73,20 @@ class LibraryOp:
                     kwargs: dict[str, Any] = dict(LibraryOp._overrides)
                     if self.budget is not None and "budget" not in kwargs and "strategy" not in kwargs:
                         kwargs["budget"] = self.budget
-                    op = autotune(
-                        self.space_for(regime),
-                        reference=self.reference,
-                        writes=list(self.writes),
-                        inplace=list(self.inplace),
-                        tolerance=self.tolerance,
-                        name=self.name,
-                        buckets=self.buckets,
-                        **kwargs,
-                    )(self.plan)
+                    token = defer_worker_start.set(True)  # made on a call: its worker starts if it tunes
+                    try:
+                        op = autotune(
+                            self.space_for(regime),
+                            reference=self.reference,
+                            writes=list(self.writes),
+                            inplace=list(self.inplace),
+                            tolerance=self.tolerance,
+                            name=self.name,
+                            buckets=self.buckets,
+                            **kwargs,
+                        )(self.plan)
+                    finally:
+                        defer_worker_start.reset(token)
                     self._ops[regime] = op
         return op
 
