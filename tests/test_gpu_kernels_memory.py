@@ -15,9 +15,9 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 ct = pytest.importorskip("cuda.tile")
 
 import tiletune as tt  # noqa: E402
