@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """A Llama-3-8B-shaped decoder layer from ``tiletune.kernels`` vs torch eager and torch.compile (issue 20).
 
-One layer, bf16: hidden 4096, GQA 32/8 query/kv heads, head dim 128, MLP 14336; RMSNorm, fused QKV
+One layer, bf16: hidden 4096, GQA 32/8 query/kv heads, head dim 128, MLP 14336 (``--model qwen2.5-7b``:
+3584, 28/4, 128, 18944; ``--model mistral-7b``: Llama's shapes, another RoPE base); RMSNorm, fused QKV
 projection, RoPE in place (rotate-half), attention, residual + RMSNorm, fused gate-up projection,
 SwiGLU, down projection, residual. Weights are stored ``[K, N]`` (``x @ w``).
 
@@ -43,9 +44,28 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+#: Layer shapes by model (``--model``): hidden, query heads, key-value heads, head dim, MLP width, RoPE base.
+#: Shapes only (no QKV bias for Qwen2.5, no sliding window for Mistral): the kernels' work is the same.
+MODELS = {
+    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, rope_base=500000.0),
+    "qwen2.5-7b": dict(hidden=3584, heads=28, kv_heads=4, head_dim=128, ffn=18944, rope_base=1000000.0),
+    "mistral-7b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, rope_base=1000000.0),
+}
+MODEL = "llama3-8b"
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 4096, 32, 8, 128, 14336
 EPS = 1e-5
 ROPE_BASE = 500000.0
+
+
+def use_model(name: str) -> None:
+    """Set the layer shapes (module globals) to those of ``name`` in :data:`MODELS`."""
+    global MODEL, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, ROPE_BASE
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    m = MODELS[name]
+    MODEL = name
+    HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = m["hidden"], m["heads"], m["kv_heads"], m["head_dim"], m["ffn"]
+    ROPE_BASE = m["rope_base"]
 
 QUICK_ROWS = [("decode", 8, 2048), ("decode", 64, 2048), ("decode", 8, 8192), ("prefill", 1, 2048)]
 FULL_ROWS = ([("prefill", b, s) for b in (1, 4, 8) for s in (512, 2048, 8192) if b * s <= 32768]
@@ -349,9 +369,12 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
     return row
 
 
-def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = True, fused_mlp: bool = False) -> float:
+def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = True, fused_mlp: bool = False,
+                        model: str = "llama3-8b") -> float:
     """Wall time of the first forward of the layer in this (fresh) process."""
     import torch
+
+    use_model(model)
 
     import tiletune.kernels as K  # noqa: F401
     import tiletune.kernels.gemm as _gemm
@@ -368,14 +391,16 @@ def first_forward_child(phase: str, bsz: int, s: int, splitk: bool = True, fused
     return time.perf_counter() - t0
 
 
-def first_forward_fresh(phase: str, bsz: int, s: int, splitk: bool = True, fused_mlp: bool = False) -> float | None:
+def first_forward_fresh(phase: str, bsz: int, s: int, splitk: bool = True, fused_mlp: bool = False,
+                        model: str = "llama3-8b") -> float | None:
     from _common import run_child
 
     env = dict(os.environ)
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = f"{root / 'src'}{os.pathsep}{root / 'benchmarks'}{os.pathsep}" + env.get("PYTHONPATH", "")
     code = ("import json, decoder_layer as d; "
-            f"print('RESULT ' + json.dumps(d.first_forward_child({phase!r}, {bsz}, {s}, {splitk!r}, {fused_mlp!r})))")
+            f"print('RESULT ' + json.dumps(d.first_forward_child({phase!r}, {bsz}, {s}, {splitk!r}, {fused_mlp!r}, "
+            f"{model!r})))")
     try:
         return float(run_child(code, env, timeout=300))
     except Exception as exc:  # noqa: BLE001
@@ -402,7 +427,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("speed relative to tiletune (higher = faster)")
-    ax.set_title("Llama-3-8B decoder layer, bf16, H200")
+    ax.set_title(f"{MODEL} decoder layer, bf16, H200")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -417,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="per-kernel GPU time of one forward, tiletune vs torch.compile, in each row (torch.profiler)")
     ap.add_argument("--no-splitk", action="store_true",
                     help="keep small-M 16-bit GEMMs on the plain GEMM (tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK = False)")
+    ap.add_argument("--model", default="llama3-8b", choices=sorted(MODELS),
+                    help="layer shapes (default llama3-8b; other models write decoder_layer_<model>*.json)")
     ap.add_argument("--rows", default=None, help="rows by hand: phase:B:S[,phase:B:S...] (e.g. decode:8:2048)")
     ap.add_argument("--splitk", action="store_true",
                     help="(the default since split-K passed on the H200; kept for old command lines)")
@@ -427,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tiletune.kernels.gemm as _gemm
 
+    use_model(args.model)
     if args.no_splitk:
         _gemm.ROUTE_SMALL_M_TO_SPLITK = False
     splitk = _gemm.ROUTE_SMALL_M_TO_SPLITK
@@ -442,13 +470,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r), flush=True)
     if rows and not args.no_first_forward:
         r0 = rows[0]
-        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], splitk, args.fused_mlp)
+        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], splitk, args.fused_mlp,
+                                                    args.model)
     out = Path(args.out) if args.out else None
     # a --fused-mlp run writes decoder_layer_fused_mlp.json beside the unfused run's decoder_layer.json
-    name = "decoder_layer_fused_mlp" if args.fused_mlp else "decoder_layer"
+    name = "decoder_layer" + ("" if args.model == "llama3-8b" else f"_{args.model}") + \
+        ("_fused_mlp" if args.fused_mlp else "")
     path = write_result(name, {"quick": args.quick, "splitk": splitk, "fused_mlp": args.fused_mlp,
                                "rows": rows, "wall_s": time.perf_counter() - t_start,
-                               "layer": {"hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
+                               "layer": {"model": MODEL, "hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
                                          "head_dim": HEAD_DIM, "ffn": FFN, "dtype": "bfloat16"}}, out)
     plot(rows, path.with_suffix(".png"))
     del torch

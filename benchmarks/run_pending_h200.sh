@@ -13,6 +13,7 @@
 #   table     issue 13: add split-K (small-M matmul) and attention keys to the shipped table (merged into it)
 #   decoder   issue 20: decoder_layer.py --quick --fused-mlp --profile-kernels: per-kernel GPU time of one forward,
 #             tiletune vs torch.compile (why the graph replay is 0.76-0.93x of reduce-overhead), and first forward
+#   qwen      issue 20: the decoder layer with Qwen2.5-7B shapes (GQA 28/4, MLP 18944), --quick
 #   gemm      issue 14: kernels_compute.py --only gemm --quick (tune_s of the budgeted split-K search per row)
 #   graphs    issue 12: graphs_compile.py's torch.compile cases (cut by the deadline on 2026-12-01 07:51)
 #   gap       issue 14: tests/test_gpu_call_gap.py (public matmul within 3% of a bare launch of its winner and of
@@ -61,6 +62,8 @@ case "$part" in
       --tokens 1,16,128,1024,4096,8,64,512,2048,2,4,32,256,8192,16384 \
       --deadline-s 480 --report "$out/make_table.json" 2>&1 | tail -20
     cp src/tiletune/data/tables/h200-sm90.json "$out/" ;;
+  qwen)
+    limit 560 python benchmarks/decoder_layer.py --quick --model qwen2.5-7b --no-first-forward --out "$out" 2>&1 | tail -12 ;;
   decoder1)
     limit 400 python benchmarks/decoder_layer.py --rows decode:8:2048 --no-first-forward --out "$out" 2>&1 | tail -12 ;;
   decoder)

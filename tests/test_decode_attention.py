@@ -541,3 +541,23 @@ def test_decode_attention_replays_its_two_launches_with_a_fresh_temporary(monkey
     finally:
         LibraryOp.configure()
         dop.decode_attention.fastcall.clear()
+
+
+def test_decoder_layer_models_set_the_layer_shapes(monkeypatch):
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import decoder_layer as dl
+
+    for name in ("MODEL", "HIDDEN", "HEADS", "KV_HEADS", "HEAD_DIM", "FFN", "ROPE_BASE"):
+        monkeypatch.setattr(dl, name, getattr(dl, name))  # restored after the test
+    dl.use_model("qwen2.5-7b")
+    assert (dl.HIDDEN, dl.HEADS, dl.KV_HEADS, dl.HEAD_DIM, dl.FFN) == (3584, 28, 4, 128, 18944)
+    assert dl.MODEL == "qwen2.5-7b" and dl.ROPE_BASE == 1e6
+    cos_qwen, _ = dl.rope_table(64, device="cpu")
+    dl.use_model("llama3-8b")
+    assert (dl.HIDDEN, dl.HEADS, dl.KV_HEADS, dl.FFN, dl.ROPE_BASE) == (4096, 32, 8, 14336, 500000.0)
+    cos_llama, _ = dl.rope_table(64, device="cpu")
+    assert cos_qwen.shape == cos_llama.shape == (64, 128) and not torch.equal(cos_qwen, cos_llama)  # the base
+    with pytest.raises(ValueError, match="unknown model"):
+        dl.use_model("gpt-9")
