@@ -439,11 +439,18 @@ def test_every_row_shape_compiles_for_sm90(name):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_decoder_layer_rows_and_torch_layer_on_cpu(monkeypatch):
+def _decoder_layer():
+    """``benchmarks/decoder_layer.py`` as a module."""
     bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
     if bench not in sys.path:
         sys.path.insert(0, bench)
-    import decoder_layer as dl
+    import decoder_layer
+
+    return decoder_layer
+
+
+def test_decoder_layer_rows_and_torch_layer_on_cpu(monkeypatch):
+    dl = _decoder_layer()
 
     quick = dl.rows_for(True)
     assert len(quick) == 4 and {r[0] for r in quick} == {"prefill", "decode"}
@@ -476,10 +483,7 @@ def test_attention_routes_short_queries_to_decode_and_the_switch_turns_it_off(mo
 
 
 def test_decoder_layer_kernel_table_is_per_forward_and_keeps_the_total():
-    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import decoder_layer as dl
+    dl = _decoder_layer()
 
     events = [("gemm", 10.0), ("norm", 2.0), ("gemm", 12.0), ("norm", 2.0)] * 2 + [("tiny", 0.5)] * 2
     rows = dl.kernel_table(events, forwards=2)
@@ -544,10 +548,7 @@ def test_decode_attention_replays_its_two_launches_with_a_fresh_temporary(monkey
 
 
 def test_decoder_layer_models_set_the_layer_shapes(monkeypatch):
-    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import decoder_layer as dl
+    dl = _decoder_layer()
 
     for name in ("MODEL", "HIDDEN", "HEADS", "KV_HEADS", "HEAD_DIM", "FFN", "ROPE_BASE"):
         monkeypatch.setattr(dl, name, getattr(dl, name))  # restored after the test
