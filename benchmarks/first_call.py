@@ -63,7 +63,7 @@ if %(profile)r:
     import cProfile
     from _common import profile_rows
     prof = cProfile.Profile(); prof.enable(); first = timed(); prof.disable()
-    profile = profile_rows(prof, 20)
+    profile = profile_rows(prof, 60)
 else:
     first = timed(); profile = None
 steady = statistics.median(timed() for _ in range(10))

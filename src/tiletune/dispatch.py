@@ -56,9 +56,11 @@ ISOLATION_MODES = settings.ISOLATION_MODES
 
 
 #: True while an op is made inside a call that will look its key up at once (a library op is made on
-#: its first call): the isolated worker is then not started ahead. A call the database or a table
-#: answers never needs it (no worker process, no second CUDA context), and a tuning starts it anyway,
-#: a few milliseconds later than a start at creation would have.
+#: its first call): neither the isolated worker nor the background import of cuTile's compiler
+#: (:func:`tiletune.backends.prewarm_default`) is started ahead. A call the database or a table
+#: answers never needs the worker (no worker process, no second CUDA context), nor, when
+#: :mod:`tiletune.frontend_cache` holds its kernel, cuTile's compiler (a background import would only
+#: compete with that call for the interpreter); a tuning starts both anyway, at once.
 defer_worker_start: ContextVar[bool] = ContextVar("tiletune_defer_worker_start", default=False)
 
 
@@ -290,11 +292,11 @@ class TunedOp:
         self.results: dict[Any, TuneResult] = {}
         self.tuning_count = 0
         functools.update_wrapper(self, plan)
-        if backend is None:
+        if backend is None and not defer_worker_start.get():
             from .backends import prewarm_default
 
             prewarm_default()
-            if self.isolation == "process" and not defer_worker_start.get():
+            if self.isolation == "process":
                 from .workers import prestart
 
                 prestart()

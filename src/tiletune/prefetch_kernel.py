@@ -7,7 +7,9 @@ up in the disk cache. During tuning, :mod:`tiletune.compile_pool` has already pr
 exactly that signature, so :class:`PrefetchKernel` hands it over directly: no second front-end run,
 no lock, no disk access on the GPU thread. Signatures are matched by equality of all parameter
 constraints (constants included) and the calling convention, i.e. only when the bytecode would be
-identical; anything else falls through to cuTile's own path.
+identical. Otherwise :mod:`tiletune.frontend_cache` may hold the cubin from an earlier process (also
+without a front-end run); anything else falls through to cuTile's own path, whose cubin is then kept
+in that cache.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class PrefetchKernel(ct.kernel):
         self._ahead_lock = threading.Lock()
         self.prefetch_hits = 0
         self.prefetch_misses = 0  # first launches that found cubins compiled ahead, none for their signature
+        self.frontend_hits = 0  # first launches answered by tiletune.frontend_cache (no front end run)
 
     @staticmethod
     def with_hints(kernel: Any, hints: Mapping[str, Any]) -> "PrefetchKernel":
@@ -43,6 +46,8 @@ class PrefetchKernel(ct.kernel):
     def _compile(self, signature: Any, context: Any, compute_capability: Any = None) -> Any:
         from cuda.tile._cext import get_compute_capability
 
+        from . import frontend_cache
+
         cc = compute_capability or get_compute_capability()
         arch = f"sm_{cc[0]}{cc[1]}"
         with self._ahead_lock:
@@ -54,7 +59,20 @@ class PrefetchKernel(ct.kernel):
                 ):
                     del self._ahead[i]
                     self.prefetch_hits += 1
-                    return cubin, symbol, None, ()
-            if self._ahead:
-                self.prefetch_misses += 1
-        return super()._compile(signature, context, compute_capability)
+                    break
+            else:
+                if self._ahead:
+                    self.prefetch_misses += 1
+                cubin = None
+        if cubin is not None:
+            frontend_cache.store(self, signature, context, arch, cubin, symbol)
+            return cubin, symbol, None, ()
+        cached = frontend_cache.lookup(self, signature, context, arch)
+        if cached is not None:
+            self.frontend_hits += 1
+            return cached[0], cached[1], None, ()
+        result = super()._compile(signature, context, compute_capability)
+        cubin, symbol, extra, providers = result
+        if extra is None and not providers:  # a plain cubin (no library lifecycle to replay)
+            frontend_cache.store(self, signature, context, arch, cubin, symbol)
+        return result

@@ -55,6 +55,9 @@ TILETUNE_COMPILE_WORKERS         count     unset      Compile (``tileiras``) pro
 TILETUNE_TIMER_BACKLOG_US        us        0          GPU spin queued before each tuning sample so a busy
                                                       host cannot leak into short kernels' samples (0:
                                                       off; the L2 flush alone covers the launch).
+TILETUNE_FRONTEND_CACHE          bool      true       Keep each compiled kernel's cubin keyed by its code,
+                                                      hints and launch signature (next to cuTile's disk
+                                                      cache) so a fresh process skips cuTile's front end.
 TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
@@ -99,6 +102,7 @@ __all__ = [
     "worker_trace",
     "debug",
     "in_worker",
+    "frontend_cache",
 ]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -137,6 +141,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.pins)"),
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
+        Variable("TILETUNE_FRONTEND_CACHE", "bool", True, "cubins keyed by kernel code, hints and signature"),
         Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
@@ -307,6 +312,11 @@ def timer_backlog_us() -> float:
     if raw is None or not raw.strip() or raw.strip() in ("0", "0.0"):
         return 0.0
     return seconds("TILETUNE_TIMER_BACKLOG_US", 50.0)
+
+
+def frontend_cache() -> bool:
+    """``TILETUNE_FRONTEND_CACHE`` (default true)."""
+    return flag("TILETUNE_FRONTEND_CACHE", True)
 
 
 def in_worker() -> bool:

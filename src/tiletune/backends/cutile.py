@@ -267,7 +267,19 @@ def prewarm() -> None:
 
 @functools.lru_cache(maxsize=1)
 def software_versions() -> dict[str, str]:
-    """Versions of cuda-tile, the tileiras assembler and the NVIDIA driver (``"unknown"`` if unreadable)."""
+    """Versions of cuda-tile, the tileiras assembler and the NVIDIA driver (``"unknown"`` if unreadable).
+
+    The first two are read once per toolchain and recorded next to cuTile's cache
+    (:func:`tiletune.frontend_cache.stored_toolchain_versions`): asking ``tileiras`` imports cuTile's
+    compiler and starts a subprocess, which a process served from the caches would not otherwise pay."""
+    from .. import frontend_cache
+
+    try:
+        known = frontend_cache.stored_toolchain_versions()
+    except Exception:  # noqa: BLE001 - the record is an optimisation: read the versions instead
+        known = None
+    if known is not None:
+        return {**known, "driver": driver_version()}
     out = {"cuda_tile": "unknown", "tileiras": "unknown", "driver": "unknown"}
     try:
         import cuda.tile as ct
@@ -287,6 +299,10 @@ def software_versions() -> dict[str, str]:
     except Exception:
         pass
     out["driver"] = driver_version()
+    try:
+        frontend_cache.store_toolchain_versions(out)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
     return out
 
 

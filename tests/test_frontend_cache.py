@@ -1,0 +1,261 @@
+"""``tiletune.frontend_cache``: a fresh process finds a kernel's cubin without cuTile's front end, and
+any change to what the kernel's code reads retires the entry.
+
+The compiles are real (cuTile's front end and ``tileiras`` for sm_90 run without a GPU); the
+signatures are written by hand, as cuTile's launcher would make them for two float32 vectors and a
+constant.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ct = pytest.importorskip("cuda.tile")
+pytest.importorskip("cutile_cache")
+
+from tiletune import frontend_cache  # noqa: E402
+from tiletune.prefetch_kernel import PrefetchKernel  # noqa: E402
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+KERNEL_MODULE = """
+import cuda.tile as ct
+from {helpers} import helper
+
+SCALE = {scale}
+
+@ct.kernel
+def scale_kernel(X, Y, T: ct.Constant[int]):
+    i = ct.bid(0)
+    ct.store(Y, (i,), helper(ct.load(X, index=(i,), shape=(T,))) * SCALE)
+"""
+HELPER_MODULE = """
+import cuda.tile as ct
+
+@ct.function
+def helper(t):
+    return t + {offset}
+"""
+
+
+def _signature(tile: int = 256):
+    from cuda.tile.compilation import ArrayConstraint, CallingConvention, ConstantConstraint, KernelSignature
+
+    arr = dict(index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(), may_alias_internally=False)
+    return KernelSignature([ArrayConstraint(ct.float32, 1, **arr), ArrayConstraint(ct.float32, 1, **arr),
+                            ConstantConstraint(tile)], CallingConvention.cutile_python_v1())
+
+
+def _context(cache_dir: Path):
+    from types import SimpleNamespace
+
+    from cuda.tile._cext import default_tile_context
+
+    cfg = default_tile_context.config
+    return SimpleNamespace(config=SimpleNamespace(**{**vars(cfg), "cache_dir": str(cache_dir)}))
+
+
+_counter = [0]
+
+
+def _write_modules(folder: Path, scale: int = 2, offset: int = 1) -> str:
+    """Write a kernel module and its helper module under fresh names; returns the kernel module's name."""
+    _counter[0] += 1
+    n = _counter[0]
+    (folder / f"fc_helpers_{n}.py").write_text(HELPER_MODULE.format(offset=offset))
+    (folder / f"fc_kernel_{n}.py").write_text(KERNEL_MODULE.format(helpers=f"fc_helpers_{n}", scale=scale))
+    return f"fc_kernel_{n}"
+
+
+@pytest.fixture
+def modules(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("TILETUNE_FRONTEND_CACHE", raising=False)
+    for v in ("CUDA_TILE_LOGS", "CUDA_TILE_DUMP_TILEIR", "CUDA_TILE_DUMP_BYTECODE"):
+        monkeypatch.delenv(v, raising=False)
+    return tmp_path
+
+
+def _kernel(name: str, **hints):
+    mod = importlib.import_module(name)
+    return PrefetchKernel.with_hints(mod.scale_kernel, hints)
+
+
+def test_a_second_kernel_object_gets_the_cubin_without_compiling(modules, monkeypatch):
+    name = _write_modules(modules)
+    ctx = _context(modules / "cache")
+    first = _kernel(name, occupancy=2)
+    cubin, symbol, extra, providers = first._compile(_signature(), ctx, (9, 0))
+    assert first.frontend_hits == 0 and cubin[:4] == b"\x7fELF"
+    entries = sorted(p.suffix for p in (modules / "cache" / "tiletune-frontend").iterdir())
+    assert entries == [".cubin", ".json"]
+
+    second = _kernel(name, occupancy=2)
+    import cuda.tile._execution as execution
+
+    def no_front_end(*a, **k):
+        raise AssertionError("cuTile's front end ran although the cache holds the cubin")
+
+    monkeypatch.setattr(execution.kernel, "_compile", no_front_end)
+    got = second._compile(_signature(), ctx, (9, 0))
+    assert second.frontend_hits == 1
+    assert got == (cubin, symbol, None, ())
+
+
+def test_other_hints_signature_or_arch_are_other_entries(modules):
+    name = _write_modules(modules)
+    ctx = _context(modules / "cache")
+    _kernel(name, occupancy=2)._compile(_signature(256), ctx, (9, 0))
+    for kernel, sig, cc in ((_kernel(name, occupancy=1), _signature(256), (9, 0)),
+                            (_kernel(name, occupancy=2), _signature(512), (9, 0)),
+                            (_kernel(name, occupancy=2), _signature(256), (10, 0))):
+        assert frontend_cache.lookup(kernel, sig, ctx, f"sm_{cc[0]}{cc[1]}") is None
+
+
+@pytest.mark.parametrize("change", ["constant", "helper"])
+def test_a_changed_constant_or_helper_module_retires_the_entry(modules, change):
+    ctx = _context(modules / "cache")
+    before = _write_modules(modules)
+    k = _kernel(before, occupancy=2)
+    k._compile(_signature(), ctx, (9, 0))
+    assert frontend_cache.lookup(_kernel(before, occupancy=2), _signature(), ctx, "sm_90") is not None
+    after = _write_modules(modules, scale=3) if change == "constant" else _write_modules(modules, offset=5)
+    # the same kernel text under a module whose constant (or whose helper module) differs
+    assert frontend_cache.lookup(_kernel(after, occupancy=2), _signature(), ctx, "sm_90") is None
+
+
+def test_fingerprint_follows_files_closures_and_refuses_opaque_globals(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "fp_a.py").write_text("K = 1\ndef f(x):\n    return x * K\n")
+    import fp_a
+
+    fa = frontend_cache.code_fingerprint(fp_a.f)
+    assert fa is not None and fa == frontend_cache.code_fingerprint(fp_a.f)
+    (tmp_path / "fp_a.py").write_text("K = 1\ndef f(x):\n    return x * K  # edited\n")
+    os.utime(tmp_path / "fp_a.py", ns=(1, 1))
+    sys.modules.pop("fp_a")
+    import fp_a as fp_a2
+
+    assert frontend_cache.code_fingerprint(fp_a2.f) not in (None, fa)  # the file changed
+
+    def closure(k):
+        def g(x):
+            return x * k
+        return g
+
+    assert frontend_cache.code_fingerprint(closure(2)) != frontend_cache.code_fingerprint(closure(3))
+
+    class Thing:
+        pass
+
+    thing = Thing()
+
+    def reads_object(x):
+        return x * thing
+
+    assert frontend_cache.code_fingerprint(reads_object) is None
+
+
+def test_damaged_entries_and_switches_fall_back_to_compiling(modules, monkeypatch):
+    name = _write_modules(modules)
+    ctx = _context(modules / "cache")
+    _kernel(name, occupancy=2)._compile(_signature(), ctx, (9, 0))
+    kernel = _kernel(name, occupancy=2)
+    assert frontend_cache.lookup(kernel, _signature(), ctx, "sm_90") is not None
+    monkeypatch.setenv("TILETUNE_FRONTEND_CACHE", "0")
+    assert frontend_cache.lookup(kernel, _signature(), ctx, "sm_90") is None
+    monkeypatch.delenv("TILETUNE_FRONTEND_CACHE")
+    monkeypatch.setenv("CUDA_TILE_LOGS", "TILEIR")  # the user asked for the compile's logs
+    assert frontend_cache.lookup(kernel, _signature(), ctx, "sm_90") is None
+    monkeypatch.delenv("CUDA_TILE_LOGS")
+    off = _context(modules / "cache")
+    off.config.cache_dir = None  # cuTile's disk cache off: this one too
+    assert frontend_cache.lookup(kernel, _signature(), off, "sm_90") is None
+    (cubin,) = (modules / "cache" / "tiletune-frontend").glob("*.cubin")
+    cubin.write_bytes(cubin.read_bytes()[:-7])  # truncated
+    assert frontend_cache.lookup(kernel, _signature(), ctx, "sm_90") is None
+    got = kernel._compile(_signature(), ctx, (9, 0))  # compiles again and repairs the entry
+    assert kernel.frontend_hits == 0 and got[0][:4] == b"\x7fELF"
+    assert frontend_cache.lookup(kernel, _signature(), ctx, "sm_90")[0] == got[0]
+
+
+def test_eviction_keeps_the_newest_entries(tmp_path):
+    for i in range(6):
+        (tmp_path / f"{i}.cubin").write_bytes(b"x")
+        (tmp_path / f"{i}.json").write_text("{}")
+        os.utime(tmp_path / f"{i}.json", ns=(i * 10**9, i * 10**9))
+    assert frontend_cache._evict(tmp_path, keep=2) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["4.cubin", "4.json", "5.cubin", "5.json"]
+
+
+def test_toolchain_versions_are_read_once_per_toolchain(tmp_path, monkeypatch):
+    from tiletune.backends import cutile as backend
+
+    monkeypatch.setenv("CUDA_TILE_CACHE_DIR", str(tmp_path))
+    assert frontend_cache.stored_toolchain_versions() is None
+    frontend_cache.store_toolchain_versions({"cuda_tile": "1.7.0", "tileiras": "unknown", "driver": "x"})
+    assert frontend_cache.stored_toolchain_versions() is None  # an unknown version is never recorded
+    frontend_cache.store_toolchain_versions({"cuda_tile": "1.7.0", "tileiras": "13.4.92", "driver": "x"})
+    assert frontend_cache.stored_toolchain_versions() == {"cuda_tile": "1.7.0", "tileiras": "13.4.92"}
+    backend.software_versions.cache_clear()
+    import cuda.tile._compile as comp
+
+    monkeypatch.setattr(comp, "_get_compiler_version_string", lambda: pytest.fail("tileiras was asked"))
+    try:
+        got = backend.software_versions()
+    finally:
+        backend.software_versions.cache_clear()
+    assert got["tileiras"] == "13.4.92" and got["cuda_tile"] == "1.7.0"
+    record = json.loads((tmp_path / "tiletune-frontend" / "versions.json").read_text())
+    monkeypatch.setattr(frontend_cache, "_toolchain", "another toolchain")  # e.g. tileiras replaced
+    assert frontend_cache.stored_toolchain_versions() is None and len(record) == 1
+
+
+CHILD = """
+import sys, time
+sys.path.insert(0, {folder!r})
+import importlib
+from tiletune.prefetch_kernel import PrefetchKernel
+from test_frontend_cache import _signature, _context
+from pathlib import Path
+mod = importlib.import_module({name!r})
+k = PrefetchKernel.with_hints(mod.scale_kernel, dict(occupancy=2))
+k._compile(_signature(), _context(Path({cache!r})), (9, 0))
+print(k.frontend_hits, "cuda.tile._compile" in sys.modules)
+"""
+
+
+def test_a_fresh_process_never_imports_cutiles_compiler_on_a_hit(modules):
+    name = _write_modules(modules)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(Path(__file__).parent)])}
+    code = CHILD.format(folder=str(modules), name=name, cache=str(modules / "cache"))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert [r.stdout.split() for r in runs] == [["0", "True"], ["1", "False"]]
+
+
+def test_library_kernels_are_cacheable():
+    """Every kernel of the library has a fingerprint (none reads a global the cache cannot describe)."""
+    import pkgutil
+
+    import tiletune.kernels as lib
+
+    kernels = {}
+    for info in pkgutil.iter_modules(lib.__path__):
+        mod = importlib.import_module(f"tiletune.kernels.{info.name}")
+        for attr, v in vars(mod).items():
+            if isinstance(v, ct.kernel):
+                kernels[f"{info.name}.{attr}"] = v._pyfunc
+    assert len(kernels) >= 10
+    missing = sorted(name for name, fn in kernels.items() if frontend_cache.code_fingerprint(fn) is None)
+    assert not missing
