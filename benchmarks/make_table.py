@@ -36,6 +36,10 @@ def main() -> int:
     ap.add_argument("--report", default=None, help="per-call report JSON")
     ap.add_argument("--no-attention", action="store_true")
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: all, commonest first)")
+    ap.add_argument("--ops", default=",".join(MEMORY_OPS), help="library ops tuned over --tokens (default: all)")
+    ap.add_argument("--attention-s", default=",".join(map(str, ATTENTION_S)),
+                    help="attention sequence lengths (default: %(default)s)")
+    ap.add_argument("--attention-first", action="store_true", help="tune the attention keys before the rest")
     args = ap.parse_args()
     os.environ["TILETUNE_DB"] = args.db
     os.environ.setdefault("TILETUNE_TABLES", "0")  # tune every key: an older table must not answer
@@ -45,9 +49,14 @@ def main() -> int:
     from tiletune.tables import TuningTable
 
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(TOKENS)
-    calls = [c for m in tokens for c in llm_calls(MEMORY_OPS, [m])]
+    ops = [o for o in args.ops.split(",") if o]
+    unknown = sorted(set(ops) - set(MEMORY_OPS))
+    if unknown:
+        ap.error(f"unknown op(s) {unknown}; known: {', '.join(MEMORY_OPS)}")
+    calls = [c for m in tokens for c in llm_calls(ops, [m])] if ops else []
     if not args.no_attention:
-        calls += llm_calls(["attention"], ATTENTION_S)
+        attention = llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s])
+        calls = attention + calls if args.attention_first else calls + attention
     t0 = time.perf_counter()
     rows, skipped = [], 0
     for call in calls:
