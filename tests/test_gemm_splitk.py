@@ -188,7 +188,7 @@ def pools(monkeypatch):
     monkeypatch.setattr(gemm_mod, "_pools", {})
     monkeypatch.setattr(gemm_mod, "_home_stream", {})
     stream = {"now": 7}
-    monkeypatch.setattr(gemm_mod, "_raw_stream", lambda dev: stream["now"])
+    monkeypatch.setattr(gemm_mod, "current_raw_stream", lambda dev: stream["now"])
     return stream
 
 
@@ -209,6 +209,19 @@ def test_workspace_is_cached_per_bucket_and_stream(pools):
     ws_b, sem_b = gemm_mod.splitk_workspace(cpu, 16, 4096, 1, 16)
     assert ws_b.data_ptr() != ws.data_ptr() and sem_b.data_ptr() != sem.data_ptr()
     assert id(ws_b) not in fastcall._constants and id(sem_b) not in fastcall._constants
+
+
+def test_workspace_is_per_call_where_memory_may_not_be_kept(pools, monkeypatch):
+    """A call on a stream whose allocations belong to a CUDA graph (capture, reduce-overhead's graph
+    trees) gets zeroed buffers of its own: nothing is pooled or registered as a recipe constant."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(gemm_mod, "keepable", lambda device: False)
+    ws, sem = gemm_mod.splitk_workspace(cpu, 16, 4096, 1, 16)
+    again, sem2 = gemm_mod.splitk_workspace(cpu, 16, 4096, 1, 16)
+    assert ws.shape == again.shape == (16, 16, 4096) and again is not ws and sem2 is not sem
+    assert int(sem.abs().sum()) == 0 and float(ws.abs().sum()) == 0.0
+    assert gemm_mod._pools == {} and gemm_mod._home_stream == {}
+    assert id(ws) not in fastcall._constants and id(sem) not in fastcall._constants
 
 
 def test_workspace_grows_and_old_views_stay_valid(pools):

@@ -32,7 +32,8 @@ from typing import Any
 import cuda.tile as ct
 
 from ..backends.base import Launch
-from ..fastcall import constant_tensor, custom_op_route, fast_op
+from ..fastcall import custom_op_route, fast_op
+from ._scratch import placeholder
 from ..space import Space
 from ..templates import chunked_row_space
 from .library_op import LibraryOp
@@ -283,15 +284,8 @@ def prepare_cross_entropy(logits: Any, target: Any, return_grad: bool = False, i
     return Prepared(CE_LOSS, "loss", (l2, t1, loss_rows, _grad_placeholder(l2), int(ignore_index)), (loss_rows, None))
 
 
-_PLACEHOLDERS: dict[tuple, Any] = {}
-
-
 def _grad_placeholder(like: Any) -> Any:
     """The gradient argument of the loss-only kernel (never written: ``WRITE_GRAD`` is off), cached
-    per device and dtype so a recipe may keep it."""
-    key = (like.device, like.dtype)
-    ph = _PLACEHOLDERS.get(key)
-    if ph is None:
-        ph = _PLACEHOLDERS[key] = constant_tensor(like.new_empty((1, 1)))
-    return ph
+    per device and dtype so a recipe may keep it (:func:`._scratch.placeholder`)."""
+    return placeholder(like.device, like.dtype, (1, 1))
 

@@ -28,6 +28,7 @@ from typing import Any
 from ..backends.base import Launch
 from ..buckets import Buckets
 from ..fastcall import constant_tensor, custom_op_route, fast_op
+from ._scratch import current_raw_stream, keepable, placeholder
 from ..space import Space
 from ..strategies.base import Budget
 from ..templates import matmul_space
@@ -242,15 +243,6 @@ _home_stream: dict[int, int] = {}  # device -> the stream whose scratch memory f
 _pool_lock = threading.Lock()
 
 
-def _raw_stream(device_index: int) -> int:
-    import torch
-
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get is not None:
-        return int(get(device_index))
-    return int(torch.cuda.current_stream(device_index).cuda_stream)
-
-
 def splitk_workspace(device: Any, m: int, n: int, batch: int, s_max: int) -> tuple[Any, Any]:
     """``(ws, sem)`` for a split-K product ``batch x m x n`` of a regime with largest split ``s_max``.
 
@@ -261,15 +253,21 @@ def splitk_workspace(device: Any, m: int, n: int, batch: int, s_max: int) -> tup
     memory; another stream gets its own. Only the first stream's views are registered as constant
     kernel arguments (:func:`tiletune.fastcall.constant_tensor`): calls on other streams stay on the
     slow path, which looks their own memory up (see :func:`_same_stream`).
+
+    Memory is kept only where :func:`._scratch.keepable` allows (the default stream, outside graph
+    capture): a call on another stream (a ``torch.cuda.graph`` capture, the CUDA-graph trees of
+    ``torch.compile(mode="reduce-overhead")``) gets zeroed buffers of its own, which its graph owns.
     """
     import torch
 
     cuda = device.type == "cuda"
     dev = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
     where = torch.device("cuda", dev) if cuda else device  # (CPU: the host-side tests)
-    stream = _raw_stream(dev)
     shape = (int(s_max) * int(batch), pow2_ceil(m), int(n))
     nsem = splitk_sem_count(m, n, batch)
+    if not keepable(where):
+        return (torch.zeros(shape, dtype=torch.float32, device=where), torch.zeros(nsem, dtype=torch.int32, device=where))
+    stream = current_raw_stream(dev)
     with _pool_lock:
         home = _home_stream.setdefault(dev, stream)
         pool = _pools.get((dev, stream))
@@ -303,7 +301,7 @@ def _same_stream(a: Any, *_: Any) -> bool:
     except AttributeError:
         return True
     home = _home_stream.get(dev)
-    return home is None or _raw_stream(dev) == home
+    return home is None or current_raw_stream(dev) == home
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,13 +343,13 @@ def _scale_tensor(s: Any, name: str, device: Any) -> Any:
     raise TypeError(f"matmul: {name} must be a float or a one-element tensor, got {type(s).__name__}")
 
 
-@functools.lru_cache(maxsize=None)
 def _unit_scale(device: Any) -> Any:
     """The scale placeholder of a non-fp8 product: the kernel reads it only with ``SCALED`` (fp8), so it
-    is allocated without a kernel (safe to create during CUDA graph capture) and never read."""
+    is allocated without a kernel (safe to create during CUDA graph capture) and never read
+    (:func:`._scratch.placeholder`)."""
     import torch
 
-    return constant_tensor(torch.empty(1, dtype=torch.float32, device=device))
+    return placeholder(device, torch.float32, (1,))
 
 
 def broadcast_batch(x: tuple[int, ...], y: tuple[int, ...]) -> tuple[int, ...] | None:

@@ -34,7 +34,8 @@ from ..space import Space
 from ..templates import ROW_MAX_ELEMS, next_power_of_2, row_regime, rowwise_space, tma_rows
 from ._tile_ops import load_zero_padded as _ld
 from ..verify import derived_tolerances
-from ..fastcall import constant_tensor, custom_op_route, fast_op
+from ..fastcall import custom_op_route, fast_op
+from ._scratch import placeholder
 from .library_op import LibraryOp
 from ._membound import (
     Prepared,
@@ -346,18 +347,11 @@ def _check_input(op: str, x: Any) -> None:
         raise ValueError(f"{op}(): the normalized (last) dimension must not be empty, got shape {tuple(x.shape)}")
 
 
-_PLACEHOLDERS: dict[tuple, Any] = {}
-
-
 def _vector_arg(v: Any, like: Any) -> Any:
-    """A weight/bias as the kernel reads it (contiguous), or a cached 1-element placeholder when absent
-    (never read: the kernel's HAS_W / HAS_B constant is False)."""
+    """A weight/bias as the kernel reads it (contiguous), or a 1-element placeholder when absent (never
+    read: the kernel's HAS_W / HAS_B constant is False; :func:`._scratch.placeholder`)."""
     if v is None:
-        key = (like.device, like.dtype)
-        ph = _PLACEHOLDERS.get(key)
-        if ph is None:
-            ph = _PLACEHOLDERS[key] = constant_tensor(like.new_empty((1,)))
-        return ph
+        return placeholder(like.device, like.dtype, (1,))
     return v if v.stride(0) == 1 else v.contiguous()
 
 

@@ -1,0 +1,70 @@
+"""Memory the library keeps across calls (placeholders, split-K scratch), and when it may keep it.
+
+A buffer allocated while the current stream belongs to a CUDA graph, or to the warm-up of
+``torch.compile(mode="reduce-overhead")`` (its CUDA-graph trees run the function on a side stream
+whose allocations go to the graph's private pool), must not outlive the call: kept in a module
+cache it becomes an allocation of that pool that no graph output accounts for, which the graph
+trees refuse ("tensors in the cudagraph pool not tracked as outputs"). So memory is kept only when
+allocated on the device's default stream outside any capture; elsewhere the call gets a fresh buffer
+of its own (and the library op stays on its slow path there, see :func:`tiletune.fastcall.fast_op`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from ..fastcall import constant_tensor
+
+_placeholders: dict[tuple, Any] = {}
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _default_raw_stream(device_index: int) -> int:
+    import torch
+
+    return int(torch.cuda.default_stream(device_index).cuda_stream)
+
+
+def current_raw_stream(device_index: int) -> int:
+    """The raw handle of the current stream of a CUDA device (no stream object made)."""
+    import torch
+
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get is not None:
+        return int(get(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)
+
+
+def keepable(device: Any) -> bool:
+    """Whether memory allocated now on ``device`` (a ``torch.device``) may be kept across calls: always
+    on the CPU (the host-side tests); on a GPU only on its default stream, outside graph capture."""
+    if getattr(device, "type", "cuda") != "cuda":
+        return True
+    import torch
+
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    if current_raw_stream(dev) != _default_raw_stream(dev):
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def placeholder(device: Any, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """An uninitialised tensor standing for an argument a kernel never reads or writes (its constant
+    switches it off): cached per (device, dtype, shape) and registered as a constant kernel argument
+    (:func:`tiletune.fastcall.constant_tensor`) where :func:`keepable`, a fresh one otherwise."""
+    key = (device, dtype, tuple(shape))
+    ph = _placeholders.get(key)
+    if ph is not None:
+        return ph
+    import torch
+
+    if not keepable(device):
+        return torch.empty(shape, dtype=dtype, device=device)
+    with _lock:
+        ph = _placeholders.get(key)
+        if ph is None:
+            ph = _placeholders[key] = constant_tensor(torch.empty(shape, dtype=dtype, device=device))
+    return ph
