@@ -187,13 +187,41 @@ def test_damaged_entries_and_switches_fall_back_to_compiling(modules, monkeypatc
     assert frontend_cache.lookup(kernel, _signature(), ctx, "sm_90")[0] == got[0]
 
 
-def test_eviction_keeps_the_newest_entries(tmp_path):
+def test_eviction_drops_the_least_recently_used_by_count_and_size(tmp_path):
     for i in range(6):
-        (tmp_path / f"{i}.cubin").write_bytes(b"x")
+        (tmp_path / f"{i}.cubin").write_bytes(b"x" * 100)
         (tmp_path / f"{i}.json").write_text("{}")
         os.utime(tmp_path / f"{i}.json", ns=(i * 10**9, i * 10**9))
-    assert frontend_cache._evict(tmp_path, keep=2) == 4
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["4.cubin", "4.json", "5.cubin", "5.json"]
+    (tmp_path / "versions.json").write_text("{}")  # not an entry: never evicted
+    assert frontend_cache._evict(tmp_path, keep=4) == 2
+    assert sorted(p.stem for p in tmp_path.glob("*.cubin")) == ["2", "3", "4", "5"]
+    assert frontend_cache._evict(tmp_path, keep=10, max_bytes=250) == 2  # 400 bytes -> 200
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["4.cubin", "4.json", "5.cubin", "5.json", "versions.json"]
+
+
+def test_a_hit_marks_the_entry_used(modules):
+    name = _write_modules(modules)
+    ctx = _context(modules / "cache")
+    _kernel(name, occupancy=2)._compile(_signature(), ctx, (9, 0))
+    (rec,) = (modules / "cache" / "tiletune-frontend").glob("*.json")
+    os.utime(rec, ns=(10**9, 10**9))
+    assert frontend_cache.lookup(_kernel(name, occupancy=2), _signature(), ctx, "sm_90") is not None
+    assert rec.stat().st_mtime_ns > 10**9
+
+
+def test_tuning_candidates_and_workers_do_not_fill_the_cache(modules, monkeypatch):
+    name = _write_modules(modules)
+    ctx = _context(modules / "cache")
+    folder = modules / "cache" / "tiletune-frontend"
+    donor = _kernel(name, occupancy=2)
+    cubin, symbol, _, _ = donor._compile(_signature(), _context(modules / "elsewhere"), (9, 0))
+    cand = _kernel(name, occupancy=2)
+    cand.offer(_signature(), cubin, "sm_90")  # compiled ahead by the compile pool
+    assert cand._compile(_signature(), ctx, (9, 0))[0] == cubin and cand.prefetch_hits == 1
+    assert not folder.exists()
+    monkeypatch.setenv("TILETUNE_IN_WORKER", "1")
+    _kernel(name, occupancy=2)._compile(_signature(), ctx, (9, 0))
+    assert not folder.exists()
 
 
 def test_toolchain_versions_are_read_once_per_toolchain(tmp_path, monkeypatch):

@@ -39,12 +39,13 @@ from typing import Any
 logger = logging.getLogger("tiletune")
 
 __all__ = ["lookup", "store", "code_fingerprint", "toolchain_fingerprint", "cache_folder", "MAX_ENTRIES",
-           "FORMAT", "stored_toolchain_versions", "store_toolchain_versions"]
+           "MAX_BYTES", "FORMAT", "stored_toolchain_versions", "store_toolchain_versions"]
 
 #: bumped when the key material or the entry layout changes
 FORMAT = 1
-#: entries kept at most; the least recently written go first
-MAX_ENTRIES = 4096
+#: entries kept at most, and their cubins' total size; the least recently used go first
+MAX_ENTRIES = 2048
+MAX_BYTES = 512 << 20
 #: variables cuTile reads that do not change a compile's output (the rest of CUDA_TILE_* are keyed)
 _NEUTRAL_ENV = {"CUDA_TILE_CACHE_DIR", "CUDA_TILE_CACHE_SIZE", "CUDA_TILE_TEMP_DIR",
                 "CUDA_TILE_COMPILER_TIMEOUT_SEC", "CUDA_TILE_ENABLE_CRASH_DUMP"}
@@ -328,6 +329,10 @@ def lookup(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes,
             or meta.get("sha256") != hashlib.sha256(cubin).hexdigest() or not isinstance(meta.get("symbol"), str)):
         logger.debug("tiletune: front-end cache entry %s is damaged; compiling", key)
         return None
+    try:
+        os.utime(folder / f"{key}.json")  # recently used: evicted last
+    except OSError:
+        pass
     return cubin, meta["symbol"]
 
 
@@ -358,20 +363,36 @@ def store(kernel: Any, signature: Any, context: Any, arch: str, cubin: bytes, sy
     return True
 
 
-def _evict(folder: Path, keep: int | None = None) -> int:
-    """Drop the oldest entries beyond ``keep`` (default :data:`MAX_ENTRIES`); returns how many went."""
+def _evict(folder: Path, keep: int | None = None, max_bytes: int | None = None) -> int:
+    """Drop the least recently used entries beyond ``keep`` entries (default :data:`MAX_ENTRIES`) or
+    ``max_bytes`` of cubins (default :data:`MAX_BYTES`); returns how many went."""
     keep = MAX_ENTRIES if keep is None else keep
+    max_bytes = MAX_BYTES if max_bytes is None else max_bytes
     with _lock:
+        entries = []
         try:
-            records = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+            for rec in folder.glob("*.json"):
+                if rec.name == "versions.json":
+                    continue
+                try:
+                    used = rec.stat().st_mtime_ns
+                    size = rec.with_suffix(".cubin").stat().st_size
+                except OSError:
+                    used, size = 0, 0  # half an entry (or one being written): first to go
+                entries.append((used, size, rec))
         except OSError:
             return 0
+        entries.sort(key=lambda e: e[0])
+        total = sum(e[1] for e in entries)
         gone = 0
-        for rec in records[: max(0, len(records) - keep)]:
+        for used, size, rec in entries:
+            if len(entries) - gone <= keep and total <= max_bytes:
+                break
             for p in (rec, rec.with_suffix(".cubin")):
                 try:
                     p.unlink()
                 except OSError:
                     pass
+            total -= size
             gone += 1
         return gone

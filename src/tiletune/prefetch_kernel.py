@@ -9,7 +9,7 @@ no lock, no disk access on the GPU thread. Signatures are matched by equality of
 constraints (constants included) and the calling convention, i.e. only when the bytecode would be
 identical. Otherwise :mod:`tiletune.frontend_cache` may hold the cubin from an earlier process (also
 without a front-end run); anything else falls through to cuTile's own path, whose cubin is then kept
-in that cache.
+in that cache (outside tuning workers: candidates are not kept, only what callers launch).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class PrefetchKernel(ct.kernel):
     def _compile(self, signature: Any, context: Any, compute_capability: Any = None) -> Any:
         from cuda.tile._cext import get_compute_capability
 
-        from . import frontend_cache
+        from . import frontend_cache, settings
 
         cc = compute_capability or get_compute_capability()
         arch = f"sm_{cc[0]}{cc[1]}"
@@ -64,8 +64,7 @@ class PrefetchKernel(ct.kernel):
                 if self._ahead:
                     self.prefetch_misses += 1
                 cubin = None
-        if cubin is not None:
-            frontend_cache.store(self, signature, context, arch, cubin, symbol)
+        if cubin is not None:  # a tuning candidate: only what a caller launches is kept on disk
             return cubin, symbol, None, ()
         cached = frontend_cache.lookup(self, signature, context, arch)
         if cached is not None:
@@ -73,6 +72,8 @@ class PrefetchKernel(ct.kernel):
             return cached[0], cached[1], None, ()
         result = super()._compile(signature, context, compute_capability)
         cubin, symbol, extra, providers = result
-        if extra is None and not providers:  # a plain cubin (no library lifecycle to replay)
+        # a plain cubin (no library lifecycle to replay) that a caller launches, not a tuning worker's
+        # candidate: the cache holds what later processes will launch, not every config ever tried
+        if extra is None and not providers and not settings.in_worker():
             frontend_cache.store(self, signature, context, arch, cubin, symbol)
         return result
