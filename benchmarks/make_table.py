@@ -40,11 +40,15 @@ def main() -> int:
     ap.add_argument("--attention-s", default=",".join(map(str, ATTENTION_S)),
                     help="attention sequence lengths (default: %(default)s)")
     ap.add_argument("--attention-first", action="store_true", help="tune the attention keys before the rest")
+    ap.add_argument("--model", default=None, help="shapes of a model of tiletune.fill.MODEL_SHAPES "
+                    "(default: Llama-class, vocabulary 32000)")
+    ap.add_argument("--projections", action="store_true",
+                    help="matmul: the four projections of a decoder layer instead of one hidden x hidden")
     args = ap.parse_args()
     os.environ["TILETUNE_DB"] = args.db
     os.environ.setdefault("TILETUNE_TABLES", "0")  # tune every key: an older table must not answer
 
-    from tiletune.fill import llm_calls, run_calls
+    from tiletune.fill import MODEL_SHAPES, llm_calls, run_calls
     from tiletune.store import TuningDB
     from tiletune.tables import TuningTable
 
@@ -53,9 +57,12 @@ def main() -> int:
     unknown = sorted(set(ops) - set(MEMORY_OPS))
     if unknown:
         ap.error(f"unknown op(s) {unknown}; known: {', '.join(MEMORY_OPS)}")
-    calls = [c for m in tokens for c in llm_calls(ops, [m])] if ops else []
+    if args.model is not None and args.model not in MODEL_SHAPES:
+        ap.error(f"unknown model {args.model!r}; known: {', '.join(MODEL_SHAPES)}")
+    dims = dict(MODEL_SHAPES[args.model]) if args.model else {}
+    calls = [c for m in tokens for c in llm_calls(ops, [m], projections=args.projections, **dims)] if ops else []
     if not args.no_attention:
-        attention = llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s])
+        attention = llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s], **dims)
         calls = attention + calls if args.attention_first else calls + attention
     t0 = time.perf_counter()
     rows, skipped = [], 0

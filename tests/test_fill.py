@@ -98,6 +98,36 @@ def test_llm_calls_build_the_library_shapes():
         fill.llm_calls(["rms_norm"], [0])
 
 
+def test_projections_and_model_shapes():
+    q = fill.MODEL_SHAPES["qwen2.5-7b"]
+    calls = fill.llm_calls(["matmul"], [8], projections=True, **q)
+    shapes = [(c.args[0]["shape"], c.args[1]["shape"]) for c in calls]
+    assert shapes == [([8, 3584], [3584, (28 + 2 * 4) * 128]), ([8, 28 * 128], [28 * 128, 3584]),
+                      ([8, 3584], [3584, 2 * 18944]), ([8, 18944], [18944, 3584])]
+    assert [c.args[1]["shape"] for c in fill.llm_calls(["matmul"], [8])] == [[4096, 4096]]  # default unchanged
+    (ce,) = fill.llm_calls(["cross_entropy"], [2], **fill.MODEL_SHAPES["llama3-8b"])
+    assert ce.args[0]["shape"] == [2, 128256]
+
+
+def test_cli_tune_model_and_projections(monkeypatch):
+    import tiletune.fill as fill_mod
+
+    seen = []
+
+    def fake_run(calls, device="cuda", on_row=None):
+        seen.extend(calls)
+        return fill_mod.FillReport(rows=[])
+
+    monkeypatch.setattr(fill_mod, "run_calls", fake_run)
+    r = CliRunner().invoke(app, ["tune", "matmul", "rms_norm", "--model", "qwen2.5-7b", "--projections",
+                                 "--tokens", "4", "--hidden", "3584"])
+    assert r.exit_code == 0, r.output
+    assert [c.args[1]["shape"] for c in seen[:4]] == [[3584, 4608], [3584, 3584], [3584, 37888], [18944, 3584]]
+    assert seen[4].args[0]["shape"] == [4, 3584]
+    r = CliRunner().invoke(app, ["tune", "matmul", "--model", "gpt-5"])
+    assert r.exit_code == 2 and "unknown model" in r.output
+
+
 def test_llm_call_tensors_match_the_ops_on_meta():
     """The library ops' own checks accept every shape llm_calls builds (run on meta tensors up to the device check)."""
     pytest.importorskip("cuda.tile")

@@ -359,12 +359,17 @@ def tune_cmd(
                                         help="A JSON (or TOML) file of calls: {\"calls\": [{\"op\": \"pkg.mod:fn\", "
                                              "\"args\": [...], \"kwargs\": {...}}]} (see tiletune.fill)."),
     tokens: str = typer.Option("1,8,128", help="Comma-separated token counts (rows) for the library ops."),
-    hidden: int = typer.Option(4096, min=1, help="Hidden size of the library ops' shapes."),
-    intermediate: int = typer.Option(14336, min=1, help="MLP size (swiglu/geglu take 2x this)."),
-    heads: int = typer.Option(32, min=1, help="Query heads (rope, attention)."),
-    kv_heads: int = typer.Option(8, min=1, help="Key/value heads (rope, attention)."),
-    head_dim: int = typer.Option(128, min=1, help="Head dimension (rope, attention)."),
-    vocab: int = typer.Option(32000, min=2, help="Vocabulary (cross_entropy)."),
+    model: Optional[str] = typer.Option(None, help="Shapes of a model: llama3-8b, mistral-7b or qwen2.5-7b "
+                                        "(the size options below override single dimensions)."),
+    projections: bool = typer.Option(False, "--projections", help="matmul: the four projections of a decoder "
+                                     "layer (qkv, output, gate-up, down) instead of one hidden x hidden."),
+    hidden: Optional[int] = typer.Option(None, min=1, help="Hidden size of the library ops' shapes (default 4096)."),
+    intermediate: Optional[int] = typer.Option(None, min=1, help="MLP size; swiglu/geglu take 2x this (default "
+                                               "14336)."),
+    heads: Optional[int] = typer.Option(None, min=1, help="Query heads, rope and attention (default 32)."),
+    kv_heads: Optional[int] = typer.Option(None, min=1, help="Key/value heads, rope and attention (default 8)."),
+    head_dim: Optional[int] = typer.Option(None, min=1, help="Head dimension, rope and attention (default 128)."),
+    vocab: Optional[int] = typer.Option(None, min=2, help="Vocabulary, cross_entropy (default 32000)."),
     dtype: str = typer.Option("bfloat16", help="Dtype of the library ops' tensors."),
     device: str = typer.Option("cuda", help="Where tensors are made."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-call report as JSON here."),
@@ -381,8 +386,15 @@ def tune_cmd(
     if spec is not None:
         calls = load_spec(spec)
     else:
-        calls = _library_calls(ops or [], tokens, hidden=hidden, intermediate=intermediate, heads=heads,
-                               kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, dtype=dtype)
+        from .fill import MODEL_SHAPES
+
+        if model is not None and model not in MODEL_SHAPES:
+            _fail(f"--model {model!r}: unknown model", hint=f"choose from {', '.join(MODEL_SHAPES)}")
+        dims: dict[str, Any] = dict(MODEL_SHAPES[model]) if model is not None else {}
+        given = dict(hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                     vocab=vocab)
+        dims.update({k: v for k, v in given.items() if v is not None})
+        calls = _library_calls(ops or [], tokens, dtype=dtype, projections=projections, **dims)
     report = run_calls(calls, device=device, on_row=lambda r: console.print(safe(
         f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))
     if json_out is not None:

@@ -125,7 +125,7 @@ def _llm_args(op: str, m: int, hidden: int, intermediate: int, heads: int, kv_he
         return (_t([m, hidden], dtype),), {}
     if op in ("swiglu", "geglu"):
         return (_t([m, 2 * intermediate], dtype),), {}
-    if op == "matmul":  # the projections of a decoder layer: qkv, out, gate_up, down
+    if op == "matmul":  # one hidden x hidden projection (llm_calls(projections=True): every one of a layer)
         return (_t([m, hidden], dtype), _t([hidden, hidden], dtype)), {}
     if op == "apply_rope_":
         return (_t([1, m, heads, head_dim], dtype), _t([1, m, kv_heads, head_dim], dtype),
@@ -141,19 +141,42 @@ def _llm_args(op: str, m: int, hidden: int, intermediate: int, heads: int, kv_he
 LLM_OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "swiglu", "geglu", "matmul", "apply_rope_",
            "attention", "cross_entropy")
 
+#: Decoder shapes of common models, as :func:`llm_calls` keyword arguments (``--model`` of ``tiletune
+#: tune`` and ``benchmarks/make_table.py``). Without a model, llm_calls uses Llama-class shapes with a
+#: 32000-word vocabulary.
+MODEL_SHAPES: dict[str, dict[str, int]] = {
+    "llama3-8b": dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256),
+    "mistral-7b": dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=32768),
+    "qwen2.5-7b": dict(hidden=3584, intermediate=18944, heads=28, kv_heads=4, head_dim=128, vocab=152064),
+}
+
+
+def _projections(m: int, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
+                 dtype: str) -> list[tuple[Any, ...]]:
+    """``(x, w)`` of each projection of a decoder layer, weights stored ``[K, N]``: fused qkv, attention
+    output, fused gate-up, down."""
+    qkv = (heads + 2 * kv_heads) * head_dim
+    return [(_t([m, k], dtype), _t([k, n], dtype))
+            for k, n in ((hidden, qkv), (heads * head_dim, hidden), (hidden, 2 * intermediate), (intermediate, hidden))]
+
 
 def llm_calls(ops: Iterable[str], tokens: Iterable[int], *, hidden: int = 4096, intermediate: int = 14336,
               heads: int = 32, kv_heads: int = 8, head_dim: int = 128, vocab: int = 32000,
-              dtype: str = "bfloat16") -> list[Call]:
+              dtype: str = "bfloat16", projections: bool = False) -> list[Call]:
     """Calls of library ops over token counts of a Llama-class decoder (hidden 4096, GQA 32/8 by
-    default): norms and activations over ``[tokens, hidden]`` rows, the matmul of a ``hidden x
-    hidden`` projection, RoPE and causal attention over a sequence of ``tokens``, cross-entropy
-    over ``vocab`` classes."""
+    default; :data:`MODEL_SHAPES` for others): norms and activations over ``[tokens, hidden]`` rows,
+    the matmul of a ``hidden x hidden`` projection (with ``projections``: the four projections of a
+    layer, qkv, output, gate-up and down, weights stored ``[K, N]``), RoPE and causal attention over a
+    sequence of ``tokens``, cross-entropy over ``vocab`` classes."""
     out = []
     for op in ops:
         for m in tokens:
             if m < 1:
                 raise ValueError(f"token counts must be >= 1, got {m}")
+            if op == "matmul" and projections:
+                out += [Call("tiletune.kernels:matmul", xw, {})
+                        for xw in _projections(int(m), hidden, intermediate, heads, kv_heads, head_dim, dtype)]
+                continue
             args, kwargs = _llm_args(op, int(m), hidden, intermediate, heads, kv_heads, head_dim, vocab, dtype)
             out.append(Call(f"tiletune.kernels:{op}", args, kwargs))
     return out
