@@ -6,19 +6,20 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-01 afternoon session; verify, gemmglu, decoder, memory, gemm,
-# attention and first ran then, see docs/GPU-NOTES.md):
-#   first     issue 13: first_call.py for matmul with --profile: the sympy import of matmul's first call is gone
-#             (served warm rows were 2.1-3.5 s), and split-K cold keys now search 40 configs (tuned row was 38 s)
-#   table     issue 13: add split-K (small-M matmul) and attention keys to the shipped table (merged into it)
+# PART (what is still owed after the 2026-12-01 16:03-16:37 session; first, table, gap and the
+# graphs_compile compile rows ran then, see docs/GPU-NOTES.md):
+#   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
+#             block failed on 2026-12-01 16:37: split-K scratch kept on the graph trees' stream; fixed on CPU since)
+#   projections issue 13/20: shipped-table keys for a decoder layer's projection GEMMs (qkv, o, gate-up, down) of
+#             Llama-3-8B and Qwen2.5-7B and Qwen's memory-op buckets (merged into the table; copy it back from OUT)
 #   decoder   issue 20: decoder_layer.py --quick --fused-mlp --profile-kernels: per-kernel GPU time of one forward,
 #             tiletune vs torch.compile (why the graph replay is 0.76-0.93x of reduce-overhead), and first forward
+#   gap       issue 14: tests/test_gpu_call_gap.py again (4 of 5 passed; 4096^3: public call = bare launch of the
+#             winner, 3.15% above the tuner's recorded median) and the graph-capture GPU tests of the ops
 #   qwen      issue 20: the decoder layer with Qwen2.5-7B shapes (GQA 28/4, MLP 18944), --quick
 #   gemm      issue 14: kernels_compute.py --only gemm --quick (tune_s of the budgeted split-K search per row)
-#   graphs    issue 12: graphs_compile.py's torch.compile cases (cut by the deadline on 2026-12-01 07:51)
-#   gap       issue 14: tests/test_gpu_call_gap.py (public matmul within 3% of a bare launch of its winner and of
-#             the tuner's median; 5 problems) and the fastcall / decode-attention GPU tests after the multi-launch
-#             recipes (tests/test_gpu_decode_attention.py)
+#   first     issue 13: first_call.py for matmul with --profile (met on 2026-12-01: all served rows <= 0.057 s warm)
+#   table     issue 13: split-K and attention keys of the shipped table (done on 2026-12-01)
 #   verify    regression: the GPU test files of the split-K, decode attention, compile pool and campaign
 #   tests     the GPU test files of the kernel library: kernels_compute, kernels_memory
 #   campaign  issue 18: benchmarks/campaign.py --gpus 1 --kill (campaign.json; ran on 2026-12-01, 56 sessions)
@@ -27,12 +28,16 @@
 #   gemmglu   issue 20: the fused gate-up + SwiGLU GEMM's GPU tests, then the decoder layer with --fused-mlp
 #   memory    issue 14: kernels_memory.py --quick (every torch route: eager, compile, max-autotune)
 #   attention issue 14: kernels_compute.py --only attention --quick (SDPA's backends, both GQA routes)
+# The GPU host sets PYTHONDONTWRITEBYTECODE=1 and the bundle installs without .pyc: every part first compiles
+# them (python -m compileall), as a pip install would have, so first-call timings are not dominated by
+# compiling cuTile's sources in every fresh process.
 set -uo pipefail
 part=${1:?PART}
 out=$(realpath -m "${2:-/tmp/pending-h200}")
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 limit() { timeout -k 10 "${LIMIT:-$1}" "${@:2}"; echo "[$part] $2 ${3:-} rc $?"; }
+python -m compileall -q -j 0 "$(python -c 'import cuda.tile, os; print(os.path.dirname(os.path.dirname(os.path.dirname(cuda.tile.__file__))))')" src > /dev/null 2>&1
 case "$part" in
   verify)
     limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_compile_pool.py tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py \
@@ -52,9 +57,17 @@ case "$part" in
   first)
     limit 560 python benchmarks/first_call.py --ops matmul --profile --out "$out" 2>&1 | grep -v "^ " | tail -30 ;;
   gap)
-    limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_call_gap.py tests/test_gpu_decode_attention.py \
+    limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_call_gap.py tests/test_gpu_torch_ops.py \
       tests/test_gpu_kernels_compute.py --junitxml="$out/gap.xml" > "$out/gap.log" 2>&1
     tail -40 "$out/gap.log" ;;
+  projections)
+    T=src/tiletune/data/tables/h200-sm90.json
+    limit 330 python benchmarks/make_table.py --db "$out/fill.db" --table $T --ops matmul --projections \
+      --tokens 1,8,16,64,128,256,512,2048,4096 --no-attention --deadline-s 300 --report "$out/make_table_projections.json" 2>&1 | tail -8
+    limit 230 python benchmarks/make_table.py --db "$out/fill_qwen.db" --table $T --model qwen2.5-7b \
+      --ops rms_norm,rms_norm_residual,swiglu,apply_rope_,matmul --projections --tokens 1,8,16,128,1024,2048 \
+      --attention-s 2048,4096 --deadline-s 200 --report "$out/make_table_qwen.json" 2>&1 | tail -8
+    cp $T "$out/" ;;
   graphs)
     limit 560 python benchmarks/graphs_compile.py --cases compile_fullgraph,reduce_overhead --deadline 500 --out "$out" 2>&1 | tail -30 ;;
   table)

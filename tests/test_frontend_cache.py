@@ -287,3 +287,16 @@ def test_library_kernels_are_cacheable():
     assert len(kernels) >= 10
     missing = sorted(name for name, fn in kernels.items() if frontend_cache.code_fingerprint(fn) is None)
     assert not missing
+
+
+def test_a_failing_cache_never_fails_the_compile(modules, monkeypatch):
+    name = _write_modules(modules)
+    ctx = _context(modules / "cache")
+
+    def broken(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(frontend_cache, "lookup", broken)
+    monkeypatch.setattr(frontend_cache, "store", broken)
+    cubin, symbol, _, _ = _kernel(name, occupancy=2)._compile(_signature(), ctx, (9, 0))
+    assert cubin[:4] == b"\x7fELF" and symbol

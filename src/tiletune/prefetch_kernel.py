@@ -15,10 +15,13 @@ in that cache (outside tuning workers: candidates are not kept, only what caller
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from typing import Any, Mapping
 
 import cuda.tile as ct
+
+logger = logging.getLogger("tiletune")
 
 
 class PrefetchKernel(ct.kernel):
@@ -66,7 +69,11 @@ class PrefetchKernel(ct.kernel):
                 cubin = None
         if cubin is not None:  # a tuning candidate: only what a caller launches is kept on disk
             return cubin, symbol, None, ()
-        cached = frontend_cache.lookup(self, signature, context, arch)
+        try:
+            cached = frontend_cache.lookup(self, signature, context, arch)
+        except Exception as exc:  # noqa: BLE001 - the cache must never fail a launch: cuTile's own path
+            logger.debug("tiletune: front-end cache lookup failed (%s: %s)", type(exc).__name__, exc)
+            cached = None
         if cached is not None:
             self.frontend_hits += 1
             return cached[0], cached[1], None, ()
@@ -75,5 +82,8 @@ class PrefetchKernel(ct.kernel):
         # a plain cubin (no library lifecycle to replay) that a caller launches, not a tuning worker's
         # candidate: the cache holds what later processes will launch, not every config ever tried
         if extra is None and not providers and not settings.in_worker():
-            frontend_cache.store(self, signature, context, arch, cubin, symbol)
+            try:
+                frontend_cache.store(self, signature, context, arch, cubin, symbol)
+            except Exception as exc:  # noqa: BLE001 - the launch goes on with the compiled cubin
+                logger.debug("tiletune: front-end cache not written (%s: %s)", type(exc).__name__, exc)
         return result
