@@ -31,8 +31,9 @@ TILETUNE_ISOLATION               choice    unset      Default ``isolation=``: ``
                                                       1/true/yes/on) or ``none`` (also 0/false/no/off).
                                                       Unset: process for the live cuTile backend, none for
                                                       a backend object.
-TILETUNE_PREWARM                 bool      true       Import cuda.tile in a background thread when the
-                                                      cuTile backend is created.
+TILETUNE_PREWARM                 bool      true       Import cuTile's compiler in a background thread when
+                                                      a tuned op is defined (not for library ops, made on
+                                                      their first call).
 TILETUNE_WORKER_PRESTART         bool      true       Start the GPU worker when the first isolated op is
                                                       defined (false: at its first tuning).
 TILETUNE_WORKER_START_TIMEOUT    seconds   180        How long a new worker may take to start (torch,
