@@ -296,7 +296,39 @@ def test_a_failing_cache_never_fails_the_compile(modules, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(frontend_cache, "lookup", broken)
-    monkeypatch.setattr(frontend_cache, "store", broken)
+    monkeypatch.setattr(frontend_cache, "ticket", broken)
     cubin, symbol, _, _ = _kernel(name, occupancy=2)._compile(_signature(), ctx, (9, 0))
     assert cubin[:4] == b"\x7fELF" and symbol
+    monkeypatch.undo()
+    monkeypatch.setattr(frontend_cache.Ticket, "save", broken)  # a lookup miss, then the store fails
+    cubin2, _, _, _ = _kernel(name, occupancy=2)._compile(_signature(), ctx, (9, 0))
+    assert cubin2 == cubin
+
+
+def test_a_global_the_program_changes_between_compiles_changes_the_key(tmp_path, monkeypatch):
+    """The fingerprint is made at every compile: a later compile after ``mod.K = 2`` is not stored under
+    the key of ``K = 1`` (a fresh process with ``K = 1`` would load a cubin built with 2)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "fp_mut.py").write_text("K = 1\ndef f(x):\n    return x * K\n")
+    import fp_mut
+
+    before = frontend_cache.code_fingerprint(fp_mut.f)
+    fp_mut.K = 2
+    assert frontend_cache.code_fingerprint(fp_mut.f) != before
+    fp_mut.K = 1
+    assert frontend_cache.code_fingerprint(fp_mut.f) == before
+
+
+def test_attributes_read_through_a_module_are_part_of_the_fingerprint(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pkg = tmp_path / "fp_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .consts import BLOCK\n")
+    (pkg / "consts.py").write_text("BLOCK = 64\n")
+    (tmp_path / "fp_user.py").write_text("import fp_pkg\ndef f(x):\n    return x * fp_pkg.BLOCK\n")
+    import fp_pkg
+    import fp_user
+
+    before = frontend_cache.code_fingerprint(fp_user.f)
+    fp_pkg.BLOCK = 128  # what a changed consts.py gives a fresh process (fp_pkg/__init__.py unchanged)
+    assert frontend_cache.code_fingerprint(fp_user.f) != before

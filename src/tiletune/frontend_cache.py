@@ -38,7 +38,7 @@ from typing import Any
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["lookup", "store", "code_fingerprint", "toolchain_fingerprint", "cache_folder", "MAX_ENTRIES",
+__all__ = ["Ticket", "ticket", "lookup", "store", "code_fingerprint", "toolchain_fingerprint", "cache_folder", "MAX_ENTRIES",
            "MAX_BYTES", "FORMAT", "stored_toolchain_versions", "store_toolchain_versions"]
 
 #: bumped when the key material or the entry layout changes
@@ -54,7 +54,6 @@ _WANTS_FRONT_END = ("CUDA_TILE_LOGS", "CUDA_TILE_DUMP_TILEIR", "CUDA_TILE_DUMP_B
 _SIMPLE = (int, float, bool, str, bytes, complex, type(None))
 
 _lock = threading.Lock()
-_fingerprints: dict[int, tuple[Any, str | None]] = {}  # id(pyfunc) -> (pyfunc, fingerprint or None)
 _file_hashes: dict[str, tuple[tuple[int, int], str]] = {}  # path -> ((mtime_ns, size), sha256)
 _toolchain: str | None = None
 
@@ -129,6 +128,7 @@ class _Walker:
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.seen: set[int] = set()
+        self.names: set[str] = set()  # every name the code reached so far reads (attribute names too)
 
     def function(self, fn: Any) -> None:
         fn = inspect.unwrap(fn)
@@ -143,12 +143,14 @@ class _Walker:
             raise _Opaque(f"no code object: {fn!r}")
         path = code.co_filename
         digest = _file_hash(path) if path and not path.startswith("<") else None
-        # the defining file covers the function's text and its module-level constants; without a file
-        # (python -c, a REPL) the code object itself stands in for the text
-        self.parts.append(f"fn {getattr(fn, '__module__', '')}.{fn.__qualname__} "
-                          + (f"file {digest}" if digest else f"code {_code_text(code)}"))
+        # the code in memory, and the defining file as it is now (cuTile's front end reads the source from
+        # the file: after an edit the two differ, and the key differs from a fresh process's either way)
+        self.parts.append(f"fn {getattr(fn, '__module__', '')}.{fn.__qualname__} file {digest} "
+                          f"code {_code_text(code)}")
+        names = _code_names(code)
+        self.names |= names
         glb = getattr(fn, "__globals__", {})
-        for name in sorted(_code_names(code)):
+        for name in sorted(names):
             if name in glb:
                 self.value(f"{fn.__qualname__}:{name}", glb[name])
         for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
@@ -174,6 +176,15 @@ class _Walker:
         elif isinstance(v, types.ModuleType):
             f = getattr(v, "__file__", None)
             self.parts.append(f"{where}=module {v.__name__} {_file_hash(f) if f else 'builtin'}")
+            if id(v) in self.seen:
+                return
+            self.seen.add(id(v))
+            # ``mod.NAME`` in the code: what the module holds under each name the code reads (a constant
+            # or helper defined in another file of a package and re-exported)
+            attrs = getattr(v, "__dict__", {})
+            for name in sorted(self.names):
+                if name in attrs and not name.startswith("__"):
+                    self.value(f"{where}.{name}", attrs[name])
         elif isinstance(v, type):
             mod = sys.modules.get(v.__module__)
             f = getattr(mod, "__file__", None)
@@ -192,19 +203,15 @@ class _Walker:
 
 def code_fingerprint(fn: Any) -> str | None:
     """A SHA-256 of a kernel's Python function and everything global it reads (see the module doc), or
-    None when it reads a global the fingerprint cannot describe. Kept per function object."""
-    known = _fingerprints.get(id(fn))
-    if known is not None and known[0] is fn:
-        return known[1]
+    None when it reads a global the fingerprint cannot describe. Computed at every request (once per
+    compile): a global changed by the program between two compiles changes the fingerprint."""
     w = _Walker()
     try:
         w.function(fn)
-        digest: str | None = hashlib.sha256("\n".join(w.parts).encode()).hexdigest()
     except _Opaque as exc:
         logger.debug("tiletune: %s: not in the front-end cache (%s)", getattr(fn, "__qualname__", fn), exc)
-        digest = None
-    _fingerprints[id(fn)] = (fn, digest)
-    return digest
+        return None
+    return hashlib.sha256("\n".join(w.parts).encode()).hexdigest()
 
 
 def toolchain_fingerprint() -> str:
@@ -310,8 +317,56 @@ def store_toolchain_versions(versions: dict[str, str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------- entries
-def lookup(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes, str] | None:
-    """``(cubin, symbol)`` stored for this kernel object's compile of ``signature`` on ``arch``, or None."""
+class Ticket:
+    """One compile's entry: its folder and key, computed before the compile (so what is stored after
+    it is keyed by the globals the compile read, not by values the program set later)."""
+
+    __slots__ = ("folder", "key", "arch", "qualname")
+
+    def __init__(self, folder: Path, key: str, arch: str, qualname: str) -> None:
+        self.folder, self.key, self.arch, self.qualname = folder, key, arch, qualname
+
+    def load(self) -> tuple[bytes, str] | None:
+        """``(cubin, symbol)`` stored under this key, or None (absent or damaged)."""
+        try:
+            meta = json.loads((self.folder / f"{self.key}.json").read_text())
+            cubin = (self.folder / f"{self.key}.cubin").read_bytes()
+        except (OSError, ValueError):
+            return None
+        if (not isinstance(meta, dict) or meta.get("size") != len(cubin)
+                or meta.get("sha256") != hashlib.sha256(cubin).hexdigest() or not isinstance(meta.get("symbol"), str)):
+            logger.debug("tiletune: front-end cache entry %s is damaged; compiling", self.key)
+            return None
+        try:
+            os.utime(self.folder / f"{self.key}.json")  # recently used: evicted last
+        except OSError:
+            pass
+        return cubin, meta["symbol"]
+
+    def save(self, cubin: bytes, symbol: str) -> bool:
+        """Keep ``cubin`` for later processes; True if stored."""
+        if not isinstance(cubin, (bytes, bytearray)) or not isinstance(symbol, str):
+            return False
+        meta = {"symbol": symbol, "size": len(cubin), "sha256": hashlib.sha256(cubin).hexdigest(),
+                "arch": self.arch, "kernel": self.qualname}
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tag = f".{os.getpid()}.{threading.get_ident()}.tmp"
+            for name, data in ((f"{self.key}.cubin", bytes(cubin)), (f"{self.key}.json", json.dumps(meta).encode())):
+                tmp = self.folder / (name + tag)
+                tmp.write_bytes(data)
+                os.replace(tmp, self.folder / name)  # the record goes last: a reader sees it only with its cubin
+        except OSError as exc:
+            logger.debug("tiletune: front-end cache not written (%s)", exc)
+            return False
+        if random.random() < 1 / 64:
+            _evict(self.folder)
+        return True
+
+
+def ticket(kernel: Any, signature: Any, context: Any, arch: str) -> Ticket | None:
+    """The entry of this kernel object's compile of ``signature`` on ``arch`` in ``context``'s cuTile
+    cache, or None (cache off, kernel not fingerprintable, signature cuTile cannot name)."""
     if not _enabled():
         return None
     folder = cache_folder(context)
@@ -320,47 +375,19 @@ def lookup(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes,
     key = _entry_key(kernel, signature, arch)
     if key is None:
         return None
-    try:
-        meta = json.loads((folder / f"{key}.json").read_text())
-        cubin = (folder / f"{key}.cubin").read_bytes()
-    except (OSError, ValueError):
-        return None
-    if (not isinstance(meta, dict) or meta.get("size") != len(cubin)
-            or meta.get("sha256") != hashlib.sha256(cubin).hexdigest() or not isinstance(meta.get("symbol"), str)):
-        logger.debug("tiletune: front-end cache entry %s is damaged; compiling", key)
-        return None
-    try:
-        os.utime(folder / f"{key}.json")  # recently used: evicted last
-    except OSError:
-        pass
-    return cubin, meta["symbol"]
+    return Ticket(folder, key, arch, getattr(getattr(kernel, "_pyfunc", None), "__qualname__", "?"))
+
+
+def lookup(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes, str] | None:
+    """``(cubin, symbol)`` stored for this kernel object's compile of ``signature`` on ``arch``, or None."""
+    t = ticket(kernel, signature, context, arch)
+    return t.load() if t is not None else None
 
 
 def store(kernel: Any, signature: Any, context: Any, arch: str, cubin: bytes, symbol: str) -> bool:
     """Keep ``cubin`` (compiled for ``signature`` on ``arch``) for later processes; True if stored."""
-    if not _enabled() or not isinstance(cubin, (bytes, bytearray)) or not isinstance(symbol, str):
-        return False
-    folder = cache_folder(context)
-    if folder is None:
-        return False
-    key = _entry_key(kernel, signature, arch)
-    if key is None:
-        return False
-    meta = {"symbol": symbol, "size": len(cubin), "sha256": hashlib.sha256(cubin).hexdigest(), "arch": arch,
-            "kernel": getattr(getattr(kernel, "_pyfunc", None), "__qualname__", "?")}
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tag = f".{os.getpid()}.{threading.get_ident()}.tmp"
-        for name, data in ((f"{key}.cubin", bytes(cubin)), (f"{key}.json", json.dumps(meta).encode())):
-            tmp = folder / (name + tag)
-            tmp.write_bytes(data)
-            os.replace(tmp, folder / name)  # the record goes last: a reader sees it only with its cubin
-    except OSError as exc:
-        logger.debug("tiletune: front-end cache not written (%s)", exc)
-        return False
-    if random.random() < 1 / 64:
-        _evict(folder)
-    return True
+    t = ticket(kernel, signature, context, arch)
+    return t.save(cubin, symbol) if t is not None else False
 
 
 def _evict(folder: Path, keep: int | None = None, max_bytes: int | None = None) -> int:

@@ -69,11 +69,12 @@ class PrefetchKernel(ct.kernel):
                 cubin = None
         if cubin is not None:  # a tuning candidate: only what a caller launches is kept on disk
             return cubin, symbol, None, ()
-        try:
-            cached = frontend_cache.lookup(self, signature, context, arch)
+        try:  # the entry's key is made before the compile, from the globals it is about to read
+            entry = frontend_cache.ticket(self, signature, context, arch)
+            cached = entry.load() if entry is not None else None
         except Exception as exc:  # noqa: BLE001 - the cache must never fail a launch: cuTile's own path
             logger.debug("tiletune: front-end cache lookup failed (%s: %s)", type(exc).__name__, exc)
-            cached = None
+            entry = cached = None
         if cached is not None:
             self.frontend_hits += 1
             return cached[0], cached[1], None, ()
@@ -81,9 +82,9 @@ class PrefetchKernel(ct.kernel):
         cubin, symbol, extra, providers = result
         # a plain cubin (no library lifecycle to replay) that a caller launches, not a tuning worker's
         # candidate: the cache holds what later processes will launch, not every config ever tried
-        if extra is None and not providers and not settings.in_worker():
+        if entry is not None and extra is None and not providers and not settings.in_worker():
             try:
-                frontend_cache.store(self, signature, context, arch, cubin, symbol)
+                entry.save(cubin, symbol)
             except Exception as exc:  # noqa: BLE001 - the launch goes on with the compiled cubin
                 logger.debug("tiletune: front-end cache not written (%s: %s)", type(exc).__name__, exc)
         return result
