@@ -48,7 +48,7 @@ def main() -> int:
     os.environ["TILETUNE_DB"] = args.db
     os.environ.setdefault("TILETUNE_TABLES", "0")  # tune every key: an older table must not answer
 
-    from tiletune.fill import MODEL_SHAPES, llm_calls, run_calls
+    from tiletune.fill import llm_calls, model_dims, run_calls
     from tiletune.store import TuningDB
     from tiletune.tables import TuningTable
 
@@ -57,9 +57,10 @@ def main() -> int:
     unknown = sorted(set(ops) - set(MEMORY_OPS))
     if unknown:
         ap.error(f"unknown op(s) {unknown}; known: {', '.join(MEMORY_OPS)}")
-    if args.model is not None and args.model not in MODEL_SHAPES:
-        ap.error(f"unknown model {args.model!r}; known: {', '.join(MODEL_SHAPES)}")
-    dims = dict(MODEL_SHAPES[args.model]) if args.model else {}
+    try:
+        dims = model_dims(args.model)
+    except ValueError as exc:
+        ap.error(str(exc))
     calls = [c for m in tokens for c in llm_calls(ops, [m], projections=args.projections, **dims)] if ops else []
     if not args.no_attention:
         attention = llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s], **dims)

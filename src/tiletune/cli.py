@@ -386,14 +386,13 @@ def tune_cmd(
     if spec is not None:
         calls = load_spec(spec)
     else:
-        from .fill import MODEL_SHAPES
+        from .fill import MODEL_SHAPES, model_dims
 
-        if model is not None and model not in MODEL_SHAPES:
+        try:
+            dims = model_dims(model, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads,
+                              head_dim=head_dim, vocab=vocab)
+        except ValueError:
             _fail(f"--model {model!r}: unknown model", hint=f"choose from {', '.join(MODEL_SHAPES)}")
-        dims: dict[str, Any] = dict(MODEL_SHAPES[model]) if model is not None else {}
-        given = dict(hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                     vocab=vocab)
-        dims.update({k: v for k, v in given.items() if v is not None})
         calls = _library_calls(ops or [], tokens, dtype=dtype, projections=projections, **dims)
     report = run_calls(calls, device=device, on_row=lambda r: console.print(safe(
         f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))

@@ -151,6 +151,17 @@ MODEL_SHAPES: dict[str, dict[str, int]] = {
 }
 
 
+def model_dims(model: str | None = None, **given: int | None) -> dict[str, int]:
+    """:func:`llm_calls` keyword arguments: ``model``'s :data:`MODEL_SHAPES` (none: llm_calls' own
+    defaults), then each of ``given`` that is not None (``hidden=3584``, ...). ValueError for an
+    unknown model."""
+    if model is not None and model not in MODEL_SHAPES:
+        raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODEL_SHAPES)}")
+    dims = dict(MODEL_SHAPES[model]) if model is not None else {}
+    dims.update({k: v for k, v in given.items() if v is not None})
+    return dims
+
+
 def _projections(m: int, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
                  dtype: str) -> list[tuple[Any, ...]]:
     """``(x, w)`` of each projection of a decoder layer, weights stored ``[K, N]``: fused qkv, attention

@@ -7,9 +7,10 @@ end: it imports cuTile's compiler, asks ``tileiras`` for its version and bytecod
 first call of every kernel of a process, most of a served first call. This cache keys the cubin by
 what the bytecode is a function of instead, so a hit skips the whole front end:
 
-* the kernel's code: a fingerprint of its Python function and, transitively, of every global it
-  reads (the source files of the functions and modules it reaches, the values of the constants it
-  reads; cuda.tile itself is covered by its version). A global the fingerprint cannot describe (an
+* the kernel's code: a fingerprint, made before every compile, of its Python function (its code in
+  memory and its source file) and, transitively, of every global it reads (the functions it calls,
+  the files of the modules it reaches, the values of the constants and module attributes it reads;
+  cuda.tile itself is covered by its version). A global the fingerprint cannot describe (an
   arbitrary object) makes the kernel uncacheable here: it then always takes cuTile's own path;
 * the compiler options (hints), the launch signature (cuTile's mangled name of it: dtypes, ranks,
   constants, divisibility and alias facts), the GPU arch and the calling convention;
@@ -301,19 +302,28 @@ def store_toolchain_versions(versions: dict[str, str]) -> None:
         return
     path = folder / "versions.json"
     try:
+        known = json.loads(path.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    known = dict(list(known.items())[-15:])  # a few toolchains at most
+    known[toolchain_fingerprint()] = {"cuda_tile": versions["cuda_tile"], "tileiras": versions["tileiras"]}
+    _write_files(folder, [(path.name, json.dumps(known).encode())], "toolchain versions")
+
+
+def _write_files(folder: Path, files: list[tuple[str, bytes]], what: str) -> bool:
+    """Write each ``(name, data)`` into ``folder`` (created if missing) atomically, in order
+    (:func:`tiletune.recordings._io.write_atomic`); False, logged, when one could not be written."""
+    from .recordings import _io
+
+    try:
         folder.mkdir(parents=True, exist_ok=True)
-        try:
-            known = json.loads(path.read_text())
-            known = known if isinstance(known, dict) else {}
-        except (OSError, ValueError):
-            known = {}
-        known = dict(list(known.items())[-15:])  # a few toolchains at most
-        known[toolchain_fingerprint()] = {"cuda_tile": versions["cuda_tile"], "tileiras": versions["tileiras"]}
-        tmp = folder / f"versions.json.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_text(json.dumps(known))
-        os.replace(tmp, path)
-    except OSError as exc:
-        logger.debug("tiletune: toolchain versions not recorded (%s)", exc)
+        for name, data in files:
+            _io.write_atomic(folder / name, data)
+    except (OSError, _io.Problem) as exc:
+        logger.debug("tiletune: front-end cache: %s not written (%s)", what, exc)
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------- entries
@@ -349,15 +359,9 @@ class Ticket:
             return False
         meta = {"symbol": symbol, "size": len(cubin), "sha256": hashlib.sha256(cubin).hexdigest(),
                 "arch": self.arch, "kernel": self.qualname}
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            tag = f".{os.getpid()}.{threading.get_ident()}.tmp"
-            for name, data in ((f"{self.key}.cubin", bytes(cubin)), (f"{self.key}.json", json.dumps(meta).encode())):
-                tmp = self.folder / (name + tag)
-                tmp.write_bytes(data)
-                os.replace(tmp, self.folder / name)  # the record goes last: a reader sees it only with its cubin
-        except OSError as exc:
-            logger.debug("tiletune: front-end cache not written (%s)", exc)
+        # the record goes last: a reader sees it only with its cubin
+        if not _write_files(self.folder, [(f"{self.key}.cubin", bytes(cubin)),
+                                          (f"{self.key}.json", json.dumps(meta).encode())], f"entry {self.key}"):
             return False
         if random.random() < 1 / 64:
             _evict(self.folder)

@@ -62,13 +62,9 @@ class PrefetchKernel(ct.kernel):
                 ):
                     del self._ahead[i]
                     self.prefetch_hits += 1
-                    break
-            else:
-                if self._ahead:
-                    self.prefetch_misses += 1
-                cubin = None
-        if cubin is not None:  # a tuning candidate: only what a caller launches is kept on disk
-            return cubin, symbol, None, ()
+                    return cubin, symbol, None, ()  # a tuning candidate: not kept on disk
+            if self._ahead:
+                self.prefetch_misses += 1
         try:  # the entry's key is made before the compile, from the globals it is about to read
             entry = frontend_cache.ticket(self, signature, context, arch)
             cached = entry.load() if entry is not None else None
