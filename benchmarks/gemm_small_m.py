@@ -9,7 +9,9 @@ This sweep shows where each config stands, per problem, against ``torch.matmul``
   ``SPLIT_K = 1`` is the plain GEMM), ``A = x`` (``M x K``) and ``B = w`` (``K x N``), ``TM = 64``.
 * ``swap``: the same kernels on the transposed problem ``C^T = w^T x^T`` (the weight is the MMA's
   ``M`` side, the few tokens its ``N`` side, so ``TN`` may be 16 or 32 instead of 64): operands passed
-  as transposed views, the output a transposed view of ``c``.
+  as transposed views, the output a transposed view of ``c``. (The library's small-M op has served
+  this route since with its own kernel, :func:`tiletune.kernels.gemm_kernels.gemm_swap_kernel`, which
+  takes the call's tensors as they are.)
 
 Every config is tuned with the exhaustive strategy (correctness-checked, cold L2), in this process.
 Writes ``gemm_small_m.json`` (``{"rows": [{"route", "M", "K", "N", "config", "median_us"}],

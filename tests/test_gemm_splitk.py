@@ -82,11 +82,16 @@ def test_every_regime_space_keeps_its_constraints_and_baseline():
         assert space.baseline("sm_90") in cfgs
         assert 1 in space.values("SPLIT_K")  # the plain kernel stays a candidate
         for cfg in cfgs:
-            assert cfg.TM <= m_cap and cfg.SPLIT_K <= s_max
+            assert (cfg.TN if cfg.SWAP else cfg.TM) <= m_cap and cfg.SPLIT_K <= s_max
+            assert cfg.TN >= 64 or cfg.SWAP  # narrow token tiles only on the swapped route
+            assert cfg.SPLIT_K == 1 or not cfg.SWAP
             assert cfg.SPLIT_K * 2 * cfg.TK <= k_floor <= k
             num_k = _cdiv(k, cfg.TK)
             assert _cdiv(num_k, cfg.SPLIT_K) >= 2  # every split walks two K tiles or more
         assert any(c.SPLIT_K > 1 for c in cfgs)
+        assert any(c.SWAP and c.TN == 16 for c in cfgs) and any(not c.SWAP for c in cfgs)
+        base = space.baseline("sm_90")
+        assert base.SPLIT_K == 1 and bool(base.SWAP) == (m_cap <= 64)
 
 
 def test_splitk_spaces_leave_the_plain_gemm_space_alone():
@@ -136,6 +141,29 @@ def test_split_1_is_the_plain_gemm_launch(sms):
     assert got.grid == plain.grid and got.args == plain.args
 
 
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False)])
+def test_swapped_plan_launches_the_transposed_product_on_the_call_tensors(sms, trans_a, trans_b):
+    """``SWAP``: one launch of the swapped kernel over ``cdiv(N, TM) * cdiv(M, TN)`` tiles whose tensor
+    arguments are the call's own (no views: the hot path's recipe matches them by identity)."""
+    m, n, k = 8, 14336, 4096
+    a = _T(1, k, m) if trans_a else _T(1, m, k)
+    b = _T(1, n, k) if trans_b else _T(1, k, n)
+    c, one, ws, sem = _T(1, m, n), _T(1), _T(16, 8, n), _T(64)
+    for tm, tn, occ in ((64, 16, 1), (128, 32, 2), (256, 64, 1)):
+        cfg = _cfg(TM=tm, TN=tn, SPLIT_K=1, SWAP=1, occupancy=occ)
+        launch = gemm_mod._splitk_plan(cfg, a, b, c, one, one, trans_a, trans_b, False, ws, sem)
+        assert launch.kernel is gk.gemm_swap_kernel
+        assert launch.grid == (min(_cdiv(n, tm) * _cdiv(m, tn), sms * occ),)
+        params = list(inspect.signature(gk.gemm_swap_kernel._pyfunc).parameters)
+        assert params == list(inspect.signature(gk.gemm_kernel._pyfunc).parameters)
+        named = dict(zip(params, launch.args))
+        assert named["A"] is a and named["B"] is b and named["C"] is c
+        assert (named["TM"], named["TN"], named["TRANS_A"], named["TRANS_B"]) == (tm, tn, trans_a, trans_b)
+    # a config of the split-K space without SWAP (records made before it existed) is not swapped
+    legacy = Config(dict(TM=64, TN=64, TK=64, GROUP_M=8, LAT=0, occupancy=1, num_worker_warps=4, SPLIT_K=1))
+    assert gemm_mod._splitk_plan(legacy, a, b, c, one, one, trans_a, trans_b, False, ws, sem).kernel is gk.gemm_kernel
+
+
 @pytest.mark.parametrize("m,n,k", LLAMA)
 def test_splitk_plan_grid_and_arguments(sms, m, n, k):
     regime = gk.splitk_regime(m, n, k, 2)
@@ -145,6 +173,7 @@ def test_splitk_plan_grid_and_arguments(sms, m, n, k):
     for cfg in gemm_mod._splitk_space_for(regime).configs("sm_90"):
         if cfg.SPLIT_K == 1:
             continue
+        assert not cfg.SWAP
         launch = gemm_mod._splitk_plan(cfg, a, b, c, one, one, False, True, False, ws, sem)
         assert launch.kernel is gk.gemm_splitk_kernel
         tiles = _cdiv(m, cfg.TM) * _cdiv(n, cfg.TN)
@@ -167,6 +196,8 @@ def test_kernel_work_decomposition_covers_k_once():
     m, n, k = 16, 4096, 14336
     regime = gk.splitk_regime(m, n, k, 2)
     for cfg in gemm_mod._splitk_space_for(regime).configs("sm_90"):
+        if cfg.SWAP:  # the swapped kernel has no splits and no counters
+            continue
         S = cfg.SPLIT_K
         num_m, num_n, num_k = _cdiv(m, cfg.TM), _cdiv(n, cfg.TN), _cdiv(k, cfg.TK)
         k_per = _cdiv(num_k, S)
@@ -319,14 +350,19 @@ def _picked_configs(space):
     return out
 
 
-@pytest.mark.parametrize("variant", ["main", "m128", "odd_tn"])
-def test_splitk_configs_compile_for_sm90(variant):
+@pytest.mark.parametrize("space,variant", [("gemm_splitk", "main"), ("gemm_splitk", "m128"),
+                                           ("gemm_splitk", "odd_tn"), ("gemm_swap", "main"), ("gemm_swap", "nt")])
+def test_splitk_configs_compile_for_sm90(space, variant):
     tools = _tools()
     from cuda.tile.compilation import export_kernel
 
-    sd = tools.space_defs()["gemm_splitk"]
+    sd = tools.space_defs()[space]
     var = next(v for v in sd.variants if v.name == variant)
-    cfgs = _picked_configs(sd.space) if variant == "main" else [sd.space.configs("sm_90")[0]]
+    if space == "gemm_swap":  # the narrowest token tile and the deepest K tile
+        cfgs = [c for c in sd.space.configs("sm_90") if (c.TN, c.TK) in ((16, 64), (32, 128)) and c.TM == 64][:2]
+        assert cfgs
+    else:
+        cfgs = _picked_configs(sd.space) if variant == "main" else [sd.space.configs("sm_90")[0]]
     for cfg in cfgs:
         kernel = sd.kernel.replace_hints(**sd.hints(cfg))
         buf = io.BytesIO()

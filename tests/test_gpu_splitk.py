@@ -1,5 +1,5 @@
-"""GPU tests of the split-K GEMM (issue 14): correctness against ``torch.matmul`` with ``SPLIT_K > 1``
-forced by fixed configs, counters left at zero, repeated calls, a second stream, the fast path.
+"""GPU tests of the split-K GEMM (issue 14) and the swapped small-M route (issue 20): correctness against
+``torch.matmul`` with ``SPLIT_K > 1`` or ``SWAP`` forced by fixed configs, counters left at zero, repeated calls, a second stream, the fast path.
 
 Run on the GPU host: ``python -m pytest -m gpu -q tests/test_gpu_splitk.py`` (about 20 kernels to
 compile on a cold cuTile cache, a minute or so on 16 cores; the runs themselves take milliseconds).
@@ -32,7 +32,10 @@ def _route_small_m_to_splitk(monkeypatch):
     monkeypatch.setattr(gemm_mod, "ROUTE_SMALL_M_TO_SPLITK", True)
 
 CONFIGS = {
-    # SPLIT_K, TM, TN, TK, occupancy
+    # SPLIT_K, TM, TN, TK, occupancy[, SWAP]
+    "swap_64x16": (1, 64, 16, 128, 2, 1),
+    "swap_128x32": (1, 128, 32, 64, 1, 1),
+    "swap_64x64": (1, 64, 64, 128, 1, 1),
     "s2_64x128": (2, 64, 128, 64, 1),
     "s4_64x64": (4, 64, 64, 128, 2),
     "s8_64x128": (8, 64, 128, 64, 1),
@@ -44,8 +47,9 @@ CONFIGS = {
 class _Fixed:
     """Stands in for the ``GEMM_SPLITK`` family: every regime gets one op over one config."""
 
-    def __init__(self, split: int, tm: int, tn: int, tk: int, occ: int) -> None:
-        self.cfg = dict(TM=tm, TN=tn, TK=tk, GROUP_M=8, LAT=0, occupancy=occ, num_worker_warps=4, SPLIT_K=split)
+    def __init__(self, split: int, tm: int, tn: int, tk: int, occ: int, swap: int = 0) -> None:
+        self.cfg = dict(TM=tm, TN=tn, TK=tk, GROUP_M=8, LAT=0, occupancy=occ, num_worker_warps=4, SPLIT_K=split,
+                        SWAP=swap)
         self.ops: dict = {}
         self.regimes: list = []
 
@@ -104,11 +108,14 @@ def _sems_are_zero():
 @pytest.mark.parametrize("m", [1, 16, 128])
 @pytest.mark.parametrize("k", [4096, 14336])
 def test_splitk_matches_torch(fixed, dtype, m, k):
-    if fixed.cfg["TM"] > max(64, gk.pow2_ceil(m)):
-        pytest.skip("TM above the regime's cap")
+    token_tile = fixed.cfg["TN"] if fixed.cfg["SWAP"] else fixed.cfg["TM"]
+    if token_tile > max(64, gk.pow2_ceil(m)):
+        pytest.skip("token tile above the regime's cap")
     n = 4096
-    for b_t in (True, False):
+    for b_t, a_t in ((True, False), (False, False), (False, True)):
         a, b = _inputs(m, n, k, dtype, b_t)
+        if a_t:  # A given as K x M (a transposed view)
+            a = a.t().contiguous().t()
         out = gemm_mod.matmul(a, b)
         assert fixed.regimes, "matmul did not take the split-K route"
         _check(out, a, b)

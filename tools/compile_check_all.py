@@ -22,6 +22,10 @@ Spaces (each listed baseline first, in the tuner's candidate order):
   :func:`~tiletune.kernels.gemm_kernels.gemm_splitk_kernel` with its workspace and counters; variant
   ``main`` = bf16 16 x 4096 x 14336 with ``B`` as ``N x K`` (Llama-3-8B's down-proj at 16 tokens),
   others: bf16 128 x 4096 x 4096 row-major, fp16 100 x 1000 x 5000 with ``A`` as ``K x M``.
+* ``gemm_swap``: every swapped (``SWAP = 1``) config of those spaces, on
+  :func:`~tiletune.kernels.gemm_kernels.gemm_swap_kernel`; variant ``main`` = bf16 8 x 4096 x 14336
+  (``x @ W``, a decode step's down-proj), others: bf16 64 x 4096 x 4096 with ``B`` as ``N x K``, fp16
+  100 x 1000 x 5000 with ``A`` as ``K x M``.
 * ``gemm_full`` / ``attention_full`` (only with ``--only``): the 512- and 330-config spaces
   recorded on the H200 (``GEMM_FULL_SPACE``, ``ATTENTION_FULL_SPACE``), main variant.
 * ``attention``: :data:`tiletune.kernels.attention_op.ATTENTION_SPACE`;
@@ -75,10 +79,10 @@ from cuda.tile.compilation import (  # noqa: E402
 from compile_check import contiguous_array  # noqa: E402
 from tiletune.space import Space  # noqa: E402
 
-SPACE_NAMES = ("gemm", "gemm_tf32", "gemm_fp8", "gemm_splitk", "attention", "layernorm", "gemm_full",
+SPACE_NAMES = ("gemm", "gemm_tf32", "gemm_fp8", "gemm_splitk", "gemm_swap", "attention", "layernorm", "gemm_full",
                "attention_full")
 #: What ``--only`` defaults to: the library ops' spaces (the two full, recorded spaces on request).
-DEFAULT_SPACES = ("gemm", "gemm_tf32", "gemm_fp8", "gemm_splitk", "attention", "layernorm")
+DEFAULT_SPACES = ("gemm", "gemm_tf32", "gemm_fp8", "gemm_splitk", "gemm_swap", "attention", "layernorm")
 
 
 class FakeArray:
@@ -192,6 +196,11 @@ def space_defs() -> dict[str, SpaceDef]:
             Variant("m128", "bf16 128x4096x4096", splitk_v(128, 4096, 4096, bf16)),
             Variant("odd_tn", "fp16 100x1000x5000, A given as K x M", splitk_v(100, 1000, 5000, f16, ta=True)),
         )),
+        "gemm_swap": SpaceDef("gemm_swap", gk.gemm_swap_kernel, _swap_compile_space(), gk.gemm_hints, (
+            Variant("main", "bf16 8x14336x4096 (x @ W, W as K x N)", gemm_v(8, 14336, 4096, bf16)),
+            Variant("nt", "bf16 64x4096x4096, B given as N x K", gemm_v(64, 4096, 4096, bf16, tb=True)),
+            Variant("odd_tn", "fp16 100x1000x5000, A given as K x M", gemm_v(100, 1000, 5000, f16, ta=True)),
+        )),
         "gemm_full": SpaceDef("gemm_full", gk.gemm_kernel, GEMM_FULL_SPACE, gk.gemm_hints, (
             Variant("main", "bf16 4096x4096x4096", gemm_v(4096, 4096, 4096, bf16)),
         )),
@@ -214,6 +223,17 @@ def _splitk_compile_space() -> Space:
     full = gk.splitk_space(2, 4096, gk.SPLITK_MAX_M, max(gk.SPLIT_K_VALUES))
     params = {n: list(full.values(n)) for n in full.names}
     params["SPLIT_K"] = [v for v in params["SPLIT_K"] if v > 1]
+    params["SWAP"] = [0]
+    return Space(**params, constraints=dict(full._constraints))
+
+
+def _swap_compile_space() -> Space:
+    """Every swapped (``SWAP = 1``) config of the 16-bit small-M spaces with ``K >= 4096`` (all token tiles)."""
+    from tiletune.kernels import gemm_kernels as gk
+
+    full = gk.splitk_space(2, 4096, gk.SPLITK_MAX_M, max(gk.SPLIT_K_VALUES))
+    params = {n: list(full.values(n)) for n in full.names}
+    params["SWAP"] = [1]
     return Space(**params, constraints=dict(full._constraints))
 
 

@@ -42,12 +42,14 @@ from .gemm_kernels import (
     gemm_grid,
     gemm_kernel,
     gemm_splitk_kernel,
+    gemm_swap_kernel,
     pow2_ceil,
     splitk_args,
     splitk_grid,
     splitk_regime,
     splitk_sem_count,
     splitk_space,
+    swap_grid,
 )
 
 __all__ = [
@@ -176,8 +178,13 @@ GEMM_FP8 = LibraryOp("tiletune.gemm_fp8", lambda regime: GEMM_FP8_SPACE, _plan, 
 
 def _splitk_plan(cfg: Any, a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool,
                  scaled: bool, ws: Any, sem: Any) -> Launch:
-    """``SPLIT_K == 1``: the plain GEMM launch (:func:`_plan`, no workspace); otherwise one launch of
-    :func:`~tiletune.kernels.gemm_kernels.gemm_splitk_kernel` over ``tiles * SPLIT_K`` work units."""
+    """``SWAP``: one launch of :func:`~tiletune.kernels.gemm_kernels.gemm_swap_kernel` (the transposed
+    product, no workspace); ``SPLIT_K == 1``: the plain GEMM launch (:func:`_plan`, no workspace);
+    otherwise one launch of :func:`~tiletune.kernels.gemm_kernels.gemm_splitk_kernel` over
+    ``tiles * SPLIT_K`` work units."""
+    if getattr(cfg, "SWAP", 0):
+        grid = swap_grid(cfg, c.shape[1], c.shape[2], _sm_count(c.get_device()), batch=c.shape[0])
+        return Launch(gemm_swap_kernel, grid, gemm_args(cfg, a, b, c, scale_a, scale_b, trans_a, trans_b, scaled))
     if cfg.SPLIT_K == 1:
         return _plan(cfg, a, b, c, scale_a, scale_b, trans_a, trans_b, scaled)
     grid = splitk_grid(cfg, c.shape[1], c.shape[2], _sm_count(c.get_device()), batch=c.shape[0])

@@ -57,7 +57,9 @@ __all__ = [
     "SPLITK_MAX_M",
     "SPLITK_MAX_WORKSPACE",
     "SPLIT_K_VALUES",
+    "SWAP_NARROW_TN",
     "gemm_splitk_kernel",
+    "gemm_swap_kernel",
     "library_constraints",
     "pow2_ceil",
     "pow2_floor",
@@ -68,6 +70,7 @@ __all__ = [
     "splitk_space",
     "splitk_space_params",
     "splitk_units",
+    "swap_grid",
     "stage_fits",
     "acc_fits",
     "gemm_args",
@@ -209,6 +212,63 @@ def gemm_kernel(A, B, C, SA, SB,
             acc = acc * (sa * sb)
         # out-of-bounds rows/columns of edge tiles are dropped by the store
         ct.store(C, (bz, bid_m, bid_n), acc.astype(C.dtype).reshape((1, TM, TN)))
+
+
+@ct.kernel
+def gemm_swap_kernel(A, B, C, SA, SB,
+                     TM: ConstInt,
+                     TN: ConstInt,
+                     TK: ConstInt,
+                     GROUP_M: ConstInt,
+                     LAT_A: ConstInt,
+                     LAT_B: ConstInt,
+                     ALLOW_TMA: ConstBool,
+                     TRANS_A: ConstBool,
+                     TRANS_B: ConstBool,
+                     SCALED: ConstBool,
+                     FAST_ACC: ConstBool):
+    """``C[b] = A[b] @ B[b]`` computed as its transpose ``C[b]^T = B[b]^T @ A[b]^T`` (swap-AB), for few rows.
+
+    The same operands, layouts and constants as :func:`gemm_kernel`, but the tensor-core tile's ``M``
+    side (``TM``) runs along ``N`` and its ``N`` side (``TN``, which may be 16 or 32) along ``M``: a
+    product of a few tokens by a wide weight fills the MMA with weight rows instead of padding 8 tokens
+    to 64, and gets ``N / TM`` blocks instead of ``N / TN`` of a plain tile. Operand tiles are loaded in
+    transposed order, the output tile is stored through ``order=(0, 2, 1)`` (``C`` stays ``BATCH x M x
+    N`` row-major). Persistent like :func:`gemm_kernel`: launch ``min(tiles, NUM_SMS * occupancy)``
+    blocks (:func:`swap_grid`); any grid size >= 1 is correct.
+    """
+    BATCH = C.shape[0]
+    M = C.shape[1]
+    N = C.shape[2]
+    if TRANS_A:
+        K = A.shape[1]
+    else:
+        K = A.shape[2]
+    num_m = ct.cdiv(N, TM)  # tile rows of C^T: weight columns
+    num_n = ct.cdiv(M, TN)  # tile columns of C^T: tokens
+    num_k = ct.cdiv(K, TK)
+    per_batch = num_m * num_n
+    num_tiles = BATCH * per_batch
+    mma_dtype = ct.tfloat32 if A.dtype == ct.float32 else A.dtype
+
+    for tile in range(ct.bid(0), num_tiles, ct.num_blocks(0)):
+        bz = tile // per_batch
+        bid_m, bid_n = _tile_coords(tile % per_batch, num_m, num_n, GROUP_M)
+        acc = ct.zeros((TM, TN), dtype=ct.float32)
+        for k in range(num_k):
+            # B^T tile (TM, TK): B read in the other order than gemm_kernel reads it
+            w = _load_a(B, bz, bid_m, k, TM, TK, LAT_B, ALLOW_TMA, not TRANS_B)
+            # A^T tile (TK, TN)
+            x = _load_a(A, bz, k, bid_n, TK, TN, LAT_A, ALLOW_TMA, not TRANS_A)
+            if FAST_ACC:
+                acc = ct.mma(w.astype(mma_dtype), x.astype(mma_dtype), acc, use_fast_acc=True)
+            else:
+                acc = ct.mma(w.astype(mma_dtype), x.astype(mma_dtype), acc)
+        if SCALED:
+            sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
+            sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
+            acc = acc * (sa * sb)
+        ct.store(C, (bz, bid_m, bid_n), acc.astype(C.dtype).reshape((1, TM, TN)), order=(0, 2, 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,31 +422,60 @@ def gemm_splitk_kernel(A, B, C, SA, SB, WS, SEM,
 SPLIT_K_VALUES = (1, 2, 4, 8, 16)
 
 
+#: Token tiles (``TN``) below the template's 64 that only the swapped route (:func:`gemm_swap_kernel`) uses.
+SWAP_NARROW_TN = (16, 32)
+
+
 def splitk_space_params(elem_bytes: int, m_cap: int, s_max: int) -> dict:
     """Parameters of a split-K space: the matmul template's (:func:`tiletune.templates.matmul_params`)
-    with ``TM`` at most ``m_cap`` (a 256-row tile for a 16-row problem only wastes tensor-core work) and
-    ``SPLIT_K`` in :data:`SPLIT_K_VALUES` up to ``s_max``."""
+    plus ``SPLIT_K`` in :data:`SPLIT_K_VALUES` up to ``s_max``, ``SWAP`` (0: ``A @ B`` by
+    :func:`gemm_kernel` / :func:`gemm_splitk_kernel`; 1: its transpose by :func:`gemm_swap_kernel`) and
+    the narrow token tiles :data:`SWAP_NARROW_TN` of the swapped route. ``m_cap`` (the largest token
+    tile) is applied by :func:`splitk_space`'s constraints, since the token side is ``TM`` or ``TN``
+    depending on ``SWAP``."""
     params = matmul_params(elem_bytes)
-    params["TM"] = [t for t in params["TM"] if t <= m_cap] or [min(params["TM"])]
+    params["TN"] = sorted(set(params["TN"]) | set(SWAP_NARROW_TN))
     params["SPLIT_K"] = [s for s in SPLIT_K_VALUES if s <= s_max]
+    params["SWAP"] = [0, 1]
     return params
 
 
 def splitk_space(elem_bytes: int, k_floor: int, m_cap: int, s_max: int) -> Space:
-    """The split-K space of one regime (see :func:`splitk_regime`): the template's constraints plus
-    ``split_depth`` (``SPLIT_K * 2 * TK <= k_floor``: every split gets at least two ``K`` tiles of a
-    problem with ``K >= k_floor``)."""
+    """The small-M space of one regime (see :func:`splitk_regime`): the template's constraints plus
+
+    * ``split_depth``: ``SPLIT_K * 2 * TK <= k_floor`` (every split gets at least two ``K`` tiles of a
+      problem with ``K >= k_floor``);
+    * ``token_tile``: the tile side along the tokens (``TM``, or ``TN`` when swapped) is at most
+      ``m_cap`` (a 256-row tile for a 16-row problem only wastes tensor-core work);
+    * ``swap_route``: the narrow token tiles only when swapped, and no split-K when swapped.
+
+    Baseline (measured first, and the config a key first met during CUDA graph capture runs with): for
+    ``m_cap <= 64`` the swapped 64 x 32 tile, otherwise the plain 64 x 64 one, both unsplit; the H200
+    sweep of ``benchmarks/gemm_small_m.py`` found split-K behind the unsplit kernels on every decoder
+    projection, and the swapped route ahead at 8 tokens."""
 
     def split_depth(cfg) -> bool:
         return cfg.SPLIT_K * 2 * cfg.TK <= k_floor
 
+    def token_tile(cfg) -> bool:
+        return (cfg.TN if cfg.SWAP else cfg.TM) <= m_cap
+
+    def swap_route(cfg) -> bool:
+        if cfg.SWAP:
+            return cfg.SPLIT_K == 1
+        return cfg.TN not in SWAP_NARROW_TN
+
     split_depth.__doc__ = f"SPLIT_K * 2 * TK <= {k_floor}: at least two K tiles per split."
+    token_tile.__doc__ = f"The token-side tile (TM, or TN when swapped) is at most {m_cap}."
+    swap_route.__doc__ = "Narrow token tiles only when swapped; a swapped config is unsplit."
     cons = dict(matmul_constraints(elem_bytes))
-    cons["split_depth"] = split_depth
+    cons.update(split_depth=split_depth, token_tile=token_tile, swap_route=swap_route)
     params = splitk_space_params(elem_bytes, m_cap, s_max)
-    base = dict(TM=64, TN=128, TK=128 // elem_bytes, GROUP_M=8, LAT=0, occupancy=1, num_worker_warps=4)
-    splits = [s for s in params["SPLIT_K"] if s * 2 * base["TK"] <= k_floor and s <= 4]
-    base["SPLIT_K"] = max(splits) if splits else 1
+    if m_cap <= 64:
+        base = dict(TM=64, TN=32, SWAP=1)
+    else:
+        base = dict(TM=64, TN=64, SWAP=0)
+    base.update(TK=256 // elem_bytes, GROUP_M=8, LAT=0, SPLIT_K=1, occupancy=1, num_worker_warps=4)
     return Space(**params, constraints=cons, baseline=base)
 
 
@@ -440,6 +529,12 @@ def splitk_grid(cfg, M: int, N: int, num_sms: int, batch: int = 1) -> tuple[int]
     """Persistent grid of a split-K launch: ``(min(units, num_sms * occupancy),)``, at least 1."""
     occ = int(_param(cfg, "occupancy", 1))
     return (max(1, min(splitk_units(cfg, M, N, batch), int(num_sms) * occ)),)
+
+
+def swap_grid(cfg, M: int, N: int, num_sms: int, batch: int = 1) -> tuple[int]:
+    """Persistent grid of :func:`gemm_swap_kernel` for a ``batch x M x N`` result: ``(min(tiles, num_sms *
+    occupancy),)`` with ``TM`` tiling ``N`` and ``TN`` tiling ``M``, at least 1."""
+    return gemm_grid(cfg, N, M, num_sms, batch)
 
 
 def splitk_args(cfg, a, b, c, scale_a, scale_b, ws, sem, trans_a: bool = False, trans_b: bool = False,
