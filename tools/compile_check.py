@@ -59,7 +59,8 @@ from tiletune.examples.rmsnorm_kernels import (  # noqa: E402
     rmsnorm_kernel,
 )
 
-_DTYPE_BYTES = {ct.bfloat16: 2, ct.float16: 2, ct.float32: 4, ct.float8_e4m3fn: 1, ct.int32: 4, ct.int64: 8}
+_DTYPE_BYTES = {ct.bfloat16: 2, ct.float16: 2, ct.float32: 4, ct.float8_e4m3fn: 1, ct.int8: 1, ct.int16: 2, ct.int32: 4,
+                ct.int64: 8}
 
 
 def contiguous_array(dtype, shape) -> ArrayConstraint:

@@ -21,6 +21,9 @@ Public ops::
   cache capacity, the batch and the workspace rows bucketed to powers of two.
 
 :func:`tiletune.kernels.attention` routes calls with ``Sq <= 16`` and ``Sk > Sq`` here (same result).
+
+``kv_cache_append`` with a ``(B,)`` start tensor is one launch of
+:mod:`tiletune.kernels.kv_cache_kernels` (library op :data:`KV_APPEND`) writing both caches.
 """
 
 from __future__ import annotations
@@ -62,13 +65,18 @@ __all__ = [
     "DECODE_COMBINE_SPACE",
     "DECODE_PARTIAL",
     "DECODE_SPACE",
+    "KV_APPEND",
+    "KV_APPEND_SPACE",
     "decode_attention",
     "decode_combine_plan",
     "decode_combine_reference",
     "decode_partial_plan",
     "decode_partial_reference",
+    "kv_append_plan",
+    "kv_append_reference",
     "kv_cache_append",
     "prepare_decode",
+    "prepare_kv_cache_append",
 ]
 
 #: The partial kernel's space: BLOCK_N x KV_LATENCY x occupancy x num_worker_warps (24 configs).
@@ -337,11 +345,33 @@ def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, ca
 def kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> tuple[Any, Any]:
     """Write ``k``/``v`` (``(B, Hkv, T, D)``) into the caches (``(B, Hkv, capacity, D)``) in place.
 
-    ``start``: the first position written, an int (every batch entry) or a ``(B,)`` integer tensor on
-    the caches' device (per batch entry; positions past the capacity raise a device-side error). Two
-    copy kernels for an int, an index-put per cache for a tensor; no host synchronization either way.
-    Returns ``(cache_k, cache_v)``.
+    ``start``: the first position written, an int (every batch entry) or a ``(B,)`` int32/int64 tensor
+    on the caches' device (per batch entry). Returns ``(cache_k, cache_v)``.
+
+    * An int: the positions ``[start, start + T)`` must fit the capacity (``ValueError`` otherwise);
+      two copy kernels.
+    * A tensor: one cuTile launch writes both caches (library op :data:`KV_APPEND`, kernel
+      :mod:`~tiletune.kernels.kv_cache_kernels`), reading ``start`` on the device: no host
+      synchronization, capturable in a CUDA graph once tuned (update ``start`` in place between
+      replays). Token ``t`` of batch entry ``b`` goes to position ``start[b] + t`` when that lies in
+      ``[0, capacity)``; positions outside it (at or past the capacity, or negative) are **not
+      written**, and no error is raised (nothing is checked on the host). Calls after the first ones
+      with a signature replay the launch (:func:`tiletune.fastcall.fast_op`). On CPU tensors, and for
+      element sizes other than 1, 2, 4 or 8 bytes, the same writes are made with torch indexing
+      (:func:`kv_append_reference`, which synchronizes with the device).
+
+    The first call with a new bucket of shapes tunes the op's one config (a correctness check and
+    a timing), which briefly copies the caches a few times: see :data:`KV_APPEND`.
     """
+    import torch
+
+    if isinstance(start, torch.Tensor):
+        return _kv_cache_append_tensor(cache_k, cache_v, k, v, start)
+    return _kv_cache_append(cache_k, cache_v, k, v, start)
+
+
+def _kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> tuple[Any, Any]:
+    """:func:`kv_cache_append`: the checks, then the int path or the one-launch tensor path."""
     import torch
 
     op = "kv_cache_append"
@@ -378,11 +408,101 @@ def kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> t
         raise ValueError(f"{op}(): a start tensor must have shape ({bsz},), got {tuple(start.shape)}")
     if start.device != cache_k.device:
         raise ValueError(f"{op}(): start is on {start.device}, the caches on {cache_k.device}")
-    if t == 0 or bsz == 0:
+    if t == 0 or bsz == 0 or k.numel() == 0 or cap == 0:  # nothing to write (or nowhere to write it)
         return cache_k, cache_v
-    pos = start.to(torch.int64)[:, None] + torch.arange(t, device=start.device)  # (B, T)
-    bidx = torch.arange(bsz, device=start.device)[:, None].expand(bsz, t)
-    # (B, cap, Hkv, D) views: index (batch, position) pairs, each a (Hkv, D) slab
-    cache_k.transpose(1, 2).index_put_((bidx, pos), k.transpose(1, 2))
-    cache_v.transpose(1, 2).index_put_((bidx, pos), v.transpose(1, 2))
+    if not _launches_kernel(cache_k):
+        kv_append_reference(cache_k, cache_v, k, v, start)
+        return cache_k, cache_v
+    return prepare_kv_cache_append(cache_k, cache_v, k, v, start).run()
+
+
+def _launches_kernel(cache: Any) -> bool:
+    """Whether a start-tensor append of these caches is the cuTile launch (CUDA, element size 1/2/4/8 bytes)
+    rather than torch indexing."""
+    return bool(cache.is_cuda) and kv_append_bits(cache.dtype) is not None
+
+
+#: ``kv_cache_append`` with a start tensor: after the first calls with a signature, one recorded launch.
+#: (An int start stays off this path: every new int is a new signature, and its two copies are no launch
+#: of a tuned op, so recording them would only add host time.)
+_kv_cache_append_tensor = fast_op()(_kv_cache_append)
+kv_cache_append.fastcall = _kv_cache_append_tensor.fastcall  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------------------------
+# KV-cache append: the library op of a start tensor (one launch writes both caches)
+# --------------------------------------------------------------------------------------------
+
+import functools  # noqa: E402
+
+from ..templates import next_power_of_2  # noqa: E402
+from ._membound import Prepared  # noqa: E402
+from .kv_cache_kernels import KV_APPEND_CHUNK, kv_append_kernel, kv_append_kernel_fn  # noqa: E402
+
+#: One config: tokens per block. Nothing to tune in a copy; tuning checks the kernel once per bucket.
+KV_APPEND_SPACE = Space(CHUNK=[KV_APPEND_CHUNK])
+
+kv_append_kernel_i64 = int64_twin(kv_append_kernel_fn, ["CK", "CV", "K", "V"])
+
+_BITS = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+@functools.lru_cache(maxsize=None)
+def kv_append_bits(dtype: Any) -> Any:
+    """The integer dtype of ``dtype``'s element size (the kernel copies bits), or None for other sizes."""
+    import torch
+
+    name = _BITS.get(torch.empty((), dtype=dtype).element_size())
+    return None if name is None else getattr(torch, name)
+
+
+def kv_append_plan(cfg: Any, cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> Launch:
+    """Launch plan of the append: grid ``(B * Hkv * cdiv(T, CHUNK),)``; ``D`` padded to a power of two."""
+    bsz, hkv, t, d = k.shape
+    chunk = int(cfg.CHUNK)
+    kernel = kv_append_kernel_i64 if needs_int64(cache_k, cache_v, k, v) else kv_append_kernel
+    return Launch(kernel, (bsz * hkv * -(-t // chunk),), (cache_k, cache_v, k, v, start, chunk, next_power_of_2(d)))
+
+
+def kv_append_reference(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> tuple[Any, Any]:
+    """Torch version of the append (any device and dtype): writes ``k[b, :, t]`` / ``v[b, :, t]`` at
+    position ``start[b] + t`` of ``cache_k`` / ``cache_v`` *in place* for the positions inside
+    ``[0, capacity)``, skips the others, and returns ``(cache_k, cache_v)``. It synchronizes with the
+    device (boolean indexing). The tuner calls it on copies of the arguments."""
+    import torch
+
+    bsz, _, t, _ = k.shape
+    cap = cache_k.shape[2]
+    dev = cache_k.device
+    pos = start.to(device=dev, dtype=torch.int64)[:, None] + torch.arange(t, device=dev)  # (B, T)
+    ok = (pos >= 0) & (pos < cap)
+    bi = torch.arange(bsz, device=dev)[:, None].expand(bsz, t)[ok]
+    ti = torch.arange(t, device=dev)[None, :].expand(bsz, t)[ok]
+    p = pos[ok]
+    # (B, capacity, Hkv, D) views: each (batch, position) pair is one (Hkv, D) slab
+    cache_k.transpose(1, 2)[bi, p] = k.transpose(1, 2)[bi, ti]
+    cache_v.transpose(1, 2)[bi, p] = v.transpose(1, 2)[bi, ti]
     return cache_k, cache_v
+
+
+#: The append's library op (:data:`KV_APPEND_SPACE`, one regime: ``KV_APPEND.op(None)``; reads and writes
+#: the caches). Its arguments are integer views of the caches and rows (:func:`prepare_kv_cache_append`),
+#: so the correctness gate compares the written caches exactly (integer outputs have no tolerance).
+#: Tuning a new bucket of shapes (once: the database keeps the result) copies the caches: the tuning
+#: worker takes its own copy of their storages (the whole buffer when they are views of a larger one),
+#: the gate saves them (``inplace``) and copies them once more for the reference.
+KV_APPEND = LibraryOp(
+    "tiletune.kv_cache_append", lambda regime: KV_APPEND_SPACE, kv_append_plan, reference=kv_append_reference,
+    inplace=["cache_k", "cache_v"],
+    buckets=Buckets({"cache_k": {0: "pow2", 2: "pow2"}, "cache_v": {0: "pow2", 2: "pow2"},
+                     "k": {0: "pow2", 2: "pow2"}, "v": {0: "pow2", 2: "pow2"}, "start": {0: "pow2"}}),
+)
+
+
+def prepare_kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> Prepared:
+    """The append's launch arguments (no checks, no launch): the caches and rows viewed as integers of
+    their element size (:func:`kv_append_bits`; no copy, whatever the strides) and ``start`` as it is
+    (int32 or int64, read on the device). ``result`` is ``(cache_k, cache_v)``."""
+    bits = kv_append_bits(cache_k.dtype)
+    args = (cache_k.view(bits), cache_v.view(bits), k.view(bits), v.view(bits), start)
+    return Prepared(KV_APPEND, None, args, (cache_k, cache_v))
