@@ -74,6 +74,11 @@ class DecodeVariant:
                 A((rows, self.G, self.Sq, self.D), f32), A((rows, self.G, self.Sq), f32), 0.125,
                 self.D, gb, qp, int(cfg["BLOCK_N"]), self.causal, int(cfg["KV_LATENCY"]))
 
+    def direct_args(self, cfg) -> tuple:
+        """Kernel arguments of ``decode_direct_kernel`` (the partial kernel's, ``O`` for ``PO``/``PL``)."""
+        p = self.partial_args(cfg)
+        return p[:4] + (FakeArray((self.B, self.Hkv * self.G, self.Sq, self.D), self.dtype),) + p[6:]
+
     def combine_args(self) -> tuple:
         gb, qp, ngb, ns = self.shapes()
         A, f32 = FakeArray, ct.float32
@@ -99,6 +104,13 @@ def compile_partial(variant: DecodeVariant, cfg: dict, arch: str = "sm_90") -> t
     from tiletune.kernels.decode_attention_kernels import decode_hints, decode_partial_kernel
 
     return _compile(decode_partial_kernel.replace_hints(**decode_hints(cfg)), variant.partial_args(cfg), arch)
+
+
+def compile_direct(variant: DecodeVariant, cfg: dict, arch: str = "sm_90") -> tuple[bool, float, int, str]:
+    """Compile the direct (one-split) kernel for one config; ``(ok, seconds, cubin bytes, error)``."""
+    from tiletune.kernels.decode_attention_kernels import decode_direct_kernel, decode_hints
+
+    return _compile(decode_direct_kernel.replace_hints(**decode_hints(cfg)), variant.direct_args(cfg), arch)
 
 
 def compile_combine(variant: DecodeVariant, arch: str = "sm_90") -> tuple[bool, float, int, str]:
