@@ -130,7 +130,10 @@ def _attend(Q, K, V, LENS, qk_scale_log2, b, hk, gi, ns, sp,
 
     Returns ``(acc, l, m)``, float32: the unnormalized output ``(GB * QP, HEAD_DIM)``, the row sums
     ``(GB * QP, 1)`` and the row maxima of the scaled scores in base 2 (``-inf`` and ``l = 0`` for a
-    row with no visible key in the split)."""
+    row with no visible key in the split).
+
+    A kernel's tuning identity holds its own function's source, not this helper's: a change here
+    that should invalidate tuning results must change the kernels' text too (e.g. their docstrings)."""
     cap = K.shape[2]
     sq = Q.shape[3]
     kv_len = ct.minimum(ct.maximum(ct.gather(LENS, b), 1), cap)
