@@ -10,7 +10,6 @@ a CPU. That the cuTile code computes what the emulation computes is checked by
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import sys
@@ -53,63 +52,87 @@ def make(bsz, h, hkv, sq, cap, d, dtype=torch.bfloat16, seed=0):
     return q, k, v
 
 
-def emulate_partial(q5, k, v, lens, ns, causal, qk_scale_log2, BLOCK_N):
-    """Torch mirror of ``decode_partial_kernel_fn`` for every block of the grid."""
+def emulate_block(q5, k, v, lens, ns, sp, b, hk, gi, causal, qk_scale_log2, BLOCK_N):
+    """Torch mirror of ``_attend`` and the normalization for one block: ``(o, lse)`` of its
+    ``(GB, QP, D)`` / ``(GB, QP)`` rows (padded heads and query tokens included)."""
     bsz, hkv, g, sq, d = q5.shape
     cap = k.shape[2]
     gb, qp, ngb = dk.decode_rows(g, sq)
     rows_n = gb * qp
+    kv_len = min(max(int(lens[b]), 1), cap)
+    per = -(-(-(-kv_len // dk.GRANULE)) // ns) * dk.GRANULE
+    start = sp * per
+    end = min(start + per, kv_len)
+    t0, t1 = start // BLOCK_N, -(-end // BLOCK_N)
+    mask_from = (max(kv_len - sq + 1, 0) if causal else kv_len) // BLOCK_N
+    qt = torch.zeros(1, 1, gb, qp, d, dtype=q5.dtype)  # zero-padded tile load
+    src = q5[b:b + 1, hk:hk + 1, gi * gb:(gi + 1) * gb, :qp]
+    qt[:, :, :src.shape[2], :src.shape[3]] = src
+    qt = qt.reshape(rows_n, d).float()
+    qi = (torch.arange(rows_n) % qp).reshape(rows_n, 1)
+    m_i = torch.full((rows_n, 1), NEG_INF)
+    l_i = torch.zeros(rows_n, 1)
+    acc = torch.zeros(rows_n, d)
+    for t in range(t0, t1):
+        kt = torch.zeros(BLOCK_N, d, dtype=k.dtype)
+        seg = k[b, hk, t * BLOCK_N:(t + 1) * BLOCK_N]
+        kt[:seg.shape[0]] = seg
+        vt = torch.zeros(BLOCK_N, d, dtype=v.dtype)
+        vt[:seg.shape[0]] = v[b, hk, t * BLOCK_N:(t + 1) * BLOCK_N]
+        s = qt @ kt.float().T
+        if t >= mask_from:
+            offs_n = t * BLOCK_N + torch.arange(BLOCK_N).reshape(1, BLOCK_N)
+            keep = offs_n < kv_len
+            if causal:
+                keep = keep & (offs_n <= kv_len - sq + qi)
+            s = torch.where(keep, s, torch.tensor(NEG_INF))
+        m_new = torch.maximum(m_i, s.amax(1, keepdim=True) * qk_scale_log2)
+        m_use = torch.where(m_new == NEG_INF, torch.zeros(()), m_new)
+        p = torch.exp2(s * qk_scale_log2 - m_use)
+        alpha = torch.exp2(m_i - m_use)
+        l_i = l_i * alpha + p.sum(1, keepdim=True)
+        acc = p.to(q5.dtype).float() @ vt.float() + acc * alpha
+        m_i = m_new
+    seen = l_i > 0
+    inv = torch.where(seen, 1.0 / torch.where(seen, l_i, torch.ones(())), torch.zeros(()))
+    lse = m_i + torch.log2(torch.where(seen, l_i, torch.ones(())))
+    return (acc * inv).reshape(gb, qp, d), lse.reshape(gb, qp)
+
+
+def emulate_partial(q5, k, v, lens, ns, causal, qk_scale_log2, BLOCK_N):
+    """Torch mirror of ``decode_partial_kernel_fn`` for every block of the grid."""
+    bsz, hkv, g, sq, d = q5.shape
+    gb, qp, ngb = dk.decode_rows(g, sq)
     po = torch.full((bsz * hkv * ns, g, sq, d), float("nan"))
     pl = torch.full((bsz * hkv * ns, g, sq), float("nan"))
     for u in range(bsz * hkv * ngb):
         gi, bh = u % ngb, u // ngb
         b, hk = bh // hkv, bh % hkv
         for sp in range(ns):
-            kv_len = min(max(int(lens[b]), 1), cap)
-            per = -(-(-(-kv_len // dk.GRANULE)) // ns) * dk.GRANULE
-            start = sp * per
-            end = min(start + per, kv_len)
-            t0, t1 = start // BLOCK_N, -(-end // BLOCK_N)
-            mask_from = (max(kv_len - sq + 1, 0) if causal else kv_len) // BLOCK_N
-            qt = torch.zeros(1, 1, gb, qp, d, dtype=q5.dtype)  # zero-padded tile load
-            src = q5[b:b + 1, hk:hk + 1, gi * gb:(gi + 1) * gb, :qp]
-            qt[:, :, :src.shape[2], :src.shape[3]] = src
-            qt = qt.reshape(rows_n, d).float()
-            qi = (torch.arange(rows_n) % qp).reshape(rows_n, 1)
-            m_i = torch.full((rows_n, 1), NEG_INF)
-            l_i = torch.zeros(rows_n, 1)
-            acc = torch.zeros(rows_n, d)
-            for t in range(t0, t1):
-                kt = torch.zeros(BLOCK_N, d, dtype=k.dtype)
-                seg = k[b, hk, t * BLOCK_N:(t + 1) * BLOCK_N]
-                kt[:seg.shape[0]] = seg
-                vt = torch.zeros(BLOCK_N, d, dtype=v.dtype)
-                vt[:seg.shape[0]] = v[b, hk, t * BLOCK_N:(t + 1) * BLOCK_N]
-                s = qt @ kt.float().T
-                if t >= mask_from:
-                    offs_n = t * BLOCK_N + torch.arange(BLOCK_N).reshape(1, BLOCK_N)
-                    keep = offs_n < kv_len
-                    if causal:
-                        keep = keep & (offs_n <= kv_len - sq + qi)
-                    s = torch.where(keep, s, torch.tensor(NEG_INF))
-                m_new = torch.maximum(m_i, s.amax(1, keepdim=True) * qk_scale_log2)
-                m_use = torch.where(m_new == NEG_INF, torch.zeros(()), m_new)
-                p = torch.exp2(s * qk_scale_log2 - m_use)
-                alpha = torch.exp2(m_i - m_use)
-                l_i = l_i * alpha + p.sum(1, keepdim=True)
-                acc = p.to(q5.dtype).float() @ vt.float() + acc * alpha
-                m_i = m_new
-            seen = l_i > 0
-            inv = torch.where(seen, 1.0 / torch.where(seen, l_i, torch.ones(())), torch.zeros(()))
-            lse = m_i + torch.log2(torch.where(seen, l_i, torch.ones(())))
+            o_t, l_t = emulate_block(q5, k, v, lens, ns, sp, b, hk, gi, causal, qk_scale_log2, BLOCK_N)
             row = bh * ns + sp
-            o_t = (acc * inv).reshape(gb, qp, d)
-            l_t = lse.reshape(gb, qp)
             gs = slice(gi * gb, min((gi + 1) * gb, g))
             n_g = gs.stop - gs.start
             po[row, gs] = o_t[:n_g, :sq]  # the store drops what lies outside the array
             pl[row, gs] = l_t[:n_g, :sq]
     return po, pl
+
+
+def emulate_direct(q5, k, v, lens, causal, qk_scale_log2, BLOCK_N, out_dtype):
+    """Torch mirror of ``decode_direct_kernel_fn``: one split, each block's ``(GB, QP, D)`` tile stored
+    at tile ``(b, hk * (G // GB) + gi, 0, 0)`` of the ``(B, H, Sq, D)`` output (clipped)."""
+    bsz, hkv, g, sq, d = q5.shape
+    gb, qp, ngb = dk.decode_rows(g, sq)
+    assert g % gb == 0
+    out = torch.full((bsz, hkv * g, sq, d), float("nan"), dtype=out_dtype)
+    for u in range(bsz * hkv * ngb):
+        gi, bh = u % ngb, u // ngb
+        b, hk = bh // hkv, bh % hkv
+        o_t, _ = emulate_block(q5, k, v, lens, 1, 0, b, hk, gi, causal, qk_scale_log2, BLOCK_N)
+        h0 = (hk * (g // gb) + gi) * gb
+        rows = out[b, h0:h0 + gb, :qp]
+        rows[...] = o_t[:rows.shape[0], :rows.shape[1]].to(out_dtype)
+    return out
 
 
 def emulate_combine(po, pl, o_shape, dtype):
@@ -236,6 +259,94 @@ def test_plan_takes_the_int64_kernel_for_huge_caches():
     lens = torch.empty((128,), dtype=torch.int32, device="meta")
     kernel, _, _ = dop.decode_partial_plan(dop.DECODE_SPACE.baseline("sm_90"), q5, k, k, lens, po, pl, True, 1.0)
     assert kernel is dop.decode_partial_kernel_i64
+    o = torch.empty((128, 32, 1, 128), dtype=torch.bfloat16, device="meta")
+    kernel, _, _ = dop.decode_direct_plan(dop.DECODE_SPACE.baseline("sm_90"), q5, k, k, lens, o, True, 1.0)
+    assert kernel is dop.decode_direct_kernel_i64
+
+
+def _meta_call(bsz, h, hkv, sq, cap, sms, d=128, **kw):
+    """``prepare_decode`` on meta tensors (no memory): the host's choices for a shape."""
+    q = torch.empty((bsz, h, sq, d), dtype=torch.bfloat16, device="meta")
+    k = torch.empty((bsz, hkv, cap, d), dtype=torch.bfloat16, device="meta")
+    v = torch.empty((bsz, hkv, cap, d), dtype=torch.bfloat16, device="meta")
+    lens = torch.empty((bsz,), dtype=torch.int32, device="meta")
+    return dop.prepare_decode(q, k, v, lens, True, 0.125, sms=sms, **kw)
+
+
+def test_host_takes_the_direct_kernel_exactly_for_one_split_and_whole_group_slices():
+    seen = set()
+    for g in (1, 2, 3, 4, 6, 7, 8, 12, 16, 24, 32):
+        for sq in (1, 2, 3, 5, 8, 16):
+            gb, _, ngb = dk.decode_rows(g, sq)
+            for bsz, hkv, cap, sms in ((1, 8, 4096, 132), (64, 8, 4096, 132), (8, 2, 200, 132), (4, 4, 3000, 1)):
+                ns = dk.decode_splits(bsz * hkv * ngb, cap, sms)
+                call = _meta_call(bsz, hkv * g, hkv, sq, cap, sms)
+                want = ns == 1 and g % gb == 0
+                assert call.direct is want and dk.decode_direct(g, sq, ns) is want, (g, sq, bsz, hkv, cap, sms)
+                assert call.splits == ns
+                if want:
+                    assert call.partial_args is None and call.combine_args is None
+                    assert call.direct_args[4] is call.out
+                else:
+                    assert call.direct_args is None and call.partial_args[4].shape[0] == bsz * hkv * ns
+                    assert call.combine_args[2] is call.out
+                seen.add((ns == 1, want))
+    assert seen == {(True, True), (True, False), (False, False)}  # both paths, and one split kept split
+    # by hand: Llama B=64 fills 132 SMs with 512 blocks; Qwen's G=7 (GB=8) never stores whole slices
+    assert _meta_call(64, 32, 8, 1, 4096, 132).direct
+    assert not _meta_call(1, 32, 8, 1, 4096, 132).direct  # B=1: 33 splits
+    qwen = _meta_call(64, 28, 4, 1, 4096, 64)
+    assert qwen.splits == 1 and not qwen.direct
+    assert not _meta_call(2, 24, 2, 16, 200, 132).direct  # G=12 x 16 tokens: GB=8, 12 % 8 != 0
+    assert _meta_call(2, 48, 2, 16, 200, 132).direct  # G=24 x 16 tokens: three slices of 8 heads
+    assert not _meta_call(64, 32, 8, 1, 4096, 132, allow_direct=False).direct
+    assert _meta_call(64, 32, 8, 1, 4096, 132, allow_direct=False).splits == 1
+
+
+@pytest.mark.parametrize("h,hkv,sq", [(32, 8, 1), (8, 8, 1), (32, 2, 16), (16, 1, 4)])
+def test_direct_plan_grid_and_arguments(h, hkv, sq):
+    from tiletune.hotpath import plan_recipe
+
+    bsz, cap, d = 3, 200, 64  # a capacity within one granule: one split
+    q, k, v = make(bsz, h, hkv, sq, cap, d)
+    lens = torch.tensor([200, 17, 100], dtype=torch.int32)
+    call = dop.prepare_decode(q, k, v, lens, True, 0.1, sms=132)
+    g = h // hkv
+    gb, qp, ngb = dk.decode_rows(g, sq)
+    assert call.direct and call.splits == 1 and call.partial_args is None and call.combine_args is None
+    q5, kk, vv, ll, o, causal, c = call.direct_args
+    assert q5.shape == (bsz, hkv, g, sq, d) and q5.data_ptr() == q.data_ptr()
+    assert kk is k and vv is v and ll is lens and causal is True and c == pytest.approx(0.1 * dk.LOG2E)
+    assert o is call.out and o.shape == q.shape and o.dtype == q.dtype and o.is_contiguous()
+    cfg = dop.DECODE_SPACE.baseline("sm_90")
+    kernel, grid, args = dop.decode_direct_plan(cfg, *call.direct_args)
+    assert kernel is dk.decode_direct_kernel and grid == (bsz * hkv * ngb,)
+    assert len(args) == len(_kernel_params(dk.decode_direct_kernel_fn))
+    assert all(a is b for a, b in zip(args[:5], call.direct_args[:5])) and args[5] == c
+    assert args[6:] == (d, gb, qp, cfg.BLOCK_N, True, cfg.KV_LATENCY)
+    # the tuned op's hot path replays it: tensors are the call's own arguments, the float passes through
+    assert plan_recipe(tuple(args), call.direct_args) is not None
+    for op in (dop.DECODE_DIRECT, dop.DECODE_PARTIAL):
+        assert op.op(None).space is dop.DECODE_SPACE
+    assert dop.DECODE_DIRECT.writes == ("o",)
+
+
+def test_one_split_with_partial_group_slices_keeps_the_split_launches():
+    """G=7 (Qwen 28/4): one split, yet the partial kernel (grid ``(B * Hkv, 1)``) and the combine."""
+    bsz, h, hkv, cap, d = 2, 28, 4, 200, 64
+    q, k, v = make(bsz, h, hkv, 1, cap, d)
+    lens = torch.tensor([200, 3], dtype=torch.int32)
+    call = dop.prepare_decode(q, k, v, lens, True, 0.1, sms=132)
+    assert call.splits == 1 and not call.direct and call.direct_args is None
+    cfg = dop.DECODE_SPACE.baseline("sm_90")
+    kernel, grid, args = dop.decode_partial_plan(cfg, *call.partial_args)
+    assert kernel is dk.decode_partial_kernel and grid == (bsz * hkv, 1)
+    assert args[4].shape == (bsz * hkv, 7, 1, d)
+    kernel, grid, _ = dop.decode_combine_plan(dop.DECODE_COMBINE_SPACE.baseline("sm_90"), *call.combine_args)
+    assert kernel is dk.decode_combine_kernel and grid == (bsz * h,)
+    q5 = call.partial_args[0]
+    with pytest.raises(ValueError, match="split path"):
+        dop.decode_direct_plan(cfg, q5, k, v, lens, call.out, True, 0.1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,12 +371,16 @@ def test_references_combine_to_attention(case):
     scale = 1.0 / math.sqrt(d)
     want = sdpa_bottom_right(q, k, v, lens, causal, scale)
     for sms in (1, 132):  # one split, many splits
-        call = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=sms)
-        po, pl = dop.decode_partial_reference(*call.partial_args)
-        assert torch.isfinite(po).all()
-        out = dop.decode_combine_reference(po, pl, call.out)
-        assert out.dtype == q.dtype
-        torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+        for allow_direct in (True, False):
+            call = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=sms, allow_direct=allow_direct)
+            if call.direct:
+                out = dop.decode_direct_reference(*call.direct_args)
+            else:
+                po, pl = dop.decode_partial_reference(*call.partial_args)
+                assert torch.isfinite(po).all()
+                out = dop.decode_combine_reference(po, pl, call.out)
+            assert out.dtype == q.dtype
+            torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -304,6 +419,74 @@ def test_reference_rejects_a_wrong_partial():
     tol = dop._partial_tolerance(*call.partial_args)
     assert compare_tensors(bad_o, want_o, output_tolerance(tol, 0)) is not None
     assert compare_tensors(bad_l, want_l, output_tolerance(tol, 1)) is not None
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_direct_reference_is_the_two_step_result(case):
+    """The direct op's reference is bit for bit the combine of one split's partials, and within its own
+    tolerance of the combine of many splits."""
+    bsz, h, hkv, sq, cap, d, lens, causal = case
+    q, k, v = make(bsz, h, hkv, sq, cap, d, seed=2)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(d)
+    one = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=1, allow_direct=False)
+    many = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=132)
+    assert one.splits == 1 and many.splits > 1
+    q5, kk, vv, ll, _, _, cz, c = one.partial_args
+    direct_args = (q5, kk, vv, ll, one.out, cz, c)
+    got = dop.decode_direct_reference(*direct_args)
+    assert got.dtype == q.dtype and got.shape == q.shape
+    assert torch.equal(got, dop.decode_combine_reference(*dop.decode_partial_reference(*one.partial_args), one.out))
+    two_step = dop.decode_combine_reference(*dop.decode_partial_reference(*many.partial_args), many.out)
+    assert compare_tensors(two_step, got, dop._direct_tolerance(*direct_args)) is None
+    torch.testing.assert_close(got.double(), sdpa_bottom_right(q, k, v, lens, causal, scale), rtol=2e-2, atol=2e-2)
+
+
+DIRECT_CASES = [c for c in CASES if c[1] // c[2] % dk.decode_rows(c[1] // c[2], c[3])[0] == 0] + [
+    (1, 8, 2, 4, 200, 64, [2], True),  # 2 keys for 4 causal tokens: rows 0 and 1 see nothing (0)
+    (1, 48, 2, 16, 300, 64, [277], True),  # G=24 x 16 tokens: three slices of 8 heads per kv head
+]
+
+
+@pytest.mark.parametrize("case", DIRECT_CASES)
+@pytest.mark.parametrize("block_n", dk.DECODE_SPACE_PARAMS["BLOCK_N"])
+def test_emulated_direct_kernel_passes_its_gate(case, block_n):
+    """The direct kernel's tiles (P rounded to the input dtype, one rounding to the output) pass the
+    direct op's gate for every key tile and land on every output element."""
+    bsz, h, hkv, sq, cap, d, lens, causal = case
+    q, k, v = make(bsz, h, hkv, sq, cap, d, seed=3)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(d)
+    call = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=1)
+    assert call.direct
+    q5, kk, vv, ll, o, cz, c = call.direct_args
+    got = emulate_direct(q5, kk, vv, ll, cz, c, block_n, q.dtype)
+    assert not torch.isnan(got).any()  # every element stored
+    want = dop.decode_direct_reference(*call.direct_args)
+    assert compare_tensors(got, want, dop._direct_tolerance(*call.direct_args)) is None
+    if causal and min(lens) < sq:
+        n = min(lens)
+        assert got[0, :, :sq - n].abs().sum() == 0 and want[0, :, :sq - n].abs().sum() == 0
+    else:
+        torch.testing.assert_close(got.double(), sdpa_bottom_right(q, k, v, lens, causal, scale),
+                                   rtol=2e-2, atol=2e-2)
+
+
+def test_direct_gate_rejects_a_wrong_output():
+    """Not vacuous: an output computed without the causal mask, or one head's rows swapped, fails it."""
+    q, k, v = make(2, 8, 2, 4, 600, 64)
+    lens_t = torch.tensor([600, 90], dtype=torch.int32)
+    call = dop.prepare_decode(q, k, v, lens_t, True, 0.125, sms=1)
+    assert call.direct
+    want = dop.decode_direct_reference(*call.direct_args)
+    tol = dop._direct_tolerance(*call.direct_args)
+    assert set(tol) == {"bfloat16"}
+    wrong = list(call.direct_args)
+    wrong[5] = False
+    assert compare_tensors(dop.decode_direct_reference(*wrong), want, tol) is not None
+    swapped = want.clone()
+    swapped[:, [0, 1]] = want[:, [1, 0]]
+    assert compare_tensors(swapped, want, tol) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,6 +617,35 @@ def test_every_row_shape_compiles_for_sm90(name):
         _ok_or_skip(ccd.compile_partial(v, cfg))
 
 
+#: (G, Sq, dtype, D) of the direct kernel's compiles: every G and Sq with bf16/D=128 and fp16/D=64, and
+#: the other two pairings at G=4, Sq=4. G=7 never takes the direct path (7 % GB=8): it checks the
+#: kernel's padded-head tiles compile all the same.
+DIRECT_COMPILES = [(g, sq, dt, d) for g in (1, 4, 8, 7) for sq in (1, 4, 16)
+                   for dt, d in (("bfloat16", 128), ("float16", 64))] + [(4, 4, "bfloat16", 64), (4, 4, "float16", 128)]
+
+
+@pytest.mark.parametrize("g,sq,dtype,d", DIRECT_COMPILES, ids=lambda x: str(x))
+def test_direct_kernel_compiles_for_sm90(g, sq, dtype, d):
+    import cuda.tile as ct
+
+    ccd = _ccd()
+    v = ccd.DecodeVariant(f"direct_g{g}_q{sq}", getattr(ct, dtype), 2, 2, g, sq, 777, d, sq > 1)
+    _ok_or_skip(ccd.compile_direct(v, dict(dk.DECODE_BASELINE)))
+
+
+@pytest.mark.parametrize("name", ["llama", "gqa8_q16"])
+def test_direct_kernel_extreme_configs_compile_for_sm90(name):
+    """The smallest and largest key tiles (with 8 warps) and a latency hint, on the Llama decode shape
+    and the widest block (8 heads x 16 tokens)."""
+    ccd = _ccd()
+    v = {x.name: x for x in ccd.variants()}[name]
+    cands = [c.as_dict() for c in dop.DECODE_SPACE.candidates("sm_90")]
+    picks = (min(cands, key=lambda c: c["BLOCK_N"]), max(cands, key=lambda c: (c["BLOCK_N"], c["num_worker_warps"])),
+             next(c for c in cands if c["KV_LATENCY"] > 0))
+    for cfg in picks:
+        _ok_or_skip(ccd.compile_direct(v, cfg))
+
+
 # ---------------------------------------------------------------------------------------------
 # benchmarks/decoder_layer.py: rows and the torch layer (CPU)
 # ---------------------------------------------------------------------------------------------
@@ -495,9 +707,14 @@ def test_decoder_layer_kernel_table_is_per_forward_and_keeps_the_total():
     assert sum(r["us"] for r in cut) == sum(us for _, us in events) / 2
 
 
-def test_decode_attention_replays_its_two_launches_with_a_fresh_temporary(monkeypatch):
+@pytest.mark.parametrize("cap,lens,kernels", [
+    (700, [700, 300], ["partial", "combine"]),  # 3 splits: two launches, the split partials a temporary
+    (200, [200, 90], ["direct"]),  # a capacity within one granule: one split, the direct kernel alone
+])
+def test_decode_attention_replays_its_launches(monkeypatch, cap, lens, kernels):
     """After tuning and one recorded call, a call with the same signature skips the checks and
-    preparation and replays the partial and combine launches (the split partials a per-call temporary)."""
+    preparation and replays the recorded launches: the partial and combine kernels (the split partials
+    a per-call temporary), or the one direct kernel writing the output."""
     import tiletune as tt
     from tiletune.backends import FakeBackend
     from tiletune.kernels.library_op import LibraryOp
@@ -510,6 +727,10 @@ def test_decode_attention_replays_its_two_launches_with_a_fresh_temporary(monkey
     def combine_kernel(po, pl, o, qp, d):
         o.copy_(dop.decode_combine_reference(po, pl, o))
 
+    def direct_kernel(q5, k, v, lens, o, qk_scale_log2, d, gb, qp, block_n, causal, lat):
+        o.copy_(dop.decode_direct_reference(q5, k, v, lens, o, causal, qk_scale_log2))
+
+    fakes = {"partial": partial_kernel, "combine": combine_kernel, "direct": direct_kernel}
     prepared = {"n": 0}
     real_prepare = dop.prepare_decode
 
@@ -517,8 +738,8 @@ def test_decode_attention_replays_its_two_launches_with_a_fresh_temporary(monkey
         prepared["n"] += 1
         return real_prepare(*a, **kw)
 
-    monkeypatch.setattr(dop, "decode_partial_kernel", partial_kernel)
-    monkeypatch.setattr(dop, "decode_combine_kernel", combine_kernel)
+    for name, fake in fakes.items():
+        monkeypatch.setattr(dop, f"decode_{name}_kernel", fake)
     monkeypatch.setattr(dop, "check_cuda_device", lambda *a, **k: None)
     monkeypatch.setattr(dop, "prepare_decode", counted)
     be = FakeBackend(lambda cfg: 10.0, noise=0.0)
@@ -526,21 +747,24 @@ def test_decode_attention_replays_its_two_launches_with_a_fresh_temporary(monkey
                         options=tt.TunerOptions(stopping=tt.StoppingRule(min_samples=1, max_samples=1)))
     dop.decode_attention.fastcall.clear()
     try:
-        lens = [700, 300]
         lens_t = torch.tensor(lens, dtype=torch.int32)
         for i in range(5):
-            q, k, v = make(2, 8, 2, 1, 700, 64, seed=i)
+            q, k, v = make(2, 8, 2, 1, cap, 64, seed=i)
             n0 = len(be.launches)
             got = dop.decode_attention(q, k, v, lens_t, causal=True)
             want = sdpa_bottom_right(q, k, v, lens, True, 1.0 / math.sqrt(64))
             torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
             if i >= 2:
-                assert len(be.launches) - n0 == 2
+                assert len(be.launches) - n0 == len(kernels)
         assert prepared["n"] == 2  # tune, learn; then three replays
+        recipe = next(iter(dop.decode_attention.fastcall.recipes.values()))
         assert len(dop.decode_attention.fastcall.recipes) == 1
+        assert recipe.source.count("_launch") == len(kernels)
+        # the fake backend's hinted kernels are the kernels themselves: the recipe launches these, in order
+        assert [recipe.__globals__[f"_kernel{i}"] for i in range(len(kernels))] == [fakes[n] for n in kernels]
         # an int length makes a new lengths tensor on every call: that signature keeps the slow path
         for _ in range(3):
-            dop.decode_attention(q, k, v, 700, causal=False)
+            dop.decode_attention(q, k, v, cap, causal=False)
         assert len(dop.decode_attention.fastcall.recipes) == 1 and prepared["n"] == 5
     finally:
         LibraryOp.configure()

@@ -1,9 +1,11 @@
-"""GPU tests of decode attention (issue 20): the split-KV cuTile kernels against SDPA, the KV-cache append,
-``K.attention`` routing short queries to the decode kernels, and CUDA-graph replay.
+"""GPU tests of decode attention (issue 20): the split-KV cuTile kernels and the one-split direct kernel
+against SDPA, the KV-cache append, ``K.attention`` routing short queries to the decode kernels, and
+CUDA-graph replay.
 
-Run on the GPU host: ``python -m pytest -m gpu -q tests/test_gpu_decode_attention.py`` (about 1-2 minutes
-on an H200 with a cold cuTile cache: the full 24-config space is compiled once, in parallel, for one
-test; the sweeps use a 4-config subspace of the same plan, reference and gate).
+Run on the GPU host: ``python -m pytest -m gpu -q tests/test_gpu_decode_attention.py`` (a few minutes
+on an H200 with a cold cuTile cache: the full 24-config space of the partial and of the direct kernel
+is compiled once each, in parallel; the sweeps use a 4-config subspace of the same plans, references
+and gates).
 
 Every tuning session here uses the production reference and correctness gate, with ``db=False``; every
 config a session measures must pass the gate (:func:`_assert_all_passed`), and the winner's output is
@@ -43,31 +45,40 @@ SMALL_SPACE = tt.Space(BLOCK_N=[64, 128, 256], KV_LATENCY=[0, 3], occupancy=[1, 
 
 _ops: dict[str, tt.TunedOp] = {}
 
+#: test op -> (library op, space): the partial and direct kernels over the full or the 4-config space
+_KINDS = {"full": ("DECODE_PARTIAL", "DECODE_SPACE"), "small": ("DECODE_PARTIAL", None),
+          "combine": ("DECODE_COMBINE", "DECODE_COMBINE_SPACE"),
+          "direct-full": ("DECODE_DIRECT", "DECODE_SPACE"), "direct-small": ("DECODE_DIRECT", None)}
+
 
 def _op(which: str) -> tt.TunedOp:
     if which not in _ops:
-        prod = dop.DECODE_COMBINE if which == "combine" else dop.DECODE_PARTIAL
-        space = {"full": dop.DECODE_SPACE, "small": SMALL_SPACE, "combine": dop.DECODE_COMBINE_SPACE}[which]
+        lib, space = _KINDS[which]
+        prod = getattr(dop, lib)
+        space = SMALL_SPACE if space is None else getattr(dop, space)
         _ops[which] = tt.autotune(space, reference=prod.reference, writes=list(prod.writes), db=False,
                                   progress=False, tolerance=prod.tolerance, options=FAST,
                                   name=f"{prod.name}[test-{which}]")(prod.plan)
     return _ops[which]
 
 
-def _use(monkeypatch, partial: tt.TunedOp, combine: tt.TunedOp) -> None:
-    """The library ops DECODE_PARTIAL and DECODE_COMBINE answer every call with these tuned ops.
+def _use(monkeypatch, partial: tt.TunedOp, combine: tt.TunedOp, direct: tt.TunedOp) -> None:
+    """The library ops DECODE_PARTIAL, DECODE_COMBINE and DECODE_DIRECT answer every call with these
+    tuned ops.
 
     Recipes learnt so far are dropped: a replayed call would launch an earlier test's ops' choices."""
     from tiletune.fastcall import clear_recipes
 
     monkeypatch.setattr(dop.DECODE_PARTIAL, "op", lambda regime: partial)
     monkeypatch.setattr(dop.DECODE_COMBINE, "op", lambda regime: combine)
+    monkeypatch.setattr(dop.DECODE_DIRECT, "op", lambda regime: direct)
     clear_recipes()
 
 
 @pytest.fixture
 def small_ops(monkeypatch):
-    _use(monkeypatch, _op("small"), _op("combine"))
+    """The 4-config partial op (returned), the combine, and the 4-config direct op (``_ops["direct-small"]``)."""
+    _use(monkeypatch, _op("small"), _op("combine"), _op("direct-small"))
     return _ops["small"]
 
 
@@ -114,14 +125,18 @@ def _check(o, want, dtype):
 
 
 @pytest.mark.parametrize("shape", [(4, 32, 8, 1, 3000, 128, [3000, 2049, 700, 1], False),
-                                   (2, 16, 4, 16, 1500, 64, [1500, 333], True)])
+                                   (2, 16, 4, 16, 1500, 64, [1500, 333], True),
+                                   # Llama decode at batch 64: one split, the direct kernel
+                                   (64, 32, 8, 1, 2048, 128, [2048 - 31 * i for i in range(64)], True)])
 def test_every_config_of_the_space_passes_the_gate(monkeypatch, shape):
     bsz, h, hkv, sq, cap, d, lens, causal = shape
-    op = _op("full")
-    _use(monkeypatch, op, _op("combine"))
-    before = set(op.results)
+    _use(monkeypatch, _op("full"), _op("combine"), _op("direct-full"))
     q, k, v = _inputs(bsz, h, hkv, sq, cap, d)
     lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    direct = dop.prepare_decode(q, k, v, lens_t, causal, 1.0 / math.sqrt(d)).direct
+    assert direct == (bsz == 64)
+    op = _op("direct-full" if direct else "full")
+    before = set(op.results)
     o = dop.decode_attention(q, k, v, lens_t, causal=causal)
     _assert_all_passed(op, before)
     assert [len(r.measurements) for key, r in op.results.items() if key not in before] == [24]
@@ -156,6 +171,85 @@ def test_long_cache_many_splits(small_ops):
     lens = [32768 - 5]
     o = dop.decode_attention(q, k, v, torch.tensor(lens, dtype=torch.int32, device=DEV))
     _check(o, _want(q, k, v, lens, True), q.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# one split: the direct kernel against SDPA and the split path
+# --------------------------------------------------------------------------------------------
+
+
+def _both_paths(q, k, v, lens, causal, sms=None):
+    """``(direct call, output)`` and ``(split call, output)`` of one problem: the op's own choice, and the
+    partial + combine launches forced (``allow_direct=False``) with the same splits."""
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    chosen = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=sms)
+    split = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=sms, allow_direct=False)
+    return (chosen, chosen.run()), (split, split.run())
+
+
+@pytest.mark.parametrize("h,hkv,sq,d,dtype", [
+    (32, 8, 1, 128, torch.bfloat16),  # Llama GQA 4
+    (8, 8, 1, 64, torch.float16),  # MHA: 1 head x 16 padded tokens per block
+    (32, 8, 5, 128, torch.bfloat16),  # G=4 x 5 causal tokens (8 padded)
+    (64, 8, 16, 128, torch.bfloat16),  # G=8 x 16 tokens: 128 rows
+    (32, 2, 16, 64, torch.float16),  # G=16 x 16 tokens: two slices of 8 heads per kv head
+])
+def test_direct_kernel_matches_sdpa_and_the_split_path(small_ops, h, hkv, sq, d, dtype):
+    """``sms=1``: one split for any batch, so the op takes the direct kernel; the same problem through
+    the partial and combine kernels (one split) agrees with it and with SDPA."""
+    before = {name: set(_ops[name].results) for name in ("small", "direct-small")}
+    cap = 1000 + 37
+    lens = [cap, 513, max(sq, 129), 2]  # the last: fewer keys than causal tokens for Sq > 2 (rows of 0)
+    q, k, v = _inputs(4, h, hkv, sq, cap, d, dtype, seed=sq + h)
+    for causal in (True, False):
+        (direct, o), (split, o_split) = _both_paths(q, k, v, lens, causal, sms=1)
+        assert direct.direct and direct.splits == 1 and not split.direct and split.splits == 1
+        assert o.shape == q.shape and o.dtype == dtype
+        want = _want(q, k, v, lens, causal)
+        if causal and sq > 2:
+            assert o[3, :, :sq - 2].abs().sum() == 0 and o_split[3, :, :sq - 2].abs().sum() == 0
+            want[3, :, :sq - 2] = 0  # SDPA gives NaN for a row that sees nothing; the op gives 0
+        _check(o, want, dtype)
+        _check(o_split, want, dtype)
+        _check(o, o_split.float(), dtype)
+    _assert_all_passed(_ops["direct-small"], before["direct-small"])
+    _assert_all_passed(_ops["small"], before["small"])
+
+
+def test_batch_64_takes_the_direct_kernel_with_the_real_sm_count(small_ops):
+    """Llama decode at batch 64 (B * Hkv = 512 blocks) needs no split on the device: one launch, replayed
+    from a one-launch fastcall recipe, equal to SDPA and to the split path."""
+    bsz, h, hkv, cap, d = 64, 32, 8, 4096, 128
+    q, k, v = _inputs(bsz, h, hkv, 1, cap, d)
+    lens = [cap - 61 * i for i in range(bsz)]
+    (direct, o), (split, o_split) = _both_paths(q, k, v, lens, True)
+    assert direct.direct and direct.splits == 1 and split.splits == 1
+    want = _want(q, k, v, lens, True)
+    _check(o, want, q.dtype)
+    _check(o_split, want, q.dtype)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    for _ in range(3):  # tuned above; a recorded call; a replay
+        o = dop.decode_attention(q, k, v, lens_t)
+    _check(o, want, q.dtype)
+    recipes = list(dop.decode_attention.fastcall.recipes.values())
+    assert len(recipes) == 1 and recipes[0].source.count("_launch") == 1, [r.source for r in recipes]
+
+
+@pytest.mark.parametrize("bsz,sms", [(3, 1), (64, None)])
+def test_qwen_group_of_7_keeps_the_split_path(small_ops, bsz, sms):
+    """G=7 (Qwen2.5 28/4 heads): GB=8 heads per block would spill into the next kv head's, so even one
+    split goes through the partial and combine kernels."""
+    h, hkv, cap, d = 28, 4, 1500, 128
+    q, k, v = _inputs(bsz, h, hkv, 1, cap, d, seed=7)
+    lens = [cap - 23 * i for i in range(bsz)]
+    (chosen, o), _ = _both_paths(q, k, v, lens, True, sms=sms)
+    assert not chosen.direct and chosen.partial_args is not None
+    if sms == 1:
+        assert chosen.splits == 1
+    _check(o, _want(q, k, v, lens, True), q.dtype)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    _check(dop.decode_attention(q, k, v, lens_t), _want(q, k, v, lens, True), q.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,11 +304,13 @@ def test_attention_routes_short_queries_to_decode(small_ops, monkeypatch, causal
     assert attn_mod._routes_to_decode(16, 17) and attn_mod._routes_to_decode(1, 2)
 
 
-def test_decode_replays_in_a_cuda_graph(small_ops):
+@pytest.mark.parametrize("bsz", [4, 64])  # split KV; one split (the direct kernel)
+def test_decode_replays_in_a_cuda_graph(small_ops, bsz):
     """Tuned once, the decode step is captured; new lengths written in place are seen by replays."""
-    bsz, h, hkv, cap, d = 4, 32, 8, 2048, 128
+    h, hkv, cap, d = 32, 8, 2048, 128
     q, k, v = _inputs(bsz, h, hkv, 1, cap, d)
-    lens = torch.tensor([2048, 1000, 77, 1500], dtype=torch.int32, device=DEV)
+    lens = torch.tensor(([2048, 1000, 77, 1500] * 16)[:bsz], dtype=torch.int32, device=DEV)
+    assert dop.prepare_decode(q, k, v, lens, True, 1.0 / math.sqrt(d)).direct == (bsz == 64)
     dop.decode_attention(q, k, v, lens)  # tunes
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
@@ -225,7 +321,7 @@ def test_decode_replays_in_a_cuda_graph(small_ops):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = dop.decode_attention(q, k, v, lens)
-    for new in ([5, 2048, 300, 1001], [1, 1, 1, 1]):
+    for new in (([5, 2048, 300, 1001] * 16)[:bsz], [1] * bsz):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         g.replay()
         torch.cuda.synchronize()

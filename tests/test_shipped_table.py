@@ -177,6 +177,7 @@ PREPARE: dict[str, Callable[..., Any]] = {
     "tiletune.gemm_fp8": _one_regime(gemm_mod.GEMM_FP8),
     "tiletune.decode_attention": _one_regime(dop.DECODE_PARTIAL),
     "tiletune.decode_combine": _one_regime(dop.DECODE_COMBINE),
+    "tiletune.decode_attention_direct": _one_regime(dop.DECODE_DIRECT),
 }
 
 

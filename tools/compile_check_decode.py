@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Compile every config of the decode-attention space (and the combine kernel) to sm_90 cubins, no GPU.
+"""Compile every config of the decode-attention space (partial and direct kernels, and the combine kernel)
+to sm_90 cubins, no GPU.
 
 Like ``tools/compile_check_all.py``: for each config and problem variant this builds the
 :class:`~cuda.tile.compilation.KernelSignature` ``ct.launch`` would build for the arguments the op's
@@ -14,6 +15,9 @@ Variants (:func:`variants`), covering every row shape the op builds (``decode_ro
 * ``gqa8_q16``: bf16, G=8, 16 tokens, causal, cache 2048, D=128 (128 rows);
 * ``g6_q3``: fp16, G=6 (padded to 8), 3 tokens, causal, cache 777, D=64 (32 rows);
 * ``g16_q16``: bf16, G=16, 16 tokens, D=64 (two group slices of 8 x 16 rows).
+
+The direct (one-split) kernel is compiled for every variant whose group slices tile the heads
+(``G % GB == 0``: all but ``g6_q3``), with the same configs.
 
 Usage::
 
@@ -74,6 +78,11 @@ class DecodeVariant:
                 A((rows, self.G, self.Sq, self.D), f32), A((rows, self.G, self.Sq), f32), 0.125,
                 self.D, gb, qp, int(cfg["BLOCK_N"]), self.causal, int(cfg["KV_LATENCY"]))
 
+    def direct_args(self, cfg) -> tuple:
+        """Kernel arguments of ``decode_direct_kernel`` (the partial kernel's, ``O`` for ``PO``/``PL``)."""
+        p = self.partial_args(cfg)
+        return p[:4] + (FakeArray((self.B, self.Hkv * self.G, self.Sq, self.D), self.dtype),) + p[6:]
+
     def combine_args(self) -> tuple:
         gb, qp, ngb, ns = self.shapes()
         A, f32 = FakeArray, ct.float32
@@ -101,6 +110,13 @@ def compile_partial(variant: DecodeVariant, cfg: dict, arch: str = "sm_90") -> t
     return _compile(decode_partial_kernel.replace_hints(**decode_hints(cfg)), variant.partial_args(cfg), arch)
 
 
+def compile_direct(variant: DecodeVariant, cfg: dict, arch: str = "sm_90") -> tuple[bool, float, int, str]:
+    """Compile the direct (one-split) kernel for one config; ``(ok, seconds, cubin bytes, error)``."""
+    from tiletune.kernels.decode_attention_kernels import decode_direct_kernel, decode_hints
+
+    return _compile(decode_direct_kernel.replace_hints(**decode_hints(cfg)), variant.direct_args(cfg), arch)
+
+
 def compile_combine(variant: DecodeVariant, arch: str = "sm_90") -> tuple[bool, float, int, str]:
     from tiletune.kernels.decode_attention_kernels import decode_combine_kernel
 
@@ -118,11 +134,17 @@ def _compile(kernel, args, arch) -> tuple[bool, float, int, str]:
 
 
 def _job(item):
-    vname, cfg, arch = item
+    vname, kind, cfg, arch = item
     v = {x.name: x for x in variants()}[vname]
     if cfg is None:
-        return vname, "combine", compile_combine(v, arch)
-    return vname, cfg, compile_partial(v, cfg, arch)
+        return vname, kind, "combine", compile_combine(v, arch)
+    return vname, kind, cfg, (compile_direct if kind == "direct" else compile_partial)(v, cfg, arch)
+
+
+def _direct_applies(v: DecodeVariant) -> bool:
+    from tiletune.kernels.decode_attention_kernels import decode_direct
+
+    return decode_direct(v.G, v.Sq, 1)
 
 
 def main(argv=None) -> int:
@@ -135,13 +157,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     vs = variants() if args.variants == "all" else variants()[:1]
     cfgs = [c.as_dict() for c in DECODE_SPACE.candidates(args.arch)]
-    items = [(v.name, None, args.arch) for v in vs] + [(v.name, c, args.arch) for v in vs for c in cfgs]
+    items = ([(v.name, "combine", None, args.arch) for v in vs]
+             + [(v.name, "partial", c, args.arch) for v in vs for c in cfgs]
+             + [(v.name, "direct", c, args.arch) for v in vs if _direct_applies(v) for c in cfgs])
     n_bad = 0
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as ex:
-        for vname, cfg, (ok, dt, size, err) in ex.map(_job, items):
+        for vname, kind, cfg, (ok, dt, size, err) in ex.map(_job, items):
             label = cfg if isinstance(cfg, str) else " ".join(f"{k}={v}" for k, v in cfg.items())
-            print(f"{vname:<9} {label:<60} {dt:6.2f} s  {'ok %7.1f KiB' % (size / 1024) if ok else 'FAIL'}",
-                  flush=True)
+            print(f"{vname:<9} {kind:<8} {label:<60} {dt:6.2f} s  "
+                  f"{'ok %7.1f KiB' % (size / 1024) if ok else 'FAIL'}", flush=True)
             if not ok:
                 n_bad += 1
                 print("    " + err[:2000].replace("\n", "\n    "), flush=True)

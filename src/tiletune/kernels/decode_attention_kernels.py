@@ -23,6 +23,13 @@ Kernels:
    and ``o_s = 0`` for a split with no visible key).
 2. :func:`decode_combine_kernel` (grid ``(B * H,)``): ``O = sum_s o_s 2^(lse_s - M) / sum_s
    2^(lse_s - M)``, ``M = max_s lse_s``, rounded to the output dtype.
+3. :func:`decode_direct_kernel` (grid ``(B * Hkv * NGB,)``), instead of both when ``NS == 1`` and
+   ``G % GB == 0`` (:func:`decode_direct`; a large batch fills the GPU without splitting): the same
+   loop over the whole cache, storing ``acc / l`` rounded to the output dtype straight into ``O``
+   (no partials, no combine launch).
+
+The partial and direct kernels share the loop (:func:`_attend`) and the block decomposition
+(:func:`_block_rows`).
 
 Masking: key ``j`` of batch entry ``b`` is visible to every row iff ``j < len_b``; with ``CAUSAL``
 query token ``i`` (of ``Sq``, the *last* ``Sq`` positions of the sequence: bottom-right aligned, the
@@ -50,6 +57,9 @@ __all__ = [
     "MAX_ROWS",
     "decode_combine_kernel",
     "decode_combine_kernel_fn",
+    "decode_direct",
+    "decode_direct_kernel",
+    "decode_direct_kernel_fn",
     "decode_hints",
     "decode_partial_kernel",
     "decode_partial_kernel_fn",
@@ -104,38 +114,28 @@ def _kv_tile(V, b, hk, t, HEAD_DIM, BLOCK_N, KV_LATENCY):
     return v.reshape((BLOCK_N, HEAD_DIM))
 
 
-def decode_partial_kernel_fn(Q, K, V, LENS, PO, PL, qk_scale_log2,
-                             HEAD_DIM: ConstInt, GB: ConstInt, QP: ConstInt, BLOCK_N: ConstInt,
-                             CAUSAL: ConstBool, KV_LATENCY: ConstInt):
-    """Partial attention of one ``(batch, kv head, group slice)`` over one split of the cache.
-
-    Args:
-        Q: ``(B, Hkv, G, Sq, D)`` queries (a view of ``(B, H, Sq, D)``), bfloat16 / float16.
-        K, V: ``(B, Hkv, cap, D)`` key / value caches, same dtype.
-        LENS: ``(B,)`` int32 valid lengths (positions ``< LENS[b]`` are attended; clamped to
-            ``[1, cap]``).
-        PO: ``(B * Hkv * NS, G, Sq, D)`` float32 partial outputs (row ``(b * Hkv + hk) * NS + s``).
-        PL: ``(B * Hkv * NS, G, Sq)`` float32 partial log-sum-exps, base 2.
-        qk_scale_log2 (runtime float32): ``softmax scale * log2(e)``, > 0.
-        HEAD_DIM, GB, QP, BLOCK_N, KV_LATENCY (constant ints): ``D``; query heads per block; padded
-            query tokens (power of two, ``>= Sq``); keys per tile (divides :data:`GRANULE`); ``latency=``
-            hint of the K/V loads (0: none).
-        CAUSAL (constant bool): query ``i`` sees keys ``<= len - Sq + i`` (bottom-right aligned).
-
-    Grid: ``(B * Hkv * NGB, NS)`` with ``NGB = cdiv(G, GB)``.
-    """
+def _block_rows(Q, K, GB):
+    """``(b, hk, gi, bh)`` of this block: ``bid(0) = bh * NGB + gi`` with ``bh = b * Hkv + hk``."""
     hkv = K.shape[1]
-    cap = K.shape[2]
-    sq = Q.shape[3]
     ngb = ct.cdiv(Q.shape[2], GB)
     u = ct.bid(0)
     gi = u % ngb
     bh = u // ngb
-    b = bh // hkv
-    hk = bh % hkv
-    ns = ct.num_blocks(1)
-    sp = ct.bid(1)
+    return bh // hkv, bh % hkv, gi, bh
 
+
+def _attend(Q, K, V, LENS, qk_scale_log2, b, hk, gi, ns, sp,
+            HEAD_DIM, GB, QP, BLOCK_N, CAUSAL, KV_LATENCY):
+    """The online softmax of the rows of ``(b, hk, group slice gi)`` over split ``sp`` of ``ns``.
+
+    Returns ``(acc, l, m)``, float32: the unnormalized output ``(GB * QP, HEAD_DIM)``, the row sums
+    ``(GB * QP, 1)`` and the row maxima of the scaled scores in base 2 (``-inf`` and ``l = 0`` for a
+    row with no visible key in the split).
+
+    A kernel's tuning identity holds its own function's source, not this helper's: a change here
+    that should invalidate tuning results must change the kernels' text too (e.g. their docstrings)."""
+    cap = K.shape[2]
+    sq = Q.shape[3]
     kv_len = ct.minimum(ct.maximum(ct.gather(LENS, b), 1), cap)
     per = ct.cdiv(ct.cdiv(kv_len, GRANULE), ns) * GRANULE  # keys per split, a multiple of GRANULE
     start = sp * per
@@ -176,13 +176,69 @@ def decode_partial_kernel_fn(Q, K, V, LENS, PO, PL, qk_scale_log2,
         v = _kv_tile(V, b, hk, t, HEAD_DIM, BLOCK_N, KV_LATENCY)
         acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)
         m_i = m_new
+    return acc, l_i, m_i
 
+
+def _inverse(l_i):
+    """``1 / l`` where ``l > 0``, else 0 (a row with nothing visible gives 0)."""
     seen = l_i > 0.0
-    inv = ct.where(seen, 1.0 / ct.where(seen, l_i, 1.0), 0.0)
-    lse = m_i + ct.log2(ct.where(seen, l_i, 1.0))  # -inf where nothing was seen (m_i = -inf)
+    return ct.where(seen, 1.0 / ct.where(seen, l_i, 1.0), 0.0)
+
+
+def decode_partial_kernel_fn(Q, K, V, LENS, PO, PL, qk_scale_log2,
+                             HEAD_DIM: ConstInt, GB: ConstInt, QP: ConstInt, BLOCK_N: ConstInt,
+                             CAUSAL: ConstBool, KV_LATENCY: ConstInt):
+    """Partial attention of one ``(batch, kv head, group slice)`` over one split of the cache.
+
+    Args:
+        Q: ``(B, Hkv, G, Sq, D)`` queries (a view of ``(B, H, Sq, D)``), bfloat16 / float16.
+        K, V: ``(B, Hkv, cap, D)`` key / value caches, same dtype.
+        LENS: ``(B,)`` int32 valid lengths (positions ``< LENS[b]`` are attended; clamped to
+            ``[1, cap]``).
+        PO: ``(B * Hkv * NS, G, Sq, D)`` float32 partial outputs (row ``(b * Hkv + hk) * NS + s``).
+        PL: ``(B * Hkv * NS, G, Sq)`` float32 partial log-sum-exps, base 2.
+        qk_scale_log2 (runtime float32): ``softmax scale * log2(e)``, > 0.
+        HEAD_DIM, GB, QP, BLOCK_N, KV_LATENCY (constant ints): ``D``; query heads per block; padded
+            query tokens (power of two, ``>= Sq``); keys per tile (divides :data:`GRANULE`); ``latency=``
+            hint of the K/V loads (0: none).
+        CAUSAL (constant bool): query ``i`` sees keys ``<= len - Sq + i`` (bottom-right aligned).
+
+    Grid: ``(B * Hkv * NGB, NS)`` with ``NGB = cdiv(G, GB)``.
+    """
+    b, hk, gi, bh = _block_rows(Q, K, GB)
+    ns = ct.num_blocks(1)
+    sp = ct.bid(1)
+    acc, l_i, m_i = _attend(Q, K, V, LENS, qk_scale_log2, b, hk, gi, ns, sp,
+                            HEAD_DIM, GB, QP, BLOCK_N, CAUSAL, KV_LATENCY)
+    inv = _inverse(l_i)
+    lse = m_i + ct.log2(ct.where(l_i > 0.0, l_i, 1.0))  # -inf where nothing was seen (m_i = -inf)
     row = bh * ns + sp
     ct.store(PO, (row, gi, 0, 0), (acc * inv).reshape((1, GB, QP, HEAD_DIM)))
     ct.store(PL, (row, gi, 0), lse.reshape((1, GB, QP)))
+
+
+def decode_direct_kernel_fn(Q, K, V, LENS, O, qk_scale_log2,
+                            HEAD_DIM: ConstInt, GB: ConstInt, QP: ConstInt, BLOCK_N: ConstInt,
+                            CAUSAL: ConstBool, KV_LATENCY: ConstInt):
+    """Attention of one ``(batch, kv head, group slice)`` over the whole cache, stored into the output.
+
+    The one-split case of :func:`decode_partial_kernel_fn` (same loop, same arguments but ``O`` for
+    ``PO``/``PL``): the normalized output ``acc / l`` rounded to ``O``'s dtype, with no partials and
+    no combine. Needs ``G % GB == 0``: a block's ``GB`` heads are then the ``GB``-row tile
+    ``hk * (G / GB) + gi`` of ``O``'s head axis (the ``QP - Sq`` padded query rows are dropped by the
+    store).
+
+    Args:
+        Q, K, V, LENS, qk_scale_log2, constants: as for :func:`decode_partial_kernel_fn`.
+        O: ``(B, H, Sq, D)`` output, ``Q``'s dtype.
+
+    Grid: ``(B * Hkv * NGB,)`` with ``NGB = G / GB``.
+    """
+    b, hk, gi, _ = _block_rows(Q, K, GB)
+    acc, l_i, _ = _attend(Q, K, V, LENS, qk_scale_log2, b, hk, gi, 1, 0,
+                          HEAD_DIM, GB, QP, BLOCK_N, CAUSAL, KV_LATENCY)
+    out = (acc * _inverse(l_i)).astype(O.dtype)
+    ct.store(O, (b, hk * (Q.shape[2] // GB) + gi, 0, 0), out.reshape((1, GB, QP, HEAD_DIM)))
 
 
 def decode_combine_kernel_fn(PO, PL, O, QP: ConstInt, HEAD_DIM: ConstInt):
@@ -227,6 +283,7 @@ def decode_combine_kernel_fn(PO, PL, O, QP: ConstInt, HEAD_DIM: ConstInt):
 
 decode_partial_kernel = ct.kernel(decode_partial_kernel_fn)
 decode_combine_kernel = ct.kernel(decode_combine_kernel_fn)
+decode_direct_kernel = ct.kernel(decode_direct_kernel_fn)
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,6 +319,14 @@ def decode_splits(units: int, capacity: int, sms: int, waves: float = 2.0) -> in
     units, capacity, sms = max(1, int(units)), max(1, int(capacity)), max(1, int(sms))
     want = -(-int(round(sms * waves)) // units)
     return max(1, min(want, -(-capacity // GRANULE)))
+
+
+def decode_direct(g: int, sq: int, ns: int) -> bool:
+    """Whether a call with ``g`` query heads per kv head, ``sq`` query tokens and ``ns`` splits runs
+    :func:`decode_direct_kernel_fn` alone: one split (nothing to combine) and group slices that tile
+    the head axis of the output (``G % GB == 0``, so a block's ``GB`` heads are one tile of ``O``)."""
+    gb, _, _ = decode_rows(g, sq)
+    return int(ns) == 1 and int(g) % gb == 0
 
 
 def split_bounds(kv_len: int, ns: int, sp: int) -> tuple[int, int]:

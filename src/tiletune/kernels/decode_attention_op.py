@@ -19,6 +19,9 @@ Public ops::
   (:func:`~tiletune.kernels.decode_attention_kernels.decode_splits`); the partial kernel's key tile,
   K/V latency hint, occupancy and worker warps are tuned (:data:`DECODE_SPACE`, 24 configs), with the
   cache capacity, the batch and the workspace rows bucketed to powers of two.
+* When the batch alone fills the GPU (one split) and the group slices tile the heads
+  (:func:`~tiletune.kernels.decode_attention_kernels.decode_direct`), one launch of the direct kernel
+  (:data:`DECODE_DIRECT`, same space) writes the output instead: no partials, no combine.
 
 :func:`tiletune.kernels.attention` routes calls with ``Sq <= 16`` and ``Sk > Sq`` here (same result).
 
@@ -54,6 +57,9 @@ from .decode_attention_kernels import (
     LOG2E,
     decode_combine_kernel,
     decode_combine_kernel_fn,
+    decode_direct,
+    decode_direct_kernel,
+    decode_direct_kernel_fn,
     decode_partial_kernel,
     decode_partial_kernel_fn,
     decode_rows,
@@ -63,6 +69,7 @@ from .decode_attention_kernels import (
 __all__ = [
     "DECODE_COMBINE",
     "DECODE_COMBINE_SPACE",
+    "DECODE_DIRECT",
     "DECODE_PARTIAL",
     "DECODE_SPACE",
     "KV_APPEND",
@@ -70,6 +77,8 @@ __all__ = [
     "decode_attention",
     "decode_combine_plan",
     "decode_combine_reference",
+    "decode_direct_plan",
+    "decode_direct_reference",
     "decode_partial_plan",
     "decode_partial_reference",
     "kv_append_plan",
@@ -86,6 +95,7 @@ DECODE_COMBINE_SPACE = Space(occupancy=[1], num_worker_warps=[4])
 
 decode_partial_kernel_i64 = int64_twin(decode_partial_kernel_fn, ["Q", "K", "V", "PO", "PL"])
 decode_combine_kernel_i64 = int64_twin(decode_combine_kernel_fn, ["PO", "PL", "O"])
+decode_direct_kernel_i64 = int64_twin(decode_direct_kernel_fn, ["Q", "K", "V", "O"])
 
 _NEG_INF = float("-inf")
 
@@ -106,6 +116,21 @@ def decode_partial_plan(cfg: Any, q5: Any, k: Any, v: Any, lens: Any, po: Any, p
                   (q5, k, v, lens, po, pl, qk_scale_log2, d, gb, qp, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
 
 
+def decode_direct_plan(cfg: Any, q5: Any, k: Any, v: Any, lens: Any, o: Any, causal: bool,
+                       qk_scale_log2: float) -> Launch:
+    """Launch plan of the direct kernel (one split, ``G % GB == 0``): grid ``(B * Hkv * NGB,)``; ``o`` is
+    the ``(B, H, Sq, D)`` output. The kernel arguments are the partial kernel's with ``o`` for the
+    partials."""
+    bsz, hkv, g, sq, d = q5.shape
+    gb, qp, ngb = decode_rows(g, sq)
+    if g % gb:
+        raise ValueError(f"decode_direct_plan: G={g} query heads per kv head are not a multiple of the "
+                         f"{gb} heads of a block (Sq={sq}): the split path serves this call")
+    kernel = decode_direct_kernel_i64 if needs_int64(q5, k, v, o) else decode_direct_kernel
+    return Launch(kernel, (bsz * hkv * ngb,),
+                  (q5, k, v, lens, o, qk_scale_log2, d, gb, qp, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
+
+
 def decode_combine_plan(cfg: Any, po: Any, pl: Any, o: Any) -> Launch:
     """Launch plan of the combine kernel: grid ``(B * H,)``."""
     bsz, h, sq, d = o.shape
@@ -119,19 +144,17 @@ def decode_combine_plan(cfg: Any, po: Any, pl: Any, o: Any) -> Launch:
 # --------------------------------------------------------------------------------------------
 
 
-def decode_partial_reference(q5: Any, k: Any, v: Any, lens: Any, po: Any, pl: Any, causal: bool,
-                             qk_scale_log2: float) -> tuple[Any, Any]:
-    """Expected ``(po, pl)``: per split (boundaries of :func:`~.decode_attention_kernels.split_bounds`),
-    the softmax-normalized partial output and the base-2 log-sum-exp of the scaled scores (``-inf`` and
-    0 for a split, or a row, with no visible key)."""
+def _split_attention(q5: Any, k: Any, v: Any, lens: Any, ns: int, causal: bool,
+                     qk_scale_log2: float) -> tuple[Any, Any]:
+    """``(o, lse)`` of every split, float32 on ``q5``'s device: ``(B * Hkv * ns, G, Sq, D)`` and
+    ``(B * Hkv * ns, G, Sq)`` (the partial kernel's layout)."""
     import torch
 
     bsz, hkv, g, sq, d = q5.shape
     cap = k.shape[2]
     rows = g * sq
-    ns = po.shape[0] // max(1, bsz * hkv)
-    out_o = torch.zeros(po.shape, dtype=torch.float32, device=po.device)
-    out_l = torch.full(pl.shape, _NEG_INF, dtype=torch.float32, device=pl.device)
+    out_o = torch.zeros((bsz * hkv * ns, g, sq, d), dtype=torch.float32, device=q5.device)
+    out_l = torch.full((bsz * hkv * ns, g, sq), _NEG_INF, dtype=torch.float32, device=q5.device)
     lens_l = [min(max(int(x), 1), cap) for x in lens.reshape(-1).tolist()]
     qi = torch.arange(rows, device=q5.device) % sq
     for b in range(bsz):
@@ -162,6 +185,16 @@ def decode_partial_reference(q5: Any, k: Any, v: Any, lens: Any, po: Any, pl: An
     return out_o, out_l
 
 
+def decode_partial_reference(q5: Any, k: Any, v: Any, lens: Any, po: Any, pl: Any, causal: bool,
+                             qk_scale_log2: float) -> tuple[Any, Any]:
+    """Expected ``(po, pl)``: per split (boundaries of :func:`~.decode_attention_kernels.split_bounds`),
+    the softmax-normalized partial output and the base-2 log-sum-exp of the scaled scores (``-inf`` and
+    0 for a split, or a row, with no visible key)."""
+    bsz, hkv = q5.shape[:2]
+    out_o, out_l = _split_attention(q5, k, v, lens, po.shape[0] // max(1, bsz * hkv), causal, qk_scale_log2)
+    return out_o.to(po.device), out_l.to(pl.device)
+
+
 def decode_combine_reference(po: Any, pl: Any, o: Any) -> Any:
     """Expected ``o``: the partials combined by their log-sum-exps (float32), in ``o``'s dtype."""
     import torch
@@ -180,15 +213,30 @@ def decode_combine_reference(po: Any, pl: Any, o: Any) -> Any:
     return out.reshape(bsz, h, sq, d).to(o.dtype)
 
 
+def decode_direct_reference(q5: Any, k: Any, v: Any, lens: Any, o: Any, causal: bool, qk_scale_log2: float) -> Any:
+    """Expected ``o``: the attention output in ``o``'s dtype, the one-split partial of
+    :func:`decode_partial_reference` (float32 softmax over all the visible keys; 0 for a row with none),
+    which is also what :func:`decode_combine_reference` makes of one split."""
+    bsz, h, sq, d = o.shape
+    out, _ = _split_attention(q5, k, v, lens, 1, causal, qk_scale_log2)
+    return out.reshape(bsz, h, sq, d).to(device=o.device, dtype=o.dtype)
+
+
+def _output_tolerance(dt: str, k: Any, v: Any) -> Tolerance:
+    """Bound of an attention output computed in float32 from ``P`` rounded to ``dt`` before ``P @ V``:
+    as :func:`tiletune.kernels.attention_op`'s (``atol = 2 eps max|v|``, 1.5 ulps aggregate, float32
+    sums over ``capacity`` keys)."""
+    vmax = float(v.abs().amax()) if v.numel() else 0.0
+    t = derived_tolerance(dt, length=k.shape[-2], agg_ulps=1.5)
+    return Tolerance(rtol=t.rtol, atol=2.0 * eps(dt) * vmax, atol_rms=t.atol_rms, agg=t.agg, agg_atol=0.0)
+
+
 def _partial_tolerance(q5: Any, k: Any, v: Any, *_: Any) -> dict:
     """Partial outputs (float32, but made of ``q``'s dtype: ``P`` is rounded to it before ``P @ V``): the
     attention op's bound with ``q``'s epsilon (``atol = 2 eps max|v|``). Log-sum-exps: float32 math
     over up to ``capacity`` terms, plus ``2^-12`` absolute (a split's weight off by under 0.02%, a
     quarter of a float16 ulp)."""
-    dt = str(q5.dtype).replace("torch.", "")
-    vmax = float(v.abs().amax()) if v.numel() else 0.0
-    t = derived_tolerance(dt, length=k.shape[-2], agg_ulps=1.5)
-    o_tol = Tolerance(rtol=t.rtol, atol=2.0 * eps(dt) * vmax, atol_rms=t.atol_rms, agg=t.agg, agg_atol=0.0)
+    o_tol = _output_tolerance(str(q5.dtype).replace("torch.", ""), k, v)
     lt = derived_tolerance("float32", length=k.shape[-2], compute_ulps=64.0)
     l_tol = Tolerance(rtol=lt.rtol, atol=2.0 ** -12, atol_rms=lt.atol_rms, agg=lt.agg, agg_atol=2.0 ** -14)
     return {"output:0": {"float32": o_tol}, "output:1": {"float32": l_tol}}
@@ -200,6 +248,20 @@ def _combine_tolerance(*_: Any) -> dict:
     return derived_tolerances(atol_ulps=2.0, compute_ulps=64.0)
 
 
+def _direct_tolerance(q5: Any, k: Any, v: Any, lens: Any, o: Any, *_: Any) -> dict:
+    """The direct kernel's output, ``q``'s dtype: the same float32 loop as a partial, normalized and
+    rounded once to the output dtype, i.e. attention's bound in that dtype (:func:`_output_tolerance`):
+    rounding of ``P`` to the input dtype before ``P @ V`` errs by up to ``eps/2`` of each
+    probability, so up to ``eps/2 * max|v|`` absolute whatever the output's size (``atol = 2 eps
+    max|v|``); the final rounding and the reference's own are within ``rtol`` (2 ulps, plus the float32
+    accumulation over ``capacity`` keys); the aggregate keeps 1.5 ulps of the output's RMS. The
+    combine's bound (2 ulps of the RMS, no ``max|v|`` term) would be too tight: it compares the combine
+    with the combine of the kernel's own partials, whose ``P`` rounding is already inside, while this
+    reference is the float32 softmax itself."""
+    dt = str(o.dtype).replace("torch.", "")
+    return {dt: _output_tolerance(dt, k, v)}
+
+
 def _rows_bucketed(**dims: int) -> Buckets:
     return Buckets({name: {dim: "pow2"} for name, dim in dims.items()})
 
@@ -209,6 +271,14 @@ def _rows_bucketed(**dims: int) -> Buckets:
 DECODE_PARTIAL = LibraryOp(
     "tiletune.decode_attention", lambda regime: DECODE_SPACE, decode_partial_plan, reference=decode_partial_reference,
     writes=["po", "pl"], tolerance=_partial_tolerance, buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, po=0, pl=0),
+)
+
+#: The direct kernel's library op (one split, ``G % GB == 0``; :data:`DECODE_SPACE`, one regime: writes
+#: ``o`` whole, so a one-launch call is replayed by :func:`tiletune.fastcall.fast_op`).
+DECODE_DIRECT = LibraryOp(
+    "tiletune.decode_attention_direct", lambda regime: DECODE_SPACE, decode_direct_plan,
+    reference=decode_direct_reference, writes=["o"], tolerance=_direct_tolerance,
+    buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, o=0),
 )
 
 #: The combine kernel's library op (:data:`DECODE_COMBINE_SPACE`, one regime; writes ``o``).
@@ -268,27 +338,45 @@ def _lengths_tensor(op: str, lengths: Any, bsz: int, cap: int, sq: int, causal: 
 
 
 class DecodeCall:
-    """One decode-attention call ready to launch: ``partial(*partial_args)``, ``combine(*combine_args)``."""
+    """One decode-attention call ready to launch.
 
-    __slots__ = ("partial_args", "combine_args", "out", "splits")
+    Split path (``direct_args`` None): ``DECODE_PARTIAL(*partial_args)``, then
+    ``DECODE_COMBINE(*combine_args)``. Direct path (``splits == 1``, whole group slices):
+    ``DECODE_DIRECT(*direct_args)`` alone, ``partial_args`` and ``combine_args`` None (no workspace).
+    ``splits``: the KV splits of the call (1 on the direct path); ``out``: the ``(B, H, Sq, D)`` output.
+    """
 
-    def __init__(self, partial_args: tuple, combine_args: tuple, out: Any, splits: int) -> None:
+    __slots__ = ("partial_args", "combine_args", "direct_args", "out", "splits")
+
+    def __init__(self, partial_args: tuple | None, combine_args: tuple | None, out: Any, splits: int,
+                 direct_args: tuple | None = None) -> None:
         self.partial_args = partial_args
         self.combine_args = combine_args
+        self.direct_args = direct_args
         self.out = out
         self.splits = splits
 
+    @property
+    def direct(self) -> bool:
+        """Whether the call is one launch of the direct kernel."""
+        return self.direct_args is not None
+
     def run(self) -> Any:
-        DECODE_PARTIAL.op(None)(*self.partial_args)
-        DECODE_COMBINE.op(None)(*self.combine_args)
+        if self.direct_args is not None:
+            DECODE_DIRECT.op(None)(*self.direct_args)
+        else:
+            DECODE_PARTIAL.op(None)(*self.partial_args)
+            DECODE_COMBINE.op(None)(*self.combine_args)
         return self.out
 
 
 def prepare_decode(q: Any, k: Any, v: Any, lens: Any, causal: bool, scale: float,
-                   sms: int | None = None) -> DecodeCall:
+                   sms: int | None = None, allow_direct: bool = True) -> DecodeCall:
     """Views, workspace and output of one call (no checks, no launch); ``lens`` a ``(B,)`` int32 tensor.
 
-    ``sms``: the SM count used to choose the splits (default: the device's)."""
+    ``sms``: the SM count used to choose the splits (default: the device's). The call takes the direct
+    kernel when :func:`~.decode_attention_kernels.decode_direct` allows it (one split, ``G % GB == 0``)
+    and ``allow_direct`` (False: the split path whatever the splits, for tests and comparisons)."""
     import torch
 
     bsz, h, sq, d = q.shape
@@ -301,11 +389,14 @@ def prepare_decode(q: Any, k: Any, v: Any, lens: Any, causal: bool, scale: float
     if sms is None:
         sms = sm_count(q.get_device()) if q.is_cuda else 132
     ns = decode_splits(bsz * hkv * ngb, cap, sms)
+    causal, qk_scale_log2 = bool(causal), float(scale) * LOG2E
+    o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
+    if allow_direct and decode_direct(g, sq, ns):
+        return DecodeCall(None, None, o, ns, direct_args=(q5, k, v, lens, o, causal, qk_scale_log2))
     rows = bsz * hkv * ns
     po = torch.empty((rows, g, sq, d), dtype=torch.float32, device=q.device)
     pl = torch.empty((rows, g, sq), dtype=torch.float32, device=q.device)
-    o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
-    return DecodeCall((q5, k, v, lens, po, pl, bool(causal), float(scale) * LOG2E), (po, pl, o), o, ns)
+    return DecodeCall((q5, k, v, lens, po, pl, causal, qk_scale_log2), (po, pl, o), o, ns)
 
 
 @fast_op()
@@ -327,8 +418,9 @@ def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, ca
         A new ``(B, H, Sq, D)`` tensor of ``q``'s dtype. No host synchronization: capturable in a CUDA
         graph once tuned (pass ``lengths`` as a tensor and update it in place between replays).
 
-    Calls after the first ones with a signature replay the two launches (:func:`tiletune.fastcall.fast_op`:
-    the split partials are a temporary of the recipe) when ``lengths`` is an int32 tensor and the
+    Calls after the first ones with a signature replay the launches (:func:`tiletune.fastcall.fast_op`):
+    two on the split path (the split partials are a temporary of the recipe), one when the batch
+    needs no split (the direct kernel writes the output), when ``lengths`` is an int32 tensor and the
     operands need no copy; otherwise every call takes the checks again.
     """
     op = "decode_attention"
