@@ -31,6 +31,11 @@
 # The GPU host sets PYTHONDONTWRITEBYTECODE=1 and the bundle installs without .pyc: every part first compiles
 # them (python -m compileall), as a pip install would have, so first-call timings are not dominated by
 # compiling cuTile's sources in every fresh process.
+#   swapgpu   issue 20 (2026-12-01 evening): GPU tests of the swapped small-M GEMM route, the direct (one-split) decode
+#             attention and the one-kernel kv_cache_append
+#   smalltable the shipped table's small-M matmul keys again (the split-K space changed: its entries were dropped;
+#             copy the table back from OUT)
+#   decoderq  issue 20: decoder_layer.py --quick --profile-kernels (unfused MLP) with the first forward
 set -uo pipefail
 part=${1:?PART}
 out=$(realpath -m "${2:-/tmp/pending-h200}")
@@ -68,6 +73,20 @@ case "$part" in
       --ops rms_norm,rms_norm_residual,swiglu,apply_rope_,matmul --projections --tokens 1,8,16,128,1024,2048 \
       --attention-s 2048,4096 --deadline-s 200 --report "$out/make_table_qwen.json" 2>&1 | tail -8
     cp $T "$out/" ;;
+  swapgpu)
+    limit 170 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_splitk.py -k "swap or production" \
+      --junitxml="$out/swapgpu_gemm.xml" > "$out/swapgpu_gemm.log" 2>&1
+    tail -12 "$out/swapgpu_gemm.log"
+    limit 200 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_decode_attention.py tests/test_gpu_kv_cache.py \
+      --junitxml="$out/swapgpu_decode.xml" > "$out/swapgpu_decode.log" 2>&1
+    tail -25 "$out/swapgpu_decode.log" ;;
+  smalltable)
+    T=src/tiletune/data/tables/h200-sm90.json
+    limit 200 python benchmarks/make_table.py --db "$out/fill.db" --table $T --ops matmul --no-attention \
+      --tokens 1,16,128,8,64,256,32 --deadline-s 170 --report "$out/make_table_small_m.json" 2>&1 | tail -10
+    cp $T "$out/" ;;
+  decoderq)
+    limit 560 python benchmarks/decoder_layer.py --quick --profile-kernels --out "$out" 2>&1 | tail -5 ;;
   graphs)
     limit 560 python benchmarks/graphs_compile.py --cases compile_fullgraph,reduce_overhead --deadline 500 --out "$out" 2>&1 | tail -30 ;;
   table)
