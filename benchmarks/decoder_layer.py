@@ -18,7 +18,9 @@ capture-safe once tuned: the first forward tunes, a second warms, then the step 
 ``tiletune_stream_us`` = GPU time of forwards launched back to back without a graph;
 ``tiletune_host_us`` = host time of the launch calls of one forward (``time.perf_counter``, no sync);
 ``eager_us``, ``compile_us`` (``torch.compile`` default) and ``compile_ro_us`` (``mode="reduce-overhead"``,
-CUDA graphs) = GPU time per forward from CUDA events around a back-to-back loop; ``rel_err`` =
+CUDA graphs) = GPU time per forward from CUDA events around a back-to-back loop; these four (with
+``tiletune_us``) are measured in five interleaved rounds, the median round each (:func:`interleaved_us`);
+``rel_err`` =
 ``||tiletune - eager|| / ||eager||`` of the layer output; ``first_forward_s`` (one row) = wall time of
 the first forward in a fresh process that shares this run's tuning database and cuTile disk cache.
 
@@ -247,6 +249,21 @@ def gpu_us(fn: Any, iters: int, warmup: int = 3) -> float:
     return a.elapsed_time(b) * 1000.0 / iters
 
 
+def interleaved_us(fns: dict[str, Any], iters: int, rounds: int = 5) -> dict[str, float]:
+    """:func:`gpu_us` of every callable of ``fns``, measured in ``rounds`` interleaved rounds of about
+    ``iters / rounds`` calls each (the order rotates every round), the median round per name: clock and
+    thermal drift over a run reach every variant alike instead of whichever was timed last."""
+    import statistics
+
+    names = list(fns)
+    per = max(3, -(-iters // rounds))
+    got: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            got[name].append(gpu_us(fns[name], per, warmup=2))
+    return {n: statistics.median(v) for n, v in got.items()}
+
+
 def host_us(fn: Any, iters: int) -> float:
     """Host time per call of the launch calls (no synchronization inside the loop)."""
     import torch
@@ -330,18 +347,18 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
     row["tiletune_host_us"] = host_us(fwd, n)
     row["tiletune_stream_us"] = gpu_us(fwd, n)
     g, _ = capture_graph(fwd)
-    row["tiletune_us"] = gpu_us(g.replay, n)
 
     eager_caches = st.caches() if phase == "decode" else (None, None)
     mod = torch_module(w, st, *eager_caches)
+    timed: dict[str, Any] = {"tiletune_us": g.replay}
     with torch.no_grad():
         out_eager = mod(st.x, st.cos, st.sin)
         torch.cuda.synchronize()
         row["rel_err"] = rel_err(out_tt, out_eager)
-        row["eager_us"] = gpu_us(lambda: mod(st.x, st.cos, st.sin), n)
-        row["eager_host_us"] = host_us(lambda: mod(st.x, st.cos, st.sin), n)
+        timed["eager_us"] = lambda m=mod, x=st.x, c=st.cos, sn=st.sin: m(x, c, sn)
+        row["eager_host_us"] = host_us(timed["eager_us"], n)
+        torch._dynamo.reset()
         for key, mode in (("compile_us", None), ("compile_ro_us", "reduce-overhead")):
-            torch._dynamo.reset()
             cmod = torch_module(w, st, *(st.caches() if phase == "decode" else (None, None)))
             fn = torch.compile(cmod, mode=mode) if mode else torch.compile(cmod)
             try:
@@ -350,15 +367,16 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
                 torch.cuda.synchronize()
                 row[key.replace("_us", "_warmup_s")] = time.perf_counter() - t0
                 row[key.replace("_us", "_rel_err")] = rel_err(out_c, out_eager)
-                row[key] = gpu_us(lambda: fn(st.x, st.cos, st.sin), n)
-                if profile and mode is None:
-                    prof = row.setdefault("kernel_profile", {})
-                    prof["torch.compile"] = profile_kernels(lambda: fn(st.x, st.cos, st.sin))
-                    prof["tiletune"] = profile_kernels(fwd)
+                timed[key] = (lambda f=fn, x=st.x, c=st.cos, sn=st.sin: f(x, c, sn))
             except Exception as exc:  # noqa: BLE001 - a compile failure is a result, not a crash
                 row[key] = None
                 row[key.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            del cmod, fn
+        # every GPU time of the row in interleaved rounds (tiletune's graph, eager, both compiled modes)
+        row.update(interleaved_us(timed, n))
+        if profile and "compile_us" in timed:
+            row["kernel_profile"] = {"torch.compile": profile_kernels(timed["compile_us"]),
+                                     "tiletune": profile_kernels(fwd)}
+        del timed
     for key in ("compile_us", "compile_ro_us"):
         if row.get(key):
             row[f"vs_{key[:-3]}"] = row[key] / row["tiletune_us"]
@@ -464,22 +482,27 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     w = make_weights()
     rows = []
-    for phase, bsz, s in rows_for(args.quick, args.rows):
-        r = measure_row(w, phase, bsz, s, fused_mlp=args.fused_mlp, profile=args.profile_kernels)
-        rows.append(r)
-        print(json.dumps(r), flush=True)
-    if rows and not args.no_first_forward:
-        r0 = rows[0]
-        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], splitk, args.fused_mlp,
-                                                    args.model)
     out = Path(args.out) if args.out else None
     # a --fused-mlp run writes decoder_layer_fused_mlp.json beside the unfused run's decoder_layer.json
     name = "decoder_layer" + ("" if args.model == "llama3-8b" else f"_{args.model}") + \
         ("_fused_mlp" if args.fused_mlp else "")
-    path = write_result(name, {"quick": args.quick, "splitk": splitk, "fused_mlp": args.fused_mlp,
-                               "rows": rows, "wall_s": time.perf_counter() - t_start,
-                               "layer": {"model": MODEL, "hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
-                                         "head_dim": HEAD_DIM, "ffn": FFN, "dtype": "bfloat16"}}, out)
+
+    def save() -> Path:  # after every row too, so a run cut by a deadline keeps its finished rows
+        return write_result(name, {"quick": args.quick, "splitk": splitk, "fused_mlp": args.fused_mlp,
+                                   "rows": rows, "wall_s": time.perf_counter() - t_start,
+                                   "layer": {"model": MODEL, "hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
+                                             "head_dim": HEAD_DIM, "ffn": FFN, "dtype": "bfloat16"}}, out)
+
+    for phase, bsz, s in rows_for(args.quick, args.rows):
+        r = measure_row(w, phase, bsz, s, fused_mlp=args.fused_mlp, profile=args.profile_kernels)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        save()
+    if rows and not args.no_first_forward:
+        r0 = rows[0]
+        r0["first_forward_s"] = first_forward_fresh(r0["phase"], r0["B"], r0["S"], splitk, args.fused_mlp,
+                                                    args.model)
+    path = save()
     plot(rows, path.with_suffix(".png"))
     del torch
     return 0

@@ -694,6 +694,25 @@ def test_attention_routes_short_queries_to_decode_and_the_switch_turns_it_off(mo
     assert not attn_mod._routes_to_decode(1, 4096)
 
 
+def test_decoder_layer_times_its_variants_in_interleaved_rounds(monkeypatch):
+    """Each variant is timed once per round, the order rotating, and reported as its median round."""
+    dl = _decoder_layer()
+    order, values = [], {"a": iter([5.0, 1.0, 3.0, 9.0, 2.0]), "b": iter([7.0] * 5), "c": iter([1.0, 2.0, 3.0, 4.0, 50.0])}
+    fns = {name: name for name in values}
+
+    def fake_gpu_us(fn, iters, warmup=3):
+        order.append(fn)
+        assert iters == 20  # 100 calls over 5 rounds
+        return next(values[fn])
+
+    monkeypatch.setattr(dl, "gpu_us", fake_gpu_us)
+    got = dl.interleaved_us(fns, 100, rounds=5)
+    assert got == {"a": 3.0, "b": 7.0, "c": 3.0}
+    rounds = [order[i:i + 3] for i in range(0, 15, 3)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    assert [r[0] for r in rounds] == ["a", "b", "c", "a", "b"]  # nobody is always timed first or last
+
+
 def test_decoder_layer_kernel_table_is_per_forward_and_keeps_the_total():
     dl = _decoder_layer()
 
