@@ -306,6 +306,11 @@ def kernel_table(kernels: Any, forwards: int, top: int = 25) -> list[dict[str, A
     return rows
 
 
+def kernel_sums(profile: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """GPU time per forward of each side of a ``kernel_profile`` (the sum of its kernels, rounded to 0.1 us)."""
+    return {side: round(sum(k["us"] for k in kernels), 1) for side, kernels in profile.items()}
+
+
 def profile_kernels(fn: Any, forwards: int = 10) -> list[dict[str, Any]]:
     """:func:`kernel_table` of ``fn`` (one forward) under ``torch.profiler`` (CUDA activity), after a warm-up."""
     import torch
@@ -376,6 +381,7 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
         if profile and "compile_us" in timed:
             row["kernel_profile"] = {"torch.compile": profile_kernels(timed["compile_us"]),
                                      "tiletune": profile_kernels(fwd)}
+            row["kernel_sum_us"] = kernel_sums(row["kernel_profile"])
         del timed
     for key in ("compile_us", "compile_ro_us"):
         if row.get(key):
