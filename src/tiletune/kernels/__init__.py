@@ -34,7 +34,8 @@ _MEMORY_OPS = {
 }
 
 # KV-cache decode ops (issue 20): importable as tiletune.kernels.decode_attention / kv_cache_append; not
-# in __all__ yet (benchmarks/host_cost.py and the torch.library custom ops cover exactly __all__)
+# in __all__ yet (benchmarks/host_cost.py covers exactly __all__); torch.compile traces them as the custom ops
+# tiletune::decode_attention / kv_cache_append (torch_ops)
 _DECODE_OPS = {"decode_attention": "decode_attention_op", "kv_cache_append": "decode_attention_op"}
 
 # fused GEMM epilogues (issue 20): importable as tiletune.kernels.matmul_swiglu, not in __all__ either; not

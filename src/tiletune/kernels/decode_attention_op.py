@@ -45,7 +45,7 @@ from ._attention_checks import (
     check_qkv_tensors,
     softmax_scale,
 )
-from ..fastcall import fast_op
+from ..fastcall import custom_op_route, fast_op
 from ._membound import int64_twin, needs_int64, sm_count
 from .library_op import LibraryOp
 from .decode_attention_kernels import (
@@ -399,7 +399,7 @@ def prepare_decode(q: Any, k: Any, v: Any, lens: Any, causal: bool, scale: float
     return DecodeCall((q5, k, v, lens, po, pl, causal, qk_scale_log2), (po, pl, o), o, ns)
 
 
-@fast_op()
+@fast_op(route=custom_op_route("decode_attention"))
 def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, causal: bool = True,
                      scale: float | None = None) -> Any:
     """Attention of ``Sq <= 16`` new query tokens over the first ``lengths`` positions of a KV cache.
@@ -421,7 +421,9 @@ def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, ca
     Calls after the first ones with a signature replay the launches (:func:`tiletune.fastcall.fast_op`):
     two on the split path (the split partials are a temporary of the recipe), one when the batch
     needs no split (the direct kernel writes the output), when ``lengths`` is an int32 tensor and the
-    operands need no copy; otherwise every call takes the checks again.
+    operands need no copy; otherwise every call takes the checks again. Under ``torch.compile`` the
+    call is one node of the graph, the custom op ``tiletune::decode_attention``
+    (:mod:`tiletune.kernels.torch_ops`).
     """
     op = "decode_attention"
     _check_qkv(op, q, cache_k, cache_v)
@@ -454,9 +456,16 @@ def kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> t
 
     The first call with a new bucket of shapes tunes the op's one config (a correctness check and
     a timing), which briefly copies the caches a few times: see :data:`KV_APPEND`.
+
+    Under ``torch.compile`` the call is one node of the graph, the custom op ``tiletune::kv_cache_append``
+    (:mod:`tiletune.kernels.torch_ops`), which mutates both caches.
     """
     import torch
 
+    if torch.compiler.is_compiling():  # traced: the custom op, before any check (as fast_op's route does)
+        from .torch_ops import compiled_call
+
+        return compiled_call("kv_cache_append", cache_k, cache_v, k, v, start)
     if isinstance(start, torch.Tensor):
         return _kv_cache_append_tensor(cache_k, cache_v, k, v, start)
     return _kv_cache_append(cache_k, cache_v, k, v, start)

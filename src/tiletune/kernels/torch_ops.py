@@ -21,11 +21,21 @@ Registered ops (``torch.ops.tiletune.<name>``; every output is a new tensor)::
     matmul(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor
     attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor
     matmul_swiglu(Tensor x, Tensor w_gate_up) -> Tensor                    # swiglu(x @ w_gate_up), fused
+    decode_attention(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? lengths, int? lengths_int,
+                     bool causal, float? scale) -> Tensor
+    kv_cache_append(Tensor(a!) cache_k, Tensor(b!) cache_v, Tensor k, Tensor v, Tensor? start,
+                    int? start_int) -> ()
 
 A custom op has one return schema, so ``cross_entropy(..., return_grad=True)`` is its own op
 (``cross_entropy_grad``); ``apply_rope_`` mutates ``q`` and ``k`` and returns nothing (a custom op
 may not return its inputs); ``matmul``'s scales are tensors (a float scale becomes a one-element
-float32 tensor first).
+float32 tensor first). ``decode_attention``'s ``lengths`` (None, an int or a ``(B,)`` tensor) is two
+arguments, at most one of them given: ``lengths`` for a tensor, ``lengths_int`` for an int, neither
+for None (the whole capacity); ``kv_cache_append``'s ``start`` (an int or a ``(B,)`` tensor) is
+``start`` or ``start_int`` the same way (exactly one given). ``kv_cache_append`` mutates both caches
+and returns nothing; :func:`compiled_call` returns ``(cache_k, cache_v)`` as the public function does.
+(The ``int`` arguments are ``SymInt`` in the schemas, like every int of these ops: a length that
+changes from call to call may become a symbolic size instead of a recompilation.)
 
 Use :func:`compiled_call` with the public function's name and arguments (as the caller passed
 them): it calls the custom op and returns what the public function returns. The public functions
@@ -68,6 +78,8 @@ OP_NAMES = (
     "matmul",
     "attention",
     "matmul_swiglu",
+    "decode_attention",
+    "kv_cache_append",
 )
 #: Public functions :func:`compiled_call` accepts (the names of :mod:`tiletune.kernels`).
 #: Every custom op but ``cross_entropy_grad``, which serves ``cross_entropy(..., return_grad=True)``.
@@ -158,6 +170,28 @@ def _matmul_swiglu(x: Tensor, w_gate_up: Tensor) -> Tensor:
     from .gemm_glu import matmul_swiglu
 
     return matmul_swiglu(x, w_gate_up)
+
+
+def _one_of(op: str, name: str, as_tensor: Optional[Tensor], as_int: Optional[int]) -> Any:
+    """The public argument ``name`` back from its two custom-op arguments (a tensor, or an int)."""
+    if as_tensor is not None and as_int is not None:
+        raise ValueError(f"{op}: give '{name}' or '{name}_int', not both")
+    return as_tensor if as_tensor is not None else as_int
+
+
+def _decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths: Optional[Tensor],
+                      lengths_int: Optional[int], causal: bool, scale: Optional[float]) -> Tensor:
+    from .decode_attention_op import decode_attention
+
+    lens = _one_of("decode_attention()", "lengths", lengths, lengths_int)
+    return decode_attention(q, cache_k, cache_v, lens, causal, scale)
+
+
+def _kv_cache_append(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor, start: Optional[Tensor],
+                     start_int: Optional[int]) -> None:
+    from .decode_attention_op import kv_cache_append
+
+    kv_cache_append(cache_k, cache_v, k, v, _one_of("kv_cache_append()", "start", start, start_int))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,6 +350,66 @@ def _matmul_swiglu_fake(x: Tensor, w_gate_up: Tensor) -> Tensor:
     return x.new_empty((*x.shape[:-1], n2 // 2))
 
 
+_DECODE_NAMES = ("q", "cache_k", "cache_v")
+
+
+def _decode_attention_fake(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths: Optional[Tensor],
+                           lengths_int: Optional[int], causal: bool, scale: Optional[float]) -> Tensor:
+    """A new contiguous tensor like ``q`` (the eager op's output), with the eager op's shape, dtype and
+    ``lengths`` refusals (the head dim, the query count and the device are left to the real call)."""
+    from ._attention_checks import check_kv_shapes, check_qkv_tensors
+
+    op = "decode_attention()"
+    lens = _one_of(op, "lengths", lengths, lengths_int)
+    check_qkv_tensors(op, _DECODE_NAMES, q, cache_k, cache_v)
+    check_kv_shapes(op, _DECODE_NAMES, q, cache_k, cache_v)
+    bsz, sq, cap = q.shape[0], q.shape[2], cache_k.shape[2]
+    if isinstance(lens, Tensor):
+        if lens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{op}: lengths must be int32 or int64, got {lens.dtype}")
+        torch._check_with(ValueError, lens.dim() == 1 and lens.shape[0] == bsz,
+                          lambda: f"{op}: lengths must have shape ({bsz},), got {tuple(lens.shape)}")
+    elif lens is not None:
+        torch._check_with(ValueError, (1 <= lens) & (lens <= cap),
+                          lambda: f"{op}: lengths={lens} is outside [1, capacity {cap}]")
+        if causal:
+            torch._check_with(ValueError, lens >= sq,
+                              lambda: f"{op}: lengths={lens} is shorter than the {sq} causal query tokens")
+    return q.new_empty(q.shape)
+
+
+def _kv_cache_append_fake(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor, start: Optional[Tensor],
+                          start_int: Optional[int]) -> None:
+    """Nothing (the caches are written in place), with the eager op's shape, dtype and ``start`` refusals
+    (the device is left to the real call)."""
+    op = "kv_cache_append()"
+    start_ = _one_of(op, "start", start, start_int)
+    if start_ is None:
+        raise TypeError(f"{op}: start must be an int or an int32/int64 tensor, got NoneType")
+    for name, t in (("cache_k", cache_k), ("cache_v", cache_v), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{op}: '{name}' must be 4-D (B, Hkv, S, D), got shape {tuple(t.shape)}")
+    torch._check_with(ValueError, cache_k.shape == cache_v.shape,
+                      lambda: f"{op}: cache_k {tuple(cache_k.shape)} and cache_v {tuple(cache_v.shape)} differ")
+    torch._check_with(ValueError, k.shape == v.shape, lambda: f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    bsz, hkv, cap, d = cache_k.shape
+    t = k.shape[2]
+    torch._check_with(ValueError, (k.shape[0] == bsz) & (k.shape[1] == hkv) & (k.shape[3] == d),
+                      lambda: f"{op}: k/v of shape {tuple(k.shape)} do not fit caches of shape {tuple(cache_k.shape)}")
+    for name, x in (("k", k), ("v", v), ("cache_v", cache_v)):
+        if x.dtype != cache_k.dtype:
+            raise TypeError(f"{op}: '{name}' has dtype {x.dtype}, the cache {cache_k.dtype}")
+    if isinstance(start_, Tensor):
+        if start_.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{op}: start must be an int or an int32/int64 tensor, got {start_.dtype}")
+        torch._check_with(ValueError, start_.dim() == 1 and start_.shape[0] == bsz,
+                          lambda: f"{op}: a start tensor must have shape ({bsz},), got {tuple(start_.shape)}")
+    else:
+        torch._check_with(ValueError, (start_ >= 0) & (start_ + t <= cap),
+                          lambda: f"{op}: positions [{start_}, {start_ + t}) do not fit the capacity {cap}")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------------------------
@@ -334,6 +428,8 @@ _DEFS: Dict[str, Tuple[Callable[..., Any], Callable[..., Any], Tuple[str, ...]]]
     "matmul": (_matmul, _matmul_fake, ()),
     "attention": (_attention, _attention_fake, ()),
     "matmul_swiglu": (_matmul_swiglu, _matmul_swiglu_fake, ()),
+    "decode_attention": (_decode_attention, _decode_attention_fake, ()),
+    "kv_cache_append": (_kv_cache_append, _kv_cache_append_fake, ("cache_k", "cache_v")),
 }
 
 
@@ -444,6 +540,35 @@ def _call_matmul_swiglu(x: Tensor, w_gate_up: Tensor) -> Tensor:
     return _ops().matmul_swiglu(x, w_gate_up)
 
 
+def _int_or_tensor(op: str, name: str, x: Any, what: str, other: Optional[str] = None,
+                   allow_none: bool = True) -> Tuple[Optional[Tensor], Optional[int]]:
+    """``(tensor, None)``, ``(None, int)`` or ``(None, None)`` for a tensor, an int (a symbolic one while
+    compiling) or None; the eager op's ``TypeError`` for a bool (``... must be <what>, got bool``) and any
+    other type (``... must be <other or what>, got <type>``)."""
+    if isinstance(x, torch.Tensor) or (x is None and allow_none):
+        return x, None
+    if isinstance(x, bool):
+        raise TypeError(f"{op}: {name} must be {what}, got bool")
+    if isinstance(x, (int, torch.SymInt)):
+        return None, x
+    raise TypeError(f"{op}: {name} must be {other or what}, got {type(x).__name__}")
+
+
+def _call_decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths: Any = None, causal: bool = True,
+                           scale: Optional[float] = None) -> Tensor:
+    lens, lens_int = _int_or_tensor("decode_attention()", "lengths", lengths,
+                                    "an int, an integer tensor or None")
+    return _ops().decode_attention(q, cache_k, cache_v, lens, lens_int, bool(causal),
+                                   None if scale is None else float(scale))
+
+
+def _call_kv_cache_append(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor, start: Any) -> Tuple[Tensor, Tensor]:
+    s, s_int = _int_or_tensor("kv_cache_append()", "start", start, "an int or an integer tensor",
+                              "an int or an int32/int64 tensor", allow_none=False)
+    _ops().kv_cache_append(cache_k, cache_v, k, v, s, s_int)
+    return cache_k, cache_v
+
+
 _ROUTES: Dict[str, Callable[..., Any]] = {
     "rms_norm": _call_rms_norm,
     "rms_norm_residual": _call_rms_norm_residual,
@@ -456,6 +581,8 @@ _ROUTES: Dict[str, Callable[..., Any]] = {
     "matmul": _call_matmul,
     "attention": _call_attention,
     "matmul_swiglu": _call_matmul_swiglu,
+    "decode_attention": _call_decode_attention,
+    "kv_cache_append": _call_kv_cache_append,
 }
 
 
@@ -463,7 +590,8 @@ def compiled_call(name: str, *args: Any, **kwargs: Any) -> Any:
     """Call the public op ``name`` of :mod:`tiletune.kernels` through its custom op(s).
 
     Takes the public function's arguments (same names and defaults) and returns what it returns:
-    ``apply_rope_`` returns ``(q, k)`` after the in-place op, ``cross_entropy`` the loss or
+    ``apply_rope_`` returns ``(q, k)`` after the in-place op, ``kv_cache_append`` ``(cache_k, cache_v)``
+    after it, ``cross_entropy`` the loss or
     ``(loss, grad)``, ``rms_norm_residual`` ``(y, h)``. Meant for the public functions while
     ``torch.compiler.is_compiling()`` (the op becomes one graph node); callable eagerly too.
     """
