@@ -78,6 +78,8 @@ EXPECTED_SCHEMAS = {
     "matmul": (["a", "b", "scale_a", "scale_b", "out_dtype"], [], 1),
     "attention": (["q", "k", "v", "causal", "scale"], [], 1),
     "matmul_swiglu": (["x", "w_gate_up"], [], 1),
+    "decode_attention": (["q", "cache_k", "cache_v", "lengths", "lengths_int", "causal", "scale"], [], 1),
+    "kv_cache_append": (["cache_k", "cache_v", "k", "v", "start", "start_int"], ["cache_k", "cache_v"], 0),
 }
 
 
@@ -113,6 +115,10 @@ EXPECTED_SCHEMA_TEXT = [
     'tiletune::matmul(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor',
     'tiletune::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor',
     'tiletune::matmul_swiglu(Tensor x, Tensor w_gate_up) -> Tensor',
+    'tiletune::decode_attention(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? lengths, SymInt? lengths_int, '
+    'bool causal, float? scale) -> Tensor',
+    'tiletune::kv_cache_append(Tensor(a0!) cache_k, Tensor(a1!) cache_v, Tensor k, Tensor v, Tensor? start, '
+    'SymInt? start_int) -> ()',
 ]
 
 
@@ -193,6 +199,7 @@ def eager_without_launch(monkeypatch):
         "matmul": gemm.matmul,
         "attention": attn.attention,
         "matmul_swiglu": importlib.import_module("tiletune.kernels.gemm_glu").matmul_swiglu,
+        "decode_attention": dec.decode_attention,
     }
 
 
@@ -241,6 +248,16 @@ EAGER_CASES = [
     ("matmul_swiglu", lambda d: ((empty((32,), device=d), empty((32, 16), device=d)), {})),  # 1-D x
     ("matmul_swiglu", lambda d: ((empty((0, 3, 32), device=d), empty((32, 16), device=d)), {})),  # no rows
     ("matmul_swiglu", lambda d: ((empty((4, 0), device=d), empty((0, 16), device=d)), {})),  # K = 0
+    # attention's short queries take the decode kernels: one query token over 40 keys
+    ("attention", lambda d: ((empty((2, 4, 1, 64), device=d), empty((2, 2, 40, 64), device=d),
+                              empty((2, 2, 40, 64), device=d)), {})),
+    ("decode_attention", lambda d: ((empty((2, 4, 1, 64), device=d), empty((2, 2, 32, 64), device=d),
+                                     empty((2, 2, 32, 64), device=d)), {})),  # lengths None: the capacity
+    ("decode_attention", lambda d: ((empty((2, 4, 3, 128), F16, d), empty((2, 4, 32, 128), F16, d),
+                                     empty((2, 4, 32, 128), F16, d), 17), {"scale": 0.1})),
+    ("decode_attention", lambda d: ((empty((2, 1, 4, 64), device=d).transpose(1, 2), empty((2, 2, 32, 64), device=d),
+                                     empty((2, 2, 32, 64), device=d)),
+                                    {"lengths": empty((2,), torch.int64, d), "causal": False})),
 ]
 
 #: torch.matmul's shape rules: 1-D operands, (..., M, K) @ (K, N), broadcast batch dims, empty dims
@@ -288,7 +305,7 @@ ALL_EAGER_CASES = EAGER_CASES + _matmul_cases()
 def test_fake_matches_what_the_eager_op_allocates(case, eager_without_launch):
     name, make = ALL_EAGER_CASES[case]
     # matmul and attention check ``is_cuda``: fake CUDA tensors (the registered fake runs for them)
-    on_cuda = name in ("matmul", "attention")
+    on_cuda = name in ("matmul", "attention", "decode_attention")
     with FakeTensorMode() if on_cuda else contextlib.nullcontext():
         args, kwargs = make("cuda" if on_cuda else META)
         want = eager_without_launch[name](*args, **kwargs)
@@ -505,6 +522,10 @@ def _opcheck_args():
         "matmul": (empty((3, 4, 64)), empty((64, 32)), None, None, None),
         "attention": (empty((1, 4, 8, 64)), empty((1, 2, 8, 64)), empty((1, 2, 8, 64)), True, None),
         "matmul_swiglu": (empty((3, 4, 64)), empty((64, 96))),
+        "decode_attention": (empty((2, 4, 1, 64)), empty((2, 2, 32, 64)), empty((2, 2, 32, 64)),
+                             empty((2,), torch.int32), None, True, None),
+        "kv_cache_append": (empty((2, 2, 32, 64)), empty((2, 2, 32, 64)), empty((2, 2, 1, 64)),
+                            empty((2, 2, 1, 64)), None, 5),
     }
     assert set(cases) == set(OP_NAMES)
     return cases
@@ -631,6 +652,9 @@ def _single_op_calls():
         "matmul": ((empty((3, 4, 64)), empty((64,))), {}),
         "attention": ((empty((1, 4, 8, 64)), empty((1, 2, 8, 64)), empty((1, 2, 8, 64))), {"causal": True}),
         "matmul_swiglu": ((empty((3, 4, 64)), empty((96, 64)).t()), {}),
+        "decode_attention": ((empty((2, 4, 2, 64)), empty((2, 2, 32, 64)), empty((2, 2, 32, 64)), 9), {}),
+        "kv_cache_append": ((empty((2, 2, 32, 64)), empty((2, 2, 32, 64)), empty((2, 2, 2, 64)), empty((2, 2, 2, 64)),
+                             empty((2,), torch.int32)), {}),
     }
 
 
@@ -686,9 +710,9 @@ def public_functions():
     """The public functions, taken from their defining modules."""
     import types
 
-    from tiletune.kernels import _FUSED_OPS, _MEMORY_OPS
+    from tiletune.kernels import _DECODE_OPS, _FUSED_OPS, _MEMORY_OPS
 
-    where = {**_MEMORY_OPS, **_FUSED_OPS, "matmul": "gemm", "attention": "attention_op"}
+    where = {**_MEMORY_OPS, **_FUSED_OPS, **_DECODE_OPS, "matmul": "gemm", "attention": "attention_op"}
     return types.SimpleNamespace(**{name: getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
                                     for name, mod in where.items()})
 
@@ -727,3 +751,266 @@ def test_dynamic_compile_keeps_float_arguments_out_of_the_graph_inputs():
     assert len(seen) == 1
     tensors = [t for t in seen[0] if isinstance(t, torch.Tensor)]
     assert len(tensors) == 9 and all(t.device.type == META for t in tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# decode_attention and kv_cache_append: argument mapping, fakes, a decode step under torch.compile
+# ---------------------------------------------------------------------------------------------
+
+DB, DH, DHKV, DCAP, DD = 2, 4, 2, 32, 64  # batch, query heads, kv heads, cache capacity, head dim
+
+
+def decode_inputs(device=META, dtype=BF16, sq=1, t=1):
+    """``(q, cache_k, cache_v, k, v)`` of a decode step: ``sq`` queries, ``t`` new tokens."""
+    e = lambda *s: torch.empty(s, device=device, dtype=dtype)  # noqa: E731
+    return e(DB, DH, sq, DD), e(DB, DHKV, DCAP, DD), e(DB, DHKV, DCAP, DD), e(DB, DHKV, t, DD), e(DB, DHKV, t, DD)
+
+
+class _RecordingOps:
+    """Stands for ``torch.ops.tiletune``: records the custom-op calls of :func:`compiled_call`."""
+
+    def __init__(self):
+        self.calls = []
+
+    def decode_attention(self, *args):
+        self.calls.append(("decode_attention", args))
+        return "out"
+
+    def kv_cache_append(self, *args):
+        self.calls.append(("kv_cache_append", args))
+
+
+def test_decode_compiled_call_maps_lengths_and_start(monkeypatch):
+    ops = _RecordingOps()
+    monkeypatch.setattr(torch_ops, "_ops", lambda: ops)
+    q, ck, cv, k, v = decode_inputs()
+    lens, start = empty((DB,), torch.int32), empty((DB,), torch.int64)
+
+    assert compiled_call("decode_attention", q, ck, cv) == "out"
+    compiled_call("decode_attention", q, ck, cv, 7)
+    compiled_call("decode_attention", q, ck, cv, lens, False, 0.5)
+    compiled_call("decode_attention", q, ck, cv, lengths=None, causal=0, scale=1)
+    assert ops.calls == [
+        ("decode_attention", (q, ck, cv, None, None, True, None)),
+        ("decode_attention", (q, ck, cv, None, 7, True, None)),
+        ("decode_attention", (q, ck, cv, lens, None, False, 0.5)),
+        ("decode_attention", (q, ck, cv, None, None, False, 1.0)),
+    ]
+    assert type(ops.calls[-1][1][-1]) is float and type(ops.calls[-1][1][-2]) is bool
+
+    ops.calls.clear()
+    assert compiled_call("kv_cache_append", ck, cv, k, v, 3) == (ck, cv)
+    got = compiled_call("kv_cache_append", ck, cv, k, v, start=start)
+    assert got[0] is ck and got[1] is cv  # the public function's return: the caches themselves
+    assert ops.calls == [("kv_cache_append", (ck, cv, k, v, None, 3)),
+                         ("kv_cache_append", (ck, cv, k, v, start, None))]
+
+
+@pytest.mark.parametrize("name, bad, message", [
+    ("decode_attention", True, r"^decode_attention\(\): lengths must be an int, an integer tensor or None, got bool$"),
+    ("decode_attention", 3.0, r"^decode_attention\(\): lengths must be an int, an integer tensor or None, got float$"),
+    ("kv_cache_append", False, r"^kv_cache_append\(\): start must be an int or an integer tensor, got bool$"),
+    ("kv_cache_append", None, r"^kv_cache_append\(\): start must be an int or an int32/int64 tensor, got NoneType$"),
+    ("kv_cache_append", "0", r"^kv_cache_append\(\): start must be an int or an int32/int64 tensor, got str$"),
+])
+def test_decode_compiled_call_refuses_bad_lengths_and_start_as_the_eager_ops_do(name, bad, message, monkeypatch):
+    q, ck, cv, k, v = decode_inputs()
+    args = (q, ck, cv, bad) if name == "decode_attention" else (ck, cv, k, v, bad)
+    with pytest.raises(TypeError, match=message):
+        compiled_call(name, *args)
+    if importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None:
+        dec = importlib.import_module("tiletune.kernels.decode_attention_op")
+        monkeypatch.setattr(dec, "check_cuda_device", lambda *a: None)  # meta tensors
+        with pytest.raises(TypeError, match=message):
+            getattr(dec, name)(*args)
+
+
+def test_decode_attention_fake_is_a_new_tensor_like_q():
+    q, ck, cv, _, _ = decode_inputs(sq=3)
+    for lens in (None, 12, empty((DB,), torch.int32)):
+        out = compiled_call("decode_attention", q, ck, cv, lens)
+        assert meta_of(out) == meta_of(torch.empty_like(q)) == ((DB, DH, 3, DD), BF16, (DH * 3 * DD, 3 * DD, DD, 1), META)
+    qt = empty((DB, 3, DH, DD), F16).transpose(1, 2)  # a transposed view in, a contiguous output out
+    out = compiled_call("decode_attention", qt, ck.to(F16), cv.to(F16), causal=False, scale=0.1)
+    assert meta_of(out) == ((DB, DH, 3, DD), F16, (DH * 3 * DD, 3 * DD, DD, 1), META)
+    with pytest.raises(ValueError, match="give 'lengths' or 'lengths_int', not both"):
+        torch.ops.tiletune.decode_attention(q, ck, cv, empty((DB,), torch.int32), 4, True, None)
+
+
+def test_kv_cache_append_fake_returns_nothing_and_is_marked_mutating():
+    _, ck, cv, k, v = decode_inputs(t=2)
+    assert torch.ops.tiletune.kv_cache_append(ck, cv, k, v, None, 4) is None
+    assert torch.ops.tiletune.kv_cache_append(ck, cv, k, v, empty((DB,), torch.int32), None) is None
+    schema = torch.ops.tiletune.kv_cache_append.default._schema
+    assert [a.name for a in schema.arguments if a.is_write] == ["cache_k", "cache_v"]
+    assert schema.returns == [] and schema.is_mutable
+    assert not torch.ops.tiletune.decode_attention.default._schema.is_mutable
+    with pytest.raises(ValueError, match="give 'start' or 'start_int', not both"):
+        torch.ops.tiletune.kv_cache_append(ck, cv, k, v, empty((DB,), torch.int32), 0)
+
+
+def _decode_bad_calls():
+    q, ck, cv, k, v = decode_inputs()
+    lens = empty((DB,), torch.int32)
+    return [
+        ("decode_attention", (empty((DB, DH, DD)), ck, cv), ValueError, "q must be 4-D"),
+        ("decode_attention", (q, ck.to(F16), cv), TypeError, "must share a dtype"),
+        ("decode_attention", (q, ck, empty((DB, DHKV, 16, DD))), ValueError, "shapes differ"),
+        ("decode_attention", (empty((DB, 3, 1, DD)), ck, cv), ValueError, "must be a multiple of key/value heads"),
+        ("decode_attention", (q, ck, cv, 0), ValueError, r"lengths=0 is outside \[1, capacity 32\]"),
+        ("decode_attention", (q, ck, cv, DCAP + 1), ValueError, r"lengths=33 is outside \[1, capacity 32\]"),
+        ("decode_attention", (empty((DB, DH, 4, DD)), ck, cv, 3), ValueError,
+         "lengths=3 is shorter than the 4 causal query tokens"),
+        ("decode_attention", (q, ck, cv, lens.float()), TypeError, "lengths must be int32 or int64"),
+        ("decode_attention", (q, ck, cv, empty((DB + 1,), torch.int32)), ValueError, r"lengths must have shape \(2,\)"),
+        ("kv_cache_append", (ck, cv, empty((DB, DHKV, DD)), v, 0), ValueError, "'k' must be 4-D"),
+        ("kv_cache_append", (ck, empty((DB, DHKV, 16, DD)), k, v, 0), ValueError, "cache_k .* and cache_v .* differ"),
+        ("kv_cache_append", (ck, cv, k, empty((DB, DHKV, 2, DD)), 0), ValueError, "k .* and v .* differ"),
+        ("kv_cache_append", (ck, cv, empty((DB, 1, 1, DD)), empty((DB, 1, 1, DD)), 0), ValueError, "do not fit caches"),
+        ("kv_cache_append", (ck, cv, k.to(F16), v.to(F16), 0), TypeError, "'k' has dtype torch.float16"),
+        ("kv_cache_append", (ck, cv, k, v, -1), ValueError, r"positions \[-1, 0\) do not fit the capacity 32"),
+        ("kv_cache_append", (ck, cv, k, v, DCAP), ValueError, r"positions \[32, 33\) do not fit the capacity 32"),
+        ("kv_cache_append", (ck, cv, k, v, lens.float()), TypeError, "start must be an int or an int32/int64 tensor"),
+        ("kv_cache_append", (ck, cv, k, v, empty((1,), torch.int32)), ValueError, r"start tensor must have shape \(2,\)"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_decode_bad_calls())))
+def test_decode_fakes_refuse_what_the_eager_ops_refuse(case, monkeypatch):
+    """The fakes raise the eager ops' errors (type and message) on meta tensors; the eager ops (device
+    check stubbed) raise the same."""
+    name, args, error, message = _decode_bad_calls()[case]
+    with pytest.raises(error, match=message) as got:
+        compiled_call(name, *args)
+    if importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.tile") is not None:
+        dec = importlib.import_module("tiletune.kernels.decode_attention_op")
+        monkeypatch.setattr(dec, "check_cuda_device", lambda *a: None)
+        with pytest.raises(error) as eager:
+            getattr(dec, name)(*args)
+        assert str(eager.value) == str(got.value)
+
+
+def decode_step(K, q, cache_k, cache_v, k, v, start, lengths):
+    """One decode step: append the new tokens to the caches, attend over them."""
+    cache_k, cache_v = K.kv_cache_append(cache_k, cache_v, k, v, start)
+    return K.decode_attention(q, cache_k, cache_v, lengths)
+
+
+def decode_functions():
+    """``decode_attention`` and ``kv_cache_append`` from their defining module."""
+    import types
+
+    pytest.importorskip("cuda.tile")
+    dec = importlib.import_module("tiletune.kernels.decode_attention_op")
+    return types.SimpleNamespace(decode_attention=dec.decode_attention, kv_cache_append=dec.kv_cache_append)
+
+
+#: (start, lengths) of a decode step: ints, tensors, None (the whole capacity)
+STEP_ARGS = {
+    "int-int": lambda d: (9, 10),
+    "tensor-tensor": lambda d: (torch.zeros(DB, dtype=torch.int32, device=d), torch.ones(DB, dtype=torch.int32, device=d)),
+    "int-none": lambda d: (DCAP - 1, None),
+    "tensor-int": lambda d: (torch.zeros(DB, dtype=torch.int64, device=d), 5),
+}
+DECODE_STEP_OPS = collections.Counter({"kv_cache_append": 1, "decode_attention": 1})
+
+
+@pytest.mark.parametrize("kind", list(STEP_ARGS))
+def test_decode_step_of_the_public_functions_compiles_to_one_graph(kind):
+    K = decode_functions()
+    start, lengths = STEP_ARGS[kind](META)
+    backend = CountingBackend()
+    fn = torch.compile(lambda *a: decode_step(K, *a, start, lengths), fullgraph=True, backend=backend)
+    out = fn(*decode_inputs())
+    assert meta_of(out) == ((DB, DH, 1, DD), BF16, (DH * DD, DD, DD, 1), META)
+    assert len(backend.graphs) == 1
+    assert tiletune_ops_in(backend.graphs[0]) == DECODE_STEP_OPS
+    explanation = torch._dynamo.explain(lambda *a: decode_step(K, *a, start, lengths))(*decode_inputs())
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    assert tiletune_ops_in(explanation.graphs[0]) == DECODE_STEP_OPS
+
+
+def test_decode_step_with_changing_ints_stays_one_graph():
+    """A position passed as a Python int that changes every step: after the first recompilation dynamo
+    makes it a symbolic int, which the ``SymInt?`` arguments take (no recompilation per step)."""
+    K = decode_functions()
+    backend = CountingBackend()
+    fn = torch.compile(lambda q, ck, cv, k, v, pos: decode_step(K, q, ck, cv, k, v, pos, pos + 1), fullgraph=True,
+                       backend=backend)
+    inputs = decode_inputs()
+    for pos in range(4, 10):
+        assert tuple(fn(*inputs, pos).shape) == (DB, DH, 1, DD)
+    assert len(backend.graphs) <= 2
+    assert all(tiletune_ops_in(g) == DECODE_STEP_OPS for g in backend.graphs)
+    with pytest.raises(Exception, match=r"do not fit the capacity 32"):
+        fn(*inputs, DCAP)
+
+
+def test_decode_step_through_aot_autograd_functionalizes_the_append():
+    """The append is wrapped by auto_functionalized, and the attention reads its outputs (the written
+    caches), not the graph inputs."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    K = decode_functions()
+    forward_graphs = []
+
+    def fw_compiler(gm, example_inputs):
+        forward_graphs.append(gm)
+        return gm.forward
+
+    start, lengths = STEP_ARGS["tensor-tensor"](META)
+    fn = torch.compile(lambda *a: decode_step(K, *a, start, lengths), fullgraph=True,
+                       backend=aot_autograd(fw_compiler=fw_compiler))
+    assert tuple(fn(*decode_inputs()).shape) == (DB, DH, 1, DD)
+    (gm,) = forward_graphs
+    assert tiletune_ops_in(gm) == collections.Counter({"decode_attention": 1})
+    (wrapped,) = [n for n in gm.graph.nodes if n.op == "call_function" and "auto_functionalized" in str(n.target)]
+    assert "tiletune.kv_cache_append" in str(wrapped.args[0])
+    (attn,) = [n for n in gm.graph.nodes if n.op == "call_function" and "tiletune.decode_attention" in str(n.target)]
+    for cache in attn.args[1:3]:
+        assert cache.target is __import__("operator").getitem and cache.args[0] is wrapped
+
+
+def _reference_decode(q, cache_k, cache_v, lengths=None, causal=True, scale=None):
+    """Decode attention in float32 torch (any device): what the custom op's CPU stand-in computes."""
+    bsz, h, sq, d = q.shape
+    cap = cache_k.shape[2]
+    rep = h // cache_k.shape[1]
+    lens = [cap] * bsz if lengths is None else (
+        [int(lengths)] * bsz if isinstance(lengths, int) else [int(x) for x in lengths.tolist()])
+    out = torch.empty_like(q)
+    for b, n in enumerate(lens):
+        kf = cache_k[b, :, :n].float().repeat_interleave(rep, 0)
+        vf = cache_v[b, :, :n].float().repeat_interleave(rep, 0)
+        mask = torch.arange(n)[None, :] <= (n - sq + torch.arange(sq))[:, None] if causal else None
+        out[b] = F.scaled_dot_product_attention(q[b].float(), kf, vf, attn_mask=mask, scale=scale).to(q.dtype)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["int-int", "tensor-tensor", "tensor-int"])
+def test_decode_step_runs_under_inductor_on_cpu(kind, monkeypatch):
+    """Inductor on CPU: the append's real implementation runs (the eager op's torch path on CPU tensors)
+    and writes the caches in place (inductor re-inplaces it: no copy of the caches), then the attention,
+    whose CUDA-only eager function is replaced by a torch reference here, reads the written caches."""
+    K = decode_functions()
+    from torch._dynamo.utils import ReinplaceCounters
+
+    dec = importlib.import_module("tiletune.kernels.decode_attention_op")
+    monkeypatch.setattr(dec, "decode_attention", _reference_decode)  # what the custom op's real impl calls
+    g = torch.Generator().manual_seed(0)
+    q, ck, cv, k, v = (torch.randn(t.shape, generator=g).to(BF16) for t in decode_inputs(device="cpu", t=2))
+    start, lengths = STEP_ARGS[kind]("cpu")
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths + 1  # the two new tokens at 0 and 1: two positions seen
+    want_k, want_v = ck.clone(), cv.clone()
+    dec.kv_cache_append(want_k, want_v, k, v, start)
+    want = _reference_decode(q, want_k, want_v, lengths)
+
+    ReinplaceCounters.clear()
+    got_k, got_v = ck.clone(), cv.clone()
+    step = lambda *a: decode_step(K, *a, start, lengths)  # noqa: E731
+    got = torch.compile(step, fullgraph=True, backend="inductor")(q, got_k, got_v, k, v)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert not torch.equal(got_k, ck)
+    assert torch.equal(got, want)
+    assert ReinplaceCounters.get_total_missed() == 0
