@@ -34,7 +34,7 @@ pytest.importorskip("cuda.tile")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import tiletune as tt  # noqa: E402
-from tiletune.kernels import _FUSED_OPS, _MEMORY_OPS  # noqa: E402
+from tiletune.kernels import _DECODE_OPS, _FUSED_OPS, _MEMORY_OPS  # noqa: E402
 from tiletune.kernels.library_op import LibraryOp  # noqa: E402
 from tiletune.kernels.torch_ops import PUBLIC_OPS, compiled_call  # noqa: E402
 
@@ -74,7 +74,7 @@ def fresh_dynamo():
 
 def public_functions():
     """The public functions, taken from their defining modules."""
-    where = {**_MEMORY_OPS, **_FUSED_OPS, "matmul": "gemm", "attention": "attention_op"}
+    where = {**_MEMORY_OPS, **_FUSED_OPS, **_DECODE_OPS, "matmul": "gemm", "attention": "attention_op"}
     return types.SimpleNamespace(**{name: getattr(importlib.import_module(f"tiletune.kernels.{mod}"), name)
                                     for name, mod in where.items()})
 
@@ -281,6 +281,18 @@ def _rope(K):
     return fn
 
 
+def _append(K):
+    def fn(ck, cv, k, v, start):
+        ck, cv = ck.clone(), cv.clone()
+        return K.kv_cache_append(ck, cv, k, v, start)
+
+    return fn
+
+
+def _starts(s):
+    return torch.tensor([3, 60], dtype=torch.int32, device=DEV)
+
+
 FP8 = getattr(torch, "float8_e4m3fn", None)
 
 #: name -> (function of the api namespace, inputs(seed))
@@ -307,6 +319,21 @@ SINGLE_OPS = {
                       lambda s: (randn(3, 16, 256, seed=s), randn(256, 2 * 128, seed=s + 1, scale=0.0625))),
     "matmul_swiglu_wt": (lambda K: lambda x, w: K.matmul_swiglu(x, w.t()),  # W.t() of a [2N, K] weight
                          lambda s: (randn(16, 256, seed=s), randn(2 * 128, 256, seed=s + 1, scale=0.0625))),
+    "attention_short_query": (lambda K: lambda q, k, v: K.attention(q, k, v),  # attention's decode route
+                              lambda s: (randn(2, 4, 1, 64, seed=s), randn(2, 2, 96, 64, seed=s + 1),
+                                         randn(2, 2, 96, 64, seed=s + 2))),
+    "decode_attention": (lambda K: lambda q, ck, cv, lens: K.decode_attention(q, ck, cv, lens),
+                         lambda s: (randn(2, 4, 2, 64, seed=s), randn(2, 2, 128, 64, seed=s + 1),
+                                    randn(2, 2, 128, 64, seed=s + 2), _starts(s) + 2)),
+    "decode_attention_int": (lambda K: lambda q, ck, cv: K.decode_attention(q, ck, cv, 77, causal=False, scale=0.1),
+                             lambda s: (randn(2, 4, 1, 128, seed=s), randn(2, 2, 128, 128, seed=s + 1),
+                                        randn(2, 2, 128, 128, seed=s + 2))),
+    "kv_cache_append": (_append, lambda s: (randn(2, 2, 128, 64, seed=s), randn(2, 2, 128, 64, seed=s + 1),
+                                           randn(2, 2, 2, 64, seed=s + 2), randn(2, 2, 2, 64, seed=s + 3),
+                                           _starts(s))),
+    "kv_cache_append_int": (lambda K: lambda ck, cv, k, v: _append(K)(ck, cv, k, v, 17),
+                            lambda s: (randn(2, 2, 128, 64, seed=s), randn(2, 2, 128, 64, seed=s + 1),
+                                       randn(2, 2, 2, 64, seed=s + 2), randn(2, 2, 2, 64, seed=s + 3))),
 }
 if FP8 is not None:
     SINGLE_OPS["matmul_fp8_float_scales"] = (
@@ -330,3 +357,58 @@ def test_each_op_compiled_fullgraph_matches_eager(name):
     for g, w in zip(got, want):
         assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride())
         assert_close(g, w, name, TOL if w.dtype == BF16 else 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# a decode step (kv_cache_append, then decode_attention) under torch.compile(fullgraph=True)
+# ---------------------------------------------------------------------------------------------
+
+CAP, SQ = 256, 1
+
+
+def decode_step(K):
+    def step(q, cache_k, cache_v, k, v, start, lengths):
+        cache_k, cache_v = K.kv_cache_append(cache_k, cache_v, k, v, start)
+        return K.decode_attention(q, cache_k, cache_v, lengths)
+
+    return step
+
+
+@pytest.mark.parametrize("kind", ["int", "tensor"])
+@pytest.mark.parametrize("api", list(APIS))
+def test_decode_step_compiled_fullgraph_matches_eager(api, kind):
+    """Two decode steps on caches of capacity 256 (start and lengths as ints or as (B,) tensors updated in
+    place): one graph with both custom ops and no break; the compiled step writes the caches and
+    attends exactly as the eager step does."""
+    step = decode_step(APIS[api])
+    ck0, cv0 = randn(B, HKV, CAP, D, seed=40), randn(B, HKV, CAP, D, seed=41)
+    pos = [37, 100]  # per batch entry (one int for both when kind == "int")
+    start_t = torch.tensor(pos, dtype=torch.int32, device=DEV)
+    lens_t = start_t + SQ
+
+    def args(i):
+        q, k, v = randn(B, H, SQ, D, seed=50 + i), randn(B, HKV, SQ, D, seed=60 + i), randn(B, HKV, SQ, D, seed=70 + i)
+        if kind == "int":
+            return q, k, v, pos[0] + i, pos[0] + i + SQ
+        start_t.copy_(torch.tensor(pos, dtype=torch.int32, device=DEV) + i)
+        lens_t.copy_(start_t + SQ)
+        return q, k, v, start_t, lens_t
+
+    eager_k, eager_v = ck0.clone(), cv0.clone()
+    comp_k, comp_v = ck0.clone(), cv0.clone()
+    q, k, v, start, lengths = args(0)
+    explanation = torch._dynamo.explain(step)(q, ck0.clone(), cv0.clone(), k, v, start, lengths)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    names = [str(n.target) for g in explanation.graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("tiletune.kv_cache_append" in n for n in names) and any("tiletune.decode_attention" in n for n in names)
+    torch._dynamo.reset()
+
+    compiled = torch.compile(step, fullgraph=True)
+    for i in range(2):
+        q, k, v, start, lengths = args(i)
+        want = step(q, eager_k, eager_v, k, v, start, lengths)  # eager first: tunes every key
+        got = compiled(q, comp_k, comp_v, k, v, start, lengths)
+        torch.cuda.synchronize()
+        assert (got.shape, got.dtype) == (want.shape, want.dtype) == ((B, H, SQ, D), BF16)
+        assert torch.equal(comp_k, eager_k) and torch.equal(comp_v, eager_v), f"step {i}: caches differ"
+        assert_close(got, want, f"{api}/{kind} step {i}")
