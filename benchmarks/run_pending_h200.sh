@@ -7,8 +7,9 @@
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART (what is still owed after the 2026-12-01 17:33-18:38 session, in this order: smalltable, decoderq (the
-# decoder layer with its variants interleaved, not run yet), gemm (kernels_compute's small-M rows with the swapped
-# route), qwen, projections; graphs, swapgpu and decoder ran then, see docs/GPU-NOTES.md):
+# decoder layer with its variants interleaved, not run yet), gap (its test_gpu_torch_ops.py now compiles a decode
+# step with the decode_attention / kv_cache_append custom ops, not run yet), gemm (kernels_compute's small-M rows
+# with the swapped route), qwen, projections; graphs, swapgpu and decoder ran then, see docs/GPU-NOTES.md):
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
 #             block failed on 2026-12-01 16:37: split-K scratch kept on the graph trees' stream; fixed on CPU since)
 #   projections issue 13/20: shipped-table keys for a decoder layer's projection GEMMs (qkv, o, gate-up, down) of
