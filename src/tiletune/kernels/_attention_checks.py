@@ -1,21 +1,35 @@
-"""Argument checks shared by :func:`~tiletune.kernels.attention` and :func:`~tiletune.kernels.decode_attention`.
+"""Argument checks shared by :func:`~tiletune.kernels.attention`, :func:`~tiletune.kernels.decode_attention`
+and :func:`~tiletune.kernels.kv_cache_append`, and by their fake (meta) implementations in
+:mod:`tiletune.kernels.torch_ops`.
 
 Each check raises one clear line naming the op (``op``: how the message starts, e.g. ``"attention"``
 or ``"decode_attention()"``) and the arguments as the caller passed them (``names``: the names of
 ``q``, ``k``, ``v``). The ops call them in their own order (the decode op checks its query count
 between the head dim and the cache shapes, and the device last), so each keeps the error it raised
 first for a call with several faults.
+
+Checks a fake implementation shares take ``require``: :func:`require` in eager calls, and
+``torch._check_with`` (same arguments) while tracing, so a condition on a symbolic size is checked
+without specializing the graph on it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["aligned_operand", "check_cuda_device", "check_head_dim", "check_kv_shapes", "check_qkv_tensors",
-           "softmax_scale"]
+__all__ = ["aligned_operand", "check_append", "check_cuda_device", "check_head_dim", "check_kv_shapes",
+           "check_lengths", "check_qkv_tensors", "require", "softmax_scale"]
 
 Names = tuple[str, str, str]
+#: ``require(error_type, condition, message)``: :func:`require`, or ``torch._check_with`` while tracing.
+Require = Callable[[type, Any, Callable[[], str]], None]
+
+
+def require(error_type: type, cond: Any, message: Callable[[], str]) -> None:
+    """Raise ``error_type(message())`` unless ``cond`` (``torch._check_with``'s arguments, in its order)."""
+    if not cond:
+        raise error_type(message())
 
 
 def check_qkv_tensors(op: str, names: Names, q: Any, k: Any, v: Any) -> None:
@@ -76,3 +90,68 @@ def aligned_operand(t: Any) -> Any:
     if t.stride(-1) == 1 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]):
         return t
     return t.contiguous()
+
+
+def check_lengths(op: str, lengths: Any, bsz: int, cap: int, sq: int, causal: bool, device: Any = None,
+                  require: Require = require) -> None:
+    """Decode attention's ``lengths``: an int in ``[1, cap]`` (at least ``sq`` with ``causal``) or a ``(B,)``
+    int32/int64 tensor (on ``device`` unless it is None); None passes."""
+    import torch
+
+    if lengths is None:
+        return
+    if isinstance(lengths, bool):
+        raise TypeError(f"{op}: lengths must be an int, an integer tensor or None, got bool")
+    if isinstance(lengths, (int, torch.SymInt)):
+        require(ValueError, (1 <= lengths) & (lengths <= cap),
+                lambda: f"{op}: lengths={lengths} is outside [1, capacity {cap}]")
+        if causal:
+            require(ValueError, lengths >= sq, lambda: f"{op}: lengths={lengths} is shorter than the {sq} causal query tokens")
+        return
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(f"{op}: lengths must be an int, an integer tensor or None, got {type(lengths).__name__}")
+    if lengths.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: lengths must be int32 or int64, got {lengths.dtype}")
+    require(ValueError, lengths.dim() == 1 and lengths.shape[0] == bsz,
+            lambda: f"{op}: lengths must have shape ({bsz},), got {tuple(lengths.shape)}")
+    if device is not None and lengths.device != device:
+        raise ValueError(f"{op}: lengths is on {lengths.device}, the caches on {device}")
+
+
+def check_append(op: str, cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any, devices: bool = True,
+                 require: Require = require) -> None:
+    """``kv_cache_append``'s arguments: 4-D tensors, caches of one shape, rows of one shape fitting them,
+    one dtype, ``start`` an int whose ``T`` positions fit the capacity or a ``(B,)`` int32/int64 tensor;
+    with ``devices`` all on the caches' device."""
+    import torch
+
+    for name, t in (("cache_k", cache_k), ("cache_v", cache_v), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{op}: '{name}' must be 4-D (B, Hkv, S, D), got shape {tuple(t.shape)}")
+    require(ValueError, cache_k.shape == cache_v.shape,
+            lambda: f"{op}: cache_k {tuple(cache_k.shape)} and cache_v {tuple(cache_v.shape)} differ")
+    require(ValueError, k.shape == v.shape, lambda: f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    bsz, hkv, cap, d = cache_k.shape
+    t = k.shape[2]
+    require(ValueError, (k.shape[0] == bsz) & (k.shape[1] == hkv) & (k.shape[3] == d),
+            lambda: f"{op}: k/v of shape {tuple(k.shape)} do not fit caches of shape {tuple(cache_k.shape)}")
+    for name, x in (("k", k), ("v", v), ("cache_v", cache_v)):
+        if x.dtype != cache_k.dtype:
+            raise TypeError(f"{op}: '{name}' has dtype {x.dtype}, the cache {cache_k.dtype}")
+        if devices and x.device != cache_k.device:
+            raise ValueError(f"{op}: '{name}' is on {x.device}, cache_k on {cache_k.device}")
+    if isinstance(start, bool):
+        raise TypeError(f"{op}: start must be an int or an integer tensor, got bool")
+    if isinstance(start, (int, torch.SymInt)):
+        require(ValueError, (start >= 0) & (start + t <= cap),
+                lambda: f"{op}: positions [{start}, {start + t}) do not fit the capacity {cap}")
+        return
+    if not isinstance(start, torch.Tensor) or start.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: start must be an int or an int32/int64 tensor, got "
+                        f"{getattr(start, 'dtype', type(start).__name__)}")
+    require(ValueError, start.dim() == 1 and start.shape[0] == bsz,
+            lambda: f"{op}: a start tensor must have shape ({bsz},), got {tuple(start.shape)}")
+    if devices and start.device != cache_k.device:
+        raise ValueError(f"{op}: start is on {start.device}, the caches on {cache_k.device}")

@@ -276,8 +276,7 @@ def decode_combine_kernel_fn(PO, PL, O, QP: ConstInt, HEAD_DIM: ConstInt):
         acc = acc * a + o.reshape((QP, HEAD_DIM)) * w
         l_sum = l_sum * a + w
         m = m_new
-    seen = l_sum > 0.0
-    out = acc * ct.where(seen, 1.0 / ct.where(seen, l_sum, 1.0), 0.0)
+    out = acc * _inverse(l_sum)
     ct.store(O, (b, h, 0, 0), out.astype(O.dtype).reshape((1, 1, QP, HEAD_DIM)))
 
 

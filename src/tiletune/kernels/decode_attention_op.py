@@ -31,22 +31,27 @@ Public ops::
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..backends.base import Launch
 from ..buckets import Buckets
 from ..space import Space
+from ..templates import next_power_of_2
 from ..verify import Tolerance, derived_tolerance, derived_tolerances, eps
 from ._attention_checks import (
     aligned_operand,
+    check_append,
     check_cuda_device,
     check_head_dim,
     check_kv_shapes,
+    check_lengths,
     check_qkv_tensors,
     softmax_scale,
 )
 from ..fastcall import custom_op_route, fast_op
-from ._membound import int64_twin, needs_int64, sm_count
+from ._membound import Prepared, int64_twin, needs_int64, sm_count
+from .kv_cache_kernels import KV_APPEND_CHUNK, kv_append_kernel, kv_append_kernel_fn
 from .library_op import LibraryOp
 from .decode_attention_kernels import (
     DECODE_BASELINE,
@@ -311,27 +316,15 @@ def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
 
 
 def _lengths_tensor(op: str, lengths: Any, bsz: int, cap: int, sq: int, causal: bool, device: Any) -> Any:
-    """``lengths`` as a ``(B,)`` int32 tensor on ``device`` (ints are checked against the capacity)."""
+    """``lengths`` as a ``(B,)`` int32 tensor on ``device`` (ints are checked against the capacity:
+    :func:`._attention_checks.check_lengths`)."""
     import torch
 
     if lengths is None:
         lengths = cap
-    if isinstance(lengths, bool):
-        raise TypeError(f"{op}(): lengths must be an int, an integer tensor or None, got bool")
+    check_lengths(f"{op}()", lengths, bsz, cap, sq, causal, device)
     if isinstance(lengths, int):
-        if not 1 <= lengths <= cap:
-            raise ValueError(f"{op}(): lengths={lengths} is outside [1, capacity {cap}]")
-        if causal and lengths < sq:
-            raise ValueError(f"{op}(): lengths={lengths} is shorter than the {sq} causal query tokens")
         return torch.full((bsz,), lengths, dtype=torch.int32, device=device)
-    if not isinstance(lengths, torch.Tensor):
-        raise TypeError(f"{op}(): lengths must be an int, an integer tensor or None, got {type(lengths).__name__}")
-    if lengths.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{op}(): lengths must be int32 or int64, got {lengths.dtype}")
-    if tuple(lengths.shape) != (bsz,):
-        raise ValueError(f"{op}(): lengths must have shape ({bsz},), got {tuple(lengths.shape)}")
-    if lengths.device != device:
-        raise ValueError(f"{op}(): lengths is on {lengths.device}, the caches on {device}")
     if lengths.dtype != torch.int32 or not lengths.is_contiguous():
         lengths = lengths.to(torch.int32).contiguous()
     return lengths
@@ -473,42 +466,13 @@ def kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> t
 
 def _kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> tuple[Any, Any]:
     """:func:`kv_cache_append`: the checks, then the int path or the one-launch tensor path."""
-    import torch
-
-    op = "kv_cache_append"
-    for name, t in (("cache_k", cache_k), ("cache_v", cache_v), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}(): '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{op}(): '{name}' must be 4-D (B, Hkv, S, D), got shape {tuple(t.shape)}")
-    if cache_k.shape != cache_v.shape:
-        raise ValueError(f"{op}(): cache_k {tuple(cache_k.shape)} and cache_v {tuple(cache_v.shape)} differ")
-    if k.shape != v.shape:
-        raise ValueError(f"{op}(): k {tuple(k.shape)} and v {tuple(v.shape)} differ")
-    bsz, hkv, cap, d = cache_k.shape
+    check_append("kv_cache_append()", cache_k, cache_v, k, v, start)
+    bsz, _, cap, _ = cache_k.shape
     t = k.shape[2]
-    if k.shape[0] != bsz or k.shape[1] != hkv or k.shape[3] != d:
-        raise ValueError(f"{op}(): k/v of shape {tuple(k.shape)} do not fit caches of shape {tuple(cache_k.shape)}")
-    for name, x in (("k", k), ("v", v), ("cache_v", cache_v)):
-        if x.dtype != cache_k.dtype:
-            raise TypeError(f"{op}(): '{name}' has dtype {x.dtype}, the cache {cache_k.dtype}")
-        if x.device != cache_k.device:
-            raise ValueError(f"{op}(): '{name}' is on {x.device}, cache_k on {cache_k.device}")
-    if isinstance(start, bool):
-        raise TypeError(f"{op}(): start must be an int or an integer tensor, got bool")
     if isinstance(start, int):
-        if start < 0 or start + t > cap:
-            raise ValueError(f"{op}(): positions [{start}, {start + t}) do not fit the capacity {cap}")
         cache_k[:, :, start:start + t].copy_(k)
         cache_v[:, :, start:start + t].copy_(v)
         return cache_k, cache_v
-    if not isinstance(start, torch.Tensor) or start.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{op}(): start must be an int or an int32/int64 tensor, got "
-                        f"{getattr(start, 'dtype', type(start).__name__)}")
-    if tuple(start.shape) != (bsz,):
-        raise ValueError(f"{op}(): a start tensor must have shape ({bsz},), got {tuple(start.shape)}")
-    if start.device != cache_k.device:
-        raise ValueError(f"{op}(): start is on {start.device}, the caches on {cache_k.device}")
     if t == 0 or bsz == 0 or k.numel() == 0 or cap == 0:  # nothing to write (or nowhere to write it)
         return cache_k, cache_v
     if not _launches_kernel(cache_k):
@@ -533,12 +497,6 @@ kv_cache_append.fastcall = _kv_cache_append_tensor.fastcall  # type: ignore[attr
 # --------------------------------------------------------------------------------------------
 # KV-cache append: the library op of a start tensor (one launch writes both caches)
 # --------------------------------------------------------------------------------------------
-
-import functools  # noqa: E402
-
-from ..templates import next_power_of_2  # noqa: E402
-from ._membound import Prepared  # noqa: E402
-from .kv_cache_kernels import KV_APPEND_CHUNK, kv_append_kernel, kv_append_kernel_fn  # noqa: E402
 
 #: One config: tokens per block. Nothing to tune in a copy; tuning checks the kernel once per bucket.
 KV_APPEND_SPACE = Space(CHUNK=[KV_APPEND_CHUNK])

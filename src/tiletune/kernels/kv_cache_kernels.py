@@ -17,7 +17,7 @@ inside the range), so no row is stored out of bounds and nothing relies on the s
 along the sequence (nor on how it treats negative indices).
 
 The kernel moves bits: the op passes the caches and the new rows as integer views of their element
-size (:func:`kv_append_bits_dtype`), so one kernel serves bfloat16, float16 and any other dtype, and
+size (:func:`tiletune.kernels.decode_attention_op.kv_append_bits`), so one kernel serves bfloat16, float16 and any other dtype, and
 the tuner's correctness gate compares the copies exactly.
 """
 

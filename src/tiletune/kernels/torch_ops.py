@@ -357,24 +357,13 @@ def _decode_attention_fake(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths:
                            lengths_int: Optional[int], causal: bool, scale: Optional[float]) -> Tensor:
     """A new contiguous tensor like ``q`` (the eager op's output), with the eager op's shape, dtype and
     ``lengths`` refusals (the head dim, the query count and the device are left to the real call)."""
-    from ._attention_checks import check_kv_shapes, check_qkv_tensors
+    from ._attention_checks import check_kv_shapes, check_lengths, check_qkv_tensors
 
     op = "decode_attention()"
     lens = _one_of(op, "lengths", lengths, lengths_int)
     check_qkv_tensors(op, _DECODE_NAMES, q, cache_k, cache_v)
     check_kv_shapes(op, _DECODE_NAMES, q, cache_k, cache_v)
-    bsz, sq, cap = q.shape[0], q.shape[2], cache_k.shape[2]
-    if isinstance(lens, Tensor):
-        if lens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"{op}: lengths must be int32 or int64, got {lens.dtype}")
-        torch._check_with(ValueError, lens.dim() == 1 and lens.shape[0] == bsz,
-                          lambda: f"{op}: lengths must have shape ({bsz},), got {tuple(lens.shape)}")
-    elif lens is not None:
-        torch._check_with(ValueError, (1 <= lens) & (lens <= cap),
-                          lambda: f"{op}: lengths={lens} is outside [1, capacity {cap}]")
-        if causal:
-            torch._check_with(ValueError, lens >= sq,
-                              lambda: f"{op}: lengths={lens} is shorter than the {sq} causal query tokens")
+    check_lengths(op, lens, q.shape[0], cache_k.shape[2], q.shape[2], causal, require=torch._check_with)
     return q.new_empty(q.shape)
 
 
@@ -382,31 +371,11 @@ def _kv_cache_append_fake(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor
                           start_int: Optional[int]) -> None:
     """Nothing (the caches are written in place), with the eager op's shape, dtype and ``start`` refusals
     (the device is left to the real call)."""
+    from ._attention_checks import check_append
+
     op = "kv_cache_append()"
-    start_ = _one_of(op, "start", start, start_int)
-    if start_ is None:
-        raise TypeError(f"{op}: start must be an int or an int32/int64 tensor, got NoneType")
-    for name, t in (("cache_k", cache_k), ("cache_v", cache_v), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{op}: '{name}' must be 4-D (B, Hkv, S, D), got shape {tuple(t.shape)}")
-    torch._check_with(ValueError, cache_k.shape == cache_v.shape,
-                      lambda: f"{op}: cache_k {tuple(cache_k.shape)} and cache_v {tuple(cache_v.shape)} differ")
-    torch._check_with(ValueError, k.shape == v.shape, lambda: f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
-    bsz, hkv, cap, d = cache_k.shape
-    t = k.shape[2]
-    torch._check_with(ValueError, (k.shape[0] == bsz) & (k.shape[1] == hkv) & (k.shape[3] == d),
-                      lambda: f"{op}: k/v of shape {tuple(k.shape)} do not fit caches of shape {tuple(cache_k.shape)}")
-    for name, x in (("k", k), ("v", v), ("cache_v", cache_v)):
-        if x.dtype != cache_k.dtype:
-            raise TypeError(f"{op}: '{name}' has dtype {x.dtype}, the cache {cache_k.dtype}")
-    if isinstance(start_, Tensor):
-        if start_.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"{op}: start must be an int or an int32/int64 tensor, got {start_.dtype}")
-        torch._check_with(ValueError, start_.dim() == 1 and start_.shape[0] == bsz,
-                          lambda: f"{op}: a start tensor must have shape ({bsz},), got {tuple(start_.shape)}")
-    else:
-        torch._check_with(ValueError, (start_ >= 0) & (start_ + t <= cap),
-                          lambda: f"{op}: positions [{start_}, {start_ + t}) do not fit the capacity {cap}")
+    check_append(op, cache_k, cache_v, k, v, _one_of(op, "start", start, start_int), devices=False,
+                 require=torch._check_with)
     return None
 
 
