@@ -45,13 +45,21 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def write_result(name: str, data: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path:
-    """Write ``<out_dir>/<name>.json`` with the environment merged in; print it."""
+def write_result(name: str, data: dict[str, Any], out_dir: str | os.PathLike | None = None,
+                 compress: bool = False) -> Path:
+    """Write ``<out_dir>/<name>.json`` with the environment merged in; print it. With ``compress``:
+    ``<name>.json.gz``, compact JSON (for per-config sweeps, which would weigh on the tracked tree)."""
     out = Path(out_dir or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": name, **environment(), **data}
-    path = out / f"{name}.json"
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    if compress:
+        import gzip
+
+        path = out / f"{name}.json.gz"
+        path.write_bytes(gzip.compress((json.dumps(doc, separators=(",", ":"), default=str) + "\n").encode(), mtime=0))
+    else:
+        path = out / f"{name}.json"
+        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(json.dumps({k: v for k, v in doc.items() if not isinstance(v, (list, dict)) or k in ("picks",)},
                      default=str))
     return path

@@ -14,7 +14,7 @@ This sweep shows where each config stands, per problem, against ``torch.matmul``
   takes the call's tensors as they are.)
 
 Every config is tuned with the exhaustive strategy (correctness-checked, cold L2), in this process.
-Writes ``gemm_small_m.json`` (``{"rows": [{"route", "M", "K", "N", "config", "median_us"}],
+Writes ``gemm_small_m.json.gz`` (gzip, ``{"rows": [{"route", "M", "K", "N", "config", "median_us"}],
 "torch": [{"M", "K", "N", "torch_us"}]}``) under ``--out``.
 """
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
             del a, b, c, ws, sem
     write_result("gemm_small_m", {"rows": rows, "torch": ref_rows, "wall_s": time.perf_counter() - t0},
-                 args.out)
+                 args.out, compress=True)
     return 0
 
 
