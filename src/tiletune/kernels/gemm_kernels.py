@@ -426,13 +426,12 @@ SPLIT_K_VALUES = (1, 2, 4, 8, 16)
 SWAP_NARROW_TN = (16, 32)
 
 
-def splitk_space_params(elem_bytes: int, m_cap: int, s_max: int) -> dict:
+def splitk_space_params(elem_bytes: int, s_max: int) -> dict:
     """Parameters of a split-K space: the matmul template's (:func:`tiletune.templates.matmul_params`)
     plus ``SPLIT_K`` in :data:`SPLIT_K_VALUES` up to ``s_max``, ``SWAP`` (0: ``A @ B`` by
     :func:`gemm_kernel` / :func:`gemm_splitk_kernel`; 1: its transpose by :func:`gemm_swap_kernel`) and
-    the narrow token tiles :data:`SWAP_NARROW_TN` of the swapped route. ``m_cap`` (the largest token
-    tile) is applied by :func:`splitk_space`'s constraints, since the token side is ``TM`` or ``TN``
-    depending on ``SWAP``."""
+    the narrow token tiles :data:`SWAP_NARROW_TN` of the swapped route. A regime's largest token tile is
+    a constraint of :func:`splitk_space`, since the token side is ``TM`` or ``TN`` depending on ``SWAP``."""
     params = matmul_params(elem_bytes)
     params["TN"] = sorted(set(params["TN"]) | set(SWAP_NARROW_TN))
     params["SPLIT_K"] = [s for s in SPLIT_K_VALUES if s <= s_max]
@@ -470,7 +469,7 @@ def splitk_space(elem_bytes: int, k_floor: int, m_cap: int, s_max: int) -> Space
     swap_route.__doc__ = "Narrow token tiles only when swapped; a swapped config is unsplit."
     cons = dict(matmul_constraints(elem_bytes))
     cons.update(split_depth=split_depth, token_tile=token_tile, swap_route=swap_route)
-    params = splitk_space_params(elem_bytes, m_cap, s_max)
+    params = splitk_space_params(elem_bytes, s_max)
     if m_cap <= 64:
         base = dict(TM=64, TN=32, SWAP=1)
     else:
