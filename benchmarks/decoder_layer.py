@@ -44,15 +44,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tiletune.fill import MODEL_SHAPES
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-#: Layer shapes by model (``--model``): hidden, query heads, key-value heads, head dim, MLP width, RoPE base.
-#: Shapes only (no QKV bias for Qwen2.5, no sliding window for Mistral): the kernels' work is the same.
-MODELS = {
-    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, rope_base=500000.0),
-    "qwen2.5-7b": dict(hidden=3584, heads=28, kv_heads=4, head_dim=128, ffn=18944, rope_base=1000000.0),
-    "mistral-7b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, rope_base=1000000.0),
-}
+#: RoPE base by model (``--model``); the layer's shapes are ``tiletune tune --model``'s
+#: (:data:`tiletune.fill.MODEL_SHAPES`: hidden, query heads, key-value heads, head dim, MLP width). Shapes
+#: only (no QKV bias for Qwen2.5, no sliding window for Mistral): the kernels' work is the same.
+ROPE_BASES = {"llama3-8b": 500000.0, "qwen2.5-7b": 1000000.0, "mistral-7b": 1000000.0}
+MODELS = {name: {**MODEL_SHAPES[name], "rope_base": base} for name, base in ROPE_BASES.items()}
 MODEL = "llama3-8b"
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 4096, 32, 8, 128, 14336
 EPS = 1e-5
@@ -66,7 +66,7 @@ def use_model(name: str) -> None:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     m = MODELS[name]
     MODEL = name
-    HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = m["hidden"], m["heads"], m["kv_heads"], m["head_dim"], m["ffn"]
+    HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = m["hidden"], m["heads"], m["kv_heads"], m["head_dim"], m["intermediate"]
     ROPE_BASE = m["rope_base"]
 
 QUICK_ROWS = [("decode", 8, 2048), ("decode", 64, 2048), ("decode", 8, 8192), ("prefill", 1, 2048)]
