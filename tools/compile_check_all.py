@@ -191,12 +191,12 @@ def space_defs() -> dict[str, SpaceDef]:
             Variant("nn", "fp8 e4m3 2048x2048x2048, B row-major, fp32 out",
                     gemm_v(2048, 2048, 2048, ct.float8_e4m3fn, scaled=True, out=f32)),
         )),
-        "gemm_splitk": SpaceDef("gemm_splitk", gk.gemm_splitk_kernel, _splitk_compile_space(), gk.gemm_hints, (
+        "gemm_splitk": SpaceDef("gemm_splitk", gk.gemm_splitk_kernel, _small_m_compile_space(0), gk.gemm_hints, (
             Variant("main", "bf16 16x4096x14336, B given as N x K", splitk_v(16, 4096, 14336, bf16, tb=True)),
             Variant("m128", "bf16 128x4096x4096", splitk_v(128, 4096, 4096, bf16)),
             Variant("odd_tn", "fp16 100x1000x5000, A given as K x M", splitk_v(100, 1000, 5000, f16, ta=True)),
         )),
-        "gemm_swap": SpaceDef("gemm_swap", gk.gemm_swap_kernel, _swap_compile_space(), gk.gemm_hints, (
+        "gemm_swap": SpaceDef("gemm_swap", gk.gemm_swap_kernel, _small_m_compile_space(1), gk.gemm_hints, (
             Variant("main", "bf16 8x14336x4096 (x @ W, W as K x N)", gemm_v(8, 14336, 4096, bf16)),
             Variant("nt", "bf16 64x4096x4096, B given as N x K", gemm_v(64, 4096, 4096, bf16, tb=True)),
             Variant("odd_tn", "fp16 100x1000x5000, A given as K x M", gemm_v(100, 1000, 5000, f16, ta=True)),
@@ -216,24 +216,17 @@ def space_defs() -> dict[str, SpaceDef]:
     }
 
 
-def _splitk_compile_space() -> Space:
-    """Every ``SPLIT_K > 1`` config of the 16-bit split-K spaces with ``K >= 4096`` (all ``TM``)."""
+def _small_m_compile_space(swap: int) -> Space:
+    """The configs of the 16-bit small-M spaces with ``K >= 4096`` (every token tile) on one route:
+    ``swap=0``: every ``SPLIT_K > 1`` config (``gemm_splitk_kernel``; ``SPLIT_K == 1`` is the plain GEMM's,
+    checked under ``gemm``); ``swap=1``: every swapped config (``gemm_swap_kernel``)."""
     from tiletune.kernels import gemm_kernels as gk
 
     full = gk.splitk_space(2, 4096, gk.SPLITK_MAX_M, max(gk.SPLIT_K_VALUES))
     params = {n: list(full.values(n)) for n in full.names}
-    params["SPLIT_K"] = [v for v in params["SPLIT_K"] if v > 1]
-    params["SWAP"] = [0]
-    return Space(**params, constraints=dict(full._constraints))
-
-
-def _swap_compile_space() -> Space:
-    """Every swapped (``SWAP = 1``) config of the 16-bit small-M spaces with ``K >= 4096`` (all token tiles)."""
-    from tiletune.kernels import gemm_kernels as gk
-
-    full = gk.splitk_space(2, 4096, gk.SPLITK_MAX_M, max(gk.SPLIT_K_VALUES))
-    params = {n: list(full.values(n)) for n in full.names}
-    params["SWAP"] = [1]
+    params["SWAP"] = [swap]
+    if not swap:
+        params["SPLIT_K"] = [v for v in params["SPLIT_K"] if v > 1]
     return Space(**params, constraints=dict(full._constraints))
 
 
