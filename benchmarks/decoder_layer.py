@@ -327,6 +327,61 @@ def profile_kernels(fn: Any, forwards: int = 10) -> list[dict[str, Any]]:
                         forwards)
 
 
+def timeline(kernels: list[tuple[str, float, float]], forwards: int) -> dict[str, Any]:
+    """Where the GPU time of ``forwards`` consecutive forwards goes, from their kernels' ``(name, start_us,
+    end_us)``: per forward, ``span_us`` (first kernel start to last kernel end), ``kernel_us`` (time with a
+    kernel running), ``gap_us`` (idle time between the forward's kernels), ``between_forwards_us`` (idle
+    time from one forward's last kernel to the next one's first) and, per kernel position, its mean
+    ``us`` and the mean idle ``gap_before_us`` (blank when the forwards do not hold the same number of
+    kernels)."""
+    ev = sorted(kernels, key=lambda e: e[1])
+    n = len(ev)
+    out: dict[str, Any] = {"forwards": forwards, "kernels_per_forward": n / max(1, forwards)}
+    if not ev or forwards < 1:
+        return out
+    k = n // forwards
+    chunks = [ev[i * k:(i + 1) * k] for i in range(forwards)] if k and n == k * forwards else [ev]
+    span = busy = 0.0
+    pos_us = [0.0] * k if len(chunks) == forwards else []
+    pos_gap = [0.0] * len(pos_us)
+    for chunk in chunks:
+        span += chunk[-1][2] - chunk[0][1]
+        end = chunk[0][1]
+        for i, (_, a, b) in enumerate(chunk):
+            gap = max(0.0, a - end)
+            busy += b - max(a, end) if b > end else 0.0
+            end = max(end, b)
+            if pos_us:
+                pos_us[i] += b - a
+                if i:
+                    pos_gap[i] += gap
+    between = [nxt[0][1] - cur[-1][2] for cur, nxt in zip(chunks, chunks[1:])]
+    out.update(span_us=span / forwards, kernel_us=busy / forwards, gap_us=(span - busy) / forwards,
+               between_forwards_us=(sum(between) / len(between)) if between else None)
+    if pos_us:
+        out["kernels"] = [{"kernel": chunks[0][i][0][:60], "us": round(pos_us[i] / forwards, 2),
+                           "gap_before_us": round(pos_gap[i] / forwards, 2)} for i in range(k)]
+    return out
+
+
+def replay_timeline(fn: Any, forwards: int = 10) -> dict[str, Any]:
+    """:func:`timeline` of ``fn`` (one forward, e.g. a CUDA graph's ``replay``) under ``torch.profiler``:
+    tells a graph's launch gaps from its kernels' own time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(forwards):
+            fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    ev = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+          if e.device_type == cuda]
+    return timeline(ev, forwards)
+
+
 def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool = False,
                 profile: bool = False) -> dict[str, Any]:
     """One row: tune + time tiletune, time eager / compile / compile reduce-overhead, check rel_err.
@@ -382,6 +437,10 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
             row["kernel_profile"] = {"torch.compile": profile_kernels(timed["compile_us"]),
                                      "tiletune": profile_kernels(fwd)}
             row["kernel_sum_us"] = kernel_sums(row["kernel_profile"])
+            # the same forwards as timed: tiletune's graph replay and reduce-overhead's, kernel by kernel
+            row["replay_timeline"] = {"tiletune": replay_timeline(g.replay)}
+            if "compile_ro_us" in timed:
+                row["replay_timeline"]["compile_ro"] = replay_timeline(timed["compile_ro_us"])
         del timed
     for key in ("compile_us", "compile_ro_us"):
         if row.get(key):

@@ -726,6 +726,23 @@ def test_decoder_layer_kernel_table_is_per_forward_and_keeps_the_total():
     assert sum(r["us"] for r in cut) == sum(us for _, us in events) / 2
 
 
+def test_decoder_layer_timeline_splits_kernel_time_from_launch_gaps():
+    """Two forwards of three kernels: idle time inside a forward, between forwards, and per position."""
+    dl = _decoder_layer()
+    fwd = [("gemm", 0.0, 10.0), ("norm", 12.0, 14.0), ("add", 15.0, 16.0)]
+    events = fwd + [(n, a + 20.0, b + 20.0) for n, a, b in fwd]
+    got = dl.timeline(list(reversed(events)), forwards=2)  # the profiler's order does not matter
+    assert got["kernels_per_forward"] == 3
+    assert got["span_us"] == 16.0 and got["kernel_us"] == 13.0 and got["gap_us"] == 3.0
+    assert got["between_forwards_us"] == 4.0
+    assert [(k["kernel"], k["us"], k["gap_before_us"]) for k in got["kernels"]] == \
+        [("gemm", 10.0, 0.0), ("norm", 2.0, 2.0), ("add", 1.0, 1.0)]
+    # overlapping kernels count once; an uneven split keeps the totals and drops the per-position table
+    odd = dl.timeline([("a", 0.0, 10.0), ("b", 5.0, 12.0), ("c", 20.0, 21.0)], forwards=2)
+    assert "kernels" not in odd and odd["kernels_per_forward"] == 1.5
+    assert odd["span_us"] == 10.5 and odd["kernel_us"] == 6.5
+
+
 @pytest.mark.parametrize("cap,lens,kernels", [
     (700, [700, 300], ["partial", "combine"]),  # 3 splits: two launches, the split partials a temporary
     (200, [200, 90], ["direct"]),  # a capacity within one granule: one split, the direct kernel alone
