@@ -186,6 +186,25 @@ def test_new_key_during_capture_launches_the_baseline_and_tunes_later(caplog):
     assert be.launches[-1][0] == SPACE.config(**BEST)
 
 
+def test_known_config_answers_from_memory_only():
+    """``known_config`` never tunes or launches: None for a new key, the capture fallback for a pending
+    one, the tuned config afterwards."""
+    be = FakeBackend(model, noise=0.0)
+    op = make_op(be)
+    x, y = torch.randn(16), torch.empty(16)
+    assert op.known_config(x, y) is None
+    assert op.tuning_count == 0 and be.launches == []
+    be.capturing = True
+    op(x, y)
+    assert op.known_config(x, y) == SPACE.config(TM=64, occupancy=1)
+    be.capturing = False
+    op(x, y)
+    n = len(be.launches)
+    assert op.known_config(x, y) == SPACE.config(**BEST) == op.known_config(x=x, y=y)
+    assert op.known_config(torch.randn(8), torch.empty(8)) is None
+    assert len(be.launches) == n and op.tuning_count == 1
+
+
 def test_tune_pending_uses_live_arguments_or_fresh_ones():
     be = FakeBackend(model, noise=0.0)
     op = make_op(be)

@@ -255,6 +255,55 @@ def test_workspace_is_per_call_where_memory_may_not_be_kept(pools, monkeypatch):
     assert id(ws) not in fastcall._constants and id(sem) not in fastcall._constants
 
 
+@pytest.mark.parametrize("known,pooled", [
+    ({"SWAP": 1, "SPLIT_K": 1}, False),  # the swapped route ignores the scratch: placeholders, no fill kernel
+    ({"SWAP": 0, "SPLIT_K": 1}, False),  # the unsplit GEMM too
+    ({"SWAP": 0, "SPLIT_K": 4}, True),   # a real split needs zeroed counters
+    (None, True),                        # a key the op does not hold yet: the safe, zeroed scratch
+])
+def test_scratch_under_capture_is_skipped_for_configs_that_ignore_it(pools, monkeypatch, known, pooled):
+    """Inside a CUDA graph capture the zeroed per-call workspace costs two fill kernels in every replay:
+    a call whose config never touches it gets uninitialised buffers of the same shapes (same key)."""
+    import types
+
+    from tiletune.kernels import _scratch
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(gemm_mod, "keepable", lambda device: False)
+    monkeypatch.setattr(_scratch, "keepable", lambda device: False)
+    made = []
+    real = gemm_mod.splitk_workspace
+    monkeypatch.setattr(gemm_mod, "splitk_workspace", lambda *a: made.append(a) or real(*a))
+    seen = []
+
+    class Op:
+        def known_config(self, *args):
+            seen.append(args)
+            return types.SimpleNamespace(**known) if known is not None else None
+
+    head = ("a", "b", "c")
+    ws, sem = gemm_mod._splitk_scratch(Op(), cpu, head, 9, 4096, 1, 16)
+    assert ws.shape == (16, 16, 4096) and ws.dtype == torch.float32
+    assert sem.shape == (gk.splitk_sem_count(9, 4096),) and sem.dtype == torch.int32
+    assert seen[0][:3] == head and seen[0][3].shape == ws.shape and seen[0][4].shape == sem.shape
+    assert bool(made) == pooled
+    if pooled:
+        assert int(sem.abs().sum()) == 0 and float(ws.abs().sum()) == 0.0
+    # where memory may be kept, the pooled scratch and no lookup at all
+    monkeypatch.setattr(gemm_mod, "keepable", lambda device: True)
+    seen.clear()
+    kept = gemm_mod._splitk_scratch(Op(), cpu, head, 9, 4096, 1, 16)
+    assert not seen and kept[0].shape == ws.shape
+
+
+def test_uses_scratch_only_for_real_splits():
+    import types
+
+    assert gemm_mod.uses_scratch(types.SimpleNamespace(SWAP=0, SPLIT_K=2))
+    assert not gemm_mod.uses_scratch(types.SimpleNamespace(SWAP=1, SPLIT_K=1))
+    assert not gemm_mod.uses_scratch(types.SimpleNamespace(SPLIT_K=1))
+
+
 def test_workspace_grows_and_old_views_stay_valid(pools):
     cpu = torch.device("cpu")
     small, _ = gemm_mod.splitk_workspace(cpu, 1, 256, 1, 2)

@@ -139,7 +139,37 @@ def test_splitk_on_a_second_stream_and_through_the_fast_path(fixed):
     for o in outs:
         assert torch.equal(o, first)
     _sems_are_zero()
-    assert len({key[1] for key in gemm_mod._pools}) >= 2  # the side stream had its own scratch memory
+    # the side stream's calls got scratch memory of their own, not kept (see _scratch.keepable)
+    assert len({key[1] for key in gemm_mod._pools}) == 1
+
+
+@pytest.mark.parametrize("fixed", ["swap_64x16", "s4_64x64"], indirect=True)
+def test_graph_capture_adds_no_scratch_kernels_where_the_config_ignores_them(fixed):
+    """Captured into a CUDA graph, a small-M product whose config ignores the split-K scratch replays as
+    its one GEMM kernel (no per-replay fill of a fresh workspace); a real split still gets zeroed
+    counters of its own and stays correct."""
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = _inputs(8, 4096, 4096, torch.bfloat16, True)
+    first = gemm_mod.matmul(a, b)  # tuned (one config) outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gemm_mod.matmul(a, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemm_mod.matmul(a, b)
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert torch.equal(out, first)
+    assert sum("gemm" in k for k in kernels) == 1, kernels
+    if not gemm_mod.uses_scratch(type("C", (), fixed.cfg)):
+        assert len(kernels) == 1, kernels
 
 
 def test_production_splitk_op_tunes_and_matches_torch():

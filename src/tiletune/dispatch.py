@@ -325,6 +325,16 @@ class TunedOp:
         pend = self._pending.get(key)
         return pend.config if pend is not None else self._configs[key]
 
+    def known_config(self, *args: Any, **kwargs: Any) -> Config | None:
+        """The config a call with these arguments would launch, if this op already holds one for their
+        key (tuned or loaded in this process, or a capture-time fallback); None where a call would have
+        to look it up or tune. Tunes, loads and launches nothing (safe inside a CUDA graph capture)."""
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
+        key = self._key(args)
+        pend = self._pending.get(key)
+        return pend.config if pend is not None else self._configs.get(key)
+
     def bind(self, *args: Any, **kwargs: Any) -> Callable[[], Any]:
         """A launcher of this op on these exact arguments: ``bound()`` launches the chosen config's kernel
         with no key, lookup or plan on the way (the cheapest call there is).

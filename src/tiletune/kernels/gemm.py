@@ -298,6 +298,34 @@ def splitk_workspace(device: Any, m: int, n: int, batch: int, s_max: int) -> tup
         return views
 
 
+def uses_scratch(cfg: Any) -> bool:
+    """Whether a split-K op config's launch reads and writes the workspace and counters (a real split;
+    the swapped and the unsplit configs ignore them)."""
+    return not getattr(cfg, "SWAP", 0) and int(getattr(cfg, "SPLIT_K", 1)) > 1
+
+
+def _splitk_scratch(op: Any, device: Any, args: tuple[Any, ...], m: int, n: int, batch: int,
+                    s_max: int) -> tuple[Any, Any]:
+    """``(ws, sem)`` for one call of the split-K op ``op`` on ``args`` (its arguments before the scratch).
+
+    Where memory may be kept (:func:`._scratch.keepable`) this is :func:`splitk_workspace`'s pooled,
+    zero-cost scratch. Elsewhere (a CUDA graph capture, a side stream) that would allocate and zero a
+    fresh workspace on every call: two fill kernels captured into the graph and replayed every time.
+    So when the op already holds this key's config and that config does not touch the scratch (the
+    swapped or unsplit routes, which is what small-M products pick), the call gets uninitialised
+    placeholders of the same shapes instead (same tuning key, no kernel)."""
+    if not keepable(device):
+        import torch
+
+        shape = (int(s_max) * int(batch), pow2_ceil(m), int(n))
+        ws = placeholder(device, torch.float32, shape)
+        sem = placeholder(device, torch.int32, (splitk_sem_count(m, n, batch),))
+        cfg = op.known_config(*args, ws, sem)
+        if cfg is not None and not uses_scratch(cfg):
+            return ws, sem
+    return splitk_workspace(device, m, n, batch, s_max)
+
+
 def _same_stream(a: Any, *_: Any) -> bool:
     """Precheck of :func:`matmul`'s fast path: a recipe may hold the first stream's split-K scratch
     memory, so once a device has some, a call on another stream takes the slow path."""
@@ -455,8 +483,10 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
         regime = None if a.dtype == torch.float32 or not ROUTE_SMALL_M_TO_SPLITK else \
             splitk_regime(c.shape[1], n, k, 2, c.shape[0])
         if regime is not None:
-            ws, sem = splitk_workspace(a.device, c.shape[1], n, c.shape[0], regime[3])
-            GEMM_SPLITK.op(regime)(a_arg, b_arg, c, one, one, trans_a, trans_b, False, ws, sem)
+            op = GEMM_SPLITK.op(regime)
+            ws, sem = _splitk_scratch(op, a.device, (a_arg, b_arg, c, one, one, trans_a, trans_b, False),
+                                      c.shape[1], n, c.shape[0], regime[3])
+            op(a_arg, b_arg, c, one, one, trans_a, trans_b, False, ws, sem)
         else:
             lib_op = GEMM_TF32 if a.dtype == torch.float32 else GEMM
             lib_op.op(None)(a_arg, b_arg, c, one, one, trans_a, trans_b, False)
