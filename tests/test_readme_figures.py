@@ -51,7 +51,8 @@ TABLE_SOURCES: dict[str, list[str]] = {
     "memory-bound op, earlier sweep": ["h200/sweep-2026-12-01/kernels_memory.json"],
     "compute-bound vs the fastest torch route": ["h200/kernels_compute.json"],
     "compute-bound, earlier sweep": ["h200/sweep-2026-12-01/kernels_compute.json"],
-    "decoder layer": ["h200/decoder_layer.json", "h200/decoder_layer_fused_mlp.json"],
+    "decoder layer": ["h200/decoder_layer.json", "h200/decoder_layer_qwen2.5-7b.json",
+                      "h200/decoder_layer_fused_mlp.json"],
 }
 
 #: Figures computed from a result file (not stored in one): (table row label prefix, figure as shown)
