@@ -185,14 +185,18 @@ def test_decode_rows_refuses_bad_sizes():
 
 
 def test_decode_splits():
-    assert dk.decode_splits(8, 32768, 132) == 33  # B=1, Llama: 264 blocks wanted
+    assert dk.decode_splits(8, 32768, 132) == 16  # B=1, Llama: 128 blocks, one wave of 132 SMs
+    assert dk.decode_splits(64, 8192, 132) == 2  # B=8, Llama: 2 splits (128 blocks), not 5 (2.4 waves)
+    assert dk.decode_splits(32, 8192, 132) == 4  # B=8, Qwen2.5 (4 kv heads)
     assert dk.decode_splits(512, 2048, 132) == 1  # B=64: enough row blocks already
+    assert dk.decode_splits(256, 2048, 132) == 1  # B=32: two waves of row blocks, no split
     assert dk.decode_splits(8, 300, 132) == 2  # at most one split per granule of the capacity
     assert dk.decode_splits(1, 1, 132) == 1
     for units in (1, 3, 8, 64, 1024):
         for cap in (1, 255, 256, 257, 5000, 32768):
             ns = dk.decode_splits(units, cap, 132)
             assert 1 <= ns <= max(1, -(-cap // dk.GRANULE))
+            assert ns == 1 or units * ns <= 132  # never a partial second wave
 
 
 @pytest.mark.parametrize("kv_len", [1, 255, 256, 257, 1000, 4096, 32767])

@@ -312,12 +312,17 @@ def decode_rows(g: int, sq: int) -> tuple[int, int, int]:
     return gb, qp, -(-g // gb)
 
 
-def decode_splits(units: int, capacity: int, sms: int, waves: float = 2.0) -> int:
-    """Splits of the KV axis: enough blocks for ``waves`` blocks per SM over ``units`` = ``B * Hkv * NGB``
-    row blocks, at most one split per :data:`GRANULE` keys of the cache ``capacity``."""
+def decode_splits(units: int, capacity: int, sms: int) -> int:
+    """Splits of the KV axis for ``units`` = ``B * Hkv * NGB`` row blocks: as many as keep the grid within
+    one block per SM (``units * splits <= sms``; one split once the row blocks alone fill the SMs), at
+    most one split per :data:`GRANULE` keys of the cache ``capacity``.
+
+    A grid that ends in a partial wave leaves SMs idle on its last wave, and each split adds partials
+    to combine: ``benchmarks/decode_splits.py`` found the one-wave count fastest, or within 1% of the
+    fastest, on every decode shape it swept on an H200 (``benchmarks/results/h200/decode_splits.json``),
+    where a rule aiming at two blocks per SM lost up to 14% on some shapes."""
     units, capacity, sms = max(1, int(units)), max(1, int(capacity)), max(1, int(sms))
-    want = -(-int(round(sms * waves)) // units)
-    return max(1, min(want, -(-capacity // GRANULE)))
+    return max(1, min(sms // units, -(-capacity // GRANULE)))
 
 
 def decode_direct(g: int, sq: int, ns: int) -> bool:
