@@ -256,3 +256,47 @@ def test_cache_clear_forgets_pending_keys():
     op(torch.randn(4), torch.empty(4))
     op.cache_clear()
     assert op.pending == []
+
+
+# ------------------------------------------------------------------------------------ one-config spaces
+
+
+def _one_config_op(backend, space, db=False, **kw):
+    @tt.autotune(space, reference=lambda x, y: x * 2.0, writes=["y"], db=db, backend=backend, progress=False, **kw)
+    def op(cfg, x, y):
+        return tt.Launch(scale_kernel, (cfg.TM,), (x, y, 2.0))
+
+    return op
+
+
+def test_tune_single_false_launches_a_one_config_space_without_a_session(tmp_path):
+    """No tuning session (so no copies of the arguments, no record), the one config launched at once,
+    outside and inside a capture; every other key too."""
+    one = tt.Space(TM=[64], occupancy=[1, 2], constraints=[lambda c: c.occupancy == 1])
+    db = TuningDB(tmp_path / "t.db")
+    be = FakeBackend(model, noise=0.0)
+    op = _one_config_op(be, one, db=db, tune_single=False)
+    x, y = torch.randn(16), torch.empty(16)
+    assert op(x, y) is y
+    torch.testing.assert_close(y, x * 2)
+    assert op.tuning_count == 0 and op.results == {}
+    assert [c for c, _, _ in be.launches] == [one.config(TM=64, occupancy=1)]
+    assert op.known_config(x, y) == one.config(TM=64, occupancy=1)
+    assert db.winners() == [] and db.sessions() == []
+    be.capturing = True
+    op(torch.randn(8), torch.empty(8))
+    assert op.pending == [] and op.tuning_count == 0
+
+
+def test_tune_single_false_still_tunes_a_space_of_several_configs():
+    be = FakeBackend(model, noise=0.0)
+    op = make_op(be, tune_single=False)
+    op(torch.randn(16), torch.empty(16))
+    assert op.tuning_count == 1 and be.launches[-1][0] == SPACE.config(**BEST)
+
+
+def test_a_one_config_space_is_checked_by_default():
+    be = FakeBackend(model, noise=0.0)
+    op = _one_config_op(be, tt.Space(TM=[64], occupancy=[1]))
+    op(torch.randn(16), torch.empty(16))
+    assert op.tuning_count == 1

@@ -236,6 +236,7 @@ class TunedOp:
         strategy_options: Mapping[str, Any] | None = None,
         isolation: str | None = None,
         buckets: Buckets | None = None,
+        tune_single: bool = True,
     ) -> None:
         if not isinstance(space, Space):
             raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
@@ -284,6 +285,8 @@ class TunedOp:
         self._configs: dict[Any, Config] = {}
         self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
         self._pending: dict[Any, _Pending] = {}  # keys met during CUDA graph capture, not tuned yet
+        self.tune_single = bool(tune_single)
+        self._single: dict[str, Config | None] = {}  # arch -> the space's only valid config (tune_single=False)
         self._refine: dict[Any, _ArgTemplate] = {}  # keys a bucket answered, queued for exact tuning
         outs = sorted(set(self.writes) | set(self.inplace))
         #: ``outputs(args)``: what a call returns: None, the one written argument, or a tuple of them
@@ -562,6 +565,8 @@ class TunedOp:
                 if cfg is not None:  # a tuned bucket answers at once, inside a graph capture too
                     logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
                     self._queue_refinement(key, args)
+            if cfg is None and not self.tune_single:
+                cfg = self._single_config(arch)  # one valid config: nothing to tune (tune_single=False)
             if cfg is None and not disabled and _stream_capturing(backend, dev):
                 if pend is None:
                     pend = self._pending_entry(args, key, backend, dev, arch)
@@ -589,6 +594,16 @@ class TunedOp:
             if launch and not launched:
                 entry(args)
             return self._outputs(args)
+
+    def _single_config(self, arch: str) -> Config | None:
+        """The space's only valid config for ``arch``, or None (several, none, or a space too big to list)."""
+        if arch not in self._single:
+            only = None
+            if not self.space.is_lazy(arch):
+                found = self.space.candidates(arch)
+                only = found[0] if len(found) == 1 else None
+            self._single[arch] = only
+        return self._single[arch]
 
     def _baseline(self, arch: str) -> Config:
         """The config launched untuned: the space's baseline, else its first valid config."""
@@ -667,6 +682,7 @@ def autotune(
     strategy_options: Mapping[str, Any] | None = None,
     isolation: str | None = None,
     buckets: Buckets | None = None,
+    tune_single: bool = True,
 ) -> Callable[[Plan], TunedOp]:
     """Make a cuTile launch plan an autotuned op.
 
@@ -714,6 +730,12 @@ def autotune(
             count to the next power of two): the first call of a bucket tunes, every other shape of
             the bucket reuses its winner at once (also from the database, in other processes). Every
             config must be correct for every size of a bucket. Not combinable with ``key``.
+        tune_single: False: when the space holds exactly one valid config for the device's
+            architecture, a new key launches it at once, with no tuning session: no correctness
+            check, no timing, no database record, and no copies of the arguments. For ops whose one
+            config is tested elsewhere and whose arguments may be too large to copy (a KV-cache
+            append into tens of GiB of cache). Default True: a one-config space is still checked
+            once per key like any other.
     """
 
     if strategy is not None:
@@ -740,6 +762,7 @@ def autotune(
             strategy_options=strategy_options,
             isolation=isolation,
             buckets=buckets,
+            tune_single=tune_single,
         )
 
     return wrap

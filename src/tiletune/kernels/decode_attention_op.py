@@ -286,11 +286,13 @@ DECODE_DIRECT = LibraryOp(
     buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, o=0),
 )
 
-#: The combine kernel's library op (:data:`DECODE_COMBINE_SPACE`, one regime; writes ``o``).
+#: The combine kernel's library op (:data:`DECODE_COMBINE_SPACE`, one regime; writes ``o``). One config:
+#: a new key launches it without a tuning session (``tune_single=False``: no measurement to make, and
+#: the first decode call of a shape skips a session); ``tests/test_gpu_decode_attention.py`` checks it.
 DECODE_COMBINE = LibraryOp(
     "tiletune.decode_combine", lambda regime: DECODE_COMBINE_SPACE, decode_combine_plan,
     reference=decode_combine_reference, writes=["o"], tolerance=_combine_tolerance,
-    buckets=_rows_bucketed(po=0, pl=0, o=0),
+    buckets=_rows_bucketed(po=0, pl=0, o=0), tune_single=False,
 )
 
 
@@ -447,8 +449,8 @@ def kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> t
       element sizes other than 1, 2, 4 or 8 bytes, the same writes are made with torch indexing
       (:func:`kv_append_reference`, which synchronizes with the device).
 
-    The first call with a new bucket of shapes tunes the op's one config (a correctness check and
-    a timing), which briefly copies the caches a few times: see :data:`KV_APPEND`.
+    The op has one config: the first call with a new bucket of shapes launches it without a tuning
+    session, so no call copies the caches (see :data:`KV_APPEND`).
 
     Under ``torch.compile`` the call is one node of the graph, the custom op ``tiletune::kv_cache_append``
     (:mod:`tiletune.kernels.torch_ops`), which mutates both caches.
@@ -545,14 +547,15 @@ def kv_append_reference(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) 
 
 
 #: The append's library op (:data:`KV_APPEND_SPACE`, one regime: ``KV_APPEND.op(None)``; reads and writes
-#: the caches). Its arguments are integer views of the caches and rows (:func:`prepare_kv_cache_append`),
-#: so the correctness gate compares the written caches exactly (integer outputs have no tolerance).
-#: Tuning a new bucket of shapes (once: the database keeps the result) copies the caches: the tuning
-#: worker takes its own copy of their storages (the whole buffer when they are views of a larger one),
-#: the gate saves them (``inplace``) and copies them once more for the reference.
+#: the caches). Its arguments are integer views of the caches and rows (:func:`prepare_kv_cache_append`).
+#: Its space holds one config, so a new bucket of shapes launches it without a tuning session
+#: (``tune_single=False``): a session would copy the caches several times (the tuning worker's copy of
+#: their storages, the gate's saved copy, the reference's copy), tens of GiB at serving sizes, on the
+#: first append of a serving process. The kernel is checked against :func:`kv_append_reference` bit for
+#: bit by ``tests/test_gpu_kv_cache.py``; ``tiletune.autotune``'s default would check it per bucket.
 KV_APPEND = LibraryOp(
     "tiletune.kv_cache_append", lambda regime: KV_APPEND_SPACE, kv_append_plan, reference=kv_append_reference,
-    inplace=["cache_k", "cache_v"],
+    inplace=["cache_k", "cache_v"], tune_single=False,
     buckets=Buckets({"cache_k": {0: "pow2", 2: "pow2"}, "cache_v": {0: "pow2", 2: "pow2"},
                      "k": {0: "pow2", 2: "pow2"}, "v": {0: "pow2", 2: "pow2"}, "start": {0: "pow2"}}),
 )

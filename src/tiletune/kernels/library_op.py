@@ -32,6 +32,8 @@ class LibraryOp:
             ``Budget(max_evals=n)`` a regime's space larger than ``n`` configs is searched with the
             ``"auto"`` strategy for ``n`` evaluations instead of measured whole, which bounds the stall
             of a cold key. A ``budget=`` or ``strategy=`` of :meth:`configure` takes precedence.
+        tune_single: as for :func:`tiletune.autotune` (False: a regime whose space holds one config
+            launches it without a tuning session).
     """
 
     _overrides: dict[str, Any] = {}  # autotune keywords shared by every library op: see configure
@@ -49,8 +51,10 @@ class LibraryOp:
         tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = None,
         buckets: Any = None,
         budget: Budget | None = None,
+        tune_single: bool = True,
     ) -> None:
         self.name = name
+        self.tune_single = bool(tune_single)
         self.buckets = buckets
         self.budget = budget
         self.space_for = space_for
@@ -83,6 +87,7 @@ class LibraryOp:
                             tolerance=self.tolerance,
                             name=self.name,
                             buckets=self.buckets,
+                            tune_single=self.tune_single,
                             **kwargs,
                         )(self.plan)
                     finally:
