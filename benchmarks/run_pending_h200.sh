@@ -6,10 +6,11 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-01 17:33-18:38 session, in this order: smalltable, decoderq (the
-# decoder layer with its variants interleaved, not run yet), gap (its test_gpu_torch_ops.py now compiles a decode
-# step with the decode_attention / kv_cache_append custom ops, not run yet), gemm (kernels_compute's small-M rows
-# with the swapped route), qwen, projections; graphs, swapgpu and decoder ran then, see docs/GPU-NOTES.md):
+# PART (what is still owed after the 2026-12-01 19:44-20:17 session, in this order: swapgpu (the decode attention
+# and kv-cache GPU tests again: the decode combine and the kv append now launch without a tuning session,
+# tune_single=False, and the split rule changed to one wave), decoderq (the decoder layer with the new split rule),
+# projections, then the full decoder row set; smalltable, gap, gemm, qwen and decode_splits ran then, see
+# docs/GPU-NOTES.md):
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
 #             block failed on 2026-12-01 16:37: split-K scratch kept on the graph trees' stream; fixed on CPU since)
 #   projections issue 13/20: shipped-table keys for a decoder layer's projection GEMMs (qkv, o, gate-up, down) of
@@ -38,6 +39,7 @@
 #   smalltable the shipped table's small-M matmul keys again (the split-K space changed: its entries were dropped;
 #             copy the table back from OUT)
 #   decoderq  issue 20: decoder_layer.py --quick --profile-kernels (unfused MLP) with the first forward
+#   splits    issue 20: decode_splits.py, decode attention's KV split count swept per decode shape
 set -uo pipefail
 part=${1:?PART}
 out=$(realpath -m "${2:-/tmp/pending-h200}")
@@ -89,6 +91,8 @@ case "$part" in
     cp $T "$out/" ;;
   decoderq)
     limit 560 python benchmarks/decoder_layer.py --quick --profile-kernels --out "$out" 2>&1 | tail -5 ;;
+  splits)
+    limit 330 python benchmarks/decode_splits.py --deadline-s 270 --out "$out" 2>&1 | grep "ns=" | tail -80 ;;
   graphs)
     limit 560 python benchmarks/graphs_compile.py --cases compile_fullgraph,reduce_overhead --deadline 500 --out "$out" 2>&1 | tail -30 ;;
   table)
