@@ -180,6 +180,23 @@ def test_a_tuned_bucket_answers_a_new_shape_during_graph_capture():
     assert len(op.tune_pending()) == 1 and op.tuning_count == 2
 
 
+def test_known_config_answers_a_new_shape_of_a_tuned_bucket():
+    """``known_config`` (what a capture-time caller may ask before choosing its scratch) gives the
+    bucket's winner for a shape never called, without installing, tuning or launching anything."""
+    be = FakeBackend(model, noise=0.0)
+    op = make_op(be)
+    assert op.known_config(torch.randn(300, 4), torch.empty(300, 4)) is None
+    op(torch.randn(300, 4), torch.empty(300, 4))  # tunes the 512 bucket
+    n = len(be.launches)
+    assert op.known_config(torch.randn(400, 4), torch.empty(400, 4)) == SPACE.config(TM=128)
+    assert op.known_config(torch.randn(2000, 4), torch.empty(2000, 4)) is None  # an untuned bucket
+    assert len(be.launches) == n and op.tuning_count == 1 and len(op._configs) == 1
+    # with refinement on, an exact record could still win over the bucket: no answer from the bucket
+    ref = make_refining_op(FakeBackend(model, noise=0.0))
+    ref(torch.randn(300, 4), torch.empty(300, 4))
+    assert ref.known_config(torch.randn(400, 4), torch.empty(400, 4)) is None
+
+
 # ---------------------------------------------------------------------------------------------- refinement
 
 

@@ -330,13 +330,19 @@ class TunedOp:
 
     def known_config(self, *args: Any, **kwargs: Any) -> Config | None:
         """The config a call with these arguments would launch, if this op already holds one for their
-        key (tuned or loaded in this process, or a capture-time fallback); None where a call would have
-        to look it up or tune. Tunes, loads and launches nothing (safe inside a CUDA graph capture)."""
+        key (tuned or loaded in this process, a capture-time fallback, or a tuned bucket's winner that
+        the call would take at once); None where a call would have to look it up or tune. Tunes, loads
+        and launches nothing (safe inside a CUDA graph capture)."""
         if kwargs:
             args = self._bind_arguments(args, kwargs)
         key = self._key(args)
         pend = self._pending.get(key)
-        return pend.config if pend is not None else self._configs.get(key)
+        if pend is not None:
+            return pend.config
+        cfg = self._configs.get(key)
+        if cfg is None and self.buckets is not None and not self.buckets.refine:
+            cfg = self._bucket_configs.get(self.buckets.key(args))  # what a call would launch at once
+        return cfg
 
     def bind(self, *args: Any, **kwargs: Any) -> Callable[[], Any]:
         """A launcher of this op on these exact arguments: ``bound()`` launches the chosen config's kernel
