@@ -411,7 +411,10 @@ def _build(launches: list[_Launch], result_parts: list[tuple[str, Any]], as_tupl
                 lines.append(f"    {prefix}{j} = _empty_like(a[{like}])")
             else:
                 ns[f"_{prefix}s{j}"], ns[f"_{prefix}d{j}"], ns[f"_{prefix}v{j}"] = tuple(o.shape), o.dtype, o.device
-                lines.append(f"    {prefix}{j} = _empty(_{prefix}s{j}, dtype=_{prefix}d{j}, device=_{prefix}v{j})")
+                # sizes as separate ints: torch.empty parses them faster than one tuple (docs/GPU-NOTES.md);
+                # a 0-d output keeps the tuple (empty() needs a size)
+                splat = "*" if o.dim() else ""
+                lines.append(f"    {prefix}{j} = _empty({splat}_{prefix}s{j}, dtype=_{prefix}d{j}, device=_{prefix}v{j})")
     names = {"arg": "a[{}]", "out": "o{}", "tmp": "t{}"}
     for li, ln in enumerate(launches):
         ns[f"_launch{li}"], ns[f"_stream{li}"], ns[f"_kernel{li}"] = ln.launch, ln.stream, ln.hinted
