@@ -516,6 +516,90 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+#: kernel-name fragments -> the part of the layer a kernel belongs to (first match wins)
+KERNEL_PARTS = (
+    ("GEMM", ("gemm", "nvjet", "splitk", "cublas", "gemv")),
+    ("attention", ("decode_", "attention_kernel", "sdpa", "flash", "fmha", "cudnn")),
+    ("norm", ("rms_norm", "rsqrt", "layer_norm")),
+    ("RoPE + KV cache", ("rope", "kv_append", "cat_copy_mul_neg", "copy_select_slice")),
+    ("SwiGLU", ("glu", "silu")),
+)
+
+
+def kernel_part(name: str) -> str:
+    """The part of the layer (:data:`KERNEL_PARTS`) a kernel's name belongs to, else ``"other"``."""
+    low = name.lower()
+    for part, keys in KERNEL_PARTS:
+        if any(k in low for k in keys):
+            return part
+    return "other"
+
+
+def timeline_parts(t: dict[str, Any]) -> dict[str, float]:
+    """One forward of a :func:`timeline` by part of the layer (us), idle time included: the gaps between
+    the forward's kernels and the gap before the next forward."""
+    parts: dict[str, float] = {}
+    for k in t.get("kernels", []):
+        part = kernel_part(k["kernel"])
+        parts[part] = parts.get(part, 0.0) + float(k["us"])
+    parts["idle"] = float(t.get("gap_us") or 0.0) + float(t.get("between_forwards_us") or 0.0)
+    return parts
+
+
+def plot_timelines(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Stacked bars of each row's replay timelines (tiletune's graph vs ``reduce-overhead``), by part of
+    the layer: where one forward's GPU time goes. False when no row has timelines or no matplotlib."""
+    rows = [r for r in rows if r.get("replay_timeline", {}).get("tiletune", {}).get("kernels")]
+    if not rows:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # pragma: no cover - matplotlib is optional
+        return False
+    names = [p for p, _ in KERNEL_PARTS] + ["other", "idle"]
+    sides = (("tiletune", "tiletune"), ("compile_ro", "reduce-overhead"))
+    labels, stacks, timed = [], [], []
+    for r in rows:
+        for key, side in sides:
+            t = r["replay_timeline"].get(key)
+            if t and t.get("kernels"):
+                labels.append(f"{r['phase']} B={r['B']} S={r['S']}\n{side}")
+                stacks.append(timeline_parts(t))
+                timed.append(r.get("tiletune_us" if key == "tiletune" else "compile_ro_us"))
+    fig, axes = plt.subplots(1, 2, figsize=(13, max(3.0, 0.45 * len(labels))),
+                             gridspec_kw={"width_ratios": [1, 1]})
+    for ax, subset in zip(axes, ("decode", "prefill")):
+        idx = [i for i, lab in enumerate(labels) if lab.startswith(subset)]
+        if not idx:
+            ax.axis("off")
+            continue
+        left = [0.0] * len(idx)
+        for part in names:
+            vals = [stacks[i].get(part, 0.0) for i in idx]
+            ax.barh(range(len(idx)), vals, left=left, label=part, color="lightgrey" if part == "idle" else None)
+            left = [a + b for a, b in zip(left, vals)]
+        marks = [(y, timed[i]) for y, i in enumerate(idx) if timed[i]]
+        ax.scatter([m[1] for m in marks], [m[0] for m in marks], marker="|", s=400, color="black", zorder=3,
+                   label="timed per forward, no profiler")
+        ax.set_yticks(list(range(len(idx))))
+        ax.set_yticklabels([labels[i] for i in idx], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("GPU time of one forward, replayed from a CUDA graph (us)")
+        ax.set_title(f"{subset}: where the time goes")
+    handles, names_ = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names_, fontsize=7, loc="lower center", ncol=len(names_))
+    fig.suptitle(f"{MODEL} decoder layer, bf16, H200: tiletune vs torch.compile(mode='reduce-overhead'), under "
+                 "torch.profiler\n(reduce-overhead's idle time includes its CUDA-graph trees' host work, which "
+                 "the profiler slows down: compare the timed marks)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="4 rows (budget < 4 min on a fresh H200)")
@@ -532,7 +616,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="(the default since split-K passed on the H200; kept for old command lines)")
     ap.add_argument("--fused-mlp", action="store_true",
                     help="gate-up projection + SwiGLU as one fused GEMM (tiletune.kernels.matmul_swiglu)")
+    ap.add_argument("--replot", metavar="JSON", default=None,
+                    help="no GPU: redraw the PNGs of a result file (bars, and replay timelines where recorded)")
     args = ap.parse_args(argv)
+    if args.replot:
+        src = Path(args.replot)
+        doc = json.loads(src.read_text())
+        use_model(doc.get("layer", {}).get("model", "llama3-8b"))
+        rows = doc["rows"]
+        plot(rows, src.with_suffix(".png"))
+        drawn = plot_timelines(rows, src.with_name(src.stem + "_timeline.png"))
+        print(f"redrew {src.with_suffix('.png')}" + (f" and {src.stem}_timeline.png" if drawn else ""))
+        return 0
     import torch
 
     import tiletune.kernels.gemm as _gemm
@@ -569,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     args.model)
     path = save()
     plot(rows, path.with_suffix(".png"))
+    plot_timelines(rows, path.with_name(path.stem + "_timeline.png"))
     del torch
     return 0
 

@@ -747,6 +747,32 @@ def test_decoder_layer_timeline_splits_kernel_time_from_launch_gaps():
     assert odd["span_us"] == 10.5 and odd["kernel_us"] == 6.5
 
 
+def test_decoder_layer_timeline_parts_and_plot(tmp_path):
+    """Kernels are filed by part of the layer (ours and Inductor's/cuBLAS's/cuDNN's names), idle time
+    counted apart, and the stacked-bar PNG drawn from the rows that have timelines."""
+    dl = _decoder_layer()
+    assert dl.kernel_part("gemm_swap_kernel_Kt2_A3bf16") == "GEMM"
+    assert dl.kernel_part("nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_NNT") == "GEMM"
+    assert dl.kernel_part("void cublasLt::splitKreduce_kernel<32, 16>") == "GEMM"
+    assert dl.kernel_part("decode_partial_kernel_fn_Kt2") == "attention"
+    assert dl.kernel_part("void cudnn::fusion::lean_reduction_kernel<false>") == "attention"
+    assert dl.kernel_part("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "norm"
+    assert dl.kernel_part("kv_append_kernel_fn_Kt2") == "RoPE + KV cache"
+    assert dl.kernel_part("triton_poi_fused__unsafe_view_mul_silu_slice_5") == "SwiGLU"
+    assert dl.kernel_part("void at::native::vectorized_elementwise_kernel<8>") == "other"
+    t = {"kernels": [{"kernel": "gemm_kernel", "us": 10.0, "gap_before_us": 0.0},
+                     {"kernel": "rms_norm_kernel_fn", "us": 2.0, "gap_before_us": 0.5},
+                     {"kernel": "gemm_kernel", "us": 5.0, "gap_before_us": 0.5}],
+         "gap_us": 1.0, "between_forwards_us": 3.0}
+    assert dl.timeline_parts(t) == {"GEMM": 15.0, "norm": 2.0, "idle": 4.0}
+    rows = [{"phase": "decode", "B": 8, "S": 2048, "tiletune_us": 20.0, "compile_ro_us": 21.0,
+             "replay_timeline": {"tiletune": t, "compile_ro": t}},
+            {"phase": "prefill", "B": 1, "S": 512, "tiletune_us": 30.0}]  # no timeline: left out
+    pytest.importorskip("matplotlib")
+    assert dl.plot_timelines(rows, tmp_path / "t.png") and (tmp_path / "t.png").stat().st_size > 0
+    assert not dl.plot_timelines(rows[1:], tmp_path / "none.png") and not (tmp_path / "none.png").exists()
+
+
 @pytest.mark.parametrize("cap,lens,kernels", [
     (700, [700, 300], ["partial", "combine"]),  # 3 splits: two launches, the split partials a temporary
     (200, [200, 90], ["direct"]),  # a capacity within one granule: one split, the direct kernel alone
