@@ -17,8 +17,10 @@ Per row: ``tiletune_us`` = GPU time of one forward replayed from a CUDA graph (t
 capture-safe once tuned: the first forward tunes, a second warms, then the step is captured);
 ``tiletune_stream_us`` = GPU time of forwards launched back to back without a graph;
 ``tiletune_host_us`` = host time of the launch calls of one forward (``time.perf_counter``, no sync);
-``eager_us``, ``compile_us`` (``torch.compile`` default) and ``compile_ro_us`` (``mode="reduce-overhead"``,
-CUDA graphs) = GPU time per forward from CUDA events around a back-to-back loop; these four (with
+``eager_us``, ``compile_us`` (``torch.compile`` default), ``compile_ro_us`` (``mode="reduce-overhead"``,
+CUDA graphs) and ``compile_ro_static_us`` (the same with the inputs marked static: no copy into the graph's
+input buffers at every replay, as in a graph over a whole model; ``vs_compile_ro_best`` compares with the
+faster of the two) = GPU time per forward from CUDA events around a back-to-back loop; these (with
 ``tiletune_us``) are measured in five interleaved rounds, the median round each (:func:`interleaved_us`);
 ``rel_err`` =
 ``||tiletune - eager|| / ||eager||`` of the layer output; ``first_forward_s`` (one row) = wall time of
@@ -382,6 +384,19 @@ def replay_timeline(fn: Any, forwards: int = 10) -> dict[str, Any]:
     return timeline(ev, forwards)
 
 
+def static_inputs(st: "State") -> tuple[Any, Any, Any]:
+    """Copies of the layer's inputs marked as static addresses for ``torch.compile``: its
+    ``reduce-overhead`` graphs then read them in place, as a graph over a whole model reads each layer's
+    input, instead of starting every replay with a copy into the graph's own input buffers (what a
+    single layer called with fresh inputs pays)."""
+    import torch
+
+    out = tuple(t.clone() for t in (st.x, st.cos, st.sin))
+    for t in out:
+        torch._dynamo.mark_static_address(t)
+    return out  # type: ignore[return-value]
+
+
 def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool = False,
                 profile: bool = False) -> dict[str, Any]:
     """One row: tune + time tiletune, time eager / compile / compile reduce-overhead, check rel_err.
@@ -418,16 +433,18 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
         timed["eager_us"] = lambda m=mod, x=st.x, c=st.cos, sn=st.sin: m(x, c, sn)
         row["eager_host_us"] = host_us(timed["eager_us"], n)
         torch._dynamo.reset()
-        for key, mode in (("compile_us", None), ("compile_ro_us", "reduce-overhead")):
+        for key, mode, inputs in (("compile_us", None, None), ("compile_ro_us", "reduce-overhead", None),
+                                  ("compile_ro_static_us", "reduce-overhead", static_inputs(st))):
             cmod = torch_module(w, st, *(st.caches() if phase == "decode" else (None, None)))
             fn = torch.compile(cmod, mode=mode) if mode else torch.compile(cmod)
+            x_in, c_in, s_in = inputs or (st.x, st.cos, st.sin)
             try:
                 t0 = time.perf_counter()
-                out_c = fn(st.x, st.cos, st.sin)
+                out_c = fn(x_in, c_in, s_in)
                 torch.cuda.synchronize()
                 row[key.replace("_us", "_warmup_s")] = time.perf_counter() - t0
                 row[key.replace("_us", "_rel_err")] = rel_err(out_c, out_eager)
-                timed[key] = (lambda f=fn, x=st.x, c=st.cos, sn=st.sin: f(x, c, sn))
+                timed[key] = (lambda f=fn, x=x_in, c=c_in, sn=s_in: f(x, c, sn))
             except Exception as exc:  # noqa: BLE001 - a compile failure is a result, not a crash
                 row[key] = None
                 row[key.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -439,12 +456,16 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
             row["kernel_sum_us"] = kernel_sums(row["kernel_profile"])
             # the same forwards as timed: tiletune's graph replay and reduce-overhead's, kernel by kernel
             row["replay_timeline"] = {"tiletune": replay_timeline(g.replay)}
-            if "compile_ro_us" in timed:
-                row["replay_timeline"]["compile_ro"] = replay_timeline(timed["compile_ro_us"])
+            for key in ("compile_ro", "compile_ro_static"):
+                if f"{key}_us" in timed:
+                    row["replay_timeline"][key] = replay_timeline(timed[f"{key}_us"])
         del timed
-    for key in ("compile_us", "compile_ro_us"):
+    for key in ("compile_us", "compile_ro_us", "compile_ro_static_us"):
         if row.get(key):
             row[f"vs_{key[:-3]}"] = row[key] / row["tiletune_us"]
+    ro = [row[k] for k in ("compile_ro_us", "compile_ro_static_us") if row.get(k)]
+    if ro:  # the faster reduce-overhead route a user could take
+        row["vs_compile_ro_best"] = min(ro) / row["tiletune_us"]
     row["first_forward_s"] = None
     del g, fwd, mod, st
     gc.collect()
@@ -560,7 +581,8 @@ def plot_timelines(rows: list[dict[str, Any]], path: Path) -> bool:
     except Exception:  # pragma: no cover - matplotlib is optional
         return False
     names = [p for p, _ in KERNEL_PARTS] + ["other", "idle"]
-    sides = (("tiletune", "tiletune"), ("compile_ro", "reduce-overhead"))
+    sides = (("tiletune", "tiletune"), ("compile_ro", "reduce-overhead"),
+             ("compile_ro_static", "reduce-overhead, static inputs"))
     labels, stacks, timed = [], [], []
     for r in rows:
         for key, side in sides:
@@ -568,7 +590,7 @@ def plot_timelines(rows: list[dict[str, Any]], path: Path) -> bool:
             if t and t.get("kernels"):
                 labels.append(f"{r['phase']} B={r['B']} S={r['S']}\n{side}")
                 stacks.append(timeline_parts(t))
-                timed.append(r.get("tiletune_us" if key == "tiletune" else "compile_ro_us"))
+                timed.append(r.get(f"{key}_us"))
     fig, axes = plt.subplots(1, 2, figsize=(13, max(3.0, 0.45 * len(labels))),
                              gridspec_kw={"width_ratios": [1, 1]})
     for ax, subset in zip(axes, ("decode", "prefill")):

@@ -688,6 +688,18 @@ def test_decoder_layer_rows_and_torch_layer_on_cpu(monkeypatch):
             assert torch.equal(mod.ck[:, :, :s - 1], st.ck[:, :, :s - 1])
 
 
+def test_decoder_layer_static_inputs_for_reduce_overhead():
+    """The static-input route gets copies of the layer's inputs (the other routes keep theirs unmarked),
+    each marked as a static address for torch.compile's CUDA graphs."""
+    dl = _decoder_layer()
+    st = dl.State("decode", 2, 5, device="cpu")
+    got = dl.static_inputs(st)
+    for new, old in zip(got, (st.x, st.cos, st.sin)):
+        assert new is not old and torch.equal(new, old) and new.data_ptr() != old.data_ptr()
+        assert getattr(new, "_dynamo_static_input_type", None) is not None
+        assert getattr(old, "_dynamo_static_input_type", None) is None
+
+
 def test_attention_routes_short_queries_to_decode_and_the_switch_turns_it_off(monkeypatch):
     import tiletune.kernels.attention_op as attn_mod
 
