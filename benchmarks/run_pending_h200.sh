@@ -8,7 +8,8 @@
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART (what is still owed after the 2026-12-01 19:44-20:17 session, in this order: swapgpu (the decode attention
 # and kv-cache GPU tests again: the decode combine and the kv append now launch without a tuning session,
-# tune_single=False, and the split rule changed to one wave), decoderq (the decoder layer with the new split rule),
+# tune_single=False, and the split rule changed to one wave), decoderq (the decoder layer with the new split rule and the static-input
+# reduce-overhead route),
 # projections, then the full decoder row set; smalltable, gap, gemm, qwen and decode_splits ran then, see
 # docs/GPU-NOTES.md):
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
