@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 #: (B, query heads, kv heads, cache length): Llama-3-8B (32/8) and Qwen2.5-7B (28/4) decode shapes
 PROBLEMS = [(8, 32, 8, 8192), (8, 32, 8, 2048), (8, 28, 4, 8192), (1, 32, 8, 32768), (32, 32, 8, 2048),
             (64, 32, 8, 2048), (8, 28, 4, 2048), (64, 28, 4, 2048), (1, 32, 8, 8192)]
-SPLITS = [1, 2, 3, 4, 5, 6, 8, 12, 16]
+SPLITS = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32]
 HEAD_DIM = 128
 
 
