@@ -313,8 +313,9 @@ def kernel_sums(profile: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     return {side: round(sum(k["us"] for k in kernels), 1) for side, kernels in profile.items()}
 
 
-def profile_kernels(fn: Any, forwards: int = 10) -> list[dict[str, Any]]:
-    """:func:`kernel_table` of ``fn`` (one forward) under ``torch.profiler`` (CUDA activity), after a warm-up."""
+def cuda_kernels(fn: Any, forwards: int = 10) -> list[tuple[str, float, float]]:
+    """``(name, start_us, end_us)`` of every GPU activity of ``forwards`` calls of ``fn`` (one forward each)
+    under ``torch.profiler`` (CUDA activity), after a warm-up call."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -325,8 +326,13 @@ def profile_kernels(fn: Any, forwards: int = 10) -> list[dict[str, Any]]:
             fn()
         torch.cuda.synchronize()
     cuda = torch.autograd.DeviceType.CUDA
-    return kernel_table(((e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == cuda),
-                        forwards)
+    return [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+            if e.device_type == cuda]
+
+
+def profile_kernels(fn: Any, forwards: int = 10) -> list[dict[str, Any]]:
+    """:func:`kernel_table` of ``fn`` (one forward) from :func:`cuda_kernels`."""
+    return kernel_table(((name, end - start) for name, start, end in cuda_kernels(fn, forwards)), forwards)
 
 
 def timeline(kernels: list[tuple[str, float, float]], forwards: int) -> dict[str, Any]:
@@ -367,21 +373,9 @@ def timeline(kernels: list[tuple[str, float, float]], forwards: int) -> dict[str
 
 
 def replay_timeline(fn: Any, forwards: int = 10) -> dict[str, Any]:
-    """:func:`timeline` of ``fn`` (one forward, e.g. a CUDA graph's ``replay``) under ``torch.profiler``:
+    """:func:`timeline` of ``fn`` (one forward, e.g. a CUDA graph's ``replay``) from :func:`cuda_kernels`:
     tells a graph's launch gaps from its kernels' own time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(forwards):
-            fn()
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    ev = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
-          if e.device_type == cuda]
-    return timeline(ev, forwards)
+    return timeline(cuda_kernels(fn, forwards), forwards)
 
 
 def static_inputs(st: "State") -> tuple[Any, Any, Any]:

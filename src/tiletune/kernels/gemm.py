@@ -63,7 +63,9 @@ __all__ = [
     "GEMM_TF32_SPACE",
     "gemm",
     "matmul",
+    "splitk_scratch_shapes",
     "splitk_workspace",
+    "uses_scratch",
 ]
 
 #: The 512-config space recorded on the H200 (``benchmarks/spaces/h200_gemm_bf16_4096.json.gz``).
@@ -250,6 +252,12 @@ _home_stream: dict[int, int] = {}  # device -> the stream whose scratch memory f
 _pool_lock = threading.Lock()
 
 
+def splitk_scratch_shapes(m: int, n: int, batch: int, s_max: int) -> tuple[tuple[int, int, int], int]:
+    """``(workspace shape, counter count)`` of a split-K product ``batch x m x n`` whose regime splits at
+    most ``s_max`` ways (functions of ``m``'s bucket, so they never change the tuning key)."""
+    return (int(s_max) * int(batch), pow2_ceil(m), int(n)), splitk_sem_count(m, n, batch)
+
+
 def splitk_workspace(device: Any, m: int, n: int, batch: int, s_max: int) -> tuple[Any, Any]:
     """``(ws, sem)`` for a split-K product ``batch x m x n`` of a regime with largest split ``s_max``.
 
@@ -270,8 +278,7 @@ def splitk_workspace(device: Any, m: int, n: int, batch: int, s_max: int) -> tup
     cuda = device.type == "cuda"
     dev = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
     where = torch.device("cuda", dev) if cuda else device  # (CPU: the host-side tests)
-    shape = (int(s_max) * int(batch), pow2_ceil(m), int(n))
-    nsem = splitk_sem_count(m, n, batch)
+    shape, nsem = splitk_scratch_shapes(m, n, batch, s_max)
     if not keepable(where):
         return (torch.zeros(shape, dtype=torch.float32, device=where), torch.zeros(nsem, dtype=torch.int32, device=where))
     stream = current_raw_stream(dev)
@@ -317,9 +324,9 @@ def _splitk_scratch(op: Any, device: Any, args: tuple[Any, ...], m: int, n: int,
     if not keepable(device):
         import torch
 
-        shape = (int(s_max) * int(batch), pow2_ceil(m), int(n))
+        shape, nsem = splitk_scratch_shapes(m, n, batch, s_max)
         ws = placeholder(device, torch.float32, shape)
-        sem = placeholder(device, torch.int32, (splitk_sem_count(m, n, batch),))
+        sem = placeholder(device, torch.int32, (nsem,))
         cfg = op.known_config(*args, ws, sem)
         if cfg is not None and not uses_scratch(cfg):
             return ws, sem
