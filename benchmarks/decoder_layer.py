@@ -18,9 +18,9 @@ capture-safe once tuned: the first forward tunes, a second warms, then the step 
 ``tiletune_stream_us`` = GPU time of forwards launched back to back without a graph;
 ``tiletune_host_us`` = host time of the launch calls of one forward (``time.perf_counter``, no sync);
 ``eager_us``, ``compile_us`` (``torch.compile`` default), ``compile_ro_us`` (``mode="reduce-overhead"``,
-CUDA graphs) and ``compile_ro_static_us`` (the same with the inputs marked static: no copy into the graph's
-input buffers at every replay, as in a graph over a whole model; ``vs_compile_ro_best`` compares with the
-faster of the two) = GPU time per forward from CUDA events around a back-to-back loop; these (with
+CUDA graphs) and ``compile_ro_static_us`` (the same with the inputs marked static, meant to save the copy
+into the graph's input buffers at every replay, as in a graph over a whole model; on torch 2.11 the replays
+still began with that copy; ``vs_compile_ro_best`` compares with the faster of the two) = GPU time per forward from CUDA events around a back-to-back loop; these (with
 ``tiletune_us``) are measured in five interleaved rounds, the median round each (:func:`interleaved_us`);
 ``rel_err`` =
 ``||tiletune - eager|| / ||eager||`` of the layer output; ``first_forward_s`` (one row) = wall time of
@@ -379,10 +379,11 @@ def replay_timeline(fn: Any, forwards: int = 10) -> dict[str, Any]:
 
 
 def static_inputs(st: "State") -> tuple[Any, Any, Any]:
-    """Copies of the layer's inputs marked as static addresses for ``torch.compile``: its
-    ``reduce-overhead`` graphs then read them in place, as a graph over a whole model reads each layer's
+    """Copies of the layer's inputs marked as static addresses for ``torch.compile``, so that its
+    ``reduce-overhead`` graphs may read them in place, as a graph over a whole model reads each layer's
     input, instead of starting every replay with a copy into the graph's own input buffers (what a
-    single layer called with fresh inputs pays)."""
+    single layer called with fresh inputs pays). Whether they do is for the replay timeline to say
+    (``replay_timeline["compile_ro_static"]``)."""
     import torch
 
     out = tuple(t.clone() for t in (st.x, st.cos, st.sin))
@@ -514,8 +515,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         import matplotlib.pyplot as plt
     except Exception:  # pragma: no cover - matplotlib is optional
         return
-    labels = [f"{r['phase']}\nB={r['B']} S={r['S']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
+    labels = [f"{r['phase']}\nB={r['B']}\nS={r['S']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(min(18, max(6, 0.9 * len(rows))), 4))
     xs = range(len(rows))
     for off, key, name in ((-0.3, "eager_us", "eager"), (-0.1, "compile_us", "torch.compile"),
                            (0.1, "compile_ro_us", "compile reduce-overhead"), (0.3, "tiletune_us", "tiletune (graph)")):
@@ -526,9 +527,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("speed relative to tiletune (higher = faster)")
     ax.set_title(f"{MODEL} decoder layer, bf16, H200")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110 if len(rows) <= 8 else 80)
+    plt.close(fig)
+    small_png(path)
 
 
 #: kernel-name fragments -> the part of the layer a kernel belongs to (first match wins)
@@ -561,7 +564,13 @@ def timeline_parts(t: dict[str, Any]) -> dict[str, float]:
     return parts
 
 
-def plot_timelines(rows: list[dict[str, Any]], path: Path) -> bool:
+#: the replay timelines :func:`plot_timelines` draws per row: (timeline key, label)
+TIMELINE_SIDES = (("tiletune", "tiletune"), ("compile_ro", "reduce-overhead"),
+                  ("compile_ro_static", "reduce-overhead, static inputs"))
+
+
+def plot_timelines(rows: list[dict[str, Any]], path: Path,
+                   sides: tuple[tuple[str, str], ...] = TIMELINE_SIDES, dpi: int = 110) -> bool:
     """Stacked bars of each row's replay timelines (tiletune's graph vs ``reduce-overhead``), by part of
     the layer: where one forward's GPU time goes. False when no row has timelines or no matplotlib."""
     rows = [r for r in rows if r.get("replay_timeline", {}).get("tiletune", {}).get("kernels")]
@@ -575,8 +584,6 @@ def plot_timelines(rows: list[dict[str, Any]], path: Path) -> bool:
     except Exception:  # pragma: no cover - matplotlib is optional
         return False
     names = [p for p, _ in KERNEL_PARTS] + ["other", "idle"]
-    sides = (("tiletune", "tiletune"), ("compile_ro", "reduce-overhead"),
-             ("compile_ro_static", "reduce-overhead, static inputs"))
     labels, stacks, timed = [], [], []
     for r in rows:
         for key, side in sides:
@@ -585,8 +592,10 @@ def plot_timelines(rows: list[dict[str, Any]], path: Path) -> bool:
                 labels.append(f"{r['phase']} B={r['B']} S={r['S']}\n{side}")
                 stacks.append(timeline_parts(t))
                 timed.append(r.get(f"{key}_us"))
-    fig, axes = plt.subplots(1, 2, figsize=(13, max(3.0, 0.45 * len(labels))),
+    fig, axes = plt.subplots(1, 2, figsize=(13, max(3.0, 0.3 * len(labels) + 1.0)),
                              gridspec_kw={"width_ratios": [1, 1]})
+    handles: list[Any] = []
+    names_: list[str] = []
     for ax, subset in zip(axes, ("decode", "prefill")):
         idx = [i for i, lab in enumerate(labels) if lab.startswith(subset)]
         if not idx:
@@ -605,15 +614,148 @@ def plot_timelines(rows: list[dict[str, Any]], path: Path) -> bool:
         ax.invert_yaxis()
         ax.set_xlabel("GPU time of one forward, replayed from a CUDA graph (us)")
         ax.set_title(f"{subset}: where the time goes")
-    handles, names_ = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names_, fontsize=7, loc="lower center", ncol=len(names_))
+        if not handles:  # the legend of the first panel that drew bars (a run may hold one phase only)
+            handles, names_ = ax.get_legend_handles_labels()
+    fig.legend(handles, names_, fontsize=7, loc="lower center", ncol=max(1, len(names_)))
     fig.suptitle(f"{MODEL} decoder layer, bf16, H200: tiletune vs torch.compile(mode='reduce-overhead'), under "
                  "torch.profiler\n(reduce-overhead's idle time includes its CUDA-graph trees' host work, which "
                  "the profiler slows down: compare the timed marks)", fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
+    small_png(path)
     return True
+
+
+def small_png(path: Path, colors: int = 64) -> None:
+    """Rewrite a matplotlib PNG with a palette of ``colors`` (flat-colour charts lose nothing visible;
+    the file shrinks severalfold, which the tracked tree's size limit needs). No-op without Pillow."""
+    try:
+        from PIL import Image
+    except Exception:  # pragma: no cover - Pillow comes with matplotlib
+        return
+    with Image.open(path) as im:
+        small = im.convert("RGB").quantize(colors=colors)
+    small.save(path, optimize=True)
+
+
+# --------------------------------------------------------------------------------------------
+# merging runs: one result file from rows measured in several device calls
+# --------------------------------------------------------------------------------------------
+
+#: per-row diagnostics too large for the summary file: kept in ``<name>_detail.json.gz``
+DETAIL_KEYS = ("kernel_profile", "replay_timeline")
+#: what must agree between the runs merged into one file
+SAME_IN_MERGED_RUNS = ("gpu", "arch", "driver", "torch", "versions", "layer", "fused_mlp", "splitk")
+
+
+def kernel_list_parts(kernels: list[dict[str, Any]]) -> dict[str, float]:
+    """A ``kernel_profile`` side (per-forward kernel list) summed by part of the layer (us, 0.1 us)."""
+    parts: dict[str, float] = {}
+    for k in kernels:
+        part = kernel_part(k["kernel"])
+        parts[part] = parts.get(part, 0.0) + float(k["us"])
+    return {p: round(v, 1) for p, v in parts.items()}
+
+
+def row_parts(row: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """GPU time per forward by part of the layer, per side: ``<side>_replay`` from the graph replays'
+    timelines (idle time included), ``<side>`` from the kernel profile launched without a graph."""
+    out = {f"{side}_replay": {p: round(v, 1) for p, v in timeline_parts(t).items()}
+           for side, t in row.get("replay_timeline", {}).items() if t.get("kernels")}
+    out.update({side: kernel_list_parts(ks) for side, ks in row.get("kernel_profile", {}).items()})
+    return out
+
+
+def summary_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row without its :data:`DETAIL_KEYS`, with their by-part sums (:func:`row_parts`) as ``parts_us``
+    and what bounds the row:
+
+    * ``ceiling_vs_compile``: ``compile_us`` over the GEMM + attention kernel time of ``torch.compile``'s
+      forward, i.e. the ratio to default ``torch.compile`` that tiletune's layer would reach with its GEMM and
+      attention kernels exactly as fast as cuBLAS's and cuDNN's and every other kernel (and launch) free;
+    * decode rows: ``kv_cache_bytes`` (the K and V positions ``[0, S)`` attention reads, the layer's
+      shapes, 2-byte elements) and ``attention_tbps``, that read over tiletune's attention time in its
+      graph replay (TB/s)."""
+    out = {k: v for k, v in row.items() if k not in DETAIL_KEYS}
+    parts = row_parts(row)
+    if parts:
+        out["parts_us"] = parts
+    ref = parts.get("torch.compile", {})
+    bound = ref.get("GEMM", 0.0) + ref.get("attention", 0.0)
+    if bound > 0 and row.get("compile_us"):
+        out["ceiling_vs_compile"] = round(row["compile_us"] / bound, 3)
+    if row["phase"] == "decode":
+        kv = 2 * row["B"] * KV_HEADS * row["S"] * HEAD_DIM * 2
+        out["kv_cache_bytes"] = kv
+        att = parts.get("tiletune_replay", {}).get("attention")
+        if att:
+            out["attention_tbps"] = round(kv / att / 1e6, 2)
+    return out
+
+
+def row_label(row: dict[str, Any]) -> str:
+    return f"{row['phase']}:{row['B']}:{row['S']}"
+
+
+def merge_docs(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result document from the documents of several runs of the same layer on the same machine:
+    their rows, a row measured twice taken from the later run (by ``date``), ordered as the full row set;
+    ``merged_from`` says which run gave which rows, ``rows_missing`` which rows of the full set none did.
+    Runs that disagree on the GPU, the software versions or the layer raise ``ValueError``."""
+    if not docs:
+        raise ValueError("nothing to merge")
+    docs = sorted(docs, key=lambda d: str(d.get("date", "")))
+    first = docs[0]
+    for d in docs[1:]:
+        for key in SAME_IN_MERGED_RUNS:
+            if d.get(key) != first.get(key):
+                raise ValueError(f"cannot merge runs that differ in {key!r}: {first.get(key)!r} vs {d.get(key)!r}")
+    rows: dict[str, dict[str, Any]] = {}
+    sources = []
+    for d in docs:
+        for r in d["rows"]:
+            rows[row_label(r)] = r
+        sources.append({"date": d.get("date"), "wall_s": d.get("wall_s"), "rows": [row_label(r) for r in d["rows"]]})
+    order = {f"{p}:{b}:{s}": i for i, (p, b, s) in enumerate(FULL_ROWS)}
+    merged = sorted(rows.values(), key=lambda r: (order.get(row_label(r), len(order)), r["phase"], r["B"], r["S"]))
+    first_forward = [r for r in merged if r.get("first_forward_s") is not None]
+    out = {k: v for k, v in docs[-1].items() if k not in ("rows", "wall_s", "quick")}
+    out.update({"quick": False, "merged_from": sources, "rows": merged,
+                "rows_missing": [label for label in order if label not in rows],
+                "first_forward_rows": [row_label(r) for r in first_forward]})
+    return out
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """A result document from ``.json`` or ``.json.gz``."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return json.loads(gzip.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
+
+
+def merge_results(paths: list[Path], out_dir: Path) -> Path:
+    """Merge the result files of several runs (:func:`merge_docs`) into ``<out_dir>/<name>.json`` (rows
+    by :func:`summary_row`) and ``<name>_detail.json.gz`` (the rows whole), and draw both PNGs."""
+    import gzip
+
+    doc = merge_docs([read_result(p) for p in paths])
+    model = doc.get("layer", {}).get("model", "llama3-8b")
+    use_model(model)
+    name = "decoder_layer" + ("" if model == "llama3-8b" else f"_{model}") + \
+        ("_fused_mlp" if doc.get("fused_mlp") else "")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    full_rows = doc["rows"]
+    (out_dir / f"{name}_detail.json.gz").write_bytes(
+        gzip.compress((json.dumps(doc, separators=(",", ":")) + "\n").encode(), mtime=0))
+    summary = dict(doc, rows=[summary_row(r) for r in full_rows], detail=f"{name}_detail.json.gz")
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    plot(summary["rows"], path.with_suffix(".png"))
+    plot_timelines(full_rows, out_dir / f"{name}_timeline.png", sides=TIMELINE_SIDES[:2], dpi=72)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -632,16 +774,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="(the default since split-K passed on the H200; kept for old command lines)")
     ap.add_argument("--fused-mlp", action="store_true",
                     help="gate-up projection + SwiGLU as one fused GEMM (tiletune.kernels.matmul_swiglu)")
+    ap.add_argument("--merge", metavar="JSON", nargs="+", default=None,
+                    help="no GPU: merge the result files of several runs into one (written under --out)")
     ap.add_argument("--replot", metavar="JSON", default=None,
                     help="no GPU: redraw the PNGs of a result file (bars, and replay timelines where recorded)")
     args = ap.parse_args(argv)
+    if args.merge:
+        path = merge_results([Path(p) for p in args.merge], Path(args.out or Path(__file__).parent / "results" / "h200"))
+        print(f"merged {len(args.merge)} runs into {path}")
+        return 0
     if args.replot:
         src = Path(args.replot)
-        doc = json.loads(src.read_text())
+        doc = read_result(src)
         use_model(doc.get("layer", {}).get("model", "llama3-8b"))
         rows = doc["rows"]
         plot(rows, src.with_suffix(".png"))
-        drawn = plot_timelines(rows, src.with_name(src.stem + "_timeline.png"))
+        if doc.get("detail") and (src.parent / doc["detail"]).exists():  # a merged file: timelines in its detail
+            drawn = plot_timelines(read_result(src.parent / doc["detail"])["rows"],
+                                   src.with_name(src.stem + "_timeline.png"), sides=TIMELINE_SIDES[:2], dpi=72)
+        else:
+            drawn = plot_timelines(rows, src.with_name(src.stem + "_timeline.png"))
         print(f"redrew {src.with_suffix('.png')}" + (f" and {src.stem}_timeline.png" if drawn else ""))
         return 0
     import torch

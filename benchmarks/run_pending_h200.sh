@@ -6,12 +6,9 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-01 19:44-20:17 session, in this order: swapgpu (the decode attention
-# and kv-cache GPU tests again: the decode combine and the kv append now launch without a tuning session,
-# tune_single=False, and the split rule changed to one wave), decoderq (the decoder layer with the new split rule and the static-input
-# reduce-overhead route),
-# projections, then the full decoder row set; smalltable, gap, gemm, qwen and decode_splits ran then, see
-# docs/GPU-NOTES.md):
+# PART (what is still owed after the 2026-12-01 21:24-21:56 session, in this order: projections, splits; swapgpu,
+# decoderq, qwen and the full decoder row set ran then (the row set as three `decoder_layer.py --rows ...` runs
+# merged with `--merge`), see docs/GPU-NOTES.md):
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
 #             block failed on 2026-12-01 16:37: split-K scratch kept on the graph trees' stream; fixed on CPU since)
 #   projections issue 13/20: shipped-table keys for a decoder layer's projection GEMMs (qkv, o, gate-up, down) of

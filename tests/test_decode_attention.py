@@ -785,6 +785,88 @@ def test_decoder_layer_timeline_parts_and_plot(tmp_path):
     assert not dl.plot_timelines(rows[1:], tmp_path / "none.png") and not (tmp_path / "none.png").exists()
 
 
+def test_decoder_layer_timeline_plot_of_one_phase(tmp_path):
+    """A run of prefill rows only draws its timelines (the legend comes from the panel that has bars)."""
+    dl = _decoder_layer()
+    pytest.importorskip("matplotlib")
+    t = {"kernels": [{"kernel": "gemm_kernel", "us": 10.0, "gap_before_us": 0.0}], "gap_us": 0.0,
+         "between_forwards_us": 1.0}
+    rows = [{"phase": "prefill", "B": 1, "S": 512, "tiletune_us": 11.0, "replay_timeline": {"tiletune": t}}]
+    assert dl.plot_timelines(rows, tmp_path / "p.png", sides=dl.TIMELINE_SIDES[:2], dpi=50)
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def _run_doc(date, rows, **extra):
+    doc = {"benchmark": "decoder_layer", "date": date, "gpu": "NVIDIA H200", "arch": "sm_90", "driver": "580",
+           "torch": "2.11", "versions": {"cuda_tile": "1.7.0"}, "layer": {"model": "llama3-8b"},
+           "fused_mlp": False, "splitk": True, "quick": True, "wall_s": 10.0, "rows": rows}
+    doc.update(extra)
+    return doc
+
+
+def _row(phase, b, s, us, **extra):
+    return {"phase": phase, "B": b, "S": s, "tiletune_us": us, "first_forward_s": None, **extra}
+
+
+def test_decoder_layer_merge_orders_rows_later_run_wins_and_lists_the_missing():
+    dl = _decoder_layer()
+    a = _run_doc("2026-12-01T21:33:00Z", [_row("decode", 8, 2048, 160.0, first_forward_s=0.15),
+                                          _row("prefill", 1, 2048, 1500.0)])
+    b = _run_doc("2026-12-01T21:39:00Z", [_row("decode", 1, 512, 140.0), _row("prefill", 1, 2048, 1490.0)])
+    got = dl.merge_docs([b, a])  # given out of order: the later date wins a row measured twice
+    assert [dl.row_label(r) for r in got["rows"]] == ["prefill:1:2048", "decode:1:512", "decode:8:2048"]
+    assert got["rows"][0]["tiletune_us"] == 1490.0
+    assert got["quick"] is False and got["date"] == b["date"] and "wall_s" not in got
+    assert [s["rows"] for s in got["merged_from"]] == [["decode:8:2048", "prefill:1:2048"],
+                                                       ["decode:1:512", "prefill:1:2048"]]
+    assert got["first_forward_rows"] == ["decode:8:2048"]
+    full = {f"{p}:{bb}:{s}" for p, bb, s in dl.FULL_ROWS}
+    assert set(got["rows_missing"]) == full - {"prefill:1:2048", "decode:1:512", "decode:8:2048"}
+    with pytest.raises(ValueError, match="driver"):
+        dl.merge_docs([a, _run_doc("2026-12-02T00:00:00Z", [], driver="590")])
+    with pytest.raises(ValueError, match="nothing"):
+        dl.merge_docs([])
+
+
+def test_decoder_layer_summary_row_keeps_part_sums_and_the_merge_writes_detail(tmp_path):
+    dl = _decoder_layer()
+    t = {"kernels": [{"kernel": "gemm_kernel", "us": 10.0, "gap_before_us": 0.0},
+                     {"kernel": "decode_partial_kernel_fn", "us": 4.0, "gap_before_us": 0.5}],
+         "gap_us": 0.5, "between_forwards_us": 3.0}
+    prof = {"tiletune": [{"kernel": "gemm_kernel", "us": 10.04, "calls": 1.0},
+                         {"kernel": "rms_norm_kernel_fn", "us": 2.0, "calls": 1.0},
+                         {"kernel": "gemm_kernel_b", "us": 1.0, "calls": 1.0}],
+            "torch.compile": [{"kernel": "nvjet_sm90_x", "us": 9.0, "calls": 1.0}]}
+    row = _row("decode", 8, 2048, 20.0, replay_timeline={"tiletune": t, "compile_ro": {}}, kernel_profile=prof)
+    got = dl.summary_row(row)
+    assert "replay_timeline" not in got and "kernel_profile" not in got and got["tiletune_us"] == 20.0
+    assert got["parts_us"] == {"tiletune_replay": {"GEMM": 10.0, "attention": 4.0, "idle": 3.5},
+                               "tiletune": {"GEMM": 11.0, "norm": 2.0}, "torch.compile": {"GEMM": 9.0}}
+    assert "replay_timeline" in row  # the input row is left whole
+    row_c = dict(row, compile_us=27.0)
+    got_c = dl.summary_row(row_c)
+    assert got_c["ceiling_vs_compile"] == 3.0  # 27 us over the 9 us of cuBLAS GEMM: other kernels free
+    kv = 2 * 8 * dl.KV_HEADS * 2048 * dl.HEAD_DIM * 2
+    assert got_c["kv_cache_bytes"] == kv and got_c["attention_tbps"] == round(kv / 4.0 / 1e6, 2)
+    assert "kv_cache_bytes" not in dl.summary_row(dict(row_c, phase="prefill"))
+    import gzip
+    import json as _json
+    src = tmp_path / "run.json"
+    src.write_text(_json.dumps(_run_doc("2026-12-01T21:39:00Z", [row])))
+    pytest.importorskip("matplotlib")
+    path = dl.merge_results([src], tmp_path / "out")
+    doc = _json.loads(path.read_text())
+    assert path.name == "decoder_layer.json" and doc["detail"] == "decoder_layer_detail.json.gz"
+    assert "replay_timeline" not in doc["rows"][0] and doc["rows"][0]["parts_us"]["tiletune"]["GEMM"] == 11.0
+    detail = _json.loads(gzip.decompress((tmp_path / "out" / doc["detail"]).read_bytes()))
+    assert detail["rows"][0]["replay_timeline"]["tiletune"] == t
+    assert (tmp_path / "out" / "decoder_layer.png").exists() and (tmp_path / "out" / "decoder_layer_timeline.png").exists()
+    # --replot of a merged file finds its timelines in the detail file
+    (tmp_path / "out" / "decoder_layer_timeline.png").unlink()
+    assert dl.main(["--replot", str(path)]) == 0
+    assert (tmp_path / "out" / "decoder_layer_timeline.png").exists()
+
+
 @pytest.mark.parametrize("cap,lens,kernels", [
     (700, [700, 300], ["partial", "combine"]),  # 3 splits: two launches, the split partials a temporary
     (200, [200, 90], ["direct"]),  # a capacity within one granule: one split, the direct kernel alone
