@@ -65,6 +65,20 @@ def write_result(name: str, data: dict[str, Any], out_dir: str | os.PathLike | N
     return path
 
 
+def small_png(path: str | os.PathLike, colors: int = 256) -> None:
+    """Rewrite a matplotlib PNG with a palette of ``colors`` (flat-colour charts lose nothing visible;
+    the file shrinks two- to threefold, which the tracked tree's size limit needs). No-op without Pillow."""
+    try:
+        from PIL import Image
+    except Exception:  # pragma: no cover - Pillow comes with matplotlib
+        return
+    with Image.open(path) as im:
+        if im.mode == "P":
+            return
+        small = im.convert("RGB").quantize(colors=colors)
+    small.save(path, optimize=True)
+
+
 def fresh_env(**extra: str) -> dict[str, str]:
     """Environment for a child process with an empty cuTile cache and an empty tuning database."""
     tmp = Path(tempfile.mkdtemp(prefix="tiletune-bench-"))

@@ -531,6 +531,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110 if len(rows) <= 8 else 80)
     plt.close(fig)
+    from _common import small_png
+
     small_png(path)
 
 
@@ -623,20 +625,11 @@ def plot_timelines(rows: list[dict[str, Any]], path: Path,
     fig.tight_layout(rect=(0, 0.06, 1, 0.96))
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
+    from _common import small_png
+
     small_png(path)
     return True
 
-
-def small_png(path: Path, colors: int = 64) -> None:
-    """Rewrite a matplotlib PNG with a palette of ``colors`` (flat-colour charts lose nothing visible;
-    the file shrinks severalfold, which the tracked tree's size limit needs). No-op without Pillow."""
-    try:
-        from PIL import Image
-    except Exception:  # pragma: no cover - Pillow comes with matplotlib
-        return
-    with Image.open(path) as im:
-        small = im.convert("RGB").quantize(colors=colors)
-    small.save(path, optimize=True)
 
 
 # --------------------------------------------------------------------------------------------

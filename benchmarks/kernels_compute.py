@@ -60,7 +60,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import DEFAULT_OUT, write_result
+from _common import DEFAULT_OUT, small_png, write_result
 from _routes import TIMER_CHECK_TOLERANCE, summarize_timer_checks, time_routes, timer_check, verdict
 
 #: Llama-3-8B linear layers, (N, K): q/o-proj, gate/up-proj, down-proj.
@@ -474,6 +474,7 @@ def _ratio_bars(plt: Any, rows: list[dict[str, Any]], *, label: str, ticks: list
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    small_png(path)
     return str(path)
 
 

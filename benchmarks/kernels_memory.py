@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from _common import DEFAULT_OUT, write_result  # noqa: E402
+from _common import DEFAULT_OUT, small_png, write_result  # noqa: E402
 from _routes import best_route, first_calls, summarize_timer_checks, timer_check, verdict  # noqa: E402
 
 #: Issue 5 targets (H200): % of copy bandwidth at working sets >= 64 MiB, geomean speedups.
@@ -517,6 +517,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         p = out / f"kernels_memory_{op}.png"
         fig.savefig(p, dpi=120)
         plt.close(fig)
+        small_png(p)
         written.append(str(p))
     return written
 

@@ -587,6 +587,9 @@ def plot_evals(rows: Sequence[Mapping[str, Any]], default: str, path: Path, budg
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    from _common import small_png
+
+    small_png(path)
 
 
 def plot_curves(spaces: Sequence[PublicSpace], curves: Mapping[tuple[str, str, str], list[list[float | None]]],
@@ -638,6 +641,9 @@ def plot_curves(spaces: Sequence[PublicSpace], curves: Mapping[tuple[str, str, s
     fig.text(0.5, 0.045, "evaluations", ha="center", fontsize=8)
     fig.savefig(path)
     plt.close(fig)
+    from _common import small_png
+
+    small_png(path)
 
 
 # ------------------------------------------------------------------------------------------------
