@@ -6,7 +6,8 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-01 21:24-21:56 session, in this order: projections, splits; swapgpu,
+# PART (what is still owed after the 2026-12-01 21:24-21:56 session, in this order: grouped (then turn
+# decode_attention_op.DIRECT_ANY_GROUP on if it passed, and re-run the Qwen rows: qwen), projections, splits; swapgpu,
 # decoderq, qwen and the full decoder row set ran then (the row set as three `decoder_layer.py --rows ...` runs
 # merged with `--merge`), see docs/GPU-NOTES.md):
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
@@ -38,6 +39,8 @@
 #             copy the table back from OUT)
 #   decoderq  issue 20: decoder_layer.py --quick --profile-kernels (unfused MLP) with the first forward
 #   splits    issue 20: decode_splits.py, decode attention's KV split count swept per decode shape
+#   grouped   issue 20: the grouped direct decode kernel (any query-group size, e.g. Qwen's 7) against SDPA and
+#             the split path (tests/test_gpu_decode_attention.py -k "grouped or qwen")
 set -uo pipefail
 part=${1:?PART}
 out=$(realpath -m "${2:-/tmp/pending-h200}")
@@ -89,6 +92,10 @@ case "$part" in
     cp $T "$out/" ;;
   decoderq)
     limit 560 python benchmarks/decoder_layer.py --quick --profile-kernels --out "$out" 2>&1 | tail -5 ;;
+  grouped)
+    limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_decode_attention.py -k "grouped or qwen" \
+      --junitxml="$out/grouped.xml" > "$out/grouped.log" 2>&1
+    tail -15 "$out/grouped.log" ;;
   splits)
     limit 330 python benchmarks/decode_splits.py --deadline-s 270 --out "$out" 2>&1 | grep "ns=" | tail -80 ;;
   graphs)

@@ -135,6 +135,21 @@ def emulate_direct(q5, k, v, lens, causal, qk_scale_log2, BLOCK_N, out_dtype):
     return out
 
 
+def emulate_direct_grouped(q5, k, v, lens, causal, qk_scale_log2, BLOCK_N, out_dtype):
+    """Torch mirror of ``decode_direct_grouped_kernel_fn``: each block's ``(GB, QP, D)`` tile stored at
+    ``(b, hk, gi)`` of the ``(B, Hkv, G, Sq, D)`` view, clipped to it (any ``G``); returns that view."""
+    bsz, hkv, g, sq, d = q5.shape
+    gb, qp, ngb = dk.decode_rows(g, sq)
+    out = torch.full((bsz, hkv, g, sq, d), float("nan"), dtype=out_dtype)
+    for u in range(bsz * hkv * ngb):
+        gi, bh = u % ngb, u // ngb
+        b, hk = bh // hkv, bh % hkv
+        o_t, _ = emulate_block(q5, k, v, lens, 1, 0, b, hk, gi, causal, qk_scale_log2, BLOCK_N)
+        rows = out[b, hk, gi * gb:(gi + 1) * gb, :qp]
+        rows[...] = o_t[:rows.shape[0], :rows.shape[1]].to(out_dtype)
+    return out
+
+
 def emulate_combine(po, pl, o_shape, dtype):
     """Torch mirror of ``decode_combine_kernel_fn``."""
     bsz, h, sq, d = o_shape
@@ -307,6 +322,62 @@ def test_host_takes_the_direct_kernel_exactly_for_one_split_and_whole_group_slic
     assert _meta_call(64, 32, 8, 1, 4096, 132, allow_direct=False).splits == 1
 
 
+def test_with_direct_any_group_every_one_split_call_is_direct(monkeypatch):
+    """``DIRECT_ANY_GROUP``: one split is enough; a group that its slices do not tile (Qwen's G=7, G=12 x 16
+    tokens) passes the grouped kernel the ``(B, Hkv, G, Sq, D)`` view of the output, the others the output."""
+    monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", True)
+    for g in (1, 3, 4, 6, 7, 12, 24):
+        for sq in (1, 3, 16):
+            gb, _, ngb = dk.decode_rows(g, sq)
+            for bsz, hkv, cap, sms in ((1, 8, 4096, 132), (64, 4, 4096, 132), (4, 4, 3000, 1)):
+                ns = dk.decode_splits(bsz * hkv * ngb, cap, sms)
+                call = _meta_call(bsz, hkv * g, hkv, sq, cap, sms)
+                assert call.direct is (ns == 1) and dk.decode_direct(g, sq, ns, True) is (ns == 1)
+                if not call.direct:
+                    continue
+                o_arg = call.direct_args[4]
+                if g % gb:
+                    assert o_arg.shape == (bsz, hkv, g, sq, 128) and o_arg._base is call.out
+                else:
+                    assert o_arg is call.out
+    qwen = _meta_call(64, 28, 4, 1, 4096, 132)
+    assert qwen.splits == 1 and qwen.direct and qwen.direct_args[4].dim() == 5
+    assert not _meta_call(64, 28, 4, 1, 4096, 132, allow_direct=False).direct
+
+
+@pytest.mark.parametrize("h,hkv,sq", [(28, 4, 1), (12, 2, 3), (24, 2, 16)])
+def test_grouped_direct_plan_grid_and_arguments(monkeypatch, h, hkv, sq):
+    from tiletune.hotpath import plan_recipe
+
+    monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", True)
+    bsz, cap, d = 3, 200, 64
+    q, k, v = make(bsz, h, hkv, sq, cap, d)
+    lens = torch.tensor([200, 17, 100], dtype=torch.int32)
+    call = dop.prepare_decode(q, k, v, lens, True, 0.1, sms=132)
+    g = h // hkv
+    gb, qp, ngb = dk.decode_rows(g, sq)
+    assert g % gb and call.direct and call.splits == 1
+    o5 = call.direct_args[4]
+    assert o5.shape == (bsz, hkv, g, sq, d) and o5.data_ptr() == call.out.data_ptr() and o5.is_contiguous()
+    cfg = dop.DECODE_SPACE.baseline("sm_90")
+    kernel, grid, args = dop.decode_direct_plan(cfg, *call.direct_args)
+    assert kernel is dk.decode_direct_grouped_kernel and grid == (bsz * hkv * ngb,)
+    assert len(args) == len(_kernel_params(dk.decode_direct_grouped_kernel_fn))
+    assert args[4] is o5 and args[6:] == (d, gb, qp, cfg.BLOCK_N, True, cfg.KV_LATENCY)
+    assert plan_recipe(tuple(args), call.direct_args) is not None
+    # the reference is shaped as the view and is the output's attention
+    ref = dop.decode_direct_reference(*call.direct_args)
+    assert ref.shape == o5.shape
+    torch.testing.assert_close(ref.reshape(q.shape).double(),
+                               sdpa_bottom_right(q, k, v, [200, 17, 100], True, 0.1), rtol=2e-2, atol=2e-2)
+    big_k = torch.empty((128, 8, 32768, 128), dtype=torch.bfloat16, device="meta")  # 2^32 elements: int64
+    big_q5 = torch.empty((128, 8, g, sq, 128), dtype=torch.bfloat16, device="meta")
+    big_o5 = torch.empty((128, 8, g, sq, 128), dtype=torch.bfloat16, device="meta")
+    big_lens = torch.empty((128,), dtype=torch.int32, device="meta")
+    kernel, _, _ = dop.decode_direct_plan(cfg, big_q5, big_k, big_k, big_lens, big_o5, True, 1.0)
+    assert kernel is dop.decode_direct_grouped_kernel_i64
+
+
 @pytest.mark.parametrize("h,hkv,sq", [(32, 8, 1), (8, 8, 1), (32, 2, 16), (16, 1, 4)])
 def test_direct_plan_grid_and_arguments(h, hkv, sq):
     from tiletune.hotpath import plan_recipe
@@ -476,6 +547,39 @@ def test_emulated_direct_kernel_passes_its_gate(case, block_n):
                                    rtol=2e-2, atol=2e-2)
 
 
+GROUPED_CASES = [c for c in CASES + DIRECT_CASES if c[1] // c[2] % dk.decode_rows(c[1] // c[2], c[3])[0]] + [
+    (2, 28, 4, 1, 700, 128, [700, 5], True),  # Qwen2.5-7B's 28/4 heads (G=7), one token
+    (1, 24, 2, 16, 300, 64, [277], False),  # G=12 x 16 tokens: a slice of 8 heads and one of 4
+    (3, 10, 2, 5, 260, 64, [260, 5, 3], True),  # G=5, 5 causal tokens, a sequence shorter than the queries
+]
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES)
+@pytest.mark.parametrize("block_n", dk.DECODE_SPACE_PARAMS["BLOCK_N"])
+def test_emulated_grouped_direct_kernel_passes_its_gate(monkeypatch, case, block_n):
+    """The grouped direct kernel's tiles, stored at ``(b, hk, gi)`` of the output's grouped view, land on
+    every output element once (the padded heads and tokens fall outside it) and pass the gate."""
+    monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", True)
+    bsz, h, hkv, sq, cap, d, lens, causal = case
+    q, k, v = make(bsz, h, hkv, sq, cap, d, seed=4)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(d)
+    call = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=1)
+    assert call.direct and call.direct_args[4].dim() == 5
+    q5, kk, vv, ll, o5, cz, c = call.direct_args
+    got = emulate_direct_grouped(q5, kk, vv, ll, cz, c, block_n, q.dtype)
+    assert not torch.isnan(got).any()
+    want = dop.decode_direct_reference(*call.direct_args)
+    assert compare_tensors(got, want, dop._direct_tolerance(*call.direct_args)) is None
+    full = sdpa_bottom_right(q, k, v, lens, causal, scale)
+    seen = torch.ones(q.shape, dtype=torch.bool)
+    if causal:  # a query with no visible key (a sequence shorter than the queries) is 0 in both
+        for b, n in enumerate(lens):
+            seen[b, :, :max(0, sq - n)] = False
+        assert got.reshape(q.shape)[~seen].abs().sum() == 0
+    torch.testing.assert_close(got.reshape(q.shape).double()[seen], full[seen], rtol=2e-2, atol=2e-2)
+
+
 def test_direct_gate_rejects_a_wrong_output():
     """Not vacuous: an output computed without the causal mask, or one head's rows swapped, fails it."""
     q, k, v = make(2, 8, 2, 4, 600, 64)
@@ -622,8 +726,8 @@ def test_every_row_shape_compiles_for_sm90(name):
 
 
 #: (G, Sq, dtype, D) of the direct kernel's compiles: every G and Sq with bf16/D=128 and fp16/D=64, and
-#: the other two pairings at G=4, Sq=4. G=7 never takes the direct path (7 % GB=8): it checks the
-#: kernel's padded-head tiles compile all the same.
+#: the other two pairings at G=4, Sq=4. G=7 never takes this kernel (7 % GB=8; the grouped kernel serves
+#: it): it checks the kernel's padded-head tiles compile all the same.
 DIRECT_COMPILES = [(g, sq, dt, d) for g in (1, 4, 8, 7) for sq in (1, 4, 16)
                    for dt, d in (("bfloat16", 128), ("float16", 64))] + [(4, 4, "bfloat16", 64), (4, 4, "float16", 128)]
 
@@ -635,6 +739,17 @@ def test_direct_kernel_compiles_for_sm90(g, sq, dtype, d):
     ccd = _ccd()
     v = ccd.DecodeVariant(f"direct_g{g}_q{sq}", getattr(ct, dtype), 2, 2, g, sq, 777, d, sq > 1)
     _ok_or_skip(ccd.compile_direct(v, dict(dk.DECODE_BASELINE)))
+
+
+@pytest.mark.parametrize("g,sq,dtype,d", [(7, 1, "bfloat16", 128), (6, 3, "float16", 64), (12, 16, "bfloat16", 64),
+                                          (4, 1, "bfloat16", 128)], ids=lambda x: str(x))
+def test_grouped_direct_kernel_compiles_for_sm90(g, sq, dtype, d):
+    """The grouped direct kernel (5-D output view) for groups its slices do not tile, and for one they do."""
+    import cuda.tile as ct
+
+    ccd = _ccd()
+    v = ccd.DecodeVariant(f"grouped_g{g}_q{sq}", getattr(ct, dtype), 2, 2, g, sq, 777, d, sq > 1)
+    _ok_or_skip(ccd.compile_direct_grouped(v, dict(dk.DECODE_BASELINE)))
 
 
 @pytest.mark.parametrize("name", ["llama", "gqa8_q16"])
@@ -867,14 +982,17 @@ def test_decoder_layer_summary_row_keeps_part_sums_and_the_merge_writes_detail(t
     assert (tmp_path / "out" / "decoder_layer_timeline.png").exists()
 
 
-@pytest.mark.parametrize("cap,lens,kernels", [
-    (700, [700, 300], ["partial", "combine"]),  # 3 splits: two launches, the split partials a temporary
-    (200, [200, 90], ["direct"]),  # a capacity within one granule: one split, the direct kernel alone
+@pytest.mark.parametrize("cap,lens,kernels,h,any_group", [
+    (700, [700, 300], ["partial", "combine"], 8, False),  # 3 splits: two launches, the split partials a temporary
+    (200, [200, 90], ["direct"], 8, False),  # a capacity within one granule: one split, the direct kernel alone
+    (200, [200, 90], ["partial", "combine"], 14, False),  # G=7, one split: the split path by default
+    (200, [200, 90], ["direct_grouped"], 14, True),  # G=7 with DIRECT_ANY_GROUP: the grouped direct kernel
 ])
-def test_decode_attention_replays_its_launches(monkeypatch, cap, lens, kernels):
+def test_decode_attention_replays_its_launches(monkeypatch, cap, lens, kernels, h, any_group):
     """After tuning and one recorded call, a call with the same signature skips the checks and
     preparation and replays the recorded launches: the partial and combine kernels (the split partials
-    a per-call temporary), or the one direct kernel writing the output."""
+    a per-call temporary), or the one direct kernel writing the output (the grouped kernel writing it
+    through its ``(B, Hkv, G, Sq, D)`` view)."""
     import tiletune as tt
     from tiletune.backends import FakeBackend
     from tiletune.kernels.library_op import LibraryOp
@@ -890,7 +1008,12 @@ def test_decode_attention_replays_its_launches(monkeypatch, cap, lens, kernels):
     def direct_kernel(q5, k, v, lens, o, qk_scale_log2, d, gb, qp, block_n, causal, lat):
         o.copy_(dop.decode_direct_reference(q5, k, v, lens, o, causal, qk_scale_log2))
 
-    fakes = {"partial": partial_kernel, "combine": combine_kernel, "direct": direct_kernel}
+    def direct_grouped_kernel(q5, k, v, lens, o5, qk_scale_log2, d, gb, qp, block_n, causal, lat):
+        assert o5.dim() == 5
+        o5.copy_(dop.decode_direct_reference(q5, k, v, lens, o5, causal, qk_scale_log2))
+
+    fakes = {"partial": partial_kernel, "combine": combine_kernel, "direct": direct_kernel,
+             "direct_grouped": direct_grouped_kernel}
     prepared = {"n": 0}
     real_prepare = dop.prepare_decode
 
@@ -902,6 +1025,7 @@ def test_decode_attention_replays_its_launches(monkeypatch, cap, lens, kernels):
         monkeypatch.setattr(dop, f"decode_{name}_kernel", fake)
     monkeypatch.setattr(dop, "check_cuda_device", lambda *a, **k: None)
     monkeypatch.setattr(dop, "prepare_decode", counted)
+    monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", any_group)
     be = FakeBackend(lambda cfg: 10.0, noise=0.0)
     LibraryOp.configure(backend=be, db=False, progress=False,
                         options=tt.TunerOptions(stopping=tt.StoppingRule(min_samples=1, max_samples=1)))
@@ -909,7 +1033,7 @@ def test_decode_attention_replays_its_launches(monkeypatch, cap, lens, kernels):
     try:
         lens_t = torch.tensor(lens, dtype=torch.int32)
         for i in range(5):
-            q, k, v = make(2, 8, 2, 1, cap, 64, seed=i)
+            q, k, v = make(2, h, 2, 1, cap, 64, seed=i)
             n0 = len(be.launches)
             got = dop.decode_attention(q, k, v, lens_t, causal=True)
             want = sdpa_bottom_right(q, k, v, lens, True, 1.0 / math.sqrt(64))

@@ -252,6 +252,50 @@ def test_qwen_group_of_7_keeps_the_split_path(small_ops, bsz, sms):
     _check(dop.decode_attention(q, k, v, lens_t), _want(q, k, v, lens, True), q.dtype)
 
 
+@pytest.mark.parametrize("bsz,h,hkv,sq,d,dtype,sms", [
+    (64, 28, 4, 1, 128, torch.bfloat16, None),  # Qwen2.5-7B decode at batch 64: one split on the device
+    (3, 28, 4, 1, 128, torch.bfloat16, 1),  # the same group, a small batch
+    (4, 12, 2, 3, 64, torch.float16, 1),  # G=6 x 3 causal tokens (8 x 4 padded rows)
+    (2, 24, 2, 16, 64, torch.bfloat16, 1),  # G=12 x 16 tokens: a slice of 8 heads and one of 4
+    (4, 10, 2, 1, 128, torch.bfloat16, 1),  # G=5
+])
+def test_grouped_direct_kernel_serves_any_group(small_ops, monkeypatch, bsz, h, hkv, sq, d, dtype, sms):
+    """``DIRECT_ANY_GROUP``: a group its slices do not tile takes the grouped direct kernel (one launch,
+    the output's ``(B, Hkv, G, Sq, D)`` view), equal to SDPA and to the split path, every config of the
+    4-config space passing the gate; the padded heads and tokens never land in the output (the next kv
+    head's rows and the tensor past the output stay intact); replayed from a one-launch recipe. This test
+    gates turning ``DIRECT_ANY_GROUP`` on."""
+    monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", True)
+    before = set(_ops["direct-small"].results)
+    cap = 1500 + 11
+    q, k, v = _inputs(bsz, h, hkv, sq, cap, d, dtype, seed=bsz + h + sq)
+    lens = [max(1, cap - 37 * i) for i in range(bsz)]
+    for causal in (True, False):
+        (direct, o), (split, o_split) = _both_paths(q, k, v, lens, causal, sms=sms)
+        assert direct.direct and direct.direct_args[4].dim() == 5 and not split.direct
+        want = _want(q, k, v, lens, causal)
+        _check(o, want, dtype)
+        _check(o_split, want, dtype)
+        _check(o, o_split.float(), dtype)
+    _assert_all_passed(_ops["direct-small"], before)
+    # the store keeps to the output: a guard band after it in the same allocation stays untouched
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    call = dop.prepare_decode(q, k, v, lens_t, True, 1.0 / math.sqrt(d), sms=sms)
+    band = torch.empty(2 * q.numel(), dtype=dtype, device=DEV).fill_(7.0)
+    o5 = band[:q.numel()].view(bsz, hkv, h // hkv, sq, d)
+    dop.DecodeCall(None, None, band[:q.numel()].view(q.shape), 1, direct_args=call.direct_args[:4] + (o5,)
+                   + call.direct_args[5:]).run()
+    _check(band[:q.numel()].view(q.shape), _want(q, k, v, lens, True), dtype)
+    assert (band[q.numel():] == 7.0).all()
+    dop.decode_attention.fastcall.clear()
+    for _ in range(3):  # tuned above; a recorded call; a replay
+        o = dop.decode_attention(q, k, v, lens_t)
+    _check(o, _want(q, k, v, lens, True), dtype)
+    if sms is None:  # the device's SM count: the op's own choice is the grouped kernel, one launch
+        recipes = list(dop.decode_attention.fastcall.recipes.values())
+        assert len(recipes) == 1 and recipes[0].source.count("_launch") == 1, [r.source for r in recipes]
+
+
 # --------------------------------------------------------------------------------------------
 # KV-cache append + decode, routing, CUDA graphs
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ Variants (:func:`variants`), covering every row shape the op builds (``decode_ro
 * ``g16_q16``: bf16, G=16, 16 tokens, D=64 (two group slices of 8 x 16 rows).
 
 The direct (one-split) kernel is compiled for every variant whose group slices tile the heads
-(``G % GB == 0``: all but ``g6_q3``), with the same configs.
+(``G % GB == 0``: all but ``g6_q3``), and the grouped direct kernel (any ``G``) for the others, with the
+same configs.
 
 Usage::
 
@@ -83,6 +84,12 @@ class DecodeVariant:
         p = self.partial_args(cfg)
         return p[:4] + (FakeArray((self.B, self.Hkv * self.G, self.Sq, self.D), self.dtype),) + p[6:]
 
+    def direct_grouped_args(self, cfg) -> tuple:
+        """Kernel arguments of ``decode_direct_grouped_kernel`` (``O5``: the output's ``(B, Hkv, G, Sq, D)``
+        view)."""
+        p = self.partial_args(cfg)
+        return p[:4] + (FakeArray((self.B, self.Hkv, self.G, self.Sq, self.D), self.dtype),) + p[6:]
+
     def combine_args(self) -> tuple:
         gb, qp, ngb, ns = self.shapes()
         A, f32 = FakeArray, ct.float32
@@ -117,6 +124,14 @@ def compile_direct(variant: DecodeVariant, cfg: dict, arch: str = "sm_90") -> tu
     return _compile(decode_direct_kernel.replace_hints(**decode_hints(cfg)), variant.direct_args(cfg), arch)
 
 
+def compile_direct_grouped(variant: DecodeVariant, cfg: dict, arch: str = "sm_90") -> tuple[bool, float, int, str]:
+    """Compile the grouped direct kernel (any ``G``) for one config; ``(ok, seconds, cubin bytes, error)``."""
+    from tiletune.kernels.decode_attention_kernels import decode_direct_grouped_kernel, decode_hints
+
+    return _compile(decode_direct_grouped_kernel.replace_hints(**decode_hints(cfg)),
+                    variant.direct_grouped_args(cfg), arch)
+
+
 def compile_combine(variant: DecodeVariant, arch: str = "sm_90") -> tuple[bool, float, int, str]:
     from tiletune.kernels.decode_attention_kernels import decode_combine_kernel
 
@@ -138,7 +153,8 @@ def _job(item):
     v = {x.name: x for x in variants()}[vname]
     if cfg is None:
         return vname, kind, "combine", compile_combine(v, arch)
-    return vname, kind, cfg, (compile_direct if kind == "direct" else compile_partial)(v, cfg, arch)
+    compile_fn = {"direct": compile_direct, "grouped": compile_direct_grouped, "partial": compile_partial}[kind]
+    return vname, kind, cfg, compile_fn(v, cfg, arch)
 
 
 def _direct_applies(v: DecodeVariant) -> bool:
@@ -159,7 +175,8 @@ def main(argv=None) -> int:
     cfgs = [c.as_dict() for c in DECODE_SPACE.candidates(args.arch)]
     items = ([(v.name, "combine", None, args.arch) for v in vs]
              + [(v.name, "partial", c, args.arch) for v in vs for c in cfgs]
-             + [(v.name, "direct", c, args.arch) for v in vs if _direct_applies(v) for c in cfgs])
+             + [(v.name, "direct", c, args.arch) for v in vs if _direct_applies(v) for c in cfgs]
+             + [(v.name, "grouped", c, args.arch) for v in vs if not _direct_applies(v) for c in cfgs])
     n_bad = 0
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as ex:
         for vname, kind, cfg, (ok, dt, size, err) in ex.map(_job, items):

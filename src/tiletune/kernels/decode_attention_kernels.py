@@ -26,7 +26,8 @@ Kernels:
 3. :func:`decode_direct_kernel` (grid ``(B * Hkv * NGB,)``), instead of both when ``NS == 1`` and
    ``G % GB == 0`` (:func:`decode_direct`; a large batch fills the GPU without splitting): the same
    loop over the whole cache, storing ``acc / l`` rounded to the output dtype straight into ``O``
-   (no partials, no combine launch).
+   (no partials, no combine launch). :func:`decode_direct_grouped_kernel` does the same for any ``G``
+   (Qwen2.5's 7 query heads per kv head) by storing through the ``(B, Hkv, G, Sq, D)`` view of ``O``.
 
 The partial and direct kernels share the loop (:func:`_attend`) and the block decomposition
 (:func:`_block_rows`).
@@ -58,6 +59,8 @@ __all__ = [
     "decode_combine_kernel",
     "decode_combine_kernel_fn",
     "decode_direct",
+    "decode_direct_grouped_kernel",
+    "decode_direct_grouped_kernel_fn",
     "decode_direct_kernel",
     "decode_direct_kernel_fn",
     "decode_hints",
@@ -241,6 +244,25 @@ def decode_direct_kernel_fn(Q, K, V, LENS, O, qk_scale_log2,
     ct.store(O, (b, hk * (Q.shape[2] // GB) + gi, 0, 0), out.reshape((1, GB, QP, HEAD_DIM)))
 
 
+def decode_direct_grouped_kernel_fn(Q, K, V, LENS, O5, qk_scale_log2,
+                                    HEAD_DIM: ConstInt, GB: ConstInt, QP: ConstInt, BLOCK_N: ConstInt,
+                                    CAUSAL: ConstBool, KV_LATENCY: ConstInt):
+    """:func:`decode_direct_kernel_fn` for any group size: stores through the grouped view of the output.
+
+    ``O5`` is the ``(B, Hkv, G, Sq, D)`` view of the ``(B, H, Sq, D)`` output (as ``Q`` is of the
+    queries), so a block's ``GB``-head tile sits at ``(b, hk, gi)`` whether or not ``GB`` divides ``G``:
+    with ``G = 7`` (Qwen2.5's 28/4 heads) the eighth, padded head of the tile falls outside the array and
+    the store drops it, as it drops the padded query rows (and as the partial kernel's store drops both).
+
+    Grid: ``(B * Hkv * NGB,)`` with ``NGB = cdiv(G, GB)``.
+    """
+    b, hk, gi, _ = _block_rows(Q, K, GB)
+    acc, l_i, _ = _attend(Q, K, V, LENS, qk_scale_log2, b, hk, gi, 1, 0,
+                          HEAD_DIM, GB, QP, BLOCK_N, CAUSAL, KV_LATENCY)
+    out = (acc * _inverse(l_i)).astype(O5.dtype)
+    ct.store(O5, (b, hk, gi, 0, 0), out.reshape((1, 1, GB, QP, HEAD_DIM)))
+
+
 def decode_combine_kernel_fn(PO, PL, O, QP: ConstInt, HEAD_DIM: ConstInt):
     """``O[b, h] = combine over splits`` of the partial outputs of query head ``h``.
 
@@ -283,6 +305,7 @@ def decode_combine_kernel_fn(PO, PL, O, QP: ConstInt, HEAD_DIM: ConstInt):
 decode_partial_kernel = ct.kernel(decode_partial_kernel_fn)
 decode_combine_kernel = ct.kernel(decode_combine_kernel_fn)
 decode_direct_kernel = ct.kernel(decode_direct_kernel_fn)
+decode_direct_grouped_kernel = ct.kernel(decode_direct_grouped_kernel_fn)
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,12 +348,14 @@ def decode_splits(units: int, capacity: int, sms: int) -> int:
     return max(1, min(sms // units, -(-capacity // GRANULE)))
 
 
-def decode_direct(g: int, sq: int, ns: int) -> bool:
-    """Whether a call with ``g`` query heads per kv head, ``sq`` query tokens and ``ns`` splits runs
-    :func:`decode_direct_kernel_fn` alone: one split (nothing to combine) and group slices that tile
-    the head axis of the output (``G % GB == 0``, so a block's ``GB`` heads are one tile of ``O``)."""
+def decode_direct(g: int, sq: int, ns: int, any_group: bool = False) -> bool:
+    """Whether a call with ``g`` query heads per kv head, ``sq`` query tokens and ``ns`` splits runs a
+    direct kernel alone: one split (nothing to combine) and group slices that tile the head axis of the
+    output (``G % GB == 0``, so a block's ``GB`` heads are one tile of ``O``:
+    :func:`decode_direct_kernel_fn`), or any group with ``any_group``
+    (:func:`decode_direct_grouped_kernel_fn`, which stores through the grouped view of the output)."""
     gb, _, _ = decode_rows(g, sq)
-    return int(ns) == 1 and int(g) % gb == 0
+    return int(ns) == 1 and (bool(any_group) or int(g) % gb == 0)
 
 
 def split_bounds(kv_len: int, ns: int, sp: int) -> tuple[int, int]:

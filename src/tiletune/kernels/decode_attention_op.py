@@ -63,6 +63,8 @@ from .decode_attention_kernels import (
     decode_combine_kernel,
     decode_combine_kernel_fn,
     decode_direct,
+    decode_direct_grouped_kernel,
+    decode_direct_grouped_kernel_fn,
     decode_direct_kernel,
     decode_direct_kernel_fn,
     decode_partial_kernel,
@@ -75,6 +77,7 @@ __all__ = [
     "DECODE_COMBINE",
     "DECODE_COMBINE_SPACE",
     "DECODE_DIRECT",
+    "DIRECT_ANY_GROUP",
     "DECODE_PARTIAL",
     "DECODE_SPACE",
     "KV_APPEND",
@@ -101,6 +104,13 @@ DECODE_COMBINE_SPACE = Space(occupancy=[1], num_worker_warps=[4])
 decode_partial_kernel_i64 = int64_twin(decode_partial_kernel_fn, ["Q", "K", "V", "PO", "PL"])
 decode_combine_kernel_i64 = int64_twin(decode_combine_kernel_fn, ["PO", "PL", "O"])
 decode_direct_kernel_i64 = int64_twin(decode_direct_kernel_fn, ["Q", "K", "V", "O"])
+decode_direct_grouped_kernel_i64 = int64_twin(decode_direct_grouped_kernel_fn, ["Q", "K", "V", "O5"])
+
+#: Whether a one-split call whose group slices do not tile the heads (``G % GB != 0``: Qwen2.5's 7 query
+#: heads per kv head) takes the grouped direct kernel instead of the partial and combine kernels. Off
+#: until ``tests/test_gpu_decode_attention.py::test_grouped_direct_kernel_serves_any_group`` has passed
+#: on a GPU (written 2026-12-01 after the session's device time ran out).
+DIRECT_ANY_GROUP = False
 
 _NEG_INF = float("-inf")
 
@@ -123,14 +133,21 @@ def decode_partial_plan(cfg: Any, q5: Any, k: Any, v: Any, lens: Any, po: Any, p
 
 def decode_direct_plan(cfg: Any, q5: Any, k: Any, v: Any, lens: Any, o: Any, causal: bool,
                        qk_scale_log2: float) -> Launch:
-    """Launch plan of the direct kernel (one split, ``G % GB == 0``): grid ``(B * Hkv * NGB,)``; ``o`` is
-    the ``(B, H, Sq, D)`` output. The kernel arguments are the partial kernel's with ``o`` for the
-    partials."""
+    """Launch plan of a direct kernel (one split): grid ``(B * Hkv * NGB,)``. ``o`` is the ``(B, H, Sq, D)``
+    output (:func:`~.decode_attention_kernels.decode_direct_kernel_fn`, ``G % GB == 0``) or its
+    ``(B, Hkv, G, Sq, D)`` view (the grouped kernel, any ``G``). The kernel arguments are the partial
+    kernel's with ``o`` for the partials."""
     bsz, hkv, g, sq, d = q5.shape
     gb, qp, ngb = decode_rows(g, sq)
+    if o.dim() == 5:
+        grouped = decode_direct_grouped_kernel_i64, decode_direct_grouped_kernel
+        kernel = grouped[0] if needs_int64(q5, k, v, o) else grouped[1]
+        return Launch(kernel, (bsz * hkv * ngb,),
+                      (q5, k, v, lens, o, qk_scale_log2, d, gb, qp, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
     if g % gb:
         raise ValueError(f"decode_direct_plan: G={g} query heads per kv head are not a multiple of the "
-                         f"{gb} heads of a block (Sq={sq}): the split path serves this call")
+                         f"{gb} heads of a block (Sq={sq}): pass the (B, Hkv, G, Sq, D) view of the output "
+                         "(the grouped kernel) or take the split path")
     kernel = decode_direct_kernel_i64 if needs_int64(q5, k, v, o) else decode_direct_kernel
     return Launch(kernel, (bsz * hkv * ngb,),
                   (q5, k, v, lens, o, qk_scale_log2, d, gb, qp, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
@@ -221,10 +238,10 @@ def decode_combine_reference(po: Any, pl: Any, o: Any) -> Any:
 def decode_direct_reference(q5: Any, k: Any, v: Any, lens: Any, o: Any, causal: bool, qk_scale_log2: float) -> Any:
     """Expected ``o``: the attention output in ``o``'s dtype, the one-split partial of
     :func:`decode_partial_reference` (float32 softmax over all the visible keys; 0 for a row with none),
-    which is also what :func:`decode_combine_reference` makes of one split."""
-    bsz, h, sq, d = o.shape
+    which is also what :func:`decode_combine_reference` makes of one split; shaped as ``o`` (the output or
+    its grouped view)."""
     out, _ = _split_attention(q5, k, v, lens, 1, causal, qk_scale_log2)
-    return out.reshape(bsz, h, sq, d).to(device=o.device, dtype=o.dtype)
+    return out.reshape(o.shape).to(device=o.device, dtype=o.dtype)
 
 
 def _output_tolerance(dt: str, k: Any, v: Any) -> Tolerance:
@@ -278,8 +295,9 @@ DECODE_PARTIAL = LibraryOp(
     writes=["po", "pl"], tolerance=_partial_tolerance, buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, po=0, pl=0),
 )
 
-#: The direct kernel's library op (one split, ``G % GB == 0``; :data:`DECODE_SPACE`, one regime: writes
-#: ``o`` whole, so a one-launch call is replayed by :func:`tiletune.fastcall.fast_op`).
+#: The direct kernels' library op (one split; ``G % GB == 0`` with the output, any ``G`` with its grouped
+#: view; :data:`DECODE_SPACE`, one regime: writes ``o`` whole, so a one-launch call is replayed by
+#: :func:`tiletune.fastcall.fast_op`).
 DECODE_DIRECT = LibraryOp(
     "tiletune.decode_attention_direct", lambda regime: DECODE_SPACE, decode_direct_plan,
     reference=decode_direct_reference, writes=["o"], tolerance=_direct_tolerance,
@@ -369,9 +387,10 @@ def prepare_decode(q: Any, k: Any, v: Any, lens: Any, causal: bool, scale: float
                    sms: int | None = None, allow_direct: bool = True) -> DecodeCall:
     """Views, workspace and output of one call (no checks, no launch); ``lens`` a ``(B,)`` int32 tensor.
 
-    ``sms``: the SM count used to choose the splits (default: the device's). The call takes the direct
-    kernel when :func:`~.decode_attention_kernels.decode_direct` allows it (one split, ``G % GB == 0``)
-    and ``allow_direct`` (False: the split path whatever the splits, for tests and comparisons)."""
+    ``sms``: the SM count used to choose the splits (default: the device's). The call takes a direct
+    kernel when :func:`~.decode_attention_kernels.decode_direct` allows it (one split, and ``G % GB == 0``
+    or :data:`DIRECT_ANY_GROUP`; the grouped kernel then gets the ``(B, Hkv, G, Sq, D)`` view of the
+    output) and ``allow_direct`` (False: the split path whatever the splits, for tests and comparisons)."""
     import torch
 
     bsz, h, sq, d = q.shape
@@ -380,14 +399,15 @@ def prepare_decode(q: Any, k: Any, v: Any, lens: Any, causal: bool, scale: float
     q = aligned_operand(q)
     k, v = aligned_operand(k), aligned_operand(v)
     q5 = q.unflatten(1, (hkv, g))  # (B, Hkv, G, Sq, D), a view whatever q's strides
-    _, _, ngb = decode_rows(g, sq)
+    gb, _, ngb = decode_rows(g, sq)
     if sms is None:
         sms = sm_count(q.get_device()) if q.is_cuda else 132
     ns = decode_splits(bsz * hkv * ngb, cap, sms)
     causal, qk_scale_log2 = bool(causal), float(scale) * LOG2E
     o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
-    if allow_direct and decode_direct(g, sq, ns):
-        return DecodeCall(None, None, o, ns, direct_args=(q5, k, v, lens, o, causal, qk_scale_log2))
+    if allow_direct and decode_direct(g, sq, ns, DIRECT_ANY_GROUP):
+        o_arg = o.unflatten(1, (hkv, g)) if g % gb else o  # the grouped kernel's view, same memory
+        return DecodeCall(None, None, o, ns, direct_args=(q5, k, v, lens, o_arg, causal, qk_scale_log2))
     rows = bsz * hkv * ns
     po = torch.empty((rows, g, sq, d), dtype=torch.float32, device=q.device)
     pl = torch.empty((rows, g, sq), dtype=torch.float32, device=q.device)
