@@ -7,7 +7,7 @@
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART (what is still owed after the 2026-12-01 21:24-21:56 session, in this order: grouped (then turn
-# decode_attention_op.DIRECT_ANY_GROUP on if it passed, and re-run the Qwen rows: qwen), projections, splits; swapgpu,
+# decode_attention_op.DIRECT_ANY_GROUP on if it passed, and re-run the Qwen rows: qwen), context, projections, splits; swapgpu,
 # decoderq, qwen and the full decoder row set ran then (the row set as three `decoder_layer.py --rows ...` runs
 # merged with `--merge`), see docs/GPU-NOTES.md):
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
@@ -39,6 +39,8 @@
 #             copy the table back from OUT)
 #   decoderq  issue 20: decoder_layer.py --quick --profile-kernels (unfused MLP) with the first forward
 #   splits    issue 20: decode_splits.py, decode attention's KV split count swept per decode shape
+#   context   issue 20: configs_in_context.py, rms_norm_residual's configs at Qwen's 3584 (the LAT=10 pick ran 10.7 us in
+#             the layer) and Llama's 4096: tuner's median vs CUDA-graph replay cold, warm and after its producer GEMM
 #   grouped   issue 20: the grouped direct decode kernel (any query-group size, e.g. Qwen's 7) against SDPA and
 #             the split path (tests/test_gpu_decode_attention.py -k "grouped or qwen")
 set -uo pipefail
@@ -96,6 +98,13 @@ case "$part" in
     limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_decode_attention.py -k "grouped or qwen" \
       --junitxml="$out/grouped.xml" > "$out/grouped.log" 2>&1
     tail -15 "$out/grouped.log" ;;
+  context)
+    for shape in "8 3584" "64 3584" "8 4096"; do
+      set -- $shape
+      mkdir -p "$out/context_$1x$2"
+      limit 150 python benchmarks/configs_in_context.py --op rms_norm_residual --rows $1 --cols $2 \
+        --out "$out/context_$1x$2" 2>&1 | tail -3
+    done ;;
   splits)
     limit 330 python benchmarks/decode_splits.py --deadline-s 270 --out "$out" 2>&1 | grep "ns=" | tail -80 ;;
   graphs)

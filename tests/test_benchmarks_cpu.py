@@ -203,3 +203,36 @@ def test_main_with_cpu_fakes(monkeypatch, tmp_path):
     assert bad["ratio"] is None and "no case for op" in bad["error"]
     assert data["n_errors"] == 1 and data["n_rated"] == 1 and "max_ratio" in data and "rows_over_1" in data
     assert "perf_counter" in data["method"]
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/configs_in_context.py (issue 20 diagnostics): the op table and the summary
+# ---------------------------------------------------------------------------------------------
+
+
+def test_configs_in_context_ops_name_library_ops_and_calls():
+    import importlib
+
+    import configs_in_context as cic
+
+    for op, (module, attr, width) in cic.OPS.items():
+        lib = getattr(importlib.import_module(f"tiletune.kernels.{module}"), attr)
+        assert lib.name == f"tiletune.{op}" and width in ("n", "2n")
+        assert callable(cic.op_call(op, None, {}))
+    with pytest.raises(ValueError, match="unknown op"):
+        cic.op_call("gelu", None, {})
+
+
+def test_configs_in_context_summary():
+    import configs_in_context as cic
+
+    a, b, c = {"LAT": 0}, {"LAT": 10}, {"LAT": 5}
+    rows = [{"config": a, "tuner_us": 2.6, "cold_us": 3.0, "warm_us": 2.0, "in_context_us": 2.8},
+            {"config": b, "tuner_us": 2.5, "cold_us": 2.9, "warm_us": 9.0, "in_context_us": 10.5},
+            {"config": c, "tuner_us": 2.7, "cold_us": 3.1, "warm_us": 2.1, "in_context_us": None}]
+    got = cic.summarize(rows, b)
+    assert got["tuner_pick"] == b
+    assert got["best_tuner"] == {"config": b, "us": 2.5} and got["best_cold"]["config"] == b
+    assert got["best_warm"]["config"] == a and got["best_in_context"] == {"config": a, "us": 2.8}
+    assert got["pick_vs_best_in_context"] == pytest.approx(10.5 / 2.8)
+    assert "pick_vs_best_in_context" not in cic.summarize(rows, c)  # the pick was not timed in context
