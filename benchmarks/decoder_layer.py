@@ -19,10 +19,10 @@ capture-safe once tuned: the first forward tunes, a second warms, then the step 
 ``tiletune_host_us`` = host time of the launch calls of one forward (``time.perf_counter``, no sync);
 ``eager_us``, ``compile_us`` (``torch.compile`` default), ``compile_ro_us`` (``mode="reduce-overhead"``,
 CUDA graphs) and ``compile_ro_static_us`` (the same with the inputs marked static, meant to save the copy
-into the graph's input buffers at every replay, as in a graph over a whole model; on torch 2.11 the replays
-still began with that copy; ``vs_compile_ro_best`` compares with the faster of the two) = GPU time per forward from CUDA events around a back-to-back loop; these (with
-``tiletune_us``) are measured in five interleaved rounds, the median round each (:func:`interleaved_us`);
-``rel_err`` =
+into the graph's input buffers at every replay, as in a graph over a whole model; on torch 2.11 the
+replays still began with that copy; ``vs_compile_ro_best`` compares with the faster of the two) = GPU
+time per forward from CUDA events around a back-to-back loop; these (with ``tiletune_us``) are measured
+in five interleaved rounds, the median round each (:func:`interleaved_us`); ``rel_err`` =
 ``||tiletune - eager|| / ||eager||`` of the layer output; ``first_forward_s`` (one row) = wall time of
 the first forward in a fresh process that shares this run's tuning database and cuTile disk cache.
 
@@ -631,7 +631,6 @@ def plot_timelines(rows: list[dict[str, Any]], path: Path,
     return True
 
 
-
 # --------------------------------------------------------------------------------------------
 # merging runs: one result file from rows measured in several device calls
 # --------------------------------------------------------------------------------------------
@@ -694,7 +693,8 @@ def row_label(row: dict[str, Any]) -> str:
 def merge_docs(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """One result document from the documents of several runs of the same layer on the same machine:
     their rows, a row measured twice taken from the later run (by ``date``), ordered as the full row set;
-    ``merged_from`` says which run gave which rows, ``rows_missing`` which rows of the full set none did.
+    ``merged_from`` says which run gave which rows, ``rows_missing`` which rows of the full set none did,
+    ``quick`` whether every run was a ``--quick`` one.
     Runs that disagree on the GPU, the software versions or the layer raise ``ValueError``."""
     if not docs:
         raise ValueError("nothing to merge")
@@ -714,7 +714,7 @@ def merge_docs(docs: list[dict[str, Any]]) -> dict[str, Any]:
     merged = sorted(rows.values(), key=lambda r: (order.get(row_label(r), len(order)), r["phase"], r["B"], r["S"]))
     first_forward = [r for r in merged if r.get("first_forward_s") is not None]
     out = {k: v for k, v in docs[-1].items() if k not in ("rows", "wall_s", "quick")}
-    out.update({"quick": False, "merged_from": sources, "rows": merged,
+    out.update({"quick": all(d.get("quick") for d in docs), "merged_from": sources, "rows": merged,
                 "rows_missing": [label for label in order if label not in rows],
                 "first_forward_rows": [row_label(r) for r in first_forward]})
     return out

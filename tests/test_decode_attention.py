@@ -927,11 +927,13 @@ def test_decoder_layer_merge_orders_rows_later_run_wins_and_lists_the_missing():
     dl = _decoder_layer()
     a = _run_doc("2026-12-01T21:33:00Z", [_row("decode", 8, 2048, 160.0, first_forward_s=0.15),
                                           _row("prefill", 1, 2048, 1500.0)])
-    b = _run_doc("2026-12-01T21:39:00Z", [_row("decode", 1, 512, 140.0), _row("prefill", 1, 2048, 1490.0)])
+    b = _run_doc("2026-12-01T21:39:00Z", [_row("decode", 1, 512, 140.0), _row("prefill", 1, 2048, 1490.0)],
+                 quick=False)
     got = dl.merge_docs([b, a])  # given out of order: the later date wins a row measured twice
     assert [dl.row_label(r) for r in got["rows"]] == ["prefill:1:2048", "decode:1:512", "decode:8:2048"]
     assert got["rows"][0]["tiletune_us"] == 1490.0
     assert got["quick"] is False and got["date"] == b["date"] and "wall_s" not in got
+    assert dl.merge_docs([a])["quick"] is True  # every run --quick
     assert [s["rows"] for s in got["merged_from"]] == [["decode:8:2048", "prefill:1:2048"],
                                                        ["decode:1:512", "prefill:1:2048"]]
     assert got["first_forward_rows"] == ["decode:8:2048"]
