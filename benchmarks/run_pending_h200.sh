@@ -7,7 +7,8 @@
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART (what is still owed after the 2026-12-01 21:24-21:56 session, in this order: grouped (then turn
-# decode_attention_op.DIRECT_ANY_GROUP on if it passed, and re-run the Qwen rows: qwen), context, projections, splits; swapgpu,
+# decode_attention_op.DIRECT_ANY_GROUP on if it passed, and re-run the Qwen rows: qwen), context, memory (short rows now
+# try 1-4x the rows per tile: the 1024-column rows), projections, splits; swapgpu,
 # decoderq, qwen and the full decoder row set ran then (the row set as three `decoder_layer.py --rows ...` runs
 # merged with `--merge`), see docs/GPU-NOTES.md):
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder

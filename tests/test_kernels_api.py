@@ -25,6 +25,8 @@ from tiletune.kernels import glu as glu_mod  # noqa: E402
 softmax_mod = importlib.import_module("tiletune.kernels.softmax_op")
 ce_mod = importlib.import_module("tiletune.kernels.cross_entropy_op")
 from tiletune.templates import (  # noqa: E402
+    ROW_MAX_ELEMS,
+    SHORT_ROWS_VALUES_PER_SM,
     chunked_row_space,
     elementwise_space,
     fits_registers,
@@ -175,7 +177,31 @@ def test_rowwise_spaces_are_small_and_valid_everywhere(n, streams):
         assert base is not None and base in set(space.candidates(arch))
         for cfg in space.candidates(arch):
             tile = cfg.CHUNK if cfg.CHUNK else cfg.TM * next_power_of_2(n)
-            assert fits_registers(tile, cfg.occupancy, streams)
+            if row_regime(n, streams) == "rows":  # short rows: the in-flight bound measured on the H200
+                assert tile <= ROW_MAX_ELEMS and tile * cfg.occupancy * streams <= SHORT_ROWS_VALUES_PER_SM
+            else:
+                assert fits_registers(tile, cfg.occupancy, streams)
+
+
+def test_short_rows_try_more_rows_per_tile():
+    """Rows under 4096 padded elements: 1, 2 and 4 times the default rows per tile (the probe's
+    winners for 1024-wide rows had 2-4x), the default at occupancy 2 as the baseline, and the
+    previous space's baseline still in the space."""
+    from tiletune.templates import rows_per_tile, short_rows_space
+
+    for n, streams in ((1024, 1), (1024, 2), (2048, 1), (100, 2), (1000, 1)):
+        space = rowwise_space(n, 2, streams=streams)
+        assert space.hash == short_rows_space(n, streams=streams).hash
+        tm = rows_per_tile(n)
+        assert {c.TM for c in space.candidates("sm_90")} == {tm, 2 * tm, 4 * tm}
+        base = space.baseline("sm_90")
+        assert (base.TM, base.occupancy, base.LAT, base.STORE_TMA) == (tm, 2, 0, True)
+    probe_best = {"layer_norm": (2, 16, 2), "softmax": (1, 8, 2), "rms_norm": (1, 8, 4)}  # streams, TM, occupancy
+    for op, (streams, tm, occ) in probe_best.items():
+        cfgs = {(c.TM, c.occupancy) for c in rowwise_space(1024, 2, streams=streams).candidates("sm_90")}
+        assert (tm, occ) in cfgs, op
+    assert {c.TM for c in rowwise_space(7, 2).candidates("sm_90")} == {256}  # capped at 256 rows
+    assert {c.num_worker_warps for c in rowwise_space(1000, 2, tma=False).candidates("sm_90")} == {4, 8}
 
 
 def test_rows_that_cannot_use_tma_get_the_plain_load_space():
@@ -189,7 +215,8 @@ def test_rows_that_cannot_use_tma_get_the_plain_load_space():
     assert {c.STORE_TMA for c in plain.candidates("sm_90")} == {True}
     assert {c.num_worker_warps for c in plain.candidates("sm_90")} == {4, 8}
     assert {c.LAT for c in rowwise_space(1, 2).candidates("sm_90")} == {0}  # 2-byte rows: tma is off
-    assert {c.LAT for c in rowwise_space(1024, 2).candidates("sm_90")} == {0, 10}
+    assert {c.LAT for c in rowwise_space(1024, 2).candidates("sm_90")} == {0}  # short rows: no latency hint
+    assert {c.LAT for c in rowwise_space(4096, 2).candidates("sm_90")} == {0, 10}
     big = rowwise_space(50257, 2, tma=False)
     assert {c.CHUNK for c in big.candidates("sm_90")} == {2048, 4096}
     # the ops' regimes carry the TMA decision

@@ -514,7 +514,8 @@ TEMPLATES: dict[str, Template] = {t.name: t for t in (
              "row reductions and norms: RMSNorm, LayerNorm, softmax, fused residual + norm",
              "TM rows per tile or CHUNK columns per pass, occupancy, LAT (load latency hint), STORE_TMA",
              "library ops tiletune.rms_norm / layer_norm / softmax (tiletune.templates.rowwise_space); "
-             "benchmarks/spaces/h200_layernorm_bf16_16384x4096.json.gz, benchmarks/results/h200/kernels_memory.json",
+             "benchmarks/spaces/h200_layernorm_bf16_16384x4096.json.gz, benchmarks/results/h200/kernels_memory.json, "
+             "probe_memory.json (rows shorter than 4096: more rows per tile)",
              _rowwise, {"n_cols": 4096, "dtype_bytes": 2}),
     Template("cross_entropy", "balanced",
              "chunked cross-entropy over a large vocabulary (online max/sum per row chunk), loss or grad",

@@ -53,6 +53,7 @@ from .space import Space, per_arch
 __all__ = [
     "FP32_VALUES_PER_SM",
     "ROW_MAX_ELEMS",
+    "SHORT_ROWS_VALUES_PER_SM",
     "chunked_row_space",
     "elementwise_space",
     "acc_fits",
@@ -68,6 +69,7 @@ __all__ = [
     "tma_rows",
     "rowwise_space",
     "rope_space",
+    "short_rows_space",
     "stage_fits",
     "warps_fit",
 ]
@@ -77,6 +79,12 @@ FP32_VALUES_PER_SM = 16384
 
 #: Rows up to this many (padded) elements are processed as one tile; longer rows in chunks.
 ROW_MAX_ELEMS = 16384
+
+#: Short rows (several per tile): the most tile values a block's tiles (times the row streams) may hold
+#: across the blocks of one SM. Measured on the H200 (``benchmarks/probe_memory.py``,
+#: ``benchmarks/results/h200/probe_memory.json``): rows of 1024 ran fastest with 2-4x the default rows per
+#: tile, beyond :data:`FP32_VALUES_PER_SM`, with no failure over the probe's 64-72 configs per op.
+SHORT_ROWS_VALUES_PER_SM = 65536
 
 
 def next_power_of_2(n: int) -> int:
@@ -135,9 +143,10 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: b
     fused residual add), which tightens the register rule. ``tma=False`` (see :func:`tma_rows`, or
     rows shorter than 16 bytes) keeps only the knobs that matter for plain loads.
 
-    * rows of up to ``16384 / streams`` padded elements: one tile per row (``TM`` short rows
-      together, ~4096 elements per tile), occupancy {1, 2, 4} where the registers allow, ``LAT``
-      {0, 10}, ``STORE_TMA`` {False, True}: 4-12 configs; the widest rows also try 8 worker warps.
+    * rows of 4096 to ``16384 / streams`` padded elements: one row per tile, occupancy {1, 2, 4} where
+      the registers allow, ``LAT`` {0, 10}, ``STORE_TMA`` {False, True}: 4-12 configs; the widest rows
+      also try 8 worker warps.
+    * shorter rows (``TM`` rows per tile): :func:`short_rows_space`.
     * longer rows: :func:`chunked_row_space`.
     """
     if int(n_cols) < 1:
@@ -151,6 +160,8 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: b
         return chunked_row_space(n_cols, streams=streams, chunks=(2048, 4096), lat=(0,), store_tma=(True,),
                                  occupancies=(1, 2))
     tm = rows_per_tile(n_cols)
+    if row_regime(n_cols, streams) == "rows":
+        return short_rows_space(n_cols, streams=streams, tma=tma)
     tile = tm * p
     occ = [o for o in (1, 2, 4) if fits_registers(tile, o, streams)] or [1]
     occ_ampere = [o for o in (2, 4, 8) if fits_registers(tile, o, streams)] or occ
@@ -166,6 +177,28 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: b
         params["num_worker_warps"] = [4, 8]
         baseline["num_worker_warps"] = 4
     elif not tma:  # plain loads: the block size is a knob too (as in elementwise_space)
+        params["num_worker_warps"] = [4, 8]
+        baseline["num_worker_warps"] = 4
+    return Space(**params, baseline=baseline)
+
+
+def short_rows_space(n_cols: int, *, streams: int = 1, tma: bool = True) -> Space:
+    """Space of a row-reduction kernel over rows shorter than 4096 padded elements, ``TM`` rows per tile.
+
+    ``TM`` in {1, 2, 4} x :func:`rows_per_tile` (at most 256 rows, at most ``ROW_MAX_ELEMS`` values per
+    tile), occupancy {2, 4} where ``4 x rows_per_tile`` rows times the occupancy and ``streams`` stay
+    within :data:`SHORT_ROWS_VALUES_PER_SM` (so every combination is valid: no constraint), ``LAT`` 0,
+    ``STORE_TMA`` {False, True} (``tma=False``: plain stores, and 4 or 8 worker warps): 6-12 configs.
+    Baseline: ``rows_per_tile`` rows at occupancy 2 (the previous space's pick)."""
+    p = next_power_of_2(n_cols)
+    tm = rows_per_tile(n_cols)
+    tms = sorted({t for t in (tm, 2 * tm, 4 * tm) if t <= 256 and t * p <= ROW_MAX_ELEMS})
+    widest = max(tms) * p * max(1, int(streams))
+    occ = [o for o in (2, 4) if widest * o <= SHORT_ROWS_VALUES_PER_SM] or [2]
+    params: dict[str, Any] = dict(TM=tms, CHUNK=[0], occupancy=occ, LAT=[0],
+                                  STORE_TMA=[False, True] if tma else [True])
+    baseline: dict[str, Any] = dict(TM=tm, CHUNK=0, occupancy=occ[0], LAT=0, STORE_TMA=True)
+    if not tma:  # plain loads: the block size is a knob too (as in elementwise_space)
         params["num_worker_warps"] = [4, 8]
         baseline["num_worker_warps"] = 4
     return Space(**params, baseline=baseline)
