@@ -2,10 +2,10 @@
 """How many KV splits should decode attention use? A sweep of the split count (issue 20).
 
 ``tiletune.kernels.decode_attention`` splits the KV cache of each (batch entry, kv head, group slice)
-row block into ``ns`` splits (:func:`~tiletune.kernels.decode_attention_kernels.decode_splits`: about
-two blocks per SM), runs the partial kernel over ``units * ns`` blocks and combines the splits. The
-decoder layer's profile put our attention 4-13% behind cuDNN's (B=8, cache 8192: 73 vs 64 us), and
-``ns = 5`` over 64 row blocks is 320 blocks: 2.4 waves of 132 SMs at occupancy 1. This sweep forces
+row block into ``ns`` splits (:func:`~tiletune.kernels.decode_attention_kernels.decode_splits`; the rule
+this sweep replaced aimed at two blocks per SM), runs the partial kernel over ``units * ns`` blocks and
+combines the splits. The sweep was written when the decoder layer's profile put our attention 4-13%
+behind cuDNN's, with ``ns = 5`` over 64 row blocks (320 blocks: 2.4 waves of 132 SMs). It forces
 each split count in turn (the partial kernel tuned for it, as a first call would), times the op from a
 CUDA graph of back-to-back calls (GPU time only; the caches dwarf the L2), and records the split
 count the current rule picks, beside ``scaled_dot_product_attention`` over the same cache (torch's
@@ -82,7 +82,7 @@ def measure(bsz: int, h: int, hkv: int, cap: int, splits: list[int]) -> dict[str
         for ns in splits:
             if ns > -(-cap // dk.GRANULE):
                 continue
-            dop.decode_splits = lambda units, capacity, sms, waves=2.0, _n=ns: _n
+            dop.decode_splits = lambda units, capacity, sms, _n=ns: _n
             clear_recipes()  # a recipe learnt with another split count would replay it
             t0 = time.perf_counter()
             out = K.decode_attention(q, ck, cv, lens, causal=True)

@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import small_png
+
 from tiletune.fill import MODEL_SHAPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -531,8 +533,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110 if len(rows) <= 8 else 80)
     plt.close(fig)
-    from _common import small_png
-
     small_png(path)
 
 
@@ -555,13 +555,19 @@ def kernel_part(name: str) -> str:
     return "other"
 
 
+def _by_part(kernels: list[dict[str, Any]]) -> dict[str, float]:
+    """``{"kernel", "us"}`` entries summed by part of the layer (:func:`kernel_part`)."""
+    parts: dict[str, float] = {}
+    for k in kernels:
+        part = kernel_part(k["kernel"])
+        parts[part] = parts.get(part, 0.0) + float(k["us"])
+    return parts
+
+
 def timeline_parts(t: dict[str, Any]) -> dict[str, float]:
     """One forward of a :func:`timeline` by part of the layer (us), idle time included: the gaps between
     the forward's kernels and the gap before the next forward."""
-    parts: dict[str, float] = {}
-    for k in t.get("kernels", []):
-        part = kernel_part(k["kernel"])
-        parts[part] = parts.get(part, 0.0) + float(k["us"])
+    parts = _by_part(t.get("kernels", []))
     parts["idle"] = float(t.get("gap_us") or 0.0) + float(t.get("between_forwards_us") or 0.0)
     return parts
 
@@ -625,8 +631,6 @@ def plot_timelines(rows: list[dict[str, Any]], path: Path,
     fig.tight_layout(rect=(0, 0.06, 1, 0.96))
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
-    from _common import small_png
-
     small_png(path)
     return True
 
@@ -643,11 +647,7 @@ SAME_IN_MERGED_RUNS = ("gpu", "arch", "driver", "torch", "versions", "layer", "f
 
 def kernel_list_parts(kernels: list[dict[str, Any]]) -> dict[str, float]:
     """A ``kernel_profile`` side (per-forward kernel list) summed by part of the layer (us, 0.1 us)."""
-    parts: dict[str, float] = {}
-    for k in kernels:
-        part = kernel_part(k["kernel"])
-        parts[part] = parts.get(part, 0.0) + float(k["us"])
-    return {p: round(v, 1) for p, v in parts.items()}
+    return {p: round(v, 1) for p, v in _by_part(kernels).items()}
 
 
 def row_parts(row: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -747,8 +747,14 @@ def merge_results(paths: list[Path], out_dir: Path) -> Path:
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(summary, indent=1) + "\n")
     plot(summary["rows"], path.with_suffix(".png"))
-    plot_timelines(full_rows, out_dir / f"{name}_timeline.png", sides=TIMELINE_SIDES[:2], dpi=72)
+    plot_merged_timelines(full_rows, out_dir / f"{name}_timeline.png")
     return path
+
+
+def plot_merged_timelines(rows: list[dict[str, Any]], path: Path) -> bool:
+    """:func:`plot_timelines` of a merged file's many rows: tiletune and plain ``reduce-overhead`` only, at a
+    lower resolution (the tracked tree's size)."""
+    return plot_timelines(rows, path, sides=TIMELINE_SIDES[:2], dpi=72)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -783,8 +789,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = doc["rows"]
         plot(rows, src.with_suffix(".png"))
         if doc.get("detail") and (src.parent / doc["detail"]).exists():  # a merged file: timelines in its detail
-            drawn = plot_timelines(read_result(src.parent / doc["detail"])["rows"],
-                                   src.with_name(src.stem + "_timeline.png"), sides=TIMELINE_SIDES[:2], dpi=72)
+            drawn = plot_merged_timelines(read_result(src.parent / doc["detail"])["rows"],
+                                          src.with_name(src.stem + "_timeline.png"))
         else:
             drawn = plot_timelines(rows, src.with_name(src.stem + "_timeline.png"))
         print(f"redrew {src.with_suffix('.png')}" + (f" and {src.stem}_timeline.png" if drawn else ""))

@@ -61,6 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
+from _common import small_png  # noqa: E402
+
 KERNELS: tuple[str, ...] = ("convolution_milo", "dedispersion_milo", "gemm_milo", "hotspot_milo")
 GPUS: tuple[str, ...] = ("A4000", "A6000", "W6600", "W7800", "MI250X")
 TOLERANCES: tuple[float, ...] = (0.05, 0.01)
@@ -587,8 +589,6 @@ def plot_evals(rows: Sequence[Mapping[str, Any]], default: str, path: Path, budg
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-    from _common import small_png
-
     small_png(path)
 
 
@@ -641,8 +641,6 @@ def plot_curves(spaces: Sequence[PublicSpace], curves: Mapping[tuple[str, str, s
     fig.text(0.5, 0.045, "evaluations", ha="center", fontsize=8)
     fig.savefig(path)
     plt.close(fig)
-    from _common import small_png
-
     small_png(path)
 
 

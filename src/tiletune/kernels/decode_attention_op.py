@@ -140,15 +140,14 @@ def decode_direct_plan(cfg: Any, q5: Any, k: Any, v: Any, lens: Any, o: Any, cau
     bsz, hkv, g, sq, d = q5.shape
     gb, qp, ngb = decode_rows(g, sq)
     if o.dim() == 5:
-        grouped = decode_direct_grouped_kernel_i64, decode_direct_grouped_kernel
-        kernel = grouped[0] if needs_int64(q5, k, v, o) else grouped[1]
-        return Launch(kernel, (bsz * hkv * ngb,),
-                      (q5, k, v, lens, o, qk_scale_log2, d, gb, qp, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
-    if g % gb:
+        wide, narrow = decode_direct_grouped_kernel_i64, decode_direct_grouped_kernel
+    elif g % gb:
         raise ValueError(f"decode_direct_plan: G={g} query heads per kv head are not a multiple of the "
                          f"{gb} heads of a block (Sq={sq}): pass the (B, Hkv, G, Sq, D) view of the output "
                          "(the grouped kernel) or take the split path")
-    kernel = decode_direct_kernel_i64 if needs_int64(q5, k, v, o) else decode_direct_kernel
+    else:
+        wide, narrow = decode_direct_kernel_i64, decode_direct_kernel
+    kernel = wide if needs_int64(q5, k, v, o) else narrow
     return Launch(kernel, (bsz * hkv * ngb,),
                   (q5, k, v, lens, o, qk_scale_log2, d, gb, qp, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
 
