@@ -292,7 +292,8 @@ def _meta_call(bsz, h, hkv, sq, cap, sms, d=128, **kw):
     return dop.prepare_decode(q, k, v, lens, True, 0.125, sms=sms, **kw)
 
 
-def test_host_takes_the_direct_kernel_exactly_for_one_split_and_whole_group_slices():
+def test_without_direct_any_group_the_direct_kernel_needs_whole_group_slices(monkeypatch):
+    monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", False)
     seen = set()
     for g in (1, 2, 3, 4, 6, 7, 8, 12, 16, 24, 32):
         for sq in (1, 2, 3, 5, 8, 16):
@@ -406,8 +407,10 @@ def test_direct_plan_grid_and_arguments(h, hkv, sq):
     assert dop.DECODE_DIRECT.writes == ("o",)
 
 
-def test_one_split_with_partial_group_slices_keeps_the_split_launches():
-    """G=7 (Qwen 28/4): one split, yet the partial kernel (grid ``(B * Hkv, 1)``) and the combine."""
+def test_one_split_with_partial_group_slices_keeps_the_split_launches(monkeypatch):
+    """G=7 (Qwen 28/4) with ``DIRECT_ANY_GROUP`` off: one split, yet the partial kernel (grid
+    ``(B * Hkv, 1)``) and the combine."""
+    monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", False)
     bsz, h, hkv, cap, d = 2, 28, 4, 200, 64
     q, k, v = make(bsz, h, hkv, 1, cap, d)
     lens = torch.tensor([200, 3], dtype=torch.int32)
@@ -449,7 +452,7 @@ def test_references_combine_to_attention(case):
         for allow_direct in (True, False):
             call = dop.prepare_decode(q, k, v, lens_t, causal, scale, sms=sms, allow_direct=allow_direct)
             if call.direct:
-                out = dop.decode_direct_reference(*call.direct_args)
+                out = dop.decode_direct_reference(*call.direct_args).reshape(call.out.shape)  # grouped: 5-D
             else:
                 po, pl = dop.decode_partial_reference(*call.partial_args)
                 assert torch.isfinite(po).all()

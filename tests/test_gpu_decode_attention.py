@@ -237,9 +237,10 @@ def test_batch_64_takes_the_direct_kernel_with_the_real_sm_count(small_ops):
 
 
 @pytest.mark.parametrize("bsz,sms", [(3, 1), (64, None)])
-def test_qwen_group_of_7_keeps_the_split_path(small_ops, bsz, sms):
-    """G=7 (Qwen2.5 28/4 heads): GB=8 heads per block would spill into the next kv head's, so even one
-    split goes through the partial and combine kernels."""
+def test_qwen_group_of_7_without_the_grouped_kernel_keeps_the_split_path(small_ops, monkeypatch, bsz, sms):
+    """G=7 (Qwen2.5 28/4 heads) with ``DIRECT_ANY_GROUP`` off: GB=8 heads per block would spill into the
+    next kv head's, so even one split goes through the partial and combine kernels."""
+    monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", False)
     h, hkv, cap, d = 28, 4, 1500, 128
     q, k, v = _inputs(bsz, h, hkv, 1, cap, d, seed=7)
     lens = [cap - 23 * i for i in range(bsz)]

@@ -107,10 +107,9 @@ decode_direct_kernel_i64 = int64_twin(decode_direct_kernel_fn, ["Q", "K", "V", "
 decode_direct_grouped_kernel_i64 = int64_twin(decode_direct_grouped_kernel_fn, ["Q", "K", "V", "O5"])
 
 #: Whether a one-split call whose group slices do not tile the heads (``G % GB != 0``: Qwen2.5's 7 query
-#: heads per kv head) takes the grouped direct kernel instead of the partial and combine kernels. Off
-#: until ``tests/test_gpu_decode_attention.py::test_grouped_direct_kernel_serves_any_group`` has passed
-#: on a GPU (written 2026-12-01 after the session's device time ran out).
-DIRECT_ANY_GROUP = False
+#: heads per kv head) takes the grouped direct kernel instead of the partial and combine kernels (on since
+#: ``tests/test_gpu_decode_attention.py::test_grouped_direct_kernel_serves_any_group`` passed on the H200).
+DIRECT_ANY_GROUP = True
 
 _NEG_INF = float("-inf")
 
