@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "h200"
@@ -130,3 +130,31 @@ def interleaved_ab(launch_a: Any, launch_b: Any, rounds: int = 30, per_round: in
         sb += timer.time(launch_b, per_round)
     ma, mb = statistics.median(sa), statistics.median(sb)
     return {"a_us": ma, "b_us": mb, "gap": (mb - ma) / ma, "samples_each": len(sa)}
+
+
+def tune_once(tuned: Any, args: tuple) -> tuple[Any, float]:
+    """Run a fresh tuned op's first call on ``args`` (it tunes); ``(its one TuneResult, wall seconds)``."""
+    import torch
+
+    t0 = time.perf_counter()
+    tuned(*args)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    (res,) = tuned.results.values()
+    return res, wall
+
+
+def measurement_rows(result: Any, throughput: Callable[[float], dict[str, Any]],
+                     extra: Callable[[dict[str, Any]], dict[str, Any]] = lambda cfg: {}) -> list[dict[str, Any]]:
+    """One row per measured config of a :class:`~tiletune.TuneResult`: config, status, median (us), the
+    fields ``throughput(median_us)`` returns (None values without a median), ``extra(config)``, and the
+    failure reason."""
+    rows = []
+    for m in result.measurements:
+        us = m.median_us
+        cfg = dict(m.config)
+        rate = throughput(us) if us else {k: None for k in throughput(1.0)}
+        rows.append({"config": cfg, **extra(cfg), "status": m.status.value,
+                     "median_us": None if us is None else round(us, 2), **rate,
+                     "reason": m.reason[:200] if m.status.failed else ""})
+    return rows

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, write_result  # noqa: E402
+from _common import DEFAULT_OUT, measurement_rows, tune_once, write_result  # noqa: E402
 
 from tiletune.space import Space  # noqa: E402
 from tiletune.templates import next_power_of_2  # noqa: E402
@@ -126,18 +126,10 @@ def probe_one(op: str, shape: tuple[int, ...], dn: str, make_space: Callable[[An
     lib = {json.dumps(dict(c), sort_keys=True) for c in lib_space.candidates(arch)}
     tuned = autotune(space, reference=fam.reference, writes=list(fam.writes), inplace=list(fam.inplace),
                      tolerance=fam.tolerance, name=fam.name + ".probe", db=False, progress=False)(fam.plan)
-    t0 = time.perf_counter()
-    tuned(*prep.args)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    (res,) = tuned.results.values()
-    rows = []
-    for m in res.measurements:
-        us = m.median_us
-        key = json.dumps(dict(m.config), sort_keys=True)
-        rows.append({"config": dict(m.config), "status": m.status.value, "median_us": None if us is None else round(us, 2),
-                     "gbps": None if not us else round(prob["bytes"] / us / 1e3, 1), "in_library": key in lib,
-                     "reason": m.reason[:200] if m.status.failed else ""})
+    res, wall = tune_once(tuned, prep.args)
+    nbytes = prob["bytes"]
+    rows = measurement_rows(res, lambda us: {"gbps": round(nbytes / us / 1e3, 1)},
+                            lambda cfg: {"in_library": json.dumps(cfg, sort_keys=True) in lib})
     ok = sorted((r for r in rows if r["median_us"] and r["status"] != "failed"), key=lambda r: r["median_us"])
     best_lib = next((r for r in ok if r["in_library"]), None)
     out = {"op": op, "shape": list(shape), "dtype": DT[dn], "bytes": prob["bytes"], "probe_size": len(rows),

@@ -172,7 +172,8 @@ def _sizes(space):
 def test_rowwise_spaces_are_small_and_valid_everywhere(n, streams):
     space = rowwise_space(n, 2, streams=streams)
     for arch, size in _sizes(space).items():
-        assert 2 <= size <= 12, (n, arch, size)
+        # short rows also try the non-persistent grid and occupancy 8-16 for small tiles (32 at most)
+        assert 2 <= size <= (32 if row_regime(n, streams) == "rows" else 12), (n, arch, size)
         base = space.baseline(arch)
         assert base is not None and base in set(space.candidates(arch))
         for cfg in space.candidates(arch):
@@ -202,6 +203,34 @@ def test_short_rows_try_more_rows_per_tile():
         assert (tm, occ) in cfgs, op
     assert {c.TM for c in rowwise_space(7, 2).candidates("sm_90")} == {256}  # capped at 256 rows
     assert {c.num_worker_warps for c in rowwise_space(1000, 2, tma=False).candidates("sm_90")} == {4, 8}
+
+
+def test_short_rows_try_the_non_persistent_grid_and_high_occupancy_on_small_tiles():
+    """The 2026-12-01 23:53 H200 probe (``benchmarks/probe_rows.py``): one block per row block beat the
+    persistent grid for softmax (4 rows x occupancy 16) and RMSNorm (8 rows x 4) at 65536 x 1024; 8-row
+    tiles at occupancy 8 spilled (1.8-3.2x slower). Those winners are in the space, the spilling pairs
+    are not, and the non-persistent GRID_FRAC launches one block per row block."""
+    from unittest import mock
+
+    import tiletune.kernels._membound as mb
+    from tiletune.kernels.norms import _grid
+    from tiletune.templates import SHORT_ROWS_GRID_ALL, SHORT_ROWS_HIGH_OCCUPANCY_TILE
+
+    for streams in (1, 2):
+        cands = rowwise_space(1024, 2, streams=streams).candidates("sm_90")
+        assert {c.GRID_FRAC for c in cands} == {1.0, SHORT_ROWS_GRID_ALL}
+        for c in cands:
+            assert c.TM * 1024 * c.occupancy * streams <= SHORT_ROWS_VALUES_PER_SM
+            assert c.occupancy <= 4 or c.TM * 1024 <= SHORT_ROWS_HIGH_OCCUPANCY_TILE
+        assert (8, 8) not in {(c.TM, c.occupancy) for c in cands}
+    winners = {(4, 16, SHORT_ROWS_GRID_ALL), (8, 4, SHORT_ROWS_GRID_ALL), (8, 2, 1.0)}
+    assert winners <= {(c.TM, c.occupancy, c.GRID_FRAC) for c in rowwise_space(1024, 2).candidates("sm_90")}
+    assert "GRID_FRAC" not in rowwise_space(4096, 2).names  # one row per tile: unchanged
+    with mock.patch.object(mb, "sm_count", lambda dev: 132):
+        cfg = rowwise_space(1024, 2).config("sm_90", TM=4, CHUNK=0, occupancy=16, LAT=0, STORE_TMA=True,
+                                            GRID_FRAC=SHORT_ROWS_GRID_ALL)
+        assert _grid(cfg, 65536, 4, 0) == (16384,)  # every row block its own block
+        assert _grid(cfg.replace(GRID_FRAC=1.0), 65536, 4, 0) == (132 * 16,)
 
 
 def test_rows_that_cannot_use_tma_get_the_plain_load_space():
@@ -441,3 +470,41 @@ def test_cross_entropy_references_match_autograd(ignore):
     rows2 = ce_mod.cross_entropy_reference(*ce_mod.prepare_cross_entropy(lg, target).args)
     torch.testing.assert_close(rows2, rows)
     assert math.isfinite(float(rows.sum()))
+
+
+def test_heads_of_64_tune_the_small_head_attention_space():
+    """D <= 64 runs ``attention_into_small_head`` (the 16 configs plus occupancy 2-4 for score tiles up to
+    128 x 128: the 2026-12-02 H200 probe's winners, 64 x 64 at occupancy 4 and 128 x 64 at 2-4); D = 128
+    keeps ``attention_into`` with the space, name and plan its shipped-table entries were made with."""
+    attn = importlib.import_module("tiletune.kernels.attention_op")
+    from tiletune.tables import tables
+
+    assert attn.attention_op_for(64) is attn.attention_into_small_head
+    assert attn.attention_op_for(128) is attn.attention_into
+    small, lib = attn.ATTENTION_SMALL_HEAD_SPACE, attn.ATTENTION_SPACE
+    assert attn.attention_into_small_head.space is small and attn.attention_into.space is lib
+    assert attn.attention_into_small_head.name == attn.attention_into.name == "tiletune.attention"
+    assert attn.attention_into_small_head.plan is attn.attention_into.plan
+    cands = {(c.BLOCK_M, c.BLOCK_N, c.occupancy, c.num_worker_warps) for c in small.candidates("sm_90")}
+    assert len(cands) == 40 and set(lib.candidates("sm_90")) <= set(small.candidates("sm_90"))
+    assert {(64, 64, 4, 4), (128, 64, 2, 8), (128, 64, 4, 8)} <= cands
+    assert all(o == 1 or m * n <= 128 * 128 for m, n, o, _ in cands)
+    hashes = {e.space_hash for t in tables() for e in t.entries.values() if e.name == "tiletune.attention"}
+    assert hashes == {lib.hash}  # the shipped entries (D = 128) still answer
+
+
+def test_attention_routes_by_head_dim(monkeypatch):
+    """The public call hands heads of 64 to the small-head op and heads of 128 to the other one."""
+    pytest.importorskip("cuda.tile")
+    import torch
+
+    attn = importlib.import_module("tiletune.kernels.attention_op")
+    calls = []
+    monkeypatch.setattr(attn, "attention_into", lambda *a: calls.append(("d128", a[0].shape[-1])))
+    monkeypatch.setattr(attn, "attention_into_small_head", lambda *a: calls.append(("small", a[0].shape[-1])))
+    monkeypatch.setattr(attn, "check_cuda_device", lambda *a, **k: None)
+    monkeypatch.setattr(attn, "aligned_operand", lambda t: t)
+    for d in (64, 128):
+        q = torch.empty(1, 2, 32, d, dtype=torch.bfloat16, device="meta")
+        attn.attention(q, q, q)
+    assert calls == [("small", 64), ("d128", 128)]

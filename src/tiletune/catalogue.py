@@ -62,6 +62,7 @@ __all__ = [
     "in_flight_fits",
     "one_of",
     "score_tile_fits",
+    "small_head_in_flight",
     "template",
 ]
 
@@ -118,6 +119,11 @@ def one_of(names: Sequence[str], allowed: Sequence[Sequence[Any]]) -> Callable[[
 def score_tile_fits(c: Any) -> bool:
     """The fp32 attention score tile ``BLOCK_M x BLOCK_N`` has at most ``128 * 256`` elements."""
     return c.BLOCK_M * c.BLOCK_N <= 128 * 256
+
+
+def small_head_in_flight(c: Any) -> bool:
+    """Heads of at most 64: occupancy above 1 only for score tiles of at most ``128 * 128`` elements."""
+    return c.occupancy == 1 or c.BLOCK_M * c.BLOCK_N <= 128 * 128
 
 
 def dual_stage_fits(elem_bytes: int) -> Callable[[Any], bool]:
@@ -344,7 +350,11 @@ def _rowwise(n_cols: int = 4096, dtype_bytes: int = 2, streams: int = 1, tma: bo
     prefer: dict[str, dict[str, Any]] = {a: dict(base) for a in ARCHS}  # the library's pick where it is allowed
     for a in _NO_TMA:
         prefer[a].update(LAT=0, STORE_TMA=True)
-    return _finish("rowwise", call, values, [], prefer)
+    rules = []
+    if row_regime(n_cols, streams) == "rows":  # short rows: the library's (rows per tile, occupancy) pairs
+        pairs = sorted({(c.TM, c.occupancy) for c in lib.configs("sm_90")})
+        rules.append(Rule.of("rows_in_flight", one_of, ("TM", "occupancy"), [list(p) for p in pairs]))
+    return _finish("rowwise", call, values, rules, prefer)
 
 
 def _cross_entropy(pass_: str = "loss") -> Recipe:
@@ -444,9 +454,12 @@ def _fmha(head_dim: int = 128) -> Recipe:
         for a in ARCHS:
             values[a]["BLOCK_M"] = [b for b in values[a]["BLOCK_M"] if b <= 128]
             values[a]["BLOCK_N"] = [b for b in values[a]["BLOCK_N"] if b <= 128]
+    rules = [Rule.of("fits", score_tile_fits)]
+    if head_dim <= 64:  # the library's small-head space: occupancy 2-4 for score tiles up to 128 x 128
+        values["sm_90"]["occupancy"] = [1, 2, 4]
+        rules.append(Rule.of("small_head_in_flight", small_head_in_flight))
     base = dict(BLOCK_M=128, BLOCK_N=64, KV_LATENCY=0, occupancy=1, num_worker_warps=4)
-    return _finish("fmha", f"fmha(head_dim={head_dim})", values, [Rule.of("fits", score_tile_fits)],
-                   {"sm_90": base})
+    return _finish("fmha", f"fmha(head_dim={head_dim})", values, rules, {"sm_90": base})
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ from .space import Space, per_arch
 __all__ = [
     "FP32_VALUES_PER_SM",
     "ROW_MAX_ELEMS",
+    "SHORT_ROWS_GRID_ALL",
+    "SHORT_ROWS_HIGH_OCCUPANCY_TILE",
     "SHORT_ROWS_VALUES_PER_SM",
     "chunked_row_space",
     "elementwise_space",
@@ -85,6 +87,11 @@ ROW_MAX_ELEMS = 16384
 #: ``benchmarks/results/h200/probe_memory.json``): rows of 1024 ran fastest with 2-4x the default rows per
 #: tile, beyond :data:`FP32_VALUES_PER_SM`, with no failure over the probe's 64-72 configs per op.
 SHORT_ROWS_VALUES_PER_SM = 65536
+#: short rows: the largest tile (rows x padded row) tried at occupancy 8 and 16
+SHORT_ROWS_HIGH_OCCUPANCY_TILE = 4096
+#: short rows: the ``GRID_FRAC`` of the non-persistent launch (``num_SMs * occupancy * 1024`` blocks, more
+#: than any realistic count of row blocks: one block each)
+SHORT_ROWS_GRID_ALL = 1024.0
 
 
 def next_power_of_2(n: int) -> int:
@@ -186,22 +193,35 @@ def short_rows_space(n_cols: int, *, streams: int = 1, tma: bool = True) -> Spac
     """Space of a row-reduction kernel over rows shorter than 4096 padded elements, ``TM`` rows per tile.
 
     ``TM`` in {1, 2, 4} x :func:`rows_per_tile` (at most 256 rows, at most ``ROW_MAX_ELEMS`` values per
-    tile), occupancy {2, 4} where ``4 x rows_per_tile`` rows times the occupancy and ``streams`` stay
-    within :data:`SHORT_ROWS_VALUES_PER_SM` (so every combination is valid: no constraint), ``LAT`` 0,
-    ``STORE_TMA`` {False, True} (``tma=False``: plain stores, and 4 or 8 worker warps): 6-12 configs.
-    Baseline: ``rows_per_tile`` rows at occupancy 2 (the previous space's pick)."""
+    tile) x ``occupancy`` {2, 4, 8, 16}, pairs keeping ``TM`` rows times the occupancy and ``streams``
+    within :data:`SHORT_ROWS_VALUES_PER_SM`, occupancy 8 and 16 only for tiles of at most
+    :data:`SHORT_ROWS_HIGH_OCCUPANCY_TILE` values (larger tiles spilled there: 1.8-3.2x slower on the
+    H200); ``GRID_FRAC`` 1 (the persistent grid) or :data:`SHORT_ROWS_GRID_ALL` (in practice one block
+    per row block: the hardware balances the blocks over the SMs); ``LAT`` 0; ``STORE_TMA`` {False,
+    True}. ``tma=False``: plain stores, 4 or 8 worker warps and occupancy 2-4. About 16-32 configs.
+    Baseline: ``rows_per_tile`` rows at occupancy 2 on the persistent grid."""
     p = next_power_of_2(n_cols)
     tm = rows_per_tile(n_cols)
+    lanes = max(1, int(streams))
     tms = sorted({t for t in (tm, 2 * tm, 4 * tm) if t <= 256 and t * p <= ROW_MAX_ELEMS})
-    widest = max(tms) * p * max(1, int(streams))
-    occ = [o for o in (2, 4) if widest * o <= SHORT_ROWS_VALUES_PER_SM] or [2]
-    params: dict[str, Any] = dict(TM=tms, CHUNK=[0], occupancy=occ, LAT=[0],
-                                  STORE_TMA=[False, True] if tma else [True])
-    baseline: dict[str, Any] = dict(TM=tm, CHUNK=0, occupancy=occ[0], LAT=0, STORE_TMA=True)
+    occs = (2, 4, 8, 16) if tma else (2, 4)
+
+    def pair_ok(t: int, o: int) -> bool:
+        return t * p * o * lanes <= SHORT_ROWS_VALUES_PER_SM and (o <= 4 or t * p <= SHORT_ROWS_HIGH_OCCUPANCY_TILE)
+
+    pairs = [(t, o) for t in tms for o in occs if pair_ok(t, o)] or [(tms[0], 2)]
+    allowed = {(t, o) for t, o in pairs}
+    params: dict[str, Any] = dict(TM=sorted({t for t, _ in pairs}), CHUNK=[0],
+                                  occupancy=sorted({o for _, o in pairs}), LAT=[0],
+                                  STORE_TMA=[False, True] if tma else [True],
+                                  GRID_FRAC=[1.0, SHORT_ROWS_GRID_ALL])
+    first = (tm, 2) if (tm, 2) in allowed else pairs[0]
+    baseline: dict[str, Any] = dict(TM=first[0], CHUNK=0, occupancy=first[1], LAT=0, STORE_TMA=True, GRID_FRAC=1.0)
     if not tma:  # plain loads: the block size is a knob too (as in elementwise_space)
         params["num_worker_warps"] = [4, 8]
         baseline["num_worker_warps"] = 4
-    return Space(**params, baseline=baseline)
+    return Space(**params, constraints={"rows_in_flight": lambda c: (c.TM, c.occupancy) in allowed},
+                 baseline=baseline)
 
 
 def chunked_row_space(n_cols: int, *, streams: int = 1, chunks: Sequence[int] = (4096, 8192),
