@@ -354,10 +354,11 @@ def main() -> int:
         stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
     LibraryOp.configure(db=tt.TuningDB(db_path), progress=False, **({"options": fast} if fast else {}))
     # the same short measurements for attention's own TunedOp (matmul's GEMMs are library ops: configured above)
-    attention_op = importlib.import_module("tiletune.kernels.attention_op").attention_into
-    attention_op.progress = False
-    if fast is not None:
-        attention_op.options = fast
+    attn_mod = importlib.import_module("tiletune.kernels.attention_op")
+    for attention_op in (attn_mod.attention_into, attn_mod.attention_into_small_head):
+        attention_op.progress = False
+        if fast is not None:
+            attention_op.options = fast
 
     if args.api == "public":
         where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}

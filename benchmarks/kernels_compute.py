@@ -552,18 +552,42 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def combine(paths: list[str], out: Path) -> int:
-    """Merge result files of single-op runs (GEMM rows first) into one, recomputing the summary."""
+    """Merge result files of single-op runs (GEMM rows first) into one, recomputing the summary. A row
+    measured in several files (same op, shape and dtype: a re-run of one row, ``--shapes``) is taken from
+    the latest file (by ``date``), in the place of its first appearance; ``replaced`` lists those rows."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
-    rows = [r for op in ("gemm", "attention") for d in docs for r in d["rows"] if r["op"] == op]
-    planned = {op: sum(d.get(f"{op}_planned") or 0 for d in docs) for op in ("gemm", "attention")}
+    order = sorted(range(len(docs)), key=lambda i: str(docs[i].get("date", "")))
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    replaced = []
+    for i in order:
+        for r in docs[i]["rows"]:
+            key = (r["op"], r["shape"], r["dtype"])
+            if key in latest:
+                replaced.append({"op": key[0], "shape": key[1], "dtype": key[2], "from": Path(paths[i]).name,
+                                 "date": docs[i].get("date")})
+            latest[key] = r
+    rows, seen = [], set()
+    for op in ("gemm", "attention"):
+        for d in docs:
+            for r in d["rows"]:
+                key = (r["op"], r["shape"], r["dtype"])
+                if r["op"] == op and key not in seen:
+                    seen.add(key)
+                    rows.append(latest[key])
+    planned = {op: sum(1 for r in rows if r["op"] == op and r.get("sweep")) for op in ("gemm", "attention")}
     summary = summarize(rows, planned)
     out.mkdir(parents=True, exist_ok=True)
     pngs = plot(rows, out)
     keep = ("benchmark", "date", "torch", "gpu", "arch", "sm_count", "driver", "versions", "cpus", "problem",
             "quick", "b_transposed", "samples_each", "backlog_us", "tuning_overrides", "reference_matmul_tf32")
     doc = {k: docs[0][k] for k in keep if k in docs[0]}
-    doc["combined_from"] = [{"file": Path(p).name, "only": d.get("only"), "date": d.get("date"),
-                             "wall_s": d.get("wall_s"), "stopped": d.get("stopped")} for p, d in zip(paths, docs)]
+    sources: list[dict[str, Any]] = []
+    for p, d in zip(paths, docs):  # a combined file brings its own sources
+        sources += d.get("combined_from") or [{"file": Path(p).name, "only": d.get("only"), "date": d.get("date"),
+                                               "wall_s": d.get("wall_s"), "stopped": d.get("stopped")}]
+    doc["combined_from"] = sources
+    if replaced:
+        doc["replaced"] = replaced
     doc.update({**summary, "targets": TARGETS, "pngs": [Path(x).name for x in pngs], "rows": rows})
     path = out / "kernels_compute.json"
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -595,6 +619,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--backlog-us", type=float, default=100.0,
                     help="GPU spin before each timed call so host overhead stays out of the events (0: off)")
+    ap.add_argument("--shapes", default=None, metavar="TEXT[,TEXT]",
+                    help="only the rows whose shape label contains one of these (e.g. 'D64' or '4096x4096x4096')")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds after which no new problem is started (rows left are marked skipped)")
     ap.add_argument("--merge", nargs="?", const="", default=None, metavar="JSON",
@@ -645,6 +671,11 @@ def main() -> int:
         problems += gemm_problems(args.quick)
     if args.only in (None, "attention"):
         problems += attention_problems(args.quick)
+    if args.shapes:  # rows whose shape label contains one of the given substrings
+        wanted = [w.strip() for w in args.shapes.split(",") if w.strip()]
+        problems = [p for p in problems if any(w in shape_label(p) for w in wanted)]
+        if not problems:
+            ap.error(f"--shapes {args.shapes!r} matches no row")
     planned = {op: sum(1 for p in problems if p["op"] == op and p["sweep"]) for op in ("gemm", "attention")}
 
     def on_term(signum: int, frame: Any) -> None:

@@ -236,3 +236,115 @@ def test_configs_in_context_summary():
     assert got["best_warm"]["config"] == a and got["best_in_context"] == {"config": a, "us": 2.8}
     assert got["pick_vs_best_in_context"] == pytest.approx(10.5 / 2.8)
     assert "pick_vs_best_in_context" not in cic.summarize(rows, c)  # the pick was not timed in context
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/probe_rows.py (issue 14 diagnostics): the space and the plan's launches
+# ---------------------------------------------------------------------------------------------
+
+
+def test_probe_rows_space_keeps_valid_variants_only():
+    pytest.importorskip("cuda.tile")
+    import probe_rows
+
+    cands = [dict(c) for c in probe_rows.probe_space(1024).candidates("sm_90")]
+    assert cands
+    for c in cands:
+        assert 8192 <= c["TM"] * 1024 * c["occupancy"] <= 65536
+        if c["LIB"]:
+            assert c["LOAD_TMA"] and not c["PF"]  # the library kernel has neither knob
+        if c["PF"]:
+            assert c["LOAD_TMA"] and c["PERSIST"]  # a prefetch needs a next row block
+    assert {probe_rows.variant(c) for c in cands} == {
+        "library kernel", "library kernel, a block per row block", "tma loads", "tma loads, a block per row block",
+        "plain loads", "plain loads, a block per row block", "tma loads + prefetch"}
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "softmax", "rms_norm"])
+def test_probe_rows_plans_launch_what_the_kernels_take(monkeypatch, op):
+    """Each config's launch on meta tensors: argument count of the kernel, the library plan for LIB (one block
+    per row block when not persistent), the probe kernel's constants in order otherwise."""
+    pytest.importorskip("cuda.tile")
+    import torch
+
+    import probe_rows
+    import tiletune.kernels._membound as mb
+    from tiletune.kernels.norms import layer_norm_plan, rms_norm_plan
+    from tiletune.kernels.softmax_op import softmax_plan
+
+    monkeypatch.setattr(mb, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    lib = {"layer_norm": layer_norm_plan, "softmax": softmax_plan, "rms_norm": rms_norm_plan}[op]
+    x = torch.empty(65536, 1024, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(1024, dtype=torch.bfloat16, device="meta")
+    args = {"layer_norm": (x, w, w, torch.empty_like(x), 1e-5, True, True), "softmax": (x, torch.empty_like(x)),
+            "rms_norm": (x, w, torch.empty_like(x), 1e-6, True)}[op]
+    plan = probe_rows.make_plan(op, lib)
+    assert list(probe_rows.inspect.signature(plan).parameters) == list(probe_rows.inspect.signature(lib).parameters)
+    seen = set()
+    for c in probe_rows.probe_space(1024).candidates("sm_90"):
+        kernel, grid, kargs = plan(c, *args)
+        n_params = len(kernel._annotated_function.parameter_annotations)
+        assert len(kargs) == n_params
+        units = 65536 // c.TM
+        assert grid == ((min(units, 132 * c.occupancy),) if c.PERSIST else (units,))
+        if c.LIB:
+            assert kernel is lib(probe_rows._Cfg(TM=c.TM, CHUNK=0, occupancy=1, LAT=0, STORE_TMA=True), *args)[0]
+        else:
+            assert kernel is probe_rows.KERNELS[op] and tuple(kargs[-5:]) == (c.TM, 1024, c.LOAD_TMA, c.PF, c.STORE_TMA)
+        seen.add(c.LIB)
+    assert seen == {True, False}
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/kernels_compute.py --combine: a re-measured row replaces the older one
+# ---------------------------------------------------------------------------------------------
+
+
+def test_kernels_compute_combine_takes_the_latest_measurement_of_a_row(tmp_path, monkeypatch):
+    import kernels_compute as kc
+
+    def row(op, shape, ratio):
+        return {"op": op, "shape": shape, "dtype": "bfloat16", "sweep": True, "ratio": ratio, "flops": 1.0, "params": {},
+                "tiletune_us": 1.0, "torch_us": ratio, "tiletune_tflops": 1.0, "torch_tflops": 1.0 / ratio}
+
+    old = {"date": "2026-12-01T19:54:19Z", "gpu": "H200",
+           "combined_from": [{"file": "kc_gemm.json", "only": "gemm"}, {"file": "kc_att.json", "only": "attention"}],
+           "rows": [row("gemm", "16x4096x4096", 1.07), row("attention", "A", 0.99), row("attention", "D64", 0.743)]}
+    new = {"date": "2026-12-02T00:24:45Z", "gpu": "H200", "only": "attention", "rows": [row("attention", "D64", 0.999)]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    monkeypatch.setattr(kc, "plot", lambda rows, out: [])
+    assert kc.combine([str(tmp_path / "old.json"), str(tmp_path / "new.json")], tmp_path / "out") == 0
+    doc = json.loads((tmp_path / "out" / "kernels_compute.json").read_text())
+    assert [(r["shape"], r["ratio"]) for r in doc["rows"]] == [("16x4096x4096", 1.07), ("A", 0.99), ("D64", 0.999)]
+    assert doc["attention_planned"] == 2 and doc["gemm_planned"] == 1
+    assert [s["file"] for s in doc["combined_from"]] == ["kc_gemm.json", "kc_att.json", "new.json"]
+    assert doc["replaced"] == [{"op": "attention", "shape": "D64", "dtype": "bfloat16", "from": "new.json",
+                                "date": "2026-12-02T00:24:45Z"}]
+
+
+def test_probe_attention_rows_parse_and_refuse_bad_input():
+    import probe_attention
+
+    assert probe_attention.parse_rows(probe_attention.DEFAULT_ROWS) == [(16, 32, 1024, 64, True)]
+    assert probe_attention.parse_rows("2:32:8192:128:0, 1:8:512:64:1") == [(2, 32, 8192, 128, False),
+                                                                         (1, 8, 512, 64, True)]
+    for bad in ("", "1:2:3", "1:32:1024:96:1", "0:32:1024:64:1", "1:32:1024:64:2"):
+        with pytest.raises(ValueError):
+            probe_attention.parse_rows(bad)
+
+
+def test_measurement_rows_of_a_tuning_result():
+    from types import SimpleNamespace as NS
+
+    from _common import measurement_rows
+
+    def meas(us, cfg, failed, reason=""):
+        return NS(median_us=us, config=cfg, status=NS(value="failed" if failed else "ok", failed=failed), reason=reason)
+
+    res = NS(measurements=[meas(10.0, {"TM": 1}, False), meas(None, {"TM": 2}, True, "x" * 300)])
+    rows = measurement_rows(res, lambda us: {"gbps": round(100 / us, 1)}, lambda cfg: {"wide": cfg["TM"] > 1})
+    assert rows[0] == {"config": {"TM": 1}, "wide": False, "status": "ok", "median_us": 10.0, "gbps": 10.0, "reason": ""}
+    assert rows[1]["median_us"] is None and rows[1]["gbps"] is None and rows[1]["wide"] is True
+    assert rows[1]["reason"] == "x" * 200

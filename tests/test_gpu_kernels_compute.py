@@ -142,6 +142,7 @@ def small_attention(monkeypatch):
     assert len(ATTN_SMALL_SPACE.candidates("sm_90")) == 4
     op = _small_op("attention")
     monkeypatch.setattr(attn_mod, "attention_into", op)
+    monkeypatch.setattr(attn_mod, "attention_into_small_head", op)  # heads of 64 too: the test space
     return op
 
 

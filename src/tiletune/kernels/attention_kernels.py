@@ -47,6 +47,8 @@ __all__ = [
     "ATTENTION_CONSTRAINTS",
     "ATTENTION_FULL_SPACE_PARAMS",
     "ATTENTION_HEAD_DIMS",
+    "ATTENTION_SMALL_HEAD_CONSTRAINTS",
+    "ATTENTION_SMALL_HEAD_SPACE_PARAMS",
     "ATTENTION_SPACE_PARAMS",
     "LOG2E",
     "attention_args",
@@ -96,6 +98,21 @@ def fits(cfg) -> bool:
 
 #: ``Space(..., constraints=ATTENTION_CONSTRAINTS)``.
 ATTENTION_CONSTRAINTS = {"fits": fits}
+
+#: Heads of at most 64: the library's tiles and warp counts, and occupancy 2 and 4 for score tiles of at
+#: most 128 x 128 (40 configs). On the H200 (``benchmarks/probe_attention.py``, all 330 configs at B=16
+#: H=32 S=1024 D=64, causal) every config at occupancy 1 was at least 1.3x slower than 64 x 64 tiles
+#: at occupancy 4; the 128 x 256 recording that shrank :data:`ATTENTION_SPACE_PARAMS` had D=128.
+ATTENTION_SMALL_HEAD_SPACE_PARAMS = dict(ATTENTION_SPACE_PARAMS, occupancy=[1, 2, 4])
+
+
+def small_head_in_flight(cfg) -> bool:
+    """Occupancy above 1 only for score tiles of at most ``128 * 128`` elements."""
+    return _param(cfg, "occupancy") == 1 or _param(cfg, "BLOCK_M") * _param(cfg, "BLOCK_N") <= 128 * 128
+
+
+#: ``Space(**ATTENTION_SMALL_HEAD_SPACE_PARAMS, constraints=ATTENTION_SMALL_HEAD_CONSTRAINTS)``.
+ATTENTION_SMALL_HEAD_CONSTRAINTS = {"fits": fits, "small_head_in_flight": small_head_in_flight}
 
 
 @ct.kernel

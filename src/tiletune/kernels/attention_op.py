@@ -6,7 +6,8 @@
 for ``q`` of shape ``(B, H, Sq, D)`` and ``k``, ``v`` of shape ``(B, Hkv, Sk, D)`` with
 ``H % Hkv == 0`` (grouped-query attention), bfloat16 or float16, ``D`` in {64, 128}.  The tile
 sizes, load latency hint, occupancy and worker warps are tuned per problem
-(:data:`ATTENTION_SPACE`, see :mod:`tiletune.kernels.attention_kernels`).
+(:data:`ATTENTION_SPACE`; heads of 64 :data:`ATTENTION_SMALL_HEAD_SPACE`, see
+:mod:`tiletune.kernels.attention_kernels`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from .attention_kernels import (
     ATTENTION_CONSTRAINTS,
     ATTENTION_HEAD_DIMS,
     ATTENTION_FULL_SPACE_PARAMS,
+    ATTENTION_SMALL_HEAD_CONSTRAINTS,
+    ATTENTION_SMALL_HEAD_SPACE_PARAMS,
     ATTENTION_SPACE_PARAMS,
     LOG2E,
     attention_grid,
@@ -40,7 +43,8 @@ from .attention_kernels import (
     attention_reference,
 )
 
-__all__ = ["ATTENTION_FULL_SPACE", "ATTENTION_SPACE", "attention", "attention_into"]
+__all__ = ["ATTENTION_FULL_SPACE", "ATTENTION_SMALL_HEAD_SPACE", "ATTENTION_SPACE", "attention", "attention_into",
+           "attention_into_small_head"]
 
 #: The 330-config space recorded on the H200 (``benchmarks/spaces/h200_attention_*.json.gz``):
 #: BLOCK_M x BLOCK_N (score tile <= 128*256) x KV_LATENCY x occupancy x num_worker_warps.
@@ -79,6 +83,21 @@ def attention_into(cfg: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, qk_sc
     """
     return Launch(attention_kernel, attention_grid(cfg, q),
                   (q, k, v, o, qk_scale_log2, q.shape[-1], cfg.BLOCK_M, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
+
+
+#: The space of heads of at most 64 elements (40 configs): :data:`ATTENTION_SPACE` plus occupancy 2 and 4
+#: for score tiles up to 128 x 128 (see ``ATTENTION_SMALL_HEAD_SPACE_PARAMS``).
+ATTENTION_SMALL_HEAD_SPACE = Space(**ATTENTION_SMALL_HEAD_SPACE_PARAMS, constraints=ATTENTION_SMALL_HEAD_CONSTRAINTS,
+                                   baseline=ATTENTION_BASELINE)
+#: The same launch plan, tuned over :data:`ATTENTION_SMALL_HEAD_SPACE` (its own identity: same name and
+#: plan, another space), for ``D <= 64``; :func:`attention_into` keeps the other head sizes.
+attention_into_small_head = autotune(ATTENTION_SMALL_HEAD_SPACE, reference=_reference, writes=["o"],
+                                     name="tiletune.attention", tolerance=_tolerance)(attention_into.plan)
+
+
+def attention_op_for(head_dim: int) -> Any:
+    """The tuned op that runs the FlashAttention-style kernel for heads of ``head_dim`` elements."""
+    return attention_into_small_head if head_dim <= 64 else attention_into
 
 
 #: Whether :func:`attention` sends short queries to the split-KV decode kernels. On since
@@ -133,6 +152,6 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
     if bsz == 0 or h == 0:
         return o
-    attention_into(q, k, v, o, bool(causal), scale * LOG2E)
+    attention_op_for(d)(q, k, v, o, bool(causal), scale * LOG2E)
     return o
 

@@ -1,0 +1,139 @@
+#!/usr/bin/env python
+"""Probe an attention row that trails SDPA: is a faster config outside the library's 16-config space?
+
+``tiletune.attention`` tunes :data:`~tiletune.kernels.attention_op.ATTENTION_SPACE` (16 configs, shrunk
+from the 330-config :data:`~tiletune.kernels.attention_op.ATTENTION_FULL_SPACE` with one recording at
+causal S=4096 D=128: occupancy 1, no KV latency hint). For each row given, this tunes the whole 330-config
+space through tiletune's harness (compile pool, reference check, cold-L2 timing, no database), marks
+the configs that are in the library space, and times the library call, the full space's winner and
+SDPA (torch's default backend choice, and cuDNN alone) with ``triton.testing.do_bench`` (L2 flushed,
+interleaved). Writes ``<out>/probe_attention.json.gz``.
+
+    python benchmarks/probe_attention.py [--rows B:H:S:D:causal,...] [--out DIR]
+
+Default row: ``16:32:1024:64:1`` (issue 14's worst attention row: 0.743x of SDPA on 2026-12-01).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_OUT, measurement_rows, tune_once, write_result  # noqa: E402
+
+DEFAULT_ROWS = "16:32:1024:64:1"
+
+
+def parse_rows(text: str) -> list[tuple[int, int, int, int, bool]]:
+    """``B:H:S:D:causal`` items, comma-separated (MHA; causal 0 or 1)."""
+    rows = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        parts = item.split(":")
+        if len(parts) != 5:
+            raise ValueError(f"row {item!r}: expected B:H:S:D:causal")
+        b, h, s, d, c = (int(p) for p in parts)
+        if min(b, h, s) < 1 or d not in (64, 128) or c not in (0, 1):
+            raise ValueError(f"row {item!r}: B, H, S >= 1, D 64 or 128, causal 0 or 1")
+        rows.append((b, h, s, d, bool(c)))
+    if not rows:
+        raise ValueError("no rows")
+    return rows
+
+
+def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    import triton.testing as tt
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import tiletune.kernels as K
+    from tiletune import autotune
+    from tiletune.kernels.attention_kernels import LOG2E
+    from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, ATTENTION_SPACE, _reference, _tolerance, attention_into
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    o = torch.empty_like(q)
+    scale = 1.0 / d ** 0.5
+    flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+    arch = "sm_%d%d" % torch.cuda.get_device_capability()
+    lib = {tuple(sorted(dict(c).items())) for c in ATTENTION_SPACE.candidates(arch)}
+    full = autotune(ATTENTION_FULL_SPACE, reference=_reference, writes=["o"], tolerance=_tolerance,
+                    name="probe_attention.full", db=False, progress=False)(attention_into.plan)
+    res, wall = tune_once(full, (q, k, v, o, causal, scale * LOG2E))
+    rows = measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)},
+                            lambda cfg: {"in_library": tuple(sorted(cfg.items())) in lib})
+    ok = sorted((r for r in rows if r["median_us"] and r["status"] != "failed"), key=lambda r: r["median_us"])
+    best_lib = next((r for r in ok if r["in_library"]), None)
+
+    def sdpa(backend: Any = None) -> Any:
+        if backend is None:
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        def run() -> Any:
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        return run
+
+    routes = {"library call": lambda: K.attention(q, k, v, causal=causal),
+              "full-space winner": lambda: full(q, k, v, o, causal, scale * LOG2E),
+              "SDPA default": sdpa(), "SDPA cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    for fn in routes.values():
+        fn()
+    times: dict[str, list[float]] = {n: [] for n in routes}
+    for _ in range(5):
+        for n, fn in routes.items():
+            times[n].append(tt.do_bench(fn, warmup=10, rep=60))
+    head = {n: round(sorted(v)[len(v) // 2] * 1e3, 2) for n, v in times.items()}
+    return {"shape": f"B{b} H{h} S{s} D{d}" + (" causal" if causal else ""), "flops": flops,
+            "full_space_size": len(rows), "wall_s": round(wall, 1), "winner": dict(res.winner),
+            "best": ok[0] if ok else None, "best_library": best_lib,
+            "head_to_head_us": head, "head_to_head_tflops": {n: round(flops / us / 1e6, 1) for n, us in head.items()},
+            "rows": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default=DEFAULT_ROWS, help="B:H:S:D:causal[,...] (default %(default)s)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    try:
+        rows = parse_rows(args.rows)
+    except ValueError as exc:
+        ap.error(str(exc))
+    import torch
+
+    if not torch.cuda.is_available():
+        print("probe_attention: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
+    results = []
+    t0 = time.perf_counter()
+    for row in rows:
+        print(f"[{time.perf_counter() - t0:6.1f} s] {row}", flush=True)
+        try:
+            r = probe_row(*row)
+            b, bl = r["best"], r["best_library"]
+            print(f"    {r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
+                  f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}", flush=True)
+            print(f"    head to head (do_bench, us): {r['head_to_head_us']}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
+            r = {"row": list(row), "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
+            print("    ERROR " + r["error"].splitlines()[0], flush=True)
+        results.append(r)
+    path = write_result("probe_attention", {"problems": results, "wall_s": round(time.perf_counter() - t0, 1)}, out,
+                        compress=True)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
