@@ -6,11 +6,8 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-01 21:24-21:56 session, in this order: grouped (then turn
-# decode_attention_op.DIRECT_ANY_GROUP on if it passed, and re-run the Qwen rows: qwen), context, memory (short rows now
-# try 1-4x the rows per tile: the 1024-column rows), projections, splits; swapgpu,
-# decoderq, qwen and the full decoder row set ran then (the row set as three `decoder_layer.py --rows ...` runs
-# merged with `--merge`), see docs/GPU-NOTES.md):
+# PART (what is still owed after the 2026-12-02 00:14 session, in this order: projections, splits; grouped,
+# rows, context, memory, memtests and qwen ran then, see docs/GPU-NOTES.md):
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
 #             block failed on 2026-12-01 16:37: split-K scratch kept on the graph trees' stream; fixed on CPU since)
 #   projections issue 13/20: shipped-table keys for a decoder layer's projection GEMMs (qkv, o, gate-up, down) of
@@ -42,6 +39,9 @@
 #   splits    issue 20: decode_splits.py, decode attention's KV split count swept per decode shape
 #   context   issue 20: configs_in_context.py, rms_norm_residual's configs at Qwen's 3584 (the LAT=10 pick ran 10.7 us in
 #             the layer) and Llama's 4096: tuner's median vs CUDA-graph replay cold, warm and after its producer GEMM
+#   memtests  issue 14: the norms' and softmax's GPU tests in bf16 and fp32 (every candidate of every session must pass)
+#   rows      issue 14: probe_rows.py, why the short-row kernels (65536x1024) trail torch.compile: plain vs TMA loads,
+#             prefetch of the next row block, occupancy up to 16, against the library kernel and torch.compile
 #   grouped   issue 20: the grouped direct decode kernel (any query-group size, e.g. Qwen's 7) against SDPA and
 #             the split path (tests/test_gpu_decode_attention.py -k "grouped or qwen")
 set -uo pipefail
@@ -99,6 +99,12 @@ case "$part" in
     limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_decode_attention.py -k "grouped or qwen" \
       --junitxml="$out/grouped.xml" > "$out/grouped.log" 2>&1
     tail -15 "$out/grouped.log" ;;
+  memtests)
+    TILETUNE_GPU_QUICK=1 limit 400 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_kernels_memory.py \
+      -k "rms_norm or layer_norm or softmax" --junitxml="$out/memtests.xml" > "$out/memtests.log" 2>&1
+    tail -15 "$out/memtests.log" ;;
+  rows)
+    limit 420 python benchmarks/probe_rows.py --out "$out" 2>&1 | tail -40 ;;
   context)
     for shape in "8 3584" "64 3584" "8 4096"; do
       set -- $shape
