@@ -6,8 +6,10 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-02 00:14 session, in this order: projections, splits; grouped,
-# rows, context, memory, memtests and qwen ran then, see docs/GPU-NOTES.md):
+# PART (what is still owed after the 2026-12-02 00:25 session, in this order: smallhead, attention (then
+# `kernels_compute.py --combine results/h200/kernels_compute.json OUT/kernels_compute.json`), projections, splits;
+# grouped, rows, context, memory, memtests, qwen and the D64 attention row ran then, see docs/GPU-NOTES.md):
+#   smallhead issue 14: every config of the D<=64 attention space (occupancy 2-4) through the gate on MHA/GQA/MQA
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
 #             block failed on 2026-12-01 16:37: split-K scratch kept on the graph trees' stream; fixed on CPU since)
 #   projections issue 13/20: shipped-table keys for a decoder layer's projection GEMMs (qkv, o, gate-up, down) of
@@ -99,6 +101,10 @@ case "$part" in
     limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_decode_attention.py -k "grouped or qwen" \
       --junitxml="$out/grouped.xml" > "$out/grouped.log" 2>&1
     tail -15 "$out/grouped.log" ;;
+  smallhead)
+    limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_kernels_compute.py -k "small_head" \
+      --junitxml="$out/smallhead.xml" > "$out/smallhead.log" 2>&1
+    tail -15 "$out/smallhead.log" ;;
   memtests)
     TILETUNE_GPU_QUICK=1 limit 400 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_kernels_memory.py \
       -k "rms_norm or layer_norm or softmax" --junitxml="$out/memtests.xml" > "$out/memtests.log" 2>&1

@@ -518,3 +518,23 @@ def test_split_k_cold_keys_search_a_budget_not_the_whole_space():
         LibraryOp.configure()
     assert gemm_mod.GEMM_SPLITK.op(gemm_mod.splitk_regime(100, 4096, 4096, 2, 1)).budget.max_evals == \
         gemm_mod.SPLITK_SEARCH_EVALS
+
+
+def test_sass_gemm_counts_the_opcodes_that_tell_the_data_paths_apart():
+    """``tools/sass_gemm.py`` (the tf32 GEMM's cause, issue 14): opcode counting on cuobjdump text,
+    predicated instructions included, other opcodes and non-instruction lines ignored."""
+    _tools()
+    import sass_gemm
+
+    text = "\n".join([
+        "        code for sm_90",
+        "        /*0ac0*/                   HGMMA.64x128x8.F32.TF32 R24, gdesc[UR16], R24, UP0 ;",
+        "        /*0ad0*/              @!P0 STS.128 [R3], R8 ;",
+        "        /*0ae0*/               @P1 STS [R3], R8 ;",
+        "        /*0af0*/                   LDSM.16.M88.4 R4, [R2] ;",
+        "        /*0b00*/                   FFMA R1, R2, R3, R4 ;",
+        "        /*0b10*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R5 ;",
+    ])
+    counts = sass_gemm.opcode_counts(text)
+    assert counts["HGMMA"] == 1 and counts["STS"] == 2 and counts["LDSM"] == 1 and counts["SYNCS"] == 1
+    assert counts["LDS"] == 0 and "FFMA" not in counts and set(counts) == set(sass_gemm.CLASSES)

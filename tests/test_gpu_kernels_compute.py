@@ -481,6 +481,25 @@ def test_attention_production_op_baseline(monkeypatch):
         _check_attention(attention(q, k, v, causal=causal), q, k, v, causal)
 
 
+@pytest.mark.parametrize("b,h,hkv,s,causal", [(2, 8, 8, 1024, True), (1, 8, 2, 1000, False), (3, 4, 1, 333, True)])
+def test_small_head_space_every_config_on_heads_of_64(b, h, hkv, s, causal):
+    """``ATTENTION_SMALL_HEAD_SPACE`` (the space the public call tunes for D=64, with occupancy 2-4): every
+    one of its 40 configs passes the gate on MHA, GQA and MQA shapes, the winner matches the fp32
+    reference, and the public routing hands D=64 to that op. (Written 2026-12-02 after the session's
+    device time ran out; the space itself ran whole at B16 S1024 causal: 40 of 40 through the gate.)"""
+    space = attn_mod.ATTENTION_SMALL_HEAD_SPACE
+    op = tt.autotune(space, reference=attn_mod.attention_into.reference, writes=["o"], db=False, progress=False,
+                     tolerance=attn_mod.attention_into.tolerance, options=FAST,
+                     name="tiletune.attention[small-head-test]")(attn_mod.attention_into.plan)
+    q, k, v = _attn_inputs(b, h, hkv, s, 64, seed=6)
+    o = torch.empty_like(q)
+    op(q, k, v, o, causal, (1.0 / 8.0) * 1.4426950408889634)
+    _check_attention(o, q, k, v, causal)
+    (res,) = op.results.values()
+    assert len(res.successes) == len(space.candidates("sm_90")) == 40 and not res.failures, res.summary()
+    assert attn_mod.attention_op_for(64) is attn_mod.attention_into_small_head
+
+
 # attention errors (raised before any kernel work)
 
 
