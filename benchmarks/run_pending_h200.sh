@@ -6,9 +6,11 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-02 00:25 session, in this order: smallhead, attention (then
+# PART (what is still owed after the 2026-12-02 00:25 session, in this order: smallhead, sustained, attention (then
 # `kernels_compute.py --combine results/h200/kernels_compute.json OUT/kernels_compute.json`), projections, splits;
 # grouped, rows, context, memory, memtests, qwen and the D64 attention row ran then, see docs/GPU-NOTES.md):
+#   sustained issue 14: sustained_timing.py: the long attention rows and GEMM 4096^3 timed alone (the tuner's way),
+#             back to back and alternating with torch, with NVML clocks (why the A/B reads 5-15% above the tuner)
 #   smallhead issue 14: every config of the D<=64 attention space (occupancy 2-4) through the gate on MHA/GQA/MQA
 #   graphs    issue 12: graphs_compile.py's torch.compile cases again (reduce-overhead of matmul and of the decoder
 #             block failed on 2026-12-01 16:37: split-K scratch kept on the graph trees' stream; fixed on CPU since)
@@ -101,6 +103,8 @@ case "$part" in
     limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_decode_attention.py -k "grouped or qwen" \
       --junitxml="$out/grouped.xml" > "$out/grouped.log" 2>&1
     tail -15 "$out/grouped.log" ;;
+  sustained)
+    limit 300 python benchmarks/sustained_timing.py --out "$out" 2>&1 | tail -8 ;;
   smallhead)
     limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_kernels_compute.py -k "small_head" \
       --junitxml="$out/smallhead.xml" > "$out/smallhead.log" 2>&1

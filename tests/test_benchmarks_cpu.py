@@ -348,3 +348,21 @@ def test_measurement_rows_of_a_tuning_result():
     assert rows[0] == {"config": {"TM": 1}, "wide": False, "status": "ok", "median_us": 10.0, "gbps": 10.0, "reason": ""}
     assert rows[1]["median_us"] is None and rows[1]["gbps"] is None and rows[1]["wide"] is True
     assert rows[1]["reason"] == "x" * 200
+
+
+def test_sustained_timing_summary_and_arguments():
+    import sustained_timing as st
+
+    times = {"single": {"tiletune": [10.0, 12.0, 11.0], "torch": [11.0, 11.0, 13.0]},
+             "back_to_back": {"tiletune": [20.0], "torch": [10.0]},
+             "alternating": {"tiletune": [], "torch": [5.0]}}
+    s = st.summarize(times)
+    assert s["single"] == {"tiletune_us": 11.0, "torch_us": 11.0, "ratio": 1.0}
+    assert s["back_to_back"]["ratio"] == 0.5
+    assert "ratio" not in s["alternating"] and s["alternating"]["torch_us"] == 5.0
+    with pytest.raises(SystemExit):
+        st.main(["--only", "nope"])
+    with pytest.raises(SystemExit):
+        st.main(["--calls", "0"])
+    with pytest.raises(ValueError):
+        st.build("nope")
