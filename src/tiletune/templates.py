@@ -195,8 +195,8 @@ def short_rows_space(n_cols: int, *, streams: int = 1, tma: bool = True) -> Spac
     ``TM`` in {1, 2, 4} x :func:`rows_per_tile` (at most 256 rows, at most ``ROW_MAX_ELEMS`` values per
     tile) x ``occupancy`` {2, 4, 8, 16}, pairs keeping ``TM`` rows times the occupancy and ``streams``
     within :data:`SHORT_ROWS_VALUES_PER_SM`, occupancy 8 and 16 only for tiles of at most
-    :data:`SHORT_ROWS_HIGH_OCCUPANCY_TILE` values (larger tiles spilled there: 1.8-3.2x slower on the
-    H200); ``GRID_FRAC`` 1 (the persistent grid) or :data:`SHORT_ROWS_GRID_ALL` (in practice one block
+    :data:`SHORT_ROWS_HIGH_OCCUPANCY_TILE` values (larger tiles spilled there in the H200 probe,
+    ``benchmarks/probe_rows.py``); ``GRID_FRAC`` 1 (the persistent grid) or :data:`SHORT_ROWS_GRID_ALL` (in practice one block
     per row block: the hardware balances the blocks over the SMs); ``LAT`` 0; ``STORE_TMA`` {False,
     True}. ``tma=False``: plain stores, 4 or 8 worker warps and occupancy 2-4. About 16-32 configs.
     Baseline: ``rows_per_tile`` rows at occupancy 2 on the persistent grid."""

@@ -100,9 +100,9 @@ def fits(cfg) -> bool:
 ATTENTION_CONSTRAINTS = {"fits": fits}
 
 #: Heads of at most 64: the library's tiles and warp counts, and occupancy 2 and 4 for score tiles of at
-#: most 128 x 128 (40 configs). On the H200 (``benchmarks/probe_attention.py``, all 330 configs at B=16
-#: H=32 S=1024 D=64, causal) every config at occupancy 1 was at least 1.3x slower than 64 x 64 tiles
-#: at occupancy 4; the 128 x 256 recording that shrank :data:`ATTENTION_SPACE_PARAMS` had D=128.
+#: most 128 x 128 (40 configs). On the H200 (``benchmarks/probe_attention.py``, all 330 configs at D=64,
+#: ``results/h200/probe_attention.json.gz``) 64 x 64 tiles at occupancy 4 beat every config at occupancy 1;
+#: the recording that shrank :data:`ATTENTION_SPACE_PARAMS` had D=128.
 ATTENTION_SMALL_HEAD_SPACE_PARAMS = dict(ATTENTION_SPACE_PARAMS, occupancy=[1, 2, 4])
 
 
