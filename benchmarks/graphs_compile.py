@@ -353,9 +353,8 @@ def main() -> int:
     fast = None if args.full_tuning else tt.TunerOptions(
         stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
     LibraryOp.configure(db=tt.TuningDB(db_path), progress=False, **({"options": fast} if fast else {}))
-    # the same short measurements for attention's own TunedOp (matmul's GEMMs are library ops: configured above)
-    attn_mod = importlib.import_module("tiletune.kernels.attention_op")
-    for attention_op in (attn_mod.attention_into, attn_mod.attention_into_small_head):
+    # the same short measurements for attention's own TunedOps (matmul's GEMMs are library ops: configured above)
+    for attention_op in importlib.import_module("tiletune.kernels.attention_op").ATTENTION_OPS:
         attention_op.progress = False
         if fast is not None:
             attention_op.options = fast

@@ -594,8 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         # (matmul's GEMMs are library ops: configure set theirs)
-        attn_mod = importlib.import_module("tiletune.kernels.attention_op")
-        attn_mod.attention_into.options = attn_mod.attention_into_small_head.options = fast
+        for op in importlib.import_module("tiletune.kernels.attention_op").ATTENTION_OPS:
+            op.options = fast
     if not torch.cuda.is_available():
         print("host_cost.py needs a CUDA GPU", file=sys.stderr)
         return 2

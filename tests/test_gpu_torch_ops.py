@@ -56,8 +56,7 @@ def library_settings(tmp_path_factory):
     and a temporary database (if not opened yet) for attention's own module-level tuned op."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TILETUNE_DB", str(tmp_path_factory.mktemp("tuning") / "t.db"))
-    attn = importlib.import_module("tiletune.kernels.attention_op")
-    for op in (attn.attention_into, attn.attention_into_small_head):
+    for op in importlib.import_module("tiletune.kernels.attention_op").ATTENTION_OPS:
         mp.setattr(op, "options", FAST)
         mp.setattr(op, "progress", False)
     LibraryOp.configure(db=False, progress=False, options=FAST)

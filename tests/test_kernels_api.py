@@ -481,6 +481,7 @@ def test_heads_of_64_tune_the_small_head_attention_space():
 
     assert attn.attention_op_for(64) is attn.attention_into_small_head
     assert attn.attention_op_for(128) is attn.attention_into
+    assert attn.ATTENTION_OPS == (attn.attention_into, attn.attention_into_small_head)
     small, lib = attn.ATTENTION_SMALL_HEAD_SPACE, attn.ATTENTION_SPACE
     assert attn.attention_into_small_head.space is small and attn.attention_into.space is lib
     assert attn.attention_into_small_head.name == attn.attention_into.name == "tiletune.attention"

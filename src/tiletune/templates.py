@@ -166,9 +166,9 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: b
         # plain loads: chunks of 2048-4096 at occupancy <= 2 (occupancy 4 spilled in the probe)
         return chunked_row_space(n_cols, streams=streams, chunks=(2048, 4096), lat=(0,), store_tma=(True,),
                                  occupancies=(1, 2))
-    tm = rows_per_tile(n_cols)
     if row_regime(n_cols, streams) == "rows":
         return short_rows_space(n_cols, streams=streams, tma=tma)
+    tm = rows_per_tile(n_cols)
     tile = tm * p
     occ = [o for o in (1, 2, 4) if fits_registers(tile, o, streams)] or [1]
     occ_ampere = [o for o in (2, 4, 8) if fits_registers(tile, o, streams)] or occ
@@ -196,9 +196,9 @@ def short_rows_space(n_cols: int, *, streams: int = 1, tma: bool = True) -> Spac
     tile) x ``occupancy`` {2, 4, 8, 16}, pairs keeping ``TM`` rows times the occupancy and ``streams``
     within :data:`SHORT_ROWS_VALUES_PER_SM`, occupancy 8 and 16 only for tiles of at most
     :data:`SHORT_ROWS_HIGH_OCCUPANCY_TILE` values (larger tiles spilled there in the H200 probe,
-    ``benchmarks/probe_rows.py``); ``GRID_FRAC`` 1 (the persistent grid) or :data:`SHORT_ROWS_GRID_ALL` (in practice one block
-    per row block: the hardware balances the blocks over the SMs); ``LAT`` 0; ``STORE_TMA`` {False,
-    True}. ``tma=False``: plain stores, 4 or 8 worker warps and occupancy 2-4. About 16-32 configs.
+    ``benchmarks/probe_rows.py``); ``GRID_FRAC`` 1 (the persistent grid) or :data:`SHORT_ROWS_GRID_ALL`
+    (in practice one block per row block: the hardware balances the blocks over the SMs); ``LAT`` 0;
+    ``STORE_TMA`` {False, True}. ``tma=False``: plain stores, 4 or 8 worker warps and occupancy 2-4. About 16-32 configs.
     Baseline: ``rows_per_tile`` rows at occupancy 2 on the persistent grid."""
     p = next_power_of_2(n_cols)
     tm = rows_per_tile(n_cols)
@@ -210,7 +210,7 @@ def short_rows_space(n_cols: int, *, streams: int = 1, tma: bool = True) -> Spac
         return t * p * o * lanes <= SHORT_ROWS_VALUES_PER_SM and (o <= 4 or t * p <= SHORT_ROWS_HIGH_OCCUPANCY_TILE)
 
     pairs = [(t, o) for t in tms for o in occs if pair_ok(t, o)] or [(tms[0], 2)]
-    allowed = {(t, o) for t, o in pairs}
+    allowed = set(pairs)
     params: dict[str, Any] = dict(TM=sorted({t for t, _ in pairs}), CHUNK=[0],
                                   occupancy=sorted({o for _, o in pairs}), LAT=[0],
                                   STORE_TMA=[False, True] if tma else [True],

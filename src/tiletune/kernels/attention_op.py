@@ -43,7 +43,7 @@ from .attention_kernels import (
     attention_reference,
 )
 
-__all__ = ["ATTENTION_FULL_SPACE", "ATTENTION_SMALL_HEAD_SPACE", "ATTENTION_SPACE", "attention", "attention_into",
+__all__ = ["ATTENTION_FULL_SPACE", "ATTENTION_OPS", "ATTENTION_SMALL_HEAD_SPACE", "ATTENTION_SPACE", "attention", "attention_into",
            "attention_into_small_head"]
 
 #: The 330-config space recorded on the H200 (``benchmarks/spaces/h200_attention_*.json.gz``):
@@ -93,6 +93,10 @@ ATTENTION_SMALL_HEAD_SPACE = Space(**ATTENTION_SMALL_HEAD_SPACE_PARAMS, constrai
 #: plan, another space), for ``D <= 64``; :func:`attention_into` keeps the other head sizes.
 attention_into_small_head = autotune(ATTENTION_SMALL_HEAD_SPACE, reference=_reference, writes=["o"],
                                      name="tiletune.attention", tolerance=_tolerance)(attention_into.plan)
+
+
+#: Both tuned ops of the FlashAttention-style kernel (for settings applied to each, e.g. tuner options).
+ATTENTION_OPS = (attention_into, attention_into_small_head)
 
 
 def attention_op_for(head_dim: int) -> Any:
