@@ -158,3 +158,21 @@ def measurement_rows(result: Any, throughput: Callable[[float], dict[str, Any]],
                      "median_us": None if us is None else round(us, 2), **rate,
                      "reason": m.reason[:200] if m.status.failed else ""})
     return rows
+
+
+def ranked_ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of :func:`measurement_rows` that have a median and did not fail, fastest first."""
+    return sorted((r for r in rows if r["median_us"] and r["status"] != "failed"), key=lambda r: r["median_us"])
+
+
+def do_bench_rounds(routes: dict[str, Callable[[], Any]], rounds: int = 5, warmup: int = 25,
+                    rep: int = 100) -> dict[str, float]:
+    """Each route timed by ``triton.testing.do_bench`` (L2 flushed) in ``rounds`` interleaved rounds:
+    ``{route: median of the rounds in us}``."""
+    import triton.testing as tt
+
+    times: dict[str, list[float]] = {name: [] for name in routes}
+    for _ in range(rounds):
+        for name, fn in routes.items():
+            times[name].append(tt.do_bench(fn, warmup=warmup, rep=rep))
+    return {name: round(sorted(v)[len(v) // 2] * 1e3, 2) for name, v in times.items()}

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, measurement_rows, tune_once, write_result  # noqa: E402
+from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
 
 DEFAULT_ROWS = "16:32:1024:64:1"
 
@@ -50,7 +50,6 @@ def parse_rows(text: str) -> list[tuple[int, int, int, int, bool]]:
 def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
-    import triton.testing as tt
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import tiletune.kernels as K
@@ -70,7 +69,7 @@ def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
     res, wall = tune_once(full, (q, k, v, o, causal, scale * LOG2E))
     rows = measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)},
                             lambda cfg: {"in_library": tuple(sorted(cfg.items())) in lib})
-    ok = sorted((r for r in rows if r["median_us"] and r["status"] != "failed"), key=lambda r: r["median_us"])
+    ok = ranked_ok(rows)
     best_lib = next((r for r in ok if r["in_library"]), None)
 
     def sdpa(backend: Any = None) -> Any:
@@ -88,11 +87,7 @@ def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
               "SDPA default": sdpa(), "SDPA cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     for fn in routes.values():
         fn()
-    times: dict[str, list[float]] = {n: [] for n in routes}
-    for _ in range(5):
-        for n, fn in routes.items():
-            times[n].append(tt.do_bench(fn, warmup=10, rep=60))
-    head = {n: round(sorted(v)[len(v) // 2] * 1e3, 2) for n, v in times.items()}
+    head = do_bench_rounds(routes, warmup=10, rep=60)
     return {"shape": f"B{b} H{h} S{s} D{d}" + (" causal" if causal else ""), "flops": flops,
             "full_space_size": len(rows), "wall_s": round(wall, 1), "winner": dict(res.winner),
             "best": ok[0] if ok else None, "best_library": best_lib,

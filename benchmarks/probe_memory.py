@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, measurement_rows, tune_once, write_result  # noqa: E402
+from _common import DEFAULT_OUT, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
 
 from tiletune.space import Space  # noqa: E402
 from tiletune.templates import next_power_of_2  # noqa: E402
@@ -130,7 +130,7 @@ def probe_one(op: str, shape: tuple[int, ...], dn: str, make_space: Callable[[An
     nbytes = prob["bytes"]
     rows = measurement_rows(res, lambda us: {"gbps": round(nbytes / us / 1e3, 1)},
                             lambda cfg: {"in_library": json.dumps(cfg, sort_keys=True) in lib})
-    ok = sorted((r for r in rows if r["median_us"] and r["status"] != "failed"), key=lambda r: r["median_us"])
+    ok = ranked_ok(rows)
     best_lib = next((r for r in ok if r["in_library"]), None)
     out = {"op": op, "shape": list(shape), "dtype": DT[dn], "bytes": prob["bytes"], "probe_size": len(rows),
            "library_size": len(lib), "wall_s": round(wall, 1), "winner": dict(res.winner),

@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, measurement_rows, tune_once, write_result  # noqa: E402
+from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
 
 import cuda.tile as ct  # noqa: E402
 
@@ -68,6 +68,19 @@ def _first(X, TM: ConstInt, TN: ConstInt, LOAD_TMA: ConstBool, PF: ConstBool):
     return t
 
 
+def _advance(X, x, rb, nb, TM: ConstInt, TN: ConstInt, LOAD_TMA: ConstBool, PF: ConstBool):
+    """``(current row block, what becomes current next)``: with the prefetch, ``x`` (loaded one step
+    earlier) and the block's next row block (past the end: zero padding, never stored); without it, row
+    block ``rb`` loaded now, twice."""
+    if PF:
+        nxt = _load(X, rb + nb, TM, TN, LOAD_TMA)
+        cur = x
+    else:
+        cur = _load(X, rb, TM, TN, LOAD_TMA)
+        nxt = cur
+    return cur, nxt
+
+
 def _vector(V, TN: ConstInt):
     return ct.load(V, (0,), shape=(TN,), padding_mode=ZERO).astype(ct.float32).reshape((1, TN))
 
@@ -84,11 +97,7 @@ def ln_rows_fn(X, W, B, Y, eps, TM: ConstInt, TN: ConstInt, LOAD_TMA: ConstBool,
     b = _vector(B, TN)
     x = _first(X, TM, TN, LOAD_TMA, PF)
     for rb in range(ct.bid(0), num_rb, nb):
-        if PF:
-            xn = _load(X, rb + nb, TM, TN, LOAD_TMA)  # past the end: zero padding, never stored
-        else:
-            x = _load(X, rb, TM, TN, LOAD_TMA)
-            xn = x
+        x, xn = _advance(X, x, rb, nb, TM, TN, LOAD_TMA, PF)
         mean = ct.sum(x, axis=1, keepdims=True) * inv_n
         d = ct.where(cols < N, x - mean, 0.0)
         rstd = ct.rsqrt(ct.sum(d * d, axis=1, keepdims=True) * inv_n + eps)
@@ -102,11 +111,7 @@ def softmax_rows_fn(X, Y, TM: ConstInt, TN: ConstInt, LOAD_TMA: ConstBool, PF: C
     nb = ct.num_blocks(0)
     x = _first(X, TM, TN, LOAD_TMA, PF)
     for rb in range(ct.bid(0), num_rb, nb):
-        if PF:
-            xn = _load(X, rb + nb, TM, TN, LOAD_TMA)
-        else:
-            x = _load(X, rb, TM, TN, LOAD_TMA)
-            xn = x
+        x, xn = _advance(X, x, rb, nb, TM, TN, LOAD_TMA, PF)
         m = ct.max(x, axis=1, keepdims=True)
         e = ct.exp2((x - m) * LOG2E, flush_to_zero=True)
         inv = 1.0 / ct.sum(e, axis=1, keepdims=True)
@@ -122,11 +127,7 @@ def rms_rows_fn(X, W, Y, eps, TM: ConstInt, TN: ConstInt, LOAD_TMA: ConstBool, P
     w = _vector(W, TN)
     x = _first(X, TM, TN, LOAD_TMA, PF)
     for rb in range(ct.bid(0), num_rb, nb):
-        if PF:
-            xn = _load(X, rb + nb, TM, TN, LOAD_TMA)
-        else:
-            x = _load(X, rb, TM, TN, LOAD_TMA)
-            xn = x
+        x, xn = _advance(X, x, rb, nb, TM, TN, LOAD_TMA, PF)
         rstd = ct.rsqrt(ct.sum(x * x, axis=1, keepdims=True) * inv_n + eps)
         ct.store(Y, (rb, 0), (x * rstd * w).astype(Y.dtype), allow_tma=STORE_TMA)
         x = xn
@@ -206,7 +207,6 @@ def variant(cfg: dict[str, Any]) -> str:
 
 def probe_one(op: str, m: int, n: int) -> dict[str, Any]:
     import torch
-    import triton.testing as tt
 
     from kernels_memory import build
     from probe_memory import prepared
@@ -222,7 +222,7 @@ def probe_one(op: str, m: int, n: int) -> dict[str, Any]:
     res, wall = tune_once(tuned, prep.args)
     rows = measurement_rows(res, lambda us: {"gbps": round(prob["bytes"] / us / 1e3, 1)},
                             lambda cfg: {"variant": variant(cfg)})
-    ok = sorted((r for r in rows if r["median_us"] and r["status"] != "failed"), key=lambda r: r["median_us"])
+    ok = ranked_ok(rows)
     best_by_variant: dict[str, Any] = {}
     for r in ok:
         best_by_variant.setdefault(r["variant"], r)
@@ -238,11 +238,7 @@ def probe_one(op: str, m: int, n: int) -> dict[str, Any]:
             routes[f"torch.compile({mode})"] = (lambda f: lambda: f(*targs))(fn)
         except Exception as exc:  # noqa: BLE001 - a route that does not compile is reported
             routes[f"torch.compile({mode})"] = f"failed: {type(exc).__name__}: {exc}"[:300]
-    times: dict[str, list[float]] = {k: [] for k, v in routes.items() if callable(v)}
-    for _ in range(5):  # interleaved rounds
-        for name in times:
-            times[name].append(tt.do_bench(routes[name], warmup=25, rep=100))
-    head = {k: round(sorted(v)[len(v) // 2] * 1e3, 2) for k, v in times.items()}
+    head: dict[str, Any] = do_bench_rounds({k: v for k, v in routes.items() if callable(v)}, warmup=25, rep=100)
     head.update({k: v for k, v in routes.items() if not callable(v)})
     out = {"op": op, "shape": [m, n], "dtype": "bfloat16", "bytes": prob["bytes"], "probe_size": len(rows),
            "wall_s": round(wall, 1), "winner": winner, "winner_variant": variant(winner),

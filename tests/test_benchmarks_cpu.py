@@ -366,3 +366,20 @@ def test_sustained_timing_summary_and_arguments():
         st.main(["--calls", "0"])
     with pytest.raises(ValueError):
         st.build("nope")
+
+
+def test_ranked_ok_and_do_bench_rounds(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    import _common
+
+    rows = [{"median_us": 5.0, "status": "ok"}, {"median_us": None, "status": "failed"},
+            {"median_us": 2.0, "status": "failed"}, {"median_us": 3.0, "status": "ok"}]
+    assert [r["median_us"] for r in _common.ranked_ok(rows)] == [3.0, 5.0]
+    calls = []
+    fake = NS(do_bench=lambda fn, warmup, rep: calls.append((fn(), warmup, rep)) or {"a": 0.002, "b": 0.004}[fn()])
+    monkeypatch.setitem(sys.modules, "triton", NS(testing=fake))
+    monkeypatch.setitem(sys.modules, "triton.testing", fake)
+    assert _common.do_bench_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3, warmup=7, rep=9) == \
+        {"a": 2.0, "b": 4.0}
+    assert calls == [("a", 7, 9), ("b", 7, 9)] * 3  # interleaved rounds
