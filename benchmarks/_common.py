@@ -176,3 +176,14 @@ def do_bench_rounds(routes: dict[str, Callable[[], Any]], rounds: int = 5, warmu
         for name, fn in routes.items():
             times[name].append(tt.do_bench(fn, warmup=warmup, rep=rep))
     return {name: round(sorted(v)[len(v) // 2] * 1e3, 2) for name, v in times.items()}
+
+
+def failure_fields(exc: BaseException, report: bool = True) -> dict[str, str]:
+    """``{"error", "traceback"}`` of an exception caught while the run goes on (message and traceback
+    tail bounded for the result file); with ``report`` the error's first line is printed too."""
+    import traceback
+
+    fields = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
+    if report:
+        print("    ERROR " + fields["error"].splitlines()[0], flush=True)
+    return fields

@@ -38,12 +38,11 @@ import os
 import sys
 import tempfile
 import time
-import traceback
 import types
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import write_result
+from _common import failure_fields, write_result
 
 CASES = ("manual_capture", "new_key_in_capture", "compile_fullgraph", "reduce_overhead")
 B, H, HKV, D, FF = 2, 4, 2, 64, 512
@@ -307,8 +306,7 @@ def run_case(case: str, spec: Spec) -> dict:
         if err > tol:
             row["error"] = f"max_err {err:.3g} > tol {tol}"
     except Exception as exc:  # recorded; the other cases still run
-        row.update(ok=False, max_err=None, error=f"{type(exc).__name__}: {exc}"[:2000],
-                   traceback=traceback.format_exc()[-3000:])
+        row.update(ok=False, max_err=None, **failure_fields(exc, report=False))
         try:
             torch.cuda.synchronize()
         except Exception as sync_exc:  # a sticky error: later cases will fail too, and say so

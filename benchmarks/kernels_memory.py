@@ -55,12 +55,11 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from _common import DEFAULT_OUT, small_png, write_result  # noqa: E402
+from _common import DEFAULT_OUT, failure_fields, small_png, write_result  # noqa: E402
 from _routes import best_route, first_calls, summarize_timer_checks, timer_check, verdict  # noqa: E402
 
 #: Issue 5 targets (H200): % of copy bandwidth at working sets >= 64 MiB, geomean speedups.
@@ -678,8 +677,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"tune {row['tune_s']} s, "
                   f"config {json.dumps(row.get('config'))}", flush=True)
         except Exception as exc:  # keep going: one failing problem must not lose the sweep
-            row = {**base, "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
-            print(f"    ERROR {row['error'].splitlines()[0]}", flush=True)
+            row = {**base, **failure_fields(exc)}
         rows.append(row)
         torch.cuda.empty_cache()
         partial.write_text(json.dumps({"rows": rows}, indent=1, default=str) + "\n")

@@ -20,13 +20,12 @@ import argparse
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
+from _common import DEFAULT_OUT, failure_fields, do_bench_rounds, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
 
 DEFAULT_ROWS = "16:32:1024:64:1"
 
@@ -121,8 +120,7 @@ def main() -> int:
                   f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}", flush=True)
             print(f"    head to head (do_bench, us): {r['head_to_head_us']}", flush=True)
         except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
-            r = {"row": list(row), "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
-            print("    ERROR " + r["error"].splitlines()[0], flush=True)
+            r = {"row": list(row), **failure_fields(exc)}
         results.append(r)
     path = write_result("probe_attention", {"problems": results, "wall_s": round(time.perf_counter() - t0, 1)}, out,
                         compress=True)

@@ -23,13 +23,12 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
+from _common import DEFAULT_OUT, failure_fields, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
 
 from tiletune.space import Space  # noqa: E402
 from tiletune.templates import next_power_of_2  # noqa: E402
@@ -170,9 +169,7 @@ def main() -> int:
             print(f"    {r['probe_size']} configs in {r['wall_s']} s; best {b and b['gbps']} GB/s {b and b['config']}; "
                   f"library best {bl and bl['gbps']} GB/s {bl and bl['config']}", flush=True)
         except Exception as exc:  # one failing problem must not lose the others
-            r = {"op": op, "shape": list(shape), "error": f"{type(exc).__name__}: {exc}"[:2000],
-                 "traceback": traceback.format_exc()[-3000:]}
-            print("    ERROR " + r["error"].splitlines()[0], flush=True)
+            r = {"op": op, "shape": list(shape), **failure_fields(exc)}
         results.append(r)
         partial.write_text(json.dumps({"problems": results}, indent=1, default=str) + "\n")
     path = write_result("probe_memory", {"problems": results, "wall_s": round(time.perf_counter() - t0, 1)}, out)

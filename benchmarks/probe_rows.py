@@ -34,13 +34,12 @@ import math
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
+from _common import DEFAULT_OUT, failure_fields, do_bench_rounds, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
 
 import cuda.tile as ct  # noqa: E402
 
@@ -282,8 +281,7 @@ def main() -> int:
                 print(f"    best {v:28s} {b['median_us']:8.2f} us {b['gbps']:7.1f} GB/s {b['config']}", flush=True)
             print(f"    head to head (do_bench, us): {r['head_to_head_us']}", flush=True)
         except Exception as exc:  # noqa: BLE001 - one failing op must not lose the others
-            r = {"op": op, "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
-            print("    ERROR " + r["error"].splitlines()[0], flush=True)
+            r = {"op": op, **failure_fields(exc)}
         results.append(r)
     # per-config rows compressed (a sweep of ~170 configs per op; the uncompressed file did not come back
     # from the device machine at 23:53)

@@ -383,3 +383,22 @@ def test_ranked_ok_and_do_bench_rounds(monkeypatch):
     assert _common.do_bench_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3, warmup=7, rep=9) == \
         {"a": 2.0, "b": 4.0}
     assert calls == [("a", 7, 9), ("b", 7, 9)] * 3  # interleaved rounds
+
+
+def test_failure_fields_bound_and_report(capsys):
+    import _common
+
+    try:
+        raise RuntimeError("first line\n" + "x" * 5000)
+    except RuntimeError as exc:
+        fields = _common.failure_fields(exc)
+        quiet = _common.failure_fields(exc, report=False)
+    assert set(fields) == {"error", "traceback"} and fields == quiet
+    assert fields["error"].startswith("RuntimeError: first line") and len(fields["error"]) == 2000
+    assert len(fields["traceback"]) == 3000 and fields["traceback"].endswith("x\n")  # the tail of a long one
+    assert capsys.readouterr().out == "    ERROR RuntimeError: first line\n"
+    try:
+        raise ValueError("short")
+    except ValueError as exc:
+        tb = _common.failure_fields(exc, report=False)["traceback"]
+    assert "raise ValueError" in tb and tb.endswith("ValueError: short\n")
