@@ -146,6 +146,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "rows_over_1": sum(1 for r in rated if r["ratio"] > 1.0),
         "rows_over_1_names": [r["name"] for r in rated if r["ratio"] > 1.0],
     }
+    floored = [r for r in rated if isinstance(r.get("launch_floor_us"), (int, float))]
+    # rows over 1.0 where the bare launches of the same kernels alone cost more than torch's whole call
+    out["rows_over_1_floor_over_1"] = [r["name"] for r in floored if r["ratio"] > 1.0 and r["floor_ratio"] > 1.0]
+    out["median_overhead_us"] = statistics.median(r["overhead_us"] for r in floored) if floored else None
     if rated:
         worst = max(rated, key=lambda r: r["ratio"])
         out["max_ratio"] = worst["ratio"]
@@ -167,14 +171,14 @@ def _fmt(v: Any, nd: int = 1) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """A compact text table of the rows (a failed row shows its error)."""
-    head = ["row", "tt host us", "torch host us", "ratio", "tt gpu us", "torch gpu us", "agree", "torch route"]
+    head = ["row", "tt host us", "torch host us", "ratio", "floor us", "tt gpu us", "torch gpu us", "agree", "torch route"]
     body = []
     for r in rows:
         if r.get("ratio") is None:
             body.append([r["name"], "ERROR: " + (str(r.get("error") or "no result").splitlines() or [""])[0][:100]])
             continue
         body.append([r["name"], _fmt(r.get("tiletune_host_us")), _fmt(r.get("torch_host_us")), _fmt(r.get("ratio"), 2),
-                     _fmt(r.get("tiletune_gpu_us")), _fmt(r.get("torch_gpu_us")), _fmt(r.get("agree")),
+                     _fmt(r.get("launch_floor_us")), _fmt(r.get("tiletune_gpu_us")), _fmt(r.get("torch_gpu_us")), _fmt(r.get("agree")),
                      _fmt(r.get("torch_route"))])
     full = [head] + [ln for ln in body if len(ln) == len(head)]
     widths = [max(len(ln[i]) for ln in full) for i in range(len(head))]
@@ -473,6 +477,42 @@ def host_times(variants: dict[str, tuple[Callable[..., Any], tuple, int]], round
                 "batches_us": [round(v, 3) for v in per[k]]} for k in variants}
 
 
+def launch_floor(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], int]:
+    """``(floor, launches)``: ``floor(*args)`` issues the bare ``ct.launch`` calls one call of ``fn`` makes
+    (the tuned ops' chosen kernels, grids and arguments as recorded from one call, outputs included):
+    what any wrapper of these kernels costs at least, with nothing but the launches."""
+    import threading
+
+    from tiletune import dispatch
+
+    rec: list = []
+    tid = threading.get_ident()
+    dispatch._recorders[tid] = rec
+    try:
+        fn(*args)
+    finally:
+        dispatch._recorders.pop(tid, None)
+    launches = []
+    for op, key, op_args in rec:
+        if key is None:
+            raise RuntimeError(f"{op.name}: a recorded launch was not a cached choice")
+        cfg = op._configs[key]
+        kernel, grid, kargs = op._launch_spec(cfg, op_args)
+        launch, stream, hinted, dev = op.backend.launch_parts(cfg, kernel, op.backend.arg_device(op_args))
+        launches.append((launch, stream, hinted, dev, tuple(grid), tuple(kargs)))
+    if len(launches) == 1:
+        launch, stream, hinted, dev, grid, kargs = launches[0]
+
+        def floor(*_: Any) -> None:
+            launch(stream(dev), grid, hinted, kargs)
+    else:
+        def floor(*_: Any) -> None:
+            for launch, stream, hinted, dev, grid, kargs in launches:
+                launch(stream(dev), grid, hinted, kargs)
+
+    return floor, len(launches)
+
+
 def measure_row(spec: dict[str, Any], calls: int, rounds: int, select_rounds: int) -> dict[str, Any]:
     """One row: warm/tune, agreement, GPU times, torch route choice, interleaved host times."""
     import torch
@@ -535,10 +575,21 @@ def measure_row(spec: dict[str, Any], calls: int, rounds: int, select_rounds: in
 
     n_tt = calls_for(tt_gpu["launches_per_call"], calls)
     n_t = calls_for(t_gpu["launches_per_call"], calls)
-    res = host_times({"tiletune": (tt_fn, args, n_tt), "torch": (routes[chosen], args, n_t)}, rounds)
+    variants = {"tiletune": (tt_fn, args, n_tt), "torch": (routes[chosen], args, n_t)}
+    try:
+        floor, n_launches = launch_floor(tt_fn, args)
+        variants["floor"] = (floor, args, n_tt)
+    except Exception as exc:  # noqa: BLE001 - the floor is context; the row stands without it
+        row["floor_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    res = host_times(variants, rounds)
     row["tiletune_host_us"] = res["tiletune"]["us"]
     row["torch_host_us"] = res["torch"]["us"]
     row["ratio"] = res["tiletune"]["us"] / res["torch"]["us"]
+    if "floor" in res:
+        row["launch_floor_us"] = res["floor"]["us"]  # bare ct.launch of the same kernels and arguments
+        row["floor_launches"] = n_launches
+        row["floor_ratio"] = res["floor"]["us"] / res["torch"]["us"]
+        row["overhead_us"] = res["tiletune"]["us"] - res["floor"]["us"]
     row["tiletune_gpu_us"] = tt_gpu["gpu_us"]
     row["torch_gpu_us"] = t_gpu["gpu_us"]
     gpu_errors = {k: v["gpu_error"] for k, v in (("tiletune", tt_gpu), ("torch", t_gpu)) if "gpu_error" in v}
@@ -563,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=None, help="calls per host-time batch (<= 300; default 300)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 15)")
     ap.add_argument("--only", default=None, help="run only rows whose name contains this text")
+    ap.add_argument("--skip", default=None, help="skip rows whose name contains any of these comma-separated texts")
     ap.add_argument("--keep-db", action="store_true", help="keep the temporary tuning database")
     ap.add_argument("--full-tuning", action="store_true",
                     help="tune with the default measurement options (slower; the GPU-time column then uses "
@@ -603,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     specs = row_specs(quick=a.quick)
     if a.only:
         specs = [s for s in specs if a.only in s["name"]]
+    if a.skip:
+        skips = [t for t in a.skip.split(",") if t]
+        specs = [s for s in specs if not any(t in s["name"] for t in skips)]
     rows: list[dict[str, Any]] = []
     t_all = time.perf_counter()
     for i, spec in enumerate(specs, 1):
@@ -632,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         "problem": "host time per call of each tiletune.kernels op vs torch's eager route, small bf16 problems",
         "method": METHOD,
         "settings": {"calls": calls, "rounds": rounds, "route_select_rounds": select_rounds, "quick": a.quick,
-                     "only": a.only, "queue_budget_launches": QUEUE_BUDGET, "graph_calls": GRAPH_CALLS,
+                     "only": a.only, "skip": a.skip, "queue_budget_launches": QUEUE_BUDGET, "graph_calls": GRAPH_CALLS,
                      "graph_samples": GRAPH_SAMPLES, "tuning_db": str(db), "fresh_db": not a.db},
         **summary,
         "total_s": round(time.perf_counter() - t_all, 1),

@@ -9,6 +9,9 @@
 # PART (what is still owed after the 2026-12-02 00:25 session, in this order: smallhead, sustained, attention (then
 # `kernels_compute.py --combine results/h200/kernels_compute.json OUT/kernels_compute.json`), projections, splits;
 # grouped, rows, context, memory, memtests, qwen and the D64 attention row ran then, see docs/GPU-NOTES.md):
+#   issue12  issue 12: the fastcall and torch_ops GPU tests, dispatch_overhead.py and host_cost.py (call guards; the
+#             host-cost rows' bare-launch floor), without the matmul and attention rows (hostmm: those)
+#   power    issue 14: probe_power.py, the attention space timed at the power cap (hot) against its cool ranking
 #   sustained issue 14: sustained_timing.py: the long attention rows and GEMM 4096^3 timed alone (the tuner's way),
 #             back to back and alternating with torch, with NVML clocks (why the A/B reads 5-15% above the tuner)
 #   smallhead issue 14: every config of the D<=64 attention space (occupancy 2-4) through the gate on MHA/GQA/MQA
@@ -103,6 +106,17 @@ case "$part" in
     limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_decode_attention.py -k "grouped or qwen" \
       --junitxml="$out/grouped.xml" > "$out/grouped.log" 2>&1
     tail -15 "$out/grouped.log" ;;
+  issue12)
+    limit 200 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_fastcall.py tests/test_gpu_torch_ops.py \
+      --junitxml="$out/issue12.xml" > "$out/issue12.log" 2>&1
+    tail -12 "$out/issue12.log"
+    limit 100 python benchmarks/dispatch_overhead.py --out "$out" 2>&1 | tail -4
+    limit 250 python benchmarks/host_cost.py --skip matmul,attention --out "$out" 2>&1 | tail -30 ;;
+  hostmm)
+    limit 400 python benchmarks/host_cost.py --only matmul --rounds 9 --out "$out/mm" 2>&1 | tail -12
+    limit 150 python benchmarks/host_cost.py --only attention --rounds 9 --out "$out/attn" 2>&1 | tail -6 ;;
+  power)
+    limit 300 python benchmarks/probe_power.py --out "$out" 2>&1 | tail -45 ;;
   sustained)
     limit 300 python benchmarks/sustained_timing.py --out "$out" 2>&1 | tail -8 ;;
   smallhead)

@@ -120,6 +120,51 @@ def test_summarize_and_table():
     assert "second line" not in text
 
 
+def test_summary_names_rows_whose_bare_launches_already_cost_more_than_torch():
+    rows = [_row("softmax", 1.3, tiletune_host_us=8.0, torch_host_us=6.0, launch_floor_us=7.0, floor_ratio=7 / 6,
+                 overhead_us=1.0),
+            _row("rms_norm", 1.1, tiletune_host_us=11.0, torch_host_us=10.0, launch_floor_us=8.0, floor_ratio=0.8,
+                 overhead_us=3.0),
+            _row("swiglu", 0.6, tiletune_host_us=12.0, torch_host_us=20.0)]
+    s = host_cost.summarize(rows)
+    assert s["rows_over_1_floor_over_1"] == ["softmax M=8"]
+    assert s["median_overhead_us"] == pytest.approx(2.0)
+    assert "7.0" in host_cost.table(rows).splitlines()[1]
+
+
+def test_launch_floor_replays_the_recorded_launches_bare():
+    torch = pytest.importorskip("torch")
+    import tiletune as tt
+    from tiletune import fastcall
+    from tiletune.backends import FakeBackend
+
+    be = FakeBackend(lambda cfg: 100.0 - cfg.TM, noise=0.0)
+
+    def kernel(x, y, f):
+        y.copy_(x * f)
+
+    @tt.autotune(tt.Space(TM=[1, 2], baseline=dict(TM=1)), reference=lambda x, y, f: x * f, writes=["y"], db=False,
+                 backend=be, progress=False, name="floor_scale")
+    def plan(cfg, x, y, f):
+        return tt.Launch(kernel, (cfg.TM,), (x, y, f))
+
+    @fastcall.fast_op()
+    def scale(x):
+        y = torch.empty_like(x)
+        plan(x, y, 3.0)
+        return y
+
+    x = torch.randn(8)
+    scale(x)
+    n = len(be.launches)
+    floor, launches = host_cost.launch_floor(scale, (x,))
+    assert launches == 1 and len(be.launches) == n + 1  # recording ran one call
+    floor(x)
+    floor(x)
+    assert len(be.launches) == n + 3
+    assert all(c == tt.Space(TM=[1, 2]).config(TM=2) for c, _, _ in be.launches[-2:])
+
+
 @pytest.mark.parametrize("spec", host_cost.row_specs(quick=True), ids=lambda s: s["name"])
 def test_torch_candidates_agree_on_cpu(spec):
     torch = pytest.importorskip("torch")
@@ -402,3 +447,19 @@ def test_failure_fields_bound_and_report(capsys):
     except ValueError as exc:
         tb = _common.failure_fields(exc, report=False)["traceback"]
     assert "raise ValueError" in tb and tb.endswith("ValueError: short\n")
+
+
+# benchmarks/probe_power.py (issue 14 diagnostics): rows, block lengths, rankings
+def test_probe_power_rows_blocks_and_ranks():
+    import probe_power
+
+    assert probe_power.parse_rows("2:32:32:8192:128:0, 1:32:8:16384:128:1") == [
+        (2, 32, 32, 8192, 128, False), (1, 32, 8, 16384, 128, True)]
+    for bad in ("2:32:32:8192:128", "2:32:5:8192:128:0", "2:32:32:8192:96:0", "2:32:32:8192:128:2", ""):
+        with pytest.raises(ValueError):
+            probe_power.parse_rows(bad)
+    assert probe_power.block_calls(3500.0, 200.0) == 57
+    assert probe_power.block_calls(1e6, 200.0) == 3
+    assert probe_power.rank({"a": 3.0, "b": 1.0, "c": 2.0}) == ["b", "c", "a"]
+    with pytest.raises(SystemExit):
+        probe_power.main(["--rounds", "0"])

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from .backends.base import Backend, Launch
 from .binding import positional_binder
 from .errors import TiletuneError
+from .guards import Check, GuardTable, call_guard
 from .hotpath import Entry, bound_launcher, build_entry
 from .buckets import Buckets
-from .keys import default_key
+from .keys import _BY_VALUE, default_key
 from .progress import configure_logging_from_env
 from . import settings
 from .records import TuneResult
@@ -282,6 +283,10 @@ class TunedOp:
         self.buckets = buckets.resolve(self._params) if buckets is not None else None
         self._bucket_configs: dict[Any, Config] = {}
         self._cache: dict[Any, Entry] = {}
+        #: guards of recently called keys with their entries (default key only; see :mod:`tiletune.guards`)
+        self._fast: GuardTable[Entry] = GuardTable()
+        self._key_guards: dict[Any, Check | None] = {}  # key -> its call guard (None: not guardable)
+        self._guarded = key is None
         self._configs: dict[Any, Config] = {}
         self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
         self._pending: dict[Any, _Pending] = {}  # keys met during CUDA graph capture, not tuned yet
@@ -308,14 +313,36 @@ class TunedOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
             args = self._bind_arguments(args, kwargs)
+        if not _recorders:  # a guard of a recent key passes: its entry, no key built (GuardTable.lookup inlined)
+            try:
+                row = self._fast.rows[args[0].shape]
+            except Exception:  # noqa: BLE001 - no arguments, no shape, or a shape not seen
+                row = ()
+            for check, entry in row:
+                if check(args):
+                    entry(args)
+                    return self._outputs(args)
         key = self._key(args)
         entry = self._cache.get(key)
         if entry is None:
             return self._miss(args, key)
         if _recorders:
             _note_launch(self, key, args)
+        elif self._guarded:
+            self._remember(key, args, entry)
         entry(args)
         return self._outputs(args)
+
+    def _remember(self, key: Any, args: tuple[Any, ...], entry: Entry) -> None:
+        """Make ``key``'s guard the first one its selector tries (built once per key)."""
+        try:
+            check = self._key_guards[key]
+        except KeyError:
+            if len(self._key_guards) >= 4096:
+                self._key_guards.clear()
+            check = self._key_guards[key] = call_guard(args, _BY_VALUE.__contains__)
+        if check is not None:
+            self._fast.remember(args, check, entry)
 
     # ------------------------------------------------------------------ public helpers
     def config_for(self, *args: Any, **kwargs: Any) -> Config:
@@ -372,6 +399,7 @@ class TunedOp:
         """Forget in-memory choices (the database keeps its records)."""
         with self._lock:
             self._cache.clear()
+            self._fast.clear()
             self._configs.clear()
             self.recipe_keys.clear()
             self._pending.clear()
@@ -629,6 +657,7 @@ class TunedOp:
         entry, replays = self._entry(cfg, args, backend, dev)
         self._configs[key] = cfg
         self._cache[key] = entry
+        self._fast.clear()  # a guard's entry may be this key's old one
         if replays:
             self.recipe_keys.add(key)
         return entry

@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from . import dispatch
 from .binding import positional_binder
+from .guards import Check, GuardTable, call_guard
 from .hotpath import TYPESTR as _TYPESTR, CudaArrayView
 
 logger = logging.getLogger("tiletune")
@@ -110,6 +111,9 @@ class _FastOp:
         self.name = fn.__name__
         self.signature = inspect.signature(fn)
         self.recipes: dict[tuple, Callable[[tuple[Any, ...]], Any]] = {}
+        #: guards of recently replayed signatures with their recipes (:mod:`tiletune.guards`)
+        self.guards: GuardTable[Callable[[tuple[Any, ...]], Any]] = GuardTable()
+        self.sig_guards: dict[tuple, Check | None] = {}  # signature -> its call guard (None: not guardable)
         self.attempts: dict[tuple, int] = {}
         self.refusals: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -118,6 +122,8 @@ class _FastOp:
     def clear(self) -> None:
         with self._lock:
             self.recipes.clear()
+            self.guards.clear()
+            self.sig_guards.clear()
             self.attempts.clear()
             self.refusals.clear()
 
@@ -142,11 +148,28 @@ class _FastOp:
             self.attempts[sig] = self.attempts.get(sig, 0) + 1
             try:
                 self.recipes[sig] = _learn(args, result, rec)
+                self.guards.clear()  # a guard's recipe may be this signature's old one
                 self.refusals.pop(sig, None)
             except _Refused as why:
                 self.refusals[sig] = str(why)
                 logger.debug("tiletune.fastcall: %s keeps the slow path for this signature: %s", self.name, why)
         return result
+
+    def remember(self, sig: tuple, args: tuple[Any, ...], recipe: Callable[[tuple[Any, ...]], Any]) -> None:
+        """Make ``sig``'s guard the first one its selector tries (built once per signature)."""
+        try:
+            check = self.sig_guards[sig]
+        except KeyError:
+            if len(self.sig_guards) >= 4 * MAX_RECIPES:
+                self.sig_guards.clear()
+            check = self.sig_guards[sig] = call_guard(args, _by_value)
+        if check is not None:
+            self.guards.remember(args, check, recipe)
+
+
+def _by_value(t: type) -> bool:
+    """A call signature holds every non-tensor argument by type and value."""
+    return True
 
 
 def custom_op_route(name: str) -> Callable[..., Any]:
@@ -180,6 +203,7 @@ def fast_op(route: Callable[..., Any] | None = None,
         tensor_type = torch.Tensor
         is_compiling = torch.compiler.is_compiling
         recipes = fast.recipes
+        guards = fast.guards
         bind = positional_binder(fast.signature)
         recorders = dispatch._recorders
 
@@ -206,12 +230,23 @@ def fast_op(route: Callable[..., Any] | None = None,
                 if rest:  # keyword-only parameters: no recipe
                     return fn(*args, **kwargs)
                 args = bound
+            if not recorders:  # a guard of a recent signature passes: its recipe, no signature built
+                try:
+                    row = guards.rows[args[0].shape]
+                except Exception:  # noqa: BLE001 - no arguments, no shape, or a shape not seen
+                    row = ()
+                for check, recipe in row:
+                    if check(args):
+                        if precheck is None or precheck(*args):
+                            return recipe(args)
+                        break
             try:
                 sig = _call_signature(args, tensor_type)
                 recipe = recipes.get(sig)
             except TypeError:  # an unhashable argument: no recipe
                 return fn(*args)
             if recipe is not None and not recorders and (precheck is None or precheck(*args)):
+                fast.remember(sig, args, recipe)
                 return recipe(args)
             return fast.slow(args, sig)
 
