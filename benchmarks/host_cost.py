@@ -607,6 +607,35 @@ def measure_row(spec: dict[str, Any], calls: int, rounds: int, select_rounds: in
 # --------------------------------------------------------------------------------------------
 
 
+def combine(paths: list[str], out: str | None) -> Path:
+    """Merge result files of partial runs (``--only`` / ``--skip``) into one ``host_cost.json``: rows in
+    :func:`row_specs` order, a row measured in several files taken from the latest file (by ``date``),
+    the summary recomputed; ``combined_from`` names each source with its date and settings."""
+    import json
+
+    docs = sorted((json.loads(Path(p).read_text()) for p in paths), key=lambda d: str(d.get("date", "")))
+    latest: dict[str, dict[str, Any]] = {}
+    for d in docs:
+        for r in d["rows"]:
+            latest[r["name"]] = r
+    order = {s["name"]: i for i, s in enumerate(row_specs())}
+    rows = sorted(latest.values(), key=lambda r: order.get(r["name"], len(order)))
+    sources = []
+    for d in docs:
+        sources += d.get("combined_from") or [{"date": d.get("date"), "settings": d.get("settings"),
+                                               "rows": [r["name"] for r in d["rows"]]}]
+    env = ("benchmark", "date", "torch", "gpu", "arch", "sm_count", "driver", "versions", "cpus")
+    doc = {**{k: docs[-1][k] for k in env if k in docs[-1]}, "problem": docs[-1].get("problem"), "method": METHOD,
+           "combined_from": sources, **summarize(rows), "rows": rows}
+    path = Path(out or os.environ.get("BENCH_OUT") or Path(__file__).resolve().parent / "results" / "h200")
+    path.mkdir(parents=True, exist_ok=True)
+    path = path / "host_cost.json"
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(table(rows))
+    print(f"wrote {path}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="result folder (default: BENCH_OUT or benchmarks/results/h200)")
@@ -621,7 +650,12 @@ def main(argv: list[str] | None = None) -> int:
                          "carefully picked configs; host times do not depend on it)")
     ap.add_argument("--db", default=None, help="tuning database to use (kept) instead of a fresh temporary one, "
                                                "e.g. to split a run over several commands with --only")
+    ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                    help="merge these result files of partial runs into <out>/host_cost.json and exit")
     a = ap.parse_args(argv)
+    if a.combine:
+        combine(a.combine, a.out)
+        return 0
     calls = min(300, a.calls or (100 if a.quick else 300))
     rounds = a.rounds or (5 if a.quick else 15)
     select_rounds = 3 if a.quick else 5

@@ -108,7 +108,7 @@ def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool, heat_s: fl
 
     dev = torch.cuda.current_device()
     launchers: dict[str, Callable[[], Any]] = {}
-    by_name = {str(dict(m.config)): m.config for m in res.measurements}
+    by_name = {str(dict(m.config)): space.config(**dict(m.config)) for m in res.measurements}
     for r in cool:
         cfg = by_name[str(r["config"])]
         kernel, grid, kargs = op.plan(cfg, *args)

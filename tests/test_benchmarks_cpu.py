@@ -463,3 +463,22 @@ def test_probe_power_rows_blocks_and_ranks():
     assert probe_power.rank({"a": 3.0, "b": 1.0, "c": 2.0}) == ["b", "c", "a"]
     with pytest.raises(SystemExit):
         probe_power.main(["--rounds", "0"])
+
+
+def test_host_cost_combine_takes_the_latest_row_in_row_order(tmp_path):
+    import json
+
+    specs = host_cost.row_specs()
+    first, second = specs[0]["name"], specs[1]["name"]
+
+    def doc(date, names, ratio):
+        return {"date": date, "settings": {"only": None}, "rows": [
+            {"name": n, "ratio": ratio, "tiletune_host_us": ratio, "torch_host_us": 1.0} for n in names]}
+
+    (tmp_path / "a.json").write_text(json.dumps(doc("2026-12-02T01:00:00Z", [second, first], 1.5)))
+    (tmp_path / "b.json").write_text(json.dumps(doc("2026-12-02T02:00:00Z", [second], 0.5)))
+    path = host_cost.combine([str(tmp_path / "b.json"), str(tmp_path / "a.json")], str(tmp_path / "out"))
+    out = json.loads(path.read_text())
+    assert [r["name"] for r in out["rows"]] == [first, second]
+    assert [r["ratio"] for r in out["rows"]] == [1.5, 0.5]
+    assert out["rows_over_1"] == 1 and len(out["combined_from"]) == 2
