@@ -189,3 +189,64 @@ def test_library_op_new_shape_inside_capture():
     # outside capture the key is tuned at its next call and the result is still right
     y2 = K.rms_norm(x, w)
     torch.testing.assert_close(y2, rms_ref(x, w), atol=3e-2, rtol=3e-2)
+
+
+# ---------------------------------------------------------------------------------------------- call guards
+
+
+def test_call_guards_serve_cuda_calls_and_never_a_stale_recipe():
+    """Library ops on CUDA tensors go through the call guards (tiletune.guards) once learnt; a call that
+    differs in dtype, strides or shape gets its own recipe and the right result."""
+    from tiletune import guards
+
+    if not guards.guards_available():
+        pytest.skip("this torch has no TensorGuards")
+    w = torch.randn(512, device="cuda", dtype=BF)
+    fast = K.rms_norm.fastcall
+    for _ in range(4):
+        x = torch.randn(6, 512, device="cuda", dtype=BF)
+        torch.testing.assert_close(K.rms_norm(x, w), rms_ref(x, w), rtol=2e-2, atol=2e-2)
+    assert fast.guards.rows, "no guard learnt for a repeated CUDA signature"
+    variants = [torch.randn(6, 512, device="cuda", dtype=torch.float16),
+                torch.randn(512, 6, device="cuda", dtype=BF).t(),  # strides
+                torch.randn(7, 512, device="cuda", dtype=BF)]
+    for x in variants:
+        ww = w.to(x.dtype)
+        for _ in range(3):
+            got = K.rms_norm(x, ww)
+            assert got.dtype == x.dtype and got.shape == x.shape
+            torch.testing.assert_close(got, rms_ref(x, ww), rtol=2e-2, atol=2e-2)
+
+
+@ct.kernel
+def _double_kernel(X, Y, T: ct.Constant[int]):
+    i = ct.bid(0)
+    ct.store(Y, (i,), ct.load(X, index=(i,), shape=(T,)) * 2)
+
+
+def test_tuned_op_call_guards_on_cuda_tensors():
+    """A user's tuned op on CUDA tensors: the second call of a key learns its guard, later calls skip
+    the key, and another dtype of the same shape is tuned and launched as its own key."""
+
+    @tt.autotune(tt.Space(T=[128, 256], baseline=dict(T=128)), reference=lambda x, y: x * 2, writes=["y"],
+                 db=False, progress=False, options=FAST)
+    def double(cfg, x, y):
+        return tt.Launch(_double_kernel, (x.shape[0] // cfg.T,), (x, y, cfg.T))
+
+    x, y = torch.randn(1024, device="cuda"), torch.empty(1024, device="cuda")
+    double(x, y)
+    double(x, y)
+    assert double._fast.rows
+    built = []
+    key = double._key
+    double._key = lambda a: built.append(1) or key(a)
+    x2, y2 = torch.randn(1024, device="cuda"), torch.empty(1024, device="cuda")
+    double(x2, y2)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y2, x2 * 2)
+    assert built == []
+    xh, yh = x2.half(), torch.empty(1024, device="cuda", dtype=torch.float16)
+    double(xh, yh)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(yh, xh * 2)
+    assert built and double.tuning_count == 2

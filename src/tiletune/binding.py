@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 __all__ = ["positional_binder"]
 
 _EMPTY = inspect.Parameter.empty
+_IN_ORDER: Any = object()  # a fill pattern: the keyword values, in the order given, are the next positions
 
 
 def positional_binder(signature: inspect.Signature) -> Callable[[tuple[Any, ...], Mapping[str, Any]], tuple]:
@@ -40,7 +41,7 @@ def positional_binder(signature: inspect.Signature) -> Callable[[tuple[Any, ...]
     if not simple:
         return slow
 
-    def bind(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple:
+    def general(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple:
         n = len(args)
         try:
             given = [pos[k] for k in kwargs]
@@ -60,5 +61,37 @@ def positional_binder(signature: inspect.Signature) -> Callable[[tuple[Any, ...]
         if len(out) < required:
             return slow(args, kwargs)  # a required argument after the last one given is missing
         return tuple(out), {}
+
+    # The outcome's shape depends only on how many positional arguments came and which names: per
+    # pattern, the names (or defaults) filling the positions after the positional ones, learnt from
+    # the first call with that pattern (None: the pattern takes the general path, e.g. an error).
+    fills: dict[tuple, tuple | None] = {}
+
+    def learn(n: int, names: tuple[str, ...]) -> tuple | None:
+        given = [pos.get(k) for k in names]
+        if (not given or None in given or min(given) < n or len(set(given)) != len(given)
+                or max(given) + 1 < required):
+            return None
+        fill = tuple((positional[i].name, None) if positional[i].name in names else (None, defaults[i])
+                     for i in range(n, max(given) + 1))
+        if any(name is None and d is _EMPTY for name, d in fill):
+            return None
+        if len(fills) >= 256:
+            fills.clear()
+        if tuple(name for name, _ in fill) == names:
+            return _IN_ORDER  # the names fill the next positions in their order: the values as they come
+        return fill
+
+    def bind(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple:
+        pattern = (len(args), *kwargs)
+        try:
+            fill = fills[pattern]
+        except KeyError:
+            fill = fills[pattern] = learn(len(args), tuple(kwargs))
+        if fill is _IN_ORDER:
+            return args + tuple(kwargs.values()), {}
+        if fill is None:
+            return general(args, kwargs)
+        return args + tuple([kwargs[name] if name is not None else d for name, d in fill]), {}
 
     return bind
