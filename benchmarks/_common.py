@@ -187,3 +187,22 @@ def failure_fields(exc: BaseException, report: bool = True) -> dict[str, str]:
     if report:
         print("    ERROR " + fields["error"].splitlines()[0], flush=True)
     return fields
+
+
+def run_rows(rows: list[Any], probe: Callable[[Any], dict[str, Any]],
+             report: Callable[[dict[str, Any]], list[str]]) -> tuple[list[dict[str, Any]], float]:
+    """Each row through ``probe(row)``, its start time printed and ``report(result)``'s lines after it; a
+    row that raises becomes ``{"row": row, "error", "traceback"}`` and the others go on. Returns
+    ``(results, wall seconds)``."""
+    results = []
+    t0 = time.perf_counter()
+    for row in rows:
+        print(f"[{time.perf_counter() - t0:6.1f} s] {row}", flush=True)
+        try:
+            r = probe(row)
+            for line in report(r):
+                print("    " + line, flush=True)
+        except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
+            r = {"row": list(row) if isinstance(row, tuple) else row, **failure_fields(exc)}
+        results.append(r)
+    return results, round(time.perf_counter() - t0, 1)

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, failure_fields, do_bench_rounds, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
+from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, run_rows, tune_once, write_result  # noqa: E402
 
 DEFAULT_ROWS = "16:32:1024:64:1"
 
@@ -109,20 +108,14 @@ def main() -> int:
         print("probe_attention: needs a CUDA GPU", file=sys.stderr)
         return 2
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
-    results = []
-    t0 = time.perf_counter()
-    for row in rows:
-        print(f"[{time.perf_counter() - t0:6.1f} s] {row}", flush=True)
-        try:
-            r = probe_row(*row)
-            b, bl = r["best"], r["best_library"]
-            print(f"    {r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
-                  f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}", flush=True)
-            print(f"    head to head (do_bench, us): {r['head_to_head_us']}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
-            r = {"row": list(row), **failure_fields(exc)}
-        results.append(r)
-    path = write_result("probe_attention", {"problems": results, "wall_s": round(time.perf_counter() - t0, 1)}, out,
+    def report(r: dict[str, Any]) -> list[str]:
+        b, bl = r["best"], r["best_library"]
+        return [f"{r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
+                f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}",
+                f"head to head (do_bench, us): {r['head_to_head_us']}"]
+
+    results, wall = run_rows(rows, lambda row: probe_row(*row), report)
+    path = write_result("probe_attention", {"problems": results, "wall_s": wall}, out,
                         compress=True)
     print(f"wrote {path}")
     return 0

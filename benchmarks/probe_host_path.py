@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, failure_fields, write_result  # noqa: E402
+from _common import DEFAULT_OUT, run_rows, write_result  # noqa: E402
 
 DEFAULT_ROWS = "softmax M=8,rms_norm[weight] M=8,cross_entropy M=8,layer_norm M=8"
 
@@ -91,14 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print("probe_host_path: needs a CUDA GPU", file=sys.stderr)
         return 2
     out = Path(a.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
-    rows = []
-    for spec in specs:
-        try:
-            r = layers(spec, a.rounds)
-            print(f"{r['row']}: {r['us']}\n{r['recipe_source']}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
-            r = {"row": spec["name"], **failure_fields(exc)}
-        rows.append(r)
+    rows, _ = run_rows(specs, lambda spec: layers(spec, a.rounds),
+                       lambda r: [f"{r['row']}: {r['us']}", str(r["recipe_source"])])
     write_result("probe_host_path", {"rows": rows}, out)
     return 0
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, failure_fields, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
+from _common import DEFAULT_OUT, measurement_rows, ranked_ok, run_rows, tune_once, write_result  # noqa: E402
 
 DEFAULT_ROWS = "2:32:32:8192:128:0,1:32:8:16384:128:0"
 
@@ -182,22 +182,16 @@ def main(argv: list[str] | None = None) -> int:
         print("probe_power: needs a CUDA GPU", file=sys.stderr)
         return 2
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
-    results = []
-    t0 = time.perf_counter()
-    for row in rows:
-        print(f"[{time.perf_counter() - t0:6.1f} s] {row}", flush=True)
-        try:
-            r = probe_row(*row, heat_s=args.heat_s, block_ms=args.block_ms, rounds=args.rounds)
-            print(f"    tuner pick {r['cool_best']} is #{r['tuner_pick_hot_rank']} hot; hot best {r['hot_best']} "
-                  f"({r['hot_best_vs_tuner_pick']}x the pick's hot time); SDPA hot {r['sdpa_hot_us']} us, "
-                  f"best hot vs SDPA {r['best_hot_vs_sdpa']}", flush=True)
-            for c in r["configs"]:
-                print(f"      {c['config']}: cool {c['cool_us']:.1f} hot {c['hot_us']} us {c['hot_power_w']} W "
-                      f"{c['hot_sm_mhz']} MHz", flush=True)
-        except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
-            r = {"row": list(row), **failure_fields(exc)}
-        results.append(r)
-    write_result("probe_power", {"problems": results, "wall_s": round(time.perf_counter() - t0, 1)}, out)
+    def report(r: dict[str, Any]) -> list[str]:
+        return [f"tuner pick {r['cool_best']} is #{r['tuner_pick_hot_rank']} hot; hot best {r['hot_best']} "
+                f"({r['hot_best_vs_tuner_pick']}x the pick's hot time); SDPA hot {r['sdpa_hot_us']} us, "
+                f"best hot vs SDPA {r['best_hot_vs_sdpa']}"] + [
+            f"  {c['config']}: cool {c['cool_us']:.1f} hot {c['hot_us']} us {c['hot_power_w']} W {c['hot_sm_mhz']} MHz"
+            for c in r["configs"]]
+
+    results, wall = run_rows(rows, lambda row: probe_row(*row, heat_s=args.heat_s, block_ms=args.block_ms,
+                                                         rounds=args.rounds), report)
+    write_result("probe_power", {"problems": results, "wall_s": wall}, out)
     return 0
 
 

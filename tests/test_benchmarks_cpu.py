@@ -482,3 +482,18 @@ def test_host_cost_combine_takes_the_latest_row_in_row_order(tmp_path):
     assert [r["name"] for r in out["rows"]] == [first, second]
     assert [r["ratio"] for r in out["rows"]] == [1.5, 0.5]
     assert out["rows_over_1"] == 1 and len(out["combined_from"]) == 2
+
+
+def test_run_rows_keeps_going_after_a_failing_row(capsys):
+    from _common import run_rows
+
+    def probe(row):
+        if row == (2,):
+            raise RuntimeError("boom")
+        return {"v": row[0]}
+
+    results, wall = run_rows([(1,), (2,), (3,)], probe, lambda r: [f"v={r['v']}"])
+    assert [r.get("v") for r in results] == [1, None, 3]
+    assert results[1]["row"] == [2] and "RuntimeError: boom" in results[1]["error"]
+    out = capsys.readouterr().out
+    assert "v=1" in out and "v=3" in out and "ERROR RuntimeError: boom" in out and wall >= 0
