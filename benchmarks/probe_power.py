@@ -35,6 +35,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEFAULT_OUT, measurement_rows, ranked_ok, run_rows, tune_once, write_result  # noqa: E402
 
 DEFAULT_ROWS = "2:32:32:8192:128:0,1:32:8:16384:128:0"
+def lazy_plan(cfg: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, qk_scale_log2: float) -> Any:
+    """The library plan with ``_lazy_attention.lazy_attention_kernel`` (non-causal only)."""
+    from tiletune import Launch
+    from tiletune.kernels.attention_kernels import attention_grid
+
+    from _lazy_attention import lazy_attention_kernel
+
+    if causal:
+        raise ValueError("lazy_attention_kernel is non-causal")
+    return Launch(lazy_attention_kernel, attention_grid(cfg, q),
+                  (q, k, v, o, qk_scale_log2, q.shape[-1], cfg.BLOCK_M, cfg.BLOCK_N, causal, cfg.KV_LATENCY))
 
 
 def parse_rows(text: str) -> list[tuple[int, int, int, int, int, bool]]:
@@ -80,8 +91,12 @@ def hot_block(fn: Callable[[], Any], calls: int, probe: Any) -> dict[str, Any]:
     return out
 
 
+#: the kernels a row can time: the library's attention plan, and the lazy-rescaling experiment
+KERNELS = ("library", "lazy")
+
+
 def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool, heat_s: float, block_ms: float,
-              rounds: int) -> dict[str, Any]:
+              rounds: int, kernels: tuple[str, ...] = ("library",), hot_top: int = 0) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -99,28 +114,36 @@ def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool, heat_s: fl
     args = (q, k, v, o, causal, scale * LOG2E)
     flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
     space = ATTENTION_SMALL_HEAD_SPACE if d <= 64 else ATTENTION_SPACE
-    op = autotune(space, reference=_reference, writes=["o"], tolerance=_tolerance, name="probe_power",
-                  db=False, progress=False)(attention_into.plan)
-    res, wall = tune_once(op, args)
-    cool = ranked_ok(measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)}))
-    if not cool:
-        raise RuntimeError("no config passed the check")
-
+    plans = {"library": attention_into.plan, "lazy": lazy_plan}
     dev = torch.cuda.current_device()
     launchers: dict[str, Callable[[], Any]] = {}
-    by_name = {str(dict(m.config)): space.config(**dict(m.config)) for m in res.measurements}
-    for r in cool:
-        cfg = by_name[str(r["config"])]
-        kernel, grid, kargs = op.plan(cfg, *args)
-        launch, stream, hinted, d_ = op.backend.launch_parts(cfg, kernel, dev)
-        launchers[str(r["config"])] = (lambda launch=launch, stream=stream, hinted=hinted, d_=d_, grid=tuple(grid),
-                                       kargs=tuple(kargs): launch(stream(d_), grid, hinted, kargs))
+    cool_us: dict[str, float] = {}
+    kinds: dict[str, dict[str, Any]] = {}
+    cool_rows: list[dict[str, Any]] = []
+    for kind in kernels:
+        op = autotune(space, reference=_reference, writes=["o"], tolerance=_tolerance, name=f"probe_power.{kind}",
+                      db=False, progress=False)(plans[kind])
+        res, wall = tune_once(op, args)
+        cool = ranked_ok(measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)}))
+        if not cool:
+            raise RuntimeError(f"{kind}: no config passed the check")
+        kinds[kind] = {"tune_wall_s": round(wall, 1), "tuner_pick": dict(res.winner), "passed": len(cool),
+                       "failed": sum(1 for m in res.measurements if m.status.failed)}
+        by_name = {str(dict(m.config)): space.config(**dict(m.config)) for m in res.measurements}
+        for r in cool[:hot_top or None]:
+            cfg = by_name[str(r["config"])]
+            kernel, grid, kargs = op.plan(cfg, *args)
+            launch, stream, hinted, d_ = op.backend.launch_parts(cfg, kernel, dev)
+            name = f"{kind} {r['config']}"
+            launchers[name] = (lambda launch=launch, stream=stream, hinted=hinted, d_=d_, grid=tuple(grid),
+                               kargs=tuple(kargs): launch(stream(d_), grid, hinted, kargs))
+            cool_us[name] = r["median_us"]
+            cool_rows.append({"kernel": kind, "name": name, **r})
     gqa = {"enable_gqa": True} if hkv != h else {}
     sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)  # noqa: E731
     for fn in (*launchers.values(), sdpa):
         fn()
     torch.cuda.synchronize()
-    cool_us = {str(r["config"]): r["median_us"] for r in cool}
     sdpa_calls = block_calls(min(cool_us.values()), block_ms)
 
     probe = nvml_probe(dev)
@@ -145,20 +168,25 @@ def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool, heat_s: fl
 
     hot_us = {name: med(bs, "us") for name, bs in blocks.items()}
     sdpa_hot = med(sdpa_blocks, "us")
-    configs = [{"config": r["config"], "cool_us": r["median_us"], "hot_us": hot_us[str(r["config"])],
-                "hot_power_w": med(blocks[str(r["config"])], "power_w"),
-                "hot_sm_mhz": med(blocks[str(r["config"])], "sm_mhz"),
-                "hot_vs_sdpa": round(sdpa_hot / hot_us[str(r["config"])], 4) if sdpa_hot else None,
-                "blocks": blocks[str(r["config"])]} for r in cool]
-    cool_rank, hot_rank = rank(cool_us), rank({n: u for n, u in hot_us.items() if u is not None})
+    configs = [{"kernel": r["kernel"], "config": r["config"], "cool_us": r["median_us"], "hot_us": hot_us[r["name"]],
+                "hot_power_w": med(blocks[r["name"]], "power_w"), "hot_sm_mhz": med(blocks[r["name"]], "sm_mhz"),
+                "hot_vs_sdpa": round(sdpa_hot / hot_us[r["name"]], 4) if sdpa_hot else None,
+                "blocks": blocks[r["name"]]} for r in cool_rows]
+    for kind, info in kinds.items():
+        mine = [n for n in launchers if n.startswith(kind + " ")]
+        cool_rank = rank({n: cool_us[n] for n in mine})
+        hot_rank = rank({n: hot_us[n] for n in mine if hot_us[n] is not None})
+        info.update(cool_best=cool_rank[0], hot_best=hot_rank[0], tuner_pick_hot_rank=hot_rank.index(cool_rank[0]) + 1,
+                    hot_best_vs_tuner_pick=round(hot_us[cool_rank[0]] / hot_us[hot_rank[0]], 4),
+                    best_hot_us=hot_us[hot_rank[0]],
+                    best_hot_vs_sdpa=round(sdpa_hot / hot_us[hot_rank[0]], 4) if sdpa_hot else None)
+    first = kinds[kernels[0]]
     return {"shape": f"B{b} H{h}/{hkv} S{s} D{d}" + (" causal" if causal else ""), "flops": flops,
-            "space_size": len(cool), "tune_wall_s": round(wall, 1), "tuner_pick": dict(res.winner),
-            "cool_best": cool_rank[0], "hot_best": hot_rank[0],
-            "tuner_pick_hot_rank": hot_rank.index(cool_rank[0]) + 1,
-            "hot_best_vs_tuner_pick": round(hot_us[cool_rank[0]] / hot_us[hot_rank[0]], 4),
+            "kernels": kinds, "space_size": first["passed"], "tune_wall_s": first["tune_wall_s"],
+            "tuner_pick": first["tuner_pick"], "cool_best": first["cool_best"], "hot_best": first["hot_best"],
+            "tuner_pick_hot_rank": first["tuner_pick_hot_rank"], "hot_best_vs_tuner_pick": first["hot_best_vs_tuner_pick"],
             "sdpa_hot_us": sdpa_hot, "sdpa_hot_power_w": med(sdpa_blocks, "power_w"),
-            "sdpa_hot_sm_mhz": med(sdpa_blocks, "sm_mhz"),
-            "best_hot_vs_sdpa": round(sdpa_hot / hot_us[hot_rank[0]], 4) if sdpa_hot else None,
+            "sdpa_hot_sm_mhz": med(sdpa_blocks, "sm_mhz"), "best_hot_vs_sdpa": first["best_hot_vs_sdpa"],
             "configs": configs}
 
 
@@ -168,14 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heat-s", type=float, default=3.0, help="seconds of SDPA before timing (default 3)")
     ap.add_argument("--block-ms", type=float, default=200.0, help="length of a hot block (default 200 ms)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--kernels", default="library", help=f"comma-separated, of {', '.join(KERNELS)} (default library)")
+    ap.add_argument("--hot-top", type=int, default=0, help="time hot only each kernel's N fastest cool configs (0: all)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     try:
         rows = parse_rows(args.rows)
     except ValueError as exc:
         ap.error(str(exc))
-    if args.heat_s < 0 or args.block_ms <= 0 or args.rounds < 1:
-        ap.error("--heat-s >= 0, --block-ms > 0, --rounds >= 1")
+    if args.heat_s < 0 or args.block_ms <= 0 or args.rounds < 1 or args.hot_top < 0:
+        ap.error("--heat-s >= 0, --block-ms > 0, --rounds >= 1, --hot-top >= 0")
+    kernels = tuple(k.strip() for k in args.kernels.split(",") if k.strip())
+    if not kernels or any(k not in KERNELS for k in kernels):
+        ap.error(f"--kernels: comma-separated, of {', '.join(KERNELS)}")
     import torch
 
     if not torch.cuda.is_available():
@@ -183,14 +216,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     def report(r: dict[str, Any]) -> list[str]:
-        return [f"tuner pick {r['cool_best']} is #{r['tuner_pick_hot_rank']} hot; hot best {r['hot_best']} "
-                f"({r['hot_best_vs_tuner_pick']}x the pick's hot time); SDPA hot {r['sdpa_hot_us']} us, "
-                f"best hot vs SDPA {r['best_hot_vs_sdpa']}"] + [
-            f"  {c['config']}: cool {c['cool_us']:.1f} hot {c['hot_us']} us {c['hot_power_w']} W {c['hot_sm_mhz']} MHz"
-            for c in r["configs"]]
+        return [f"{kind}: tuner pick {i['cool_best']} is #{i['tuner_pick_hot_rank']} hot; hot best {i['hot_best']} "
+                f"{i['best_hot_us']} us ({i['hot_best_vs_tuner_pick']}x the pick's hot time); best hot vs SDPA "
+                f"{i['best_hot_vs_sdpa']} ({i['failed']} configs failed the check)" for kind, i in r["kernels"].items()] + [
+            f"SDPA hot {r['sdpa_hot_us']} us {r['sdpa_hot_power_w']} W {r['sdpa_hot_sm_mhz']} MHz"] + [
+            f"  {c['kernel']} {c['config']}: cool {c['cool_us']:.1f} hot {c['hot_us']} us {c['hot_power_w']} W "
+            f"{c['hot_sm_mhz']} MHz" for c in r["configs"]]
 
     results, wall = run_rows(rows, lambda row: probe_row(*row, heat_s=args.heat_s, block_ms=args.block_ms,
-                                                         rounds=args.rounds), report)
+                                                         rounds=args.rounds, kernels=kernels,
+                                                         hot_top=args.hot_top), report)
     write_result("probe_power", {"problems": results, "wall_s": wall}, out)
     return 0
 

@@ -497,3 +497,13 @@ def test_run_rows_keeps_going_after_a_failing_row(capsys):
     assert results[1]["row"] == [2] and "RuntimeError: boom" in results[1]["error"]
     out = capsys.readouterr().out
     assert "v=1" in out and "v=3" in out and "ERROR RuntimeError: boom" in out and wall >= 0
+
+
+def test_probe_power_refuses_unknown_kernels_and_causal_lazy_rows():
+    import probe_power
+
+    with pytest.raises(SystemExit):
+        probe_power.main(["--kernels", "library,nope"])
+    with pytest.raises(SystemExit):
+        probe_power.main(["--hot-top", "-1"])
+    assert probe_power.KERNELS == ("library", "lazy")

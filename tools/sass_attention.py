@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""The SASS of the attention kernel per config of its D=128 space (no GPU): what each config executes.
+
+``probe_power.py`` found the library attention kernel 6-12% behind cuDNN once the H200 sits at its power
+cap, with the tuner's pick still the fastest config there. This compiles every config of
+:data:`~tiletune.kernels.attention_op.ATTENTION_SPACE` through the launch plan on meta tensors
+(B2 H32 S8192 D128, bf16, non-causal), disassembles the cubins with ``cuobjdump -sass`` and prints the
+instruction classes that decide the work per tile: tensor-core MMAs (``HGMMA``), the exponentials
+(``MUFU``), fp32 math (``FFMA``, ``FMUL``, ``FADD``, ``FMNMX``), conversions (``F2FP``), shared memory
+(``STS``, ``LDS``, ``LDSM``, ``STSM``), spills (``LDL``, ``STL``), TMA (``UTMALDG``), barriers (``BAR``,
+``SYNCS``), and the kernel's registers per thread.
+
+    python tools/sass_attention.py [--cuda-bin DIR] [--causal]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import io
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from cuda.tile.compilation import export_kernel  # noqa: E402
+
+from compile_check_memory import find_tool, signature  # noqa: E402
+
+CLASSES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP", "STS", "LDS", "LDSM", "STSM", "LDL", "STL",
+           "UTMALDG", "BAR", "SYNCS")
+
+
+def opcode_counts(sass: str, classes: tuple[str, ...] = CLASSES) -> dict[str, int]:
+    """Counts of the ``classes`` opcodes (the mnemonic before its first '.') in ``cuobjdump -sass`` text."""
+    counts = dict.fromkeys(classes, 0)
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", line)
+        if m and m.group(1) in counts:
+            counts[m.group(1)] += 1
+    return counts
+
+
+def registers(resources: str) -> int | None:
+    """Registers per thread from ``cuobjdump -res-usage`` text."""
+    m = re.search(r"REG:(\d+)", resources)
+    return int(m.group(1)) if m else None
+
+
+def compile_config(cfg: Any, causal: bool, cuobjdump: str) -> dict[str, Any]:
+    from tiletune.kernels.attention_op import attention_into
+
+    q, k, v, o = (torch.empty(2, 32, 8192, 128, dtype=torch.bfloat16, device="meta") for _ in range(4))
+    with mock.patch.object(torch.Tensor, "get_device", lambda self: 0):
+        kernel, grid, kargs = attention_into.plan(cfg, q, k, v, o, causal, 0.127)
+    buf = io.BytesIO()
+    export_kernel(kernel.replace_hints(**cfg.hints), [signature(kernel, kargs)], buf, gpu_code="sm_90",
+                  output_format="cubin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return {"config": dict(cfg), "regs": registers(res), **opcode_counts(sass)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cuda-bin", default=None, help="folder holding cuobjdump")
+    ap.add_argument("--causal", action="store_true")
+    args = ap.parse_args(argv)
+    cuobjdump = find_tool("cuobjdump", args.cuda_bin)
+    if cuobjdump is None:
+        print("sass_attention: cuobjdump not found (--cuda-bin DIR, $CUDA_HOME/bin or PATH)", file=sys.stderr)
+        return 2
+    from tiletune.kernels.attention_op import ATTENTION_SPACE
+
+    rows = []
+    for cfg in ATTENTION_SPACE.candidates("sm_90"):
+        try:
+            rows.append(compile_config(cfg, args.causal, cuobjdump))
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported, the rest go on
+            rows.append({"config": dict(cfg), "error": f"{type(exc).__name__}: {exc}"[:200]})
+    label = lambda r: "{BLOCK_M}x{BLOCK_N} w{num_worker_warps} occ{occupancy} lat{KV_LATENCY}".format(**r["config"])  # noqa: E731
+    width = max(len(label(r)) for r in rows)
+    cols = ("regs",) + CLASSES
+    print(f"{'config':{width}s}  " + " ".join(f"{c:>7s}" for c in cols))
+    for r in rows:
+        if "error" in r:
+            print(f"{label(r):{width}s}  {r['error']}")
+        else:
+            print(f"{label(r):{width}s}  " + " ".join(f"{r[c] if r[c] is not None else '-':>7}" for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
