@@ -6,9 +6,8 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-02 00:25 session, in this order: smallhead, sustained, attention (then
-# `kernels_compute.py --combine results/h200/kernels_compute.json OUT/kernels_compute.json`), projections, splits;
-# grouped, rows, context, memory, memtests, qwen and the D64 attention row ran then, see docs/GPU-NOTES.md):
+# PART (what is still owed after the 2026-12-02 02:12 session, in this order: projections, splits; smallhead,
+# sustained, attention, issue12, hostmm and power ran on 2026-12-02 01:30-02:12, see docs/GPU-NOTES.md):
 #   issue12  issue 12: the fastcall and torch_ops GPU tests, dispatch_overhead.py and host_cost.py (call guards; the
 #             host-cost rows' bare-launch floor), without the matmul and attention rows (hostmm: those)
 #   power    issue 14: probe_power.py, the attention space timed at the power cap (hot) against its cool ranking
