@@ -216,3 +216,20 @@ def test_library_op_replays_through_guards_and_checks_precheck_on_every_hit():
     n = slow["n"]
     scale(torch.randn(16), 0.5)
     assert slow["n"] == n + 1
+
+
+def test_a_replaced_entry_is_never_remembered():
+    """A slow-path call that fetched an entry just before another thread replaced it must not put the old
+    entry behind a guard (it would be launched until the next change)."""
+    be = FakeBackend(lambda cfg: 100.0 - 0.2 * cfg.TM, noise=0.0)
+    op = make_op(be)
+    x, y = torch.randn(8), torch.empty(8)
+    op(x, y)
+    key = default_key((x, y))
+    stale = op._cache[key]
+    op._cache[key] = lambda a: None  # another thread installed a new entry meanwhile
+    op._fast.clear()
+    op._remember(key, (x, y), stale)
+    assert op._fast.rows == {}
+    op._remember(key, (x, y), op._cache[key])
+    assert op._fast.rows

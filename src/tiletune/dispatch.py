@@ -342,7 +342,9 @@ class TunedOp:
                 self._key_guards.clear()
             check = self._key_guards[key] = call_guard(args, _BY_VALUE.__contains__)
         if check is not None:
-            self._fast.remember(args, check, entry)
+            with self._lock:  # entries change under this lock: never remember one that was just replaced
+                if self._cache.get(key) is entry:
+                    self._fast.remember(args, check, entry)
 
     # ------------------------------------------------------------------ public helpers
     def config_for(self, *args: Any, **kwargs: Any) -> Config:

@@ -164,7 +164,9 @@ class _FastOp:
                 self.sig_guards.clear()
             check = self.sig_guards[sig] = call_guard(args, _by_value)
         if check is not None:
-            self.guards.remember(args, check, recipe)
+            with self._lock:  # recipes change under this lock: never remember one that was just replaced
+                if self.recipes.get(sig) is recipe:
+                    self.guards.remember(args, check, recipe)
 
 
 def _by_value(t: type) -> bool:
