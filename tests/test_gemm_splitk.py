@@ -538,3 +538,19 @@ def test_sass_gemm_counts_the_opcodes_that_tell_the_data_paths_apart():
     counts = sass_gemm.opcode_counts(text)
     assert counts["HGMMA"] == 1 and counts["STS"] == 2 and counts["LDSM"] == 1 and counts["SYNCS"] == 1
     assert counts["LDS"] == 0 and "FFMA" not in counts and set(counts) == set(sass_gemm.CLASSES)
+
+
+def test_sass_attention_counts_its_classes_and_reads_registers():
+    """``tools/sass_attention.py`` (the attention kernel per config, issue 14): its instruction classes
+    through sass_gemm's counter, and the registers per thread from ``cuobjdump -res-usage`` text."""
+    _tools()
+    import sass_attention
+
+    text = "\n".join(["        /*0100*/                   MUFU.EX2 R5, R4 ;",
+                      "        /*0110*/               @P0 FFMA R1, R2, R3, R4 ;",
+                      "        /*0120*/                   STL [R1], R2 ;"])
+    counts = sass_attention.opcode_counts(text, sass_attention.CLASSES)
+    assert counts["MUFU"] == 1 and counts["FFMA"] == 1 and counts["STL"] == 1 and counts["HGMMA"] == 0
+    assert set(counts) == set(sass_attention.CLASSES)
+    res = "Function attention_kernel:\n REG:168 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:904 TEXTURE:0"
+    assert sass_attention.registers(res) == 168 and sass_attention.registers("nothing") is None

@@ -16,11 +16,11 @@ instruction classes that decide the work per tile: tensor-core MMAs (``HGMMA``),
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import subprocess
 import sys
 import tempfile
-import io
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -32,19 +32,10 @@ import torch  # noqa: E402
 from cuda.tile.compilation import export_kernel  # noqa: E402
 
 from compile_check_memory import find_tool, signature  # noqa: E402
+from sass_gemm import opcode_counts  # noqa: E402
 
 CLASSES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP", "STS", "LDS", "LDSM", "STSM", "LDL", "STL",
            "UTMALDG", "BAR", "SYNCS")
-
-
-def opcode_counts(sass: str, classes: tuple[str, ...] = CLASSES) -> dict[str, int]:
-    """Counts of the ``classes`` opcodes (the mnemonic before its first '.') in ``cuobjdump -sass`` text."""
-    counts = dict.fromkeys(classes, 0)
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", line)
-        if m and m.group(1) in counts:
-            counts[m.group(1)] += 1
-    return counts
 
 
 def registers(resources: str) -> int | None:
@@ -67,7 +58,7 @@ def compile_config(cfg: Any, causal: bool, cuobjdump: str) -> dict[str, Any]:
         f.flush()
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
         res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return {"config": dict(cfg), "regs": registers(res), **opcode_counts(sass)}
+    return {"config": dict(cfg), "regs": registers(res), **opcode_counts(sass, CLASSES)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,14 +65,15 @@ def probe_mma_tf32(A, B, C, TM: ConstInt, TN: ConstInt, TK: ConstInt):
     ct.store(C, (ct.bid(0), ct.bid(1)), acc)
 
 
-def opcode_counts(sass: str) -> dict[str, int]:
-    """Counts of the :data:`CLASSES` opcodes in ``cuobjdump -sass`` text (predicated ones included)."""
+def opcode_counts(sass: str, classes: tuple[str, ...] = CLASSES) -> dict[str, int]:
+    """Counts of the ``classes`` opcodes (the mnemonic before its first '.') in ``cuobjdump -sass`` text
+    (predicated ones included)."""
     counts: collections.Counter[str] = collections.Counter()
     for line in sass.splitlines():
         m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", line)
-        if m and m.group(1) in CLASSES:
+        if m and m.group(1) in classes:
             counts[m.group(1)] += 1
-    return {c: counts.get(c, 0) for c in CLASSES}
+    return {c: counts.get(c, 0) for c in classes}
 
 
 def disassemble(kernel: Any, sig: KernelSignature, hints: dict[str, Any], cuobjdump: str) -> dict[str, int]:
