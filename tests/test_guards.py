@@ -233,3 +233,18 @@ def test_a_replaced_entry_is_never_remembered():
     assert op._fast.rows == {}
     op._remember(key, (x, y), op._cache[key])
     assert op._fast.rows
+
+
+def test_a_key_guard_is_built_once_and_the_cache_is_bounded(monkeypatch):
+    table: guards.GuardTable[str] = guards.GuardTable()
+    x = torch.randn(4)
+    built = []
+    real = guards.call_guard
+    monkeypatch.setattr(guards, "call_guard", lambda a, bv: built.append(1) or real(a, bv))
+    c1 = table.check_for("k", (x,), by_key)
+    table.clear()  # values go, guards stay: a key's guard depends on the key only
+    assert table.check_for("k", (torch.randn(4),), by_key) is c1 and len(built) == 1
+    monkeypatch.setattr(guards, "MAX_CHECKS", 2)
+    for k in ("a", "b", "c"):
+        table.check_for(k, (x,), by_key)
+    assert len(table.checks) <= 2

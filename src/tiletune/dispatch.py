@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from .backends.base import Backend, Launch
 from .binding import positional_binder
 from .errors import TiletuneError
-from .guards import Check, GuardTable, call_guard
+from .guards import GuardTable
 from .hotpath import Entry, bound_launcher, build_entry
 from .buckets import Buckets
 from .keys import _BY_VALUE, default_key
@@ -285,7 +285,6 @@ class TunedOp:
         self._cache: dict[Any, Entry] = {}
         #: guards of recently called keys with their entries (default key only; see :mod:`tiletune.guards`)
         self._fast: GuardTable[Entry] = GuardTable()
-        self._key_guards: dict[Any, Check | None] = {}  # key -> its call guard (None: not guardable)
         self._guarded = key is None
         self._configs: dict[Any, Config] = {}
         self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
@@ -335,12 +334,7 @@ class TunedOp:
 
     def _remember(self, key: Any, args: tuple[Any, ...], entry: Entry) -> None:
         """Make ``key``'s guard the first one its selector tries (built once per key)."""
-        try:
-            check = self._key_guards[key]
-        except KeyError:
-            if len(self._key_guards) >= 4096:
-                self._key_guards.clear()
-            check = self._key_guards[key] = call_guard(args, _BY_VALUE.__contains__)
+        check = self._fast.check_for(key, args, _BY_VALUE.__contains__)
         if check is not None:
             with self._lock:  # entries change under this lock: never remember one that was just replaced
                 if self._cache.get(key) is entry:

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from . import dispatch
 from .binding import positional_binder
-from .guards import Check, GuardTable, call_guard
+from .guards import GuardTable
 from .hotpath import TYPESTR as _TYPESTR, CudaArrayView
 
 logger = logging.getLogger("tiletune")
@@ -113,7 +113,6 @@ class _FastOp:
         self.recipes: dict[tuple, Callable[[tuple[Any, ...]], Any]] = {}
         #: guards of recently replayed signatures with their recipes (:mod:`tiletune.guards`)
         self.guards: GuardTable[Callable[[tuple[Any, ...]], Any]] = GuardTable()
-        self.sig_guards: dict[tuple, Check | None] = {}  # signature -> its call guard (None: not guardable)
         self.attempts: dict[tuple, int] = {}
         self.refusals: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -123,7 +122,6 @@ class _FastOp:
         with self._lock:
             self.recipes.clear()
             self.guards.clear()
-            self.sig_guards.clear()
             self.attempts.clear()
             self.refusals.clear()
 
@@ -157,12 +155,7 @@ class _FastOp:
 
     def remember(self, sig: tuple, args: tuple[Any, ...], recipe: Callable[[tuple[Any, ...]], Any]) -> None:
         """Make ``sig``'s guard the first one its selector tries (built once per signature)."""
-        try:
-            check = self.sig_guards[sig]
-        except KeyError:
-            if len(self.sig_guards) >= 4 * MAX_RECIPES:
-                self.sig_guards.clear()
-            check = self.sig_guards[sig] = call_guard(args, _by_value)
+        check = self.guards.check_for(sig, args, _by_value)
         if check is not None:
             with self._lock:  # recipes change under this lock: never remember one that was just replaced
                 if self.recipes.get(sig) is recipe:

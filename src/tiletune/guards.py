@@ -20,7 +20,7 @@ read before checking.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 logger = logging.getLogger("tiletune")
 
@@ -33,6 +33,8 @@ V = TypeVar("V")
 PER_SELECTOR = 4
 #: selectors kept per table before it starts over (a stream of new shapes must not grow memory)
 MAX_SELECTORS = 256
+#: keys whose guard a table keeps before it starts over
+MAX_CHECKS = 4096
 
 _tensor_guards: Any = None  # TensorGuards, False when unavailable, None before the first look
 
@@ -120,13 +122,25 @@ def selector(args: tuple[Any, ...]) -> Any:
 class GuardTable(Generic[V]):
     """Guards of recent keys, grouped by :func:`selector`, each with the value cached for its key.
 
-    ``lookup(args)`` is the hot-path read; ``remember(args, check, value)`` adds a guard after a call
-    went the slow way; ``clear()`` forgets everything (whenever a cached value may have changed)."""
+    ``lookup(args)`` is the hot-path read; ``check_for(key, args, by_value)`` is a key's guard (built
+    once: it depends on the key only); ``remember(args, check, value)`` adds a guard after a call went
+    the slow way; ``clear()`` forgets the remembered values (whenever a cached value may have changed)."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "checks")
 
     def __init__(self) -> None:
         self.rows: dict[Any, tuple[tuple[Check, V], ...]] = {}
+        self.checks: dict[Any, Check | None] = {}  # key -> its call guard (None: not guardable)
+
+    def check_for(self, key: Any, args: tuple[Any, ...], by_value: Callable[[type], bool]) -> Check | None:
+        """``key``'s call guard, built from ``args`` (a call with that key) the first time it is asked for."""
+        try:
+            return self.checks[key]
+        except KeyError:
+            if len(self.checks) >= MAX_CHECKS:
+                self.checks.clear()
+            check = self.checks[key] = call_guard(args, by_value)
+            return check
 
     def lookup(self, args: tuple[Any, ...]) -> V | None:
         """The value of the first guard that passes ``args``, or None."""
@@ -151,6 +165,3 @@ class GuardTable(Generic[V]):
 
     def clear(self) -> None:
         self.rows = {}
-
-    def values(self) -> Iterable[V]:
-        return [v for row in self.rows.values() for _, v in row]
