@@ -16,11 +16,8 @@ instruction classes that decide the work per tile: tensor-core MMAs (``HGMMA``),
 from __future__ import annotations
 
 import argparse
-import io
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -29,10 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from cuda.tile.compilation import export_kernel  # noqa: E402
 
 from compile_check_memory import find_tool, signature  # noqa: E402
-from sass_gemm import opcode_counts  # noqa: E402
+from sass_gemm import cuobjdump_texts, opcode_counts  # noqa: E402
 
 CLASSES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP", "STS", "LDS", "LDSM", "STSM", "LDL", "STL",
            "UTMALDG", "BAR", "SYNCS")
@@ -50,14 +46,7 @@ def compile_config(cfg: Any, causal: bool, cuobjdump: str) -> dict[str, Any]:
     q, k, v, o = (torch.empty(2, 32, 8192, 128, dtype=torch.bfloat16, device="meta") for _ in range(4))
     with mock.patch.object(torch.Tensor, "get_device", lambda self: 0):
         kernel, grid, kargs = attention_into.plan(cfg, q, k, v, o, causal, 0.127)
-    buf = io.BytesIO()
-    export_kernel(kernel.replace_hints(**cfg.hints), [signature(kernel, kargs)], buf, gpu_code="sm_90",
-                  output_format="cubin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(buf.getvalue())
-        f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    sass, res = cuobjdump_texts(kernel, signature(kernel, kargs), cfg.hints, cuobjdump, "-sass", "-res-usage")
     return {"config": dict(cfg), "regs": registers(res), **opcode_counts(sass, CLASSES)}
 
 

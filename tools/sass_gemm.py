@@ -76,15 +76,21 @@ def opcode_counts(sass: str, classes: tuple[str, ...] = CLASSES) -> dict[str, in
     return {c: counts.get(c, 0) for c in classes}
 
 
-def disassemble(kernel: Any, sig: KernelSignature, hints: dict[str, Any], cuobjdump: str) -> dict[str, int]:
+def cuobjdump_texts(kernel: Any, sig: KernelSignature, hints: dict[str, Any], cuobjdump: str,
+                    *options: str) -> list[str]:
+    """Compile ``kernel`` for sm_90 once and return ``cuobjdump OPTION cubin``'s output per option."""
     buf = io.BytesIO()
     export_kernel(kernel.replace_hints(**hints) if hints else kernel, [sig], buf, gpu_code="sm_90",
                   output_format="cubin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(buf.getvalue())
         f.flush()
-        out = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return opcode_counts(out)
+        return [subprocess.run([cuobjdump, opt, f.name], capture_output=True, text=True, check=True).stdout
+                for opt in options]
+
+
+def disassemble(kernel: Any, sig: KernelSignature, hints: dict[str, Any], cuobjdump: str) -> dict[str, int]:
+    return opcode_counts(cuobjdump_texts(kernel, sig, hints, cuobjdump, "-sass")[0])
 
 
 def library_gemm(op_name: str, dtype: Any, n: int, cuobjdump: str) -> tuple[str, dict[str, int]]:
