@@ -8,6 +8,8 @@
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART (what is still owed after the 2026-12-02 02:12 session, in this order: projections, splits; smallhead,
 # sustained, attention, issue12, hostmm and power ran on 2026-12-02 01:30-02:12, see docs/GPU-NOTES.md):
+#   cetail   issue 12: probe_ce_tail.py, the withdrawn one-launch cross-entropy kernel's wrong loss at CHUNK 8192 /
+#             occupancy 4 (ran on 2026-12-02 04:20-04:27; rerun after a cuda-tile / tileiras upgrade)
 #   issue12  issue 12: the fastcall and torch_ops GPU tests, dispatch_overhead.py and host_cost.py (call guards; the
 #             host-cost rows' bare-launch floor), without the matmul and attention rows (hostmm: those)
 #   power    issue 14: probe_power.py, the attention space timed at the power cap (hot) against its cool ranking
@@ -58,6 +60,8 @@ cd "$(dirname "$0")/.."
 limit() { timeout -k 10 "${LIMIT:-$1}" "${@:2}"; echo "[$part] $2 ${3:-} rc $?"; }
 python -m compileall -q -j 0 "$(python -c 'import cuda.tile, os; print(os.path.dirname(os.path.dirname(os.path.dirname(cuda.tile.__file__))))')" src > /dev/null 2>&1
 case "$part" in
+  cetail)
+    limit 200 python benchmarks/probe_ce_tail.py --out "$out" 2>&1 | tail -30 ;;
   verify)
     limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_compile_pool.py tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py \
       tests/test_gpu_campaign.py --junitxml="$out/verify.xml" > "$out/verify.log" 2>&1
