@@ -4,11 +4,10 @@ The library kernel (``tiletune.kernels.cross_entropy_op``) writes per-row losses
 with torch: two launches per call. This variant finishes the mean in its own launch: every row's
 term goes to a scratch slot, every block counts its arrival on an int32 counter, and the last block
 sums the slots in row order and resets the counter. It cut the host cost of ``cross_entropy`` to
-0.69-0.89x of ``F.cross_entropy`` on the H200, but at CHUNK 8192 / occupancy 4 on a 7 x 32000 bf16
-problem it returned a loss off by 0.0168 on every launch (the per-row kernel: exact at the same
-config), with the row terms or with per-block partial sums alike (``probe_ce_tail*.json``): a wrong
-row term once the atomic tail is in the kernel, not a race in the tail. Not a library kernel: kept
-to reproduce that.
+0.69-0.85x of ``F.cross_entropy`` on the H200, but its loss comes out wrong on every launch at many
+(shape, config) pairs when the logits are loaded through TMA, and never when they are not, while the
+library's per-row kernel (TMA loads, no atomic) is exact at all of them (``probe_ce_tail.json``,
+cuda-tile 1.7.0, tileiras 13.4). Not a library kernel: kept to reproduce that.
 """
 
 import math

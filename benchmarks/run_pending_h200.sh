@@ -8,8 +8,8 @@
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART (what is still owed after the 2026-12-02 02:12 session, in this order: projections, splits; smallhead,
 # sustained, attention, issue12, hostmm and power ran on 2026-12-02 01:30-02:12, see docs/GPU-NOTES.md):
-#   cetail   issue 12: probe_ce_tail.py, the withdrawn one-launch cross-entropy kernel's wrong loss at CHUNK 8192 /
-#             occupancy 4 (ran on 2026-12-02 04:20-04:27; rerun after a cuda-tile / tileiras upgrade)
+#   cetail   issue 12: probe_ce_tail.py, the withdrawn one-launch cross-entropy kernel (wrong losses with TMA loads;
+#             ran on 2026-12-02 04:35; rerun after a cuda-tile / tileiras upgrade)
 #   issue12  issue 12: the fastcall and torch_ops GPU tests, dispatch_overhead.py and host_cost.py (call guards; the
 #             host-cost rows' bare-launch floor), without the matmul and attention rows (hostmm: those)
 #   power    issue 14: probe_power.py, the attention space timed at the power cap (hot) against its cool ranking
