@@ -481,25 +481,15 @@ def launch_floor(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any
     """``(floor, launches)``: ``floor(*args)`` issues the bare ``ct.launch`` calls one call of ``fn`` makes
     (the tuned ops' chosen kernels, grids and arguments as recorded from one call, outputs included):
     what any wrapper of these kernels costs at least, with nothing but the launches."""
-    import threading
-
     from tiletune import dispatch
 
-    rec: list = []
-    tid = threading.get_ident()
-    dispatch._recorders[tid] = rec
-    try:
-        fn(*args)
-    finally:
-        dispatch._recorders.pop(tid, None)
+    _, rec = dispatch.record_launches(fn, *args)
     launches = []
     for op, key, op_args in rec:
         if key is None:
             raise RuntimeError(f"{op.name}: a recorded launch was not a cached choice")
-        cfg = op._configs[key]
-        kernel, grid, kargs = op._launch_spec(cfg, op_args)
-        launch, stream, hinted, dev = op.backend.launch_parts(cfg, kernel, op.backend.arg_device(op_args))
-        launches.append((launch, stream, hinted, dev, tuple(grid), tuple(kargs)))
+        (launch, stream, hinted, dev), grid, kargs = op._resolved_launch(op._configs[key], op_args)
+        launches.append((launch, stream, hinted, dev, grid, kargs))
     if len(launches) == 1:
         launch, stream, hinted, dev, grid, kargs = launches[0]
 

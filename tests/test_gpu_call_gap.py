@@ -14,7 +14,6 @@ Run on the GPU host: ``source .gpu/activate.sh && python -m pytest -m gpu -q tes
 from __future__ import annotations
 
 import statistics
-import threading
 
 import pytest
 
@@ -30,13 +29,7 @@ def _recorded_launch(fn, *args):
     """``fn(*args)`` once, with the tuned-op launches it makes recorded: ``[(op, key, op_args)]``."""
     from tiletune import dispatch
 
-    tid = threading.get_ident()
-    rec: list = []
-    dispatch._recorders[tid] = rec
-    try:
-        fn(*args)
-    finally:
-        dispatch._recorders.pop(tid, None)
+    _, rec = dispatch.record_launches(fn, *args)
     torch.cuda.synchronize()
     return rec
 

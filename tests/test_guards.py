@@ -248,3 +248,22 @@ def test_a_key_guard_is_built_once_and_the_cache_is_bounded(monkeypatch):
     for k in ("a", "b", "c"):
         table.check_for(k, (x,), by_key)
     assert len(table.checks) <= 2
+
+
+def test_record_launches_returns_the_result_and_each_launch_and_refuses_nesting():
+    be = FakeBackend(lambda cfg: 1.0, noise=0.0)
+    op = make_op(be)
+    x, y = torch.randn(8), torch.empty(8)
+    op(x, y)
+
+    def twice(a, b):
+        op(a, b)
+        op(a, b)
+        return "done"
+
+    result, rec = dispatch.record_launches(twice, x, b=y)
+    assert result == "done" and [r[0] for r in rec] == [op, op] and rec[0][1] == default_key((x, y))
+    assert threading.get_ident() not in dispatch._recorders
+    with pytest.raises(RuntimeError, match="already recording"):
+        dispatch.record_launches(lambda: dispatch.record_launches(twice, x, y))
+    assert threading.get_ident() not in dispatch._recorders

@@ -238,15 +238,9 @@ def _tuned_launch(fn: Callable[..., Any], case: ABCase) -> tuple[Any, tuple[Any,
 
     from . import dispatch
 
-    tid = threading.get_ident()
-    if tid in dispatch._recorders:
+    if threading.get_ident() in dispatch._recorders:
         raise TiletuneError("tt.ab cannot run inside another recorded call")
-    rec: list = []
-    dispatch._recorders[tid] = rec
-    try:
-        fn(*case.args, **dict(case.kwargs))
-    finally:
-        dispatch._recorders.pop(tid, None)
+    _, rec = dispatch.record_launches(fn, *case.args, **dict(case.kwargs))
     ops = {id(op): op for op, _, _ in rec}
     if len(ops) != 1:
         name = getattr(fn, "__name__", repr(fn))

@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from .backends.base import Backend, Launch
+from .backends.base import Backend, Launch, LaunchParts
 from .binding import positional_binder
 from .errors import TiletuneError
 from .guards import GuardTable
@@ -97,6 +97,23 @@ def _note_launch(op: "TunedOp", key: Any, args: tuple[Any, ...]) -> None:
     rec = _recorders.get(threading.get_ident())
     if rec is not None:
         rec.append((op, key, args))
+
+
+def record_launches(fn: Callable[..., Any], *args: Any,
+                    **kwargs: Any) -> tuple[Any, list[tuple["TunedOp", Any, tuple[Any, ...]]]]:
+    """``fn(*args, **kwargs)`` once with this thread's tuned-op launches recorded: ``(its result,
+    [(op, key, op arguments), ...])`` in launch order (``key`` None where the op missed it). Raises
+    RuntimeError when this thread is already recording (a library op inside a recorded call)."""
+    tid = threading.get_ident()
+    if tid in _recorders:
+        raise RuntimeError("record_launches: this thread is already recording launches")
+    rec: list[tuple["TunedOp", Any, tuple[Any, ...]]] = []
+    _recorders[tid] = rec
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        _recorders.pop(tid, None)
+    return result, rec
 
 
 class FirstLaunch(BaseException):
@@ -333,12 +350,8 @@ class TunedOp:
         return self._outputs(args)
 
     def _remember(self, key: Any, args: tuple[Any, ...], entry: Entry) -> None:
-        """Make ``key``'s guard the first one its selector tries (built once per key)."""
-        check = self._fast.check_for(key, args, _BY_VALUE.__contains__)
-        if check is not None:
-            with self._lock:  # entries change under this lock: never remember one that was just replaced
-                if self._cache.get(key) is entry:
-                    self._fast.remember(args, check, entry)
+        """Make ``key``'s guard the first one its selector tries (entries change under ``self._lock``)."""
+        self._fast.remember_current(key, args, _BY_VALUE.__contains__, entry, self._cache, self._lock)
 
     # ------------------------------------------------------------------ public helpers
     def config_for(self, *args: Any, **kwargs: Any) -> Config:
@@ -385,11 +398,9 @@ class TunedOp:
             if key not in self._cache:
                 self._miss(args, key, launch=False)
             cfg = self._configs[key]
-        spec = self._launch_spec(cfg, args)
-        parts = self.backend.launch_parts(cfg, spec[0], self.backend.arg_device(args))
+        parts, grid, kargs = self._resolved_launch(cfg, args)
         views = bool(getattr(self.backend, "accepts_array_interface", False))
-        return bound_launcher(parts, tuple(spec[1]), tuple(spec[2]), self._outputs(args), views=views,
-                              config=cfg, op=self)
+        return bound_launcher(parts, grid, kargs, self._outputs(args), views=views, config=cfg, op=self)
 
     def cache_clear(self) -> None:
         """Forget in-memory choices (the database keeps its records)."""
@@ -553,6 +564,13 @@ class TunedOp:
                     f"{self.name}: the launch plan must return tiletune.Launch(kernel, grid, args), got {spec!r}"
                 ) from exc
         return spec
+
+    def _resolved_launch(self, cfg: Config,
+                         args: tuple[Any, ...]) -> tuple[LaunchParts, tuple[int, ...], tuple[Any, ...]]:
+        """``cfg``'s launch on ``args`` ready to issue: ``(the backend's launch parts for the plan's kernel,
+        grid, kernel arguments)``; ``parts.launch(parts.stream(parts.dev), grid, parts.hinted, kargs)``."""
+        kernel, grid, kargs = self._launch_spec(cfg, args)
+        return self.backend.launch_parts(cfg, kernel, self.backend.arg_device(args)), tuple(grid), tuple(kargs)
 
     def _bind_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
         """Keyword arguments bound to the plan's parameters: the positional tuple the plan is called with

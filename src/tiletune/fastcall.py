@@ -130,15 +130,9 @@ class _FastOp:
         if (not self.learn or sig is None or self.attempts.get(sig, 0) >= MAX_ATTEMPTS
                 or len(self.recipes) >= MAX_RECIPES):
             return self.fn(*args)
-        tid = threading.get_ident()
-        if tid in dispatch._recorders:  # a library op calling another one: only the outer one learns
+        if threading.get_ident() in dispatch._recorders:  # a library op inside another: only the outer one learns
             return self.fn(*args)
-        rec: list = []
-        dispatch._recorders[tid] = rec
-        try:
-            result = self.fn(*args)
-        finally:
-            dispatch._recorders.pop(tid, None)
+        result, rec = dispatch.record_launches(self.fn, *args)
         with self._lock:
             if len(self.attempts) >= 4 * MAX_RECIPES:  # a stream of unlearnable signatures: bounded memory
                 self.attempts.clear()
@@ -154,12 +148,8 @@ class _FastOp:
         return result
 
     def remember(self, sig: tuple, args: tuple[Any, ...], recipe: Callable[[tuple[Any, ...]], Any]) -> None:
-        """Make ``sig``'s guard the first one its selector tries (built once per signature)."""
-        check = self.guards.check_for(sig, args, _by_value)
-        if check is not None:
-            with self._lock:  # recipes change under this lock: never remember one that was just replaced
-                if self.recipes.get(sig) is recipe:
-                    self.guards.remember(args, check, recipe)
+        """Make ``sig``'s guard the first one its selector tries (recipes change under ``self._lock``)."""
+        self.guards.remember_current(sig, args, _by_value, recipe, self.recipes, self._lock)
 
 
 def _by_value(t: type) -> bool:
@@ -335,9 +325,7 @@ def _learn(args: tuple[Any, ...], result: Any, rec: list) -> Callable[[tuple[Any
                 known.add(_storage(w)[0])
                 sources.append(("tmp", len(temps), w))
                 temps.append(w)
-        kernel, grid, kargs = op._launch_spec(cfg, op_args)
-        dev = op.backend.arg_device(op_args)
-        launch, stream, hinted, dev = op.backend.launch_parts(cfg, kernel, dev)
+        (launch, stream, hinted, dev), grid, kargs = op._resolved_launch(cfg, op_args)
         parts: list[tuple] = []
         for v in kargs:
             if isinstance(v, torch.Tensor):

@@ -20,7 +20,7 @@ read before checking.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, ContextManager, Generic, Mapping, TypeVar
 
 logger = logging.getLogger("tiletune")
 
@@ -124,7 +124,8 @@ class GuardTable(Generic[V]):
 
     ``lookup(args)`` is the hot-path read; ``check_for(key, args, by_value)`` is a key's guard (built
     once: it depends on the key only); ``remember(args, check, value)`` adds a guard after a call went
-    the slow way; ``clear()`` forgets the remembered values (whenever a cached value may have changed)."""
+    the slow way (``remember_current`` first checks the value is still the key's); ``clear()`` forgets
+    the remembered values (whenever a cached value may have changed)."""
 
     __slots__ = ("rows", "checks")
 
@@ -162,6 +163,17 @@ class GuardTable(Generic[V]):
             rows = self.rows = {}
         row = tuple((c, v) for c, v in rows.get(sel, ()) if c is not check)
         rows[sel] = ((check, value),) + row[:PER_SELECTOR - 1]
+
+    def remember_current(self, key: Any, args: tuple[Any, ...], by_value: Callable[[type], bool], value: V,
+                         cache: Mapping[Any, V], lock: ContextManager[Any]) -> None:
+        """Put ``key``'s guard (:meth:`check_for`) first in its selector's row with ``value``, if ``cache``
+        still maps ``key`` to ``value``: checked under ``lock``, the lock ``cache`` changes under, so a
+        value another thread just replaced is never remembered (it would be used until the next change)."""
+        check = self.check_for(key, args, by_value)
+        if check is not None:
+            with lock:
+                if cache.get(key) is value:
+                    self.remember(args, check, value)
 
     def clear(self) -> None:
         self.rows = {}
