@@ -1,13 +1,12 @@
-"""The one-launch cross-entropy loss kernel that was withdrawn on 2026-12-02 (fixture of ``probe_ce_tail.py``).
+"""The first one-launch cross-entropy loss kernel, with TMA logit loads, withdrawn on 2026-12-02
+(fixture of ``probe_ce_tail.py``).
 
-The library kernel (``tiletune.kernels.cross_entropy_op``) writes per-row losses and the op sums them
-with torch: two launches per call. This variant finishes the mean in its own launch: every row's
-term goes to a scratch slot, every block counts its arrival on an int32 counter, and the last block
-sums the slots in row order and resets the counter. It cut the host cost of ``cross_entropy`` to
-0.69-0.85x of ``F.cross_entropy`` on the H200, but its loss comes out wrong on every launch at many
-(shape, config) pairs when the logits are loaded through TMA, and never when they are not, while the
-library's per-row kernel (TMA loads, no atomic) is exact at all of them (``probe_ce_tail.json``,
-cuda-tile 1.7.0, tileiras 13.4). Not a library kernel: kept to reproduce that.
+It finishes the mean in its own launch: every row's term goes to a scratch slot, every block counts
+its arrival on an int32 counter, and the last block sums the slots in row order and resets the
+counter. Its loss comes out wrong on every launch at many (shape, config) pairs when the logits are
+loaded through TMA, and never when they are not (``probe_ce_tail.json``, cuda-tile 1.7.0, tileiras
+13.4). The library kernel (``tiletune.kernels.cross_entropy_op``) is one launch with plain loads.
+Not a library kernel: kept to reproduce that and as the TMA timing reference.
 """
 
 import math

@@ -1,14 +1,17 @@
-"""Probe: why the one-launch cross-entropy kernel was withdrawn (wrong loss at one config).
+"""Probe: the one-launch cross-entropy kernels with and without TMA loads (wrong losses, GPU time).
 
 ``benchmarks/_ce_one_launch.py`` finishes the mean inside the launch (row terms to scratch, an arrival
 counter, the last block sums). On 2026-12-02 the tuner's gate rejected its CHUNK 8192 / occupancy 4
 config on a 7 x 32000 bf16 problem. This launches kernels directly (no tuner) several times per
-shape and config of the loss space and counts wrong losses: the one-launch kernel (also with a
+shape and config of the loss space and counts wrong losses: the fixture's kernel (also with a
 128-wide tile for the final sum, without the latency hint, and with its logit loads made without
-TMA) and the library's per-row kernel (``tiletune.kernels.cross_entropy_op``) whose row losses
-torch sums.
+TMA) and the library's kernel (``tiletune.kernels.cross_entropy_op``: block partials, every load
+without TMA), without and with ``PREFETCH``. With ``--time`` it then times, on larger shapes, the
+library kernel at the loss space's configs and more (more blocks in flight instead of TMA's pipeline)
+against the fixture's TMA kernel, the public op (its tuned pick, fresh database) and
+``F.cross_entropy`` (``triton.testing.do_bench``, L2 flushed, median): what giving up TMA costs.
 
-    python benchmarks/probe_ce_tail.py [--out DIR] [--launches 20]
+    python benchmarks/probe_ce_tail.py [--out DIR] [--launches 20] [--time]
 """
 
 from __future__ import annotations
@@ -49,22 +52,50 @@ def one_launch_kernel(row_tile: int, tmp: str, tma: bool = True):
 #: (shape, configs) probed: the failing problem at every config of the loss space, then more shapes
 SHAPES = ((7, 32000), (8, 32000), (128, 32000), (33, 128256))
 CONFIGS = ((4096, 1), (4096, 2), (4096, 4), (8192, 1), (8192, 2), (8192, 4), (16384, 1), (16384, 2))
+#: more configs timed for the plain-load kernels (more blocks in flight instead of TMA's pipeline)
+MORE_PLAIN_CONFIGS = ((1024, 16), (2048, 8), (2048, 16), (4096, 8))
+#: shapes timed with ``--time``
+TIME_SHAPES = ((8, 32000), (128, 32000), (1024, 32000), (4096, 32000), (16384, 32000), (33, 128256),
+               (4096, 128256))
+
+
+def _launcher(kern, x, t, chunk, occ, lat, sms, extra=()):
+    """``(run, out, sem)``: ``run()`` launches one config of a one-launch kernel on ``x``, ``t`` (``extra``:
+    kernel arguments after the fixture's, the library's ``PREFETCH``)."""
+    import torch
+
+    m, v = x.shape
+    dev = x.device
+    hinted = kern.replace_hints(occupancy=occ)
+    grid = (min(m, sms * occ),)
+    out = torch.empty(1, device=dev)
+    scratch = torch.zeros(max(1024, -(-m // 1024) * 1024), device=dev)  # >= rows (fixture) and >= blocks
+    sem = torch.zeros(1, dtype=torch.int32, device=dev)
+    ph = torch.empty(1, 1, dtype=x.dtype, device=dev)
+    args = (x, t, out, ph, scratch, sem, -100, chunk, False, v % chunk == 0, lat, False, *extra)
+
+    def run():
+        ct.launch(torch.cuda.current_stream().cuda_stream, grid, hinted, args)
+
+    return run, out, sem
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
     ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--time", action="store_true", help="also time the TMA and plain-load kernels on TIME_SHAPES")
     args = ap.parse_args()
     from tiletune.kernels.cross_entropy_op import cross_entropy_kernel
 
     tmp = tempfile.mkdtemp()
-    # name -> (kernel, one launch?, LAT)
-    variants = {"one_launch": (one_launch_kernel(1024, tmp), True, 10),
-                "one_launch_tile128": (one_launch_kernel(128, tmp), True, 10),
-                "one_launch_lat0": (one_launch_kernel(1024, tmp), True, 0),
-                "one_launch_no_tma": (one_launch_kernel(1024, tmp, tma=False), True, 10),
-                "per_row_then_torch_sum": (cross_entropy_kernel, False, 10)}
+    # name -> (kernel, LAT, extra kernel arguments)
+    variants = {"one_launch": (one_launch_kernel(1024, tmp), 10, ()),
+                "one_launch_tile128": (one_launch_kernel(128, tmp), 10, ()),
+                "one_launch_lat0": (one_launch_kernel(1024, tmp), 0, ()),
+                "one_launch_no_tma": (one_launch_kernel(1024, tmp, tma=False), 10, ()),
+                "library": (cross_entropy_kernel, 10, (False,)),
+                "library_prefetch": (cross_entropy_kernel, 10, (True,))}
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     g = torch.Generator(device=dev).manual_seed(0)
@@ -73,29 +104,16 @@ def main() -> None:
         x = (torch.randn(m, v, device=dev, generator=g) * 3.0).to(torch.bfloat16)
         t = torch.randint(0, v, (m,), device=dev, generator=g)
         want = float(F.cross_entropy(x.float(), t))
-        ph = torch.empty(1, 1, dtype=torch.bfloat16, device=dev)
         for chunk, occ in CONFIGS:
-            for name, (kern, one, lat) in variants.items():
+            for name, (kern, lat, extra) in variants.items():
                 if name == "one_launch_tile128" and (m, v) != SHAPES[0]:
                     continue
-                hinted = kern.replace_hints(occupancy=occ)
-                grid = (min(m, sms * occ),)
-                out = torch.empty(1, device=dev)
-                scratch = torch.zeros(1024, device=dev)
-                sem = torch.zeros(1, dtype=torch.int32, device=dev)
-                row_loss = torch.empty(m, device=dev)
                 got = []
-                stream = torch.cuda.current_stream().cuda_stream
                 try:
+                    run, out, sem = _launcher(kern, x, t, chunk, occ, lat, sms, extra)
                     for _ in range(args.launches):
-                        if one:
-                            ct.launch(stream, grid, hinted, (x, t, out, ph, scratch, sem, -100, chunk, False,
-                                                             v % chunk == 0, lat, False))
-                            got.append(out.clone())
-                        else:
-                            ct.launch(stream, grid, hinted, (x, t, row_loss, ph, -100, chunk, False, v % chunk == 0,
-                                                             lat, False))
-                            got.append(row_loss.sum().reshape(1))
+                        run()
+                        got.append(out.clone())
                     torch.cuda.synchronize()
                 except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch
                     rows.append({"shape": f"{m}x{v}", "chunk": chunk, "occupancy": occ, "variant": name,
@@ -106,7 +124,7 @@ def main() -> None:
                 bad = int((errs.abs() > 1e-3 * max(1.0, abs(want))).sum())
                 row = {"shape": f"{m}x{v}", "chunk": chunk, "occupancy": occ, "variant": name, "lat": lat,
                        "launches": args.launches, "wrong": bad, "max_abs_err": float(errs.abs().max()), "want": want,
-                       "counter_after": int(sem.item()) if one else None}
+                       "counter_after": int(sem.item())}
                 if bad:
                     print(row, flush=True)
                 rows.append(row)
@@ -121,10 +139,59 @@ def main() -> None:
         s["wrong_runs"] += int(bool(r.get("wrong")))
         s["errors"] += int("error" in r)
     print(summary)
-    write_result("probe_ce_tail", {"problem": "one-launch cross-entropy (benchmarks/_ce_one_launch.py) vs the "
-                                              "library's per-row kernel: wrong losses per variant, shape and config "
-                                              "(bf16 logits * 3, int64 targets, LAT 10 unless the variant says)",
-                                   "summary": summary, "rows": rows}, args.out)
+    result = {"problem": "one-launch cross-entropy kernels: the fixture's (benchmarks/_ce_one_launch.py, row terms; "
+                         "TMA logit loads unless the variant says) and the library's (block partials, no TMA): "
+                         "wrong losses per variant, shape and config (bf16 logits * 3, int64 targets, LAT 10 "
+                         "unless the variant says)",
+              "summary": summary, "rows": rows}
+    if args.time:
+        result["timing"] = time_variants(variants, sms, g)
+    write_result("probe_ce_tail", result, args.out)
+
+
+def time_variants(variants, sms, g):
+    """Per shape: the best config's GPU time of the library kernel (plain loads, without and with
+    ``PREFETCH``) and of the fixture's TMA kernel, the public op's (its tuned pick) and
+    ``F.cross_entropy``'s (``triton.testing.do_bench``, L2 flushed, median)."""
+    from triton.testing import do_bench
+
+    import tiletune.kernels as K
+    from tiletune.kernels.cross_entropy_op import prepare_cross_entropy
+
+    dev = torch.device("cuda")
+    out = []
+    for m, v in TIME_SHAPES:
+        x = (torch.randn(m, v, device=dev, generator=g) * 3.0).to(torch.bfloat16)
+        t = torch.randint(0, v, (m,), device=dev, generator=g)
+        row = {"shape": f"{m}x{v}", "torch_us": 1e3 * do_bench(lambda: F.cross_entropy(x, t), return_mode="median")}
+        for name in ("library", "library_prefetch", "one_launch"):
+            kern, lat, extra = variants[name]
+            per = {}
+            for chunk, occ in CONFIGS + (MORE_PLAIN_CONFIGS if name != "one_launch" else ()):
+                try:
+                    run, _, _ = _launcher(kern, x, t, chunk, occ, lat, sms, extra)
+                    per[f"{chunk}/{occ}"] = 1e3 * do_bench(run, return_mode="median")
+                except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch
+                    per[f"{chunk}/{occ}"] = f"{type(exc).__name__}: {exc}"[:200]
+            times = {k: u for k, u in per.items() if isinstance(u, float)}
+            best = min(times, key=times.get) if times else None
+            row[name] = {"configs_us": per, "best": best, "best_us": times.get(best)}
+        lib, pre, tma = (row[k]["best_us"] for k in ("library", "library_prefetch", "one_launch"))
+        row["plain_best_us"] = min(u for u in (lib, pre) if u)
+        row["plain_over_tma"] = row["plain_best_us"] / tma if tma else None
+        # the public op: its tuned pick (loss space, fresh database) and a call's GPU time
+        K.cross_entropy(x, t)
+        torch.cuda.synchronize()
+        prep = prepare_cross_entropy(x, t)
+        row["public_pick"] = dict(prep.config())
+        row["public_us"] = 1e3 * do_bench(lambda: K.cross_entropy(x, t), return_mode="median")
+        row["public_over_tma"] = row["public_us"] / tma if tma else None
+        row["torch_over_public"] = row["torch_us"] / row["public_us"]
+        print(f"{row['shape']:>14}: plain {lib:.2f} us ({row['library']['best']}), plain+prefetch {pre:.2f} us "
+              f"({row['library_prefetch']['best']}), TMA {tma:.2f} us ({row['one_launch']['best']}), public "
+              f"{row['public_us']:.2f} us, torch {row['torch_us']:.2f} us", flush=True)
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":

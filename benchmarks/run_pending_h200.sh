@@ -8,8 +8,10 @@
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
 # PART (what is still owed after the 2026-12-02 02:12 session, in this order: projections, splits; smallhead,
 # sustained, attention, issue12, hostmm and power ran on 2026-12-02 01:30-02:12, see docs/GPU-NOTES.md):
-#   cetail   issue 12: probe_ce_tail.py, the withdrawn one-launch cross-entropy kernel (wrong losses with TMA loads;
-#             ran on 2026-12-02 04:35; rerun after a cuda-tile / tileiras upgrade)
+#   ce       issue 12: the one-launch cross_entropy (plain loads): the shipped table's CE entries re-made (copy the table
+#             back from OUT), the CE GPU tests, host_cost's and graphs_compile's CE rows (ran on 2026-12-02 05:50)
+#   cetail   issue 12: probe_ce_tail.py --time, the one-launch cross-entropy kernels (wrong losses with TMA loads, GPU
+#             time of the plain-load configs; ran on 2026-12-02 05:44; rerun after a cuda-tile / tileiras upgrade)
 #   issue12  issue 12: the fastcall and torch_ops GPU tests, dispatch_overhead.py and host_cost.py (call guards; the
 #             host-cost rows' bare-launch floor), without the matmul and attention rows (hostmm: those)
 #   power    issue 14: probe_power.py, the attention space timed at the power cap (hot) against its cool ranking
@@ -60,8 +62,18 @@ cd "$(dirname "$0")/.."
 limit() { timeout -k 10 "${LIMIT:-$1}" "${@:2}"; echo "[$part] $2 ${3:-} rc $?"; }
 python -m compileall -q -j 0 "$(python -c 'import cuda.tile, os; print(os.path.dirname(os.path.dirname(os.path.dirname(cuda.tile.__file__))))')" src > /dev/null 2>&1
 case "$part" in
+  ce)
+    T=src/tiletune/data/tables/h200-sm90.json
+    limit 90 python benchmarks/make_table.py --db "$out/fill_ce.db" --table $T --ops cross_entropy --no-attention \
+      --deadline-s 70 --report "$out/make_table_ce.json" 2>&1 | tail -3
+    cp $T "$out/"
+    limit 200 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_kernels_memory.py tests/test_gpu_fastcall.py \
+      tests/test_gpu_torch_ops.py -k cross_entropy --junitxml="$out/ce2.xml" > "$out/ce2.log" 2>&1
+    tail -8 "$out/ce2.log"
+    limit 40 python benchmarks/host_cost.py --only cross_entropy --out "$out/hc" 2>&1 | tail -3
+    limit 60 python benchmarks/graphs_compile.py --ops cross_entropy,cross_entropy_grad --out "$out/gc" 2>&1 | tail -2 ;;
   cetail)
-    limit 200 python benchmarks/probe_ce_tail.py --out "$out" 2>&1 | tail -30 ;;
+    limit 240 python benchmarks/probe_ce_tail.py --time --out "$out" 2>&1 | grep -v "^{'shape'" | tail -12 ;;
   verify)
     limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_compile_pool.py tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py \
       tests/test_gpu_campaign.py --junitxml="$out/verify.xml" > "$out/verify.log" 2>&1

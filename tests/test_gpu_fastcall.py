@@ -14,7 +14,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 import tiletune as tt  # noqa: E402
 import tiletune.kernels as K  # noqa: E402
 from tiletune.kernels.library_op import LibraryOp  # noqa: E402
-from tiletune.kernels.cross_entropy_op import cross_entropy_rows as CE_ROWS  # noqa: E402
 
 F = torch.nn.functional
 FAST = tt.TunerOptions(stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05),
@@ -99,7 +98,7 @@ def cases():
          lambda a: (F.silu(a[0][:, :4096].float()) * a[0][:, 4096:].float()).to(BF), close()),
         ("geglu", K.geglu, lambda: (rand(1, 2 * 4096),),
          lambda a: (F.gelu(a[0][:, :4096].float()) * a[0][:, 4096:].float()).to(BF), close()),
-        ("cross_entropy_rows", K.cross_entropy, lambda: (rand(8, 32000), torch.randint(0, 32000, (8,), device="cuda")),
+        ("cross_entropy", K.cross_entropy, lambda: (rand(8, 32000), torch.randint(0, 32000, (8,), device="cuda")),
          lambda a: F.cross_entropy(a[0].float(), a[1]), close(1e-2, 1e-2)),
         ("matmul_linear", K.matmul, lambda: (rand(8, 4096), wt.t()), lambda a: (a[0].float() @ a[1].float()).to(BF),
          rel),
@@ -111,13 +110,13 @@ def cases():
 
 
 CASE_NAMES = ["rms_norm", "rms_norm_noweight", "rms_norm_residual", "layer_norm", "softmax", "swiglu", "geglu",
-              "cross_entropy_rows", "matmul_linear", "matmul_m1", "attention", "apply_rope_"]
+              "cross_entropy", "matmul_linear", "matmul_m1", "attention", "apply_rope_"]
 
 
 @pytest.mark.parametrize("case_name", CASE_NAMES)
 def test_recipe_replays_every_op(case_name):
     name, fn, make, ref, compare = {c[0]: c for c in cases()}[case_name]
-    wrapper = CE_ROWS.fastcall if name == "cross_entropy_rows" else fn.fastcall
+    wrapper = fn.fastcall
     times = []
     for i in range(5):
         args = make()

@@ -168,9 +168,10 @@ PREPARE: dict[str, Callable[..., Any]] = {
     "tiletune.swiglu": _glu,
     "tiletune.geglu": _glu,
     "tiletune.rope": _rope,
-    "tiletune.cross_entropy": lambda logits, target, loss, ph, ii: prepare_cross_entropy(logits, target, False, ii),
-    "tiletune.cross_entropy_grad": lambda logits, target, loss, g, ii: prepare_cross_entropy(logits, target, True,
-                                                                                             ii),
+    "tiletune.cross_entropy": lambda logits, target, loss, ph, part, sem, ii: prepare_cross_entropy(
+        logits, target, False, ii),
+    "tiletune.cross_entropy_grad": lambda logits, target, loss, g, part, sem, ii: prepare_cross_entropy(
+        logits, target, True, ii),
     "tiletune.gemm_splitk": _SplitK.prepare,
     "tiletune.gemm": _one_regime(gemm_mod.GEMM),
     "tiletune.gemm_tf32": _one_regime(gemm_mod.GEMM_TF32),

@@ -26,6 +26,7 @@ from tiletune.verify import (
     DEFAULT_TOLERANCE,
     FLOAT32_TINY,
     INT_SENTINEL,
+    NOT_COMPARED,
     ArgGuard,
     Checker,
     Tolerance,
@@ -340,7 +341,8 @@ def test_kernel_like_softmax_and_cross_entropy_pass_their_tolerances(dtype, scal
     tol = softmax.softmax_tolerance(x, got)
     assert compare_tensors(got, want, tol) is None
     assert compare_tensors(x.double().softmax(-1).to(dtype), want, tol) is None
-    # cross-entropy: loss rows (float32) and gradient (logits' dtype), kernel-like
+    # cross-entropy: the mean loss (float32, summed per block then over blocks) and gradient (logits'
+    # dtype), kernel-like
     target = torch.randint(0, 5000, (32,), generator=gen(8))
     target[3] = -100
     lse = m + torch.log(_chunked_sum(e, 1024))
@@ -348,13 +350,15 @@ def test_kernel_like_softmax_and_cross_entropy_pass_their_tolerances(dtype, scal
     inv = 1.0 / valid.sum().float()
     scale_r = torch.where(valid, inv, torch.zeros(())).unsqueeze(1)
     tl = xf.gather(1, target.clamp(min=0).unsqueeze(1))
-    loss = ((lse - tl) * scale_r).reshape(-1)
+    rows = ((lse - tl) * scale_r).reshape(-1)
+    loss = torch.stack([rows[b::5].sum() for b in range(5)]).sum().reshape(1)  # 5 blocks
     p = torch.exp2((xf - lse) * log2e) * scale_r
     onehot = torch.zeros_like(p).scatter_(1, target.clamp(min=0).unsqueeze(1), 1.0)
     grad = (p - onehot * scale_r).to(dtype)
-    loss_rows = torch.empty(32)
-    want_loss, want_grad = ce.cross_entropy_grad_reference(x, target, loss_rows, grad, -100)
-    ctol = ce._tolerance(x, target, loss_rows, grad, -100)
+    out, part, sem = torch.empty(1), torch.empty(1024), torch.zeros(1, dtype=torch.int32)
+    want_loss, want_grad, _, want_sem = ce.cross_entropy_grad_reference(x, target, out, grad, part, sem, -100)
+    assert want_sem.shape == (1,) and int(want_sem) == 0
+    ctol = ce._tolerance(x, target, out, grad, part, sem, -100)
     assert compare_tensors(loss, want_loss, ctol["output:0"]) is None
     assert compare_tensors(grad, want_grad, ctol) is None
     if scale == 1.0 and dtype != torch.float16:  # (fp16 grads of 1/(32*5000) underflow to zero)
@@ -466,6 +470,22 @@ def test_checker_compares_every_output_and_names_it():
     y1.copy_(x * 2)
     y2.copy_(x.softmax(-1))
     assert checker.compare() is None
+
+
+def test_checker_skips_scratch_the_reference_marks_not_compared():
+    x = torch.randn(8, 16, generator=gen(19))
+    y, scratch = torch.empty(8, 16), torch.zeros(32)
+    guard = ArgGuard((x, y, scratch), outputs=(1,), inplace=(2,))
+    checker = Checker(lambda x, y, s: (x * 2, NOT_COMPARED), guard)
+    guard.prepare_checked_run()
+    y.copy_(x * 2)
+    scratch.fill_(float("nan"))  # whatever the kernel left there
+    assert checker.compare() is None
+    y.copy_(x * 3)  # the compared output still fails, and is the one named
+    assert checker.compare().startswith("output 0 (argument 1)")
+    guard.restore()
+    assert float(scratch.abs().sum()) == 0.0  # saved and restored like any written argument
+    assert repr(NOT_COMPARED) == "tiletune.verify.NOT_COMPARED"
 
 
 # ---------------------------------------------------------------------------------------------

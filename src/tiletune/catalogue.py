@@ -35,6 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 from .space import Config, PerArch, Space, per_arch
 from .templates import (
     acc_fits,
+    cross_entropy_loss_triples,
+    cross_entropy_space,
     elementwise_space,
     fits_registers,
     matmul_baseline,
@@ -358,14 +360,27 @@ def _rowwise(n_cols: int = 4096, dtype_bytes: int = 2, streams: int = 1, tma: bo
 
 
 def _cross_entropy(pass_: str = "loss") -> Recipe:
+    """The library's one-launch cross-entropy spaces (:func:`~tiletune.templates.cross_entropy_space`):
+    plain loads, so the same values on every architecture except no latency hint and plain stores where
+    there is no TMA, and chunks of at most 8192 columns at occupancy <= 2 with ~100 KB of shared memory."""
     call = f"cross_entropy(pass_={pass_!r})"
-    if pass_ == "loss":  # the library's tiletune.cross_entropy space (one read of the logits)
-        return _chunked(call, streams=1, chunks=(4096, 8192, 16384), lat=(10,), store_tma=(False,),
-                        occupancies=(1, 2, 4), values_per_sm=32768, name="cross_entropy")
-    if pass_ == "grad":  # tiletune.cross_entropy_grad (the row is read twice, the gradient written)
-        return _chunked(call, streams=1, chunks=(8192, 16384), lat=(10,), store_tma=(False, True),
-                        occupancies=(2,), values_per_sm=32768, worker_warps=(4, 8), name="cross_entropy")
-    raise ValueError(f"cross_entropy template: pass_ must be 'loss' or 'grad', got {pass_!r}")
+    if pass_ not in ("loss", "grad"):
+        raise ValueError(f"cross_entropy template: pass_ must be 'loss' or 'grad', got {pass_!r}")
+    lib = cross_entropy_space(pass_)
+    values = _same(_sm90_of(lib))
+    for a in _NO_TMA:
+        values[a]["LAT"] = [0]
+        values[a]["STORE_TMA"] = [True]
+    for a in _SMALL_SMEM:
+        values[a]["CHUNK"] = [c for c in values[a]["CHUNK"] if c <= 8192]
+        values[a]["occupancy"] = [o for o in values[a]["occupancy"] if o <= 2]
+    rules = []
+    if pass_ == "loss":  # the (CHUNK, occupancy, PREFETCH) triples the H200 probe kept
+        rules.append(Rule.of("chunk_triples", one_of, ("CHUNK", "occupancy", "PREFETCH"),
+                             [list(t) for t in sorted(cross_entropy_loss_triples())]))
+    base = lib.baseline("sm_90").as_dict()
+    prefer = {"sm_90": base, **{a: {**base, "LAT": 0, "STORE_TMA": True} for a in _NO_TMA}}
+    return _finish("cross_entropy", call, values, rules, prefer)
 
 
 def _rope(heads_elems: int = 2048) -> Recipe:
@@ -532,9 +547,9 @@ TEMPLATES: dict[str, Template] = {t.name: t for t in (
              _rowwise, {"n_cols": 4096, "dtype_bytes": 2}),
     Template("cross_entropy", "balanced",
              "chunked cross-entropy over a large vocabulary (online max/sum per row chunk), loss or grad",
-             "CHUNK columns per pass x occupancy (registers bound the pair), LAT, STORE_TMA, worker warps",
+             "CHUNK columns per pass x occupancy x PREFETCH (an allow-list of triples), LAT, STORE_TMA, worker warps",
              "library ops tiletune.cross_entropy / cross_entropy_grad; benchmarks/results/h200/"
-             "probe_memory.json, kernels_memory.json",
+             "probe_ce_tail.json (the plain-load configs timed against TMA)",
              _cross_entropy, {"pass_": "loss"}),
     Template("rope", "memory-bound",
              "rotary position embedding applied in place to q and k",

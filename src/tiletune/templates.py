@@ -57,6 +57,8 @@ __all__ = [
     "SHORT_ROWS_HIGH_OCCUPANCY_TILE",
     "SHORT_ROWS_VALUES_PER_SM",
     "chunked_row_space",
+    "cross_entropy_loss_triples",
+    "cross_entropy_space",
     "elementwise_space",
     "acc_fits",
     "fits_registers",
@@ -279,6 +281,48 @@ def elementwise_space(*, streams: int = 2) -> Space:
         constraints={"in_flight": in_flight},
         baseline=dict(TILE=4096, occupancy=8, num_worker_warps=4, LAT=0, STORE_TMA=True),
     )
+
+
+#: (CHUNK, occupancy) pairs of the cross-entropy loss space with ``PREFETCH`` (two chunks in registers
+#: per block): from one 16384-column chunk per block (few rows: each block streams long rows alone) to
+#: 2048-column chunks at occupancy 16, at most 65536 values per SM in registers
+CE_LOSS_PREFETCH_PAIRS = ((16384, 1), (16384, 2), (8192, 1), (8192, 2), (8192, 4), (4096, 4), (2048, 16))
+#: pairs without ``PREFETCH``: 4096 columns at occupancy 8 (more blocks in flight instead of a second
+#: chunk; prefetching there spills or loses occupancy)
+CE_LOSS_PAIRS = ((4096, 8),)
+
+
+def cross_entropy_loss_triples() -> frozenset[tuple[int, int, bool]]:
+    """The cross-entropy loss space's ``(CHUNK, occupancy, PREFETCH)`` triples."""
+    return frozenset({(c, o, True) for c, o in CE_LOSS_PREFETCH_PAIRS} | {(c, o, False) for c, o in CE_LOSS_PAIRS})
+
+
+def cross_entropy_space(pass_: str = "loss") -> Space:
+    """Space of the library's one-launch cross-entropy kernel (``tiletune.kernels.cross_entropy_op``):
+    rows walked in ``CHUNK``-column pieces with plain loads (``LAT=10``), ``PREFETCH`` loading the next
+    chunk before the current one is reduced.
+
+    * ``"loss"`` (one read of the logits): the :func:`cross_entropy_loss_triples`, 8 configs.
+      ``benchmarks/probe_ce_tail.py`` timed these and more on the H200 (12 pairs, with and without
+      ``PREFETCH``): the configs kept hold each probed shape's best or come within a few percent of it.
+    * ``"grad"`` (the row read twice, the gradient written): chunks {8192, 16384} at occupancy 2, 4 or
+      8 worker warps, TMA or plain gradient stores, with ``PREFETCH`` (at occupancy 2 it beat the same
+      pair without it at every shape the loss probe timed): 8 configs. The full grid (``GRID_FRAC`` 1)
+      beat 0.25 and 0.5 of it in every probed pair on the H200, so fewer rows in flight is not searched.
+    """
+    if pass_ == "loss":
+        allowed = cross_entropy_loss_triples()
+        return Space(TM=[1], CHUNK=sorted({c for c, _, _ in allowed}), occupancy=sorted({o for _, o, _ in allowed}),
+                     LAT=[10], STORE_TMA=[False], GRID_FRAC=[1.0], PREFETCH=[False, True],
+                     constraints={"triples": lambda c: (c.CHUNK, c.occupancy, bool(c.PREFETCH)) in allowed},
+                     baseline=dict(TM=1, CHUNK=8192, occupancy=4, LAT=10, STORE_TMA=False, GRID_FRAC=1.0,
+                                   PREFETCH=True))
+    if pass_ == "grad":
+        return Space(TM=[1], CHUNK=[8192, 16384], occupancy=[2], LAT=[10], STORE_TMA=[False, True], GRID_FRAC=[1.0],
+                     num_worker_warps=[4, 8], PREFETCH=[True],
+                     baseline=dict(TM=1, CHUNK=8192, occupancy=2, LAT=10, STORE_TMA=False, GRID_FRAC=1.0,
+                                   num_worker_warps=4, PREFETCH=True))
+    raise ValueError(f"cross_entropy_space: pass_ must be 'loss' or 'grad', got {pass_!r}")
 
 
 def rope_space(heads_elems: int) -> Space:

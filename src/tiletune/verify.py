@@ -5,6 +5,8 @@
 * :class:`Checker` computes the reference once, on the pristine arguments, and compares *every*
   written argument of each candidate with it (:func:`compare_tensors`). Outputs are poisoned with NaN
   (or an integer sentinel) before the candidate runs, so an element the kernel forgot to write fails.
+  A reference answers :data:`NOT_COMPARED` for a written argument that is scratch (its contents after
+  the launch are unspecified): it is saved and restored like the others, never compared.
 
 The rule (:func:`compare_tensors`), for a candidate's output ``g`` and the reference ``w``
 ----------------------------------------------------------------------------------------------
@@ -57,6 +59,21 @@ import math
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 INT_SENTINEL = -123456789
+
+
+class _NotCompared:
+    """Type of :data:`NOT_COMPARED`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "tiletune.verify.NOT_COMPARED"
+
+
+#: What a reference returns for a written argument whose contents after a launch are unspecified
+#: (scratch a kernel writes and reads itself, e.g. per-block partial sums): the argument is declared
+#: written, so it is saved, restored and may change, but the gate never compares it.
+NOT_COMPARED = _NotCompared()
 
 #: machine epsilon (distance from 1 to the next value) per dtype name; tf32 is float32 with 10 bits
 EPS: dict[str, float] = {
@@ -281,6 +298,8 @@ class Checker:
             return None
         reasons = []
         for i, (pos, want) in enumerate(zip(self.positions, self.expected)):
+            if want is NOT_COMPARED:
+                continue
             reason = compare_tensors(self.guard.args[pos], want, output_tolerance(self.tolerance, i))
             if reason is not None:
                 reasons.append(f"output {i} (argument {pos}): {reason}")

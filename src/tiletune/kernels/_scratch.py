@@ -1,4 +1,4 @@
-"""Memory the library keeps across calls (placeholders, split-K scratch), and when it may keep it.
+"""Memory the library keeps across calls (placeholders, split-K and reduction scratch), and when it may keep it.
 
 A buffer allocated while the current stream belongs to a CUDA graph, or to the warm-up of
 ``torch.compile(mode="reduce-overhead")`` (its CUDA-graph trees run the function on a side stream
@@ -18,6 +18,7 @@ from typing import Any
 from ..fastcall import constant_tensor
 
 _placeholders: dict[tuple, Any] = {}
+_reductions: dict[tuple, tuple[Any, Any]] = {}
 _lock = threading.Lock()
 
 
@@ -68,3 +69,45 @@ def placeholder(device: Any, dtype: Any, shape: tuple[int, ...]) -> Any:
         if ph is None:
             ph = _placeholders[key] = constant_tensor(torch.empty(shape, dtype=dtype, device=device))
     return ph
+
+
+def reduction_scratch(device: Any, nparts: int) -> tuple[Any, Any]:
+    """``(parts, counter)`` for a one-launch reduction across blocks: ``parts`` a float32 ``(nparts,)``
+    buffer each block stores its partial result to, ``counter`` one int32 zero the blocks count their
+    arrivals on (the last block to arrive sums the parts and puts the counter back to zero).
+
+    Kept per (device, ``nparts``) and registered as constant kernel arguments where :func:`keepable`
+    (so on the default stream only: launches there run in order and may share them; recipes that keep
+    them must check :func:`on_default_stream`); a call elsewhere (a side stream, a CUDA graph capture)
+    gets buffers of its own: an uninitialised ``parts`` and a zeroed counter."""
+    import torch
+
+    if not keepable(device):
+        return (torch.empty((nparts,), dtype=torch.float32, device=device),
+                torch.zeros((1,), dtype=torch.int32, device=device))
+    key = (device, int(nparts))
+    hit = _reductions.get(key)
+    if hit is not None:
+        return hit
+    with _lock:
+        hit = _reductions.get(key)
+        if hit is None:
+            hit = _reductions[key] = (
+                constant_tensor(torch.zeros((nparts,), dtype=torch.float32, device=device)),
+                constant_tensor(torch.zeros((1,), dtype=torch.int32, device=device)))
+    return hit
+
+
+_default_streams: dict[int, int] = {}
+
+
+def on_default_stream(a: Any, *_: Any) -> bool:
+    """Precheck of a library op whose recipes keep :func:`reduction_scratch` memory: True when the
+    current stream of ``a``'s device is its default stream (always for a tensor not on a GPU)."""
+    dev = a.get_device()
+    if dev < 0:
+        return True
+    default = _default_streams.get(dev)
+    if default is None:
+        default = _default_streams[dev] = _default_raw_stream(dev)
+    return current_raw_stream(dev) == default

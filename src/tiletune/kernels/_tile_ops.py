@@ -12,3 +12,13 @@ def load_zero_padded(A, index, shape, LAT):
     else:
         t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO)
     return t
+
+
+def load_zero_padded_plain(A, index, shape, LAT):
+    """:func:`load_zero_padded` without TMA (``allow_tma=False``): for kernels that also synchronise
+    blocks through atomics (see ``cross_entropy_op``)."""
+    if LAT > 0:
+        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO, latency=LAT, allow_tma=False)
+    else:
+        t = ct.load(A, index, shape=shape, padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+    return t
