@@ -26,7 +26,7 @@ from tiletune.verify import (
     DEFAULT_TOLERANCE,
     FLOAT32_TINY,
     INT_SENTINEL,
-    NOT_COMPARED,
+    SCRATCH,
     ArgGuard,
     Checker,
     Tolerance,
@@ -472,20 +472,24 @@ def test_checker_compares_every_output_and_names_it():
     assert checker.compare() is None
 
 
-def test_checker_skips_scratch_the_reference_marks_not_compared():
+def test_checker_does_not_compare_scratch_but_fails_new_nans_in_it():
     x = torch.randn(8, 16, generator=gen(19))
-    y, scratch = torch.empty(8, 16), torch.zeros(32)
-    guard = ArgGuard((x, y, scratch), outputs=(1,), inplace=(2,))
-    checker = Checker(lambda x, y, s: (x * 2, NOT_COMPARED), guard)
+    y, scratch, out_scratch = torch.empty(8, 16), torch.zeros(32), torch.empty(4)
+    guard = ArgGuard((x, y, scratch, out_scratch), outputs=(1, 3), inplace=(2,))
+    checker = Checker(lambda x, y, s, o: (x * 2, SCRATCH, SCRATCH), guard)
     guard.prepare_checked_run()
     y.copy_(x * 2)
-    scratch.fill_(float("nan"))  # whatever the kernel left there
-    assert checker.compare() is None
+    scratch.normal_().mul_(1e30)  # partial sums: any finite values, whatever their size
+    assert checker.compare() is None  # the scratch output is still NaN-poisoned: it had no content before
     y.copy_(x * 3)  # the compared output still fails, and is the one named
     assert checker.compare().startswith("output 0 (argument 1)")
+    y.copy_(x * 2)
+    scratch[5] = float("nan")  # a NaN the launch put into in-place scratch is a bug
+    reason = checker.compare()
+    assert reason.startswith("output 2 (argument 2): scratch: 1 NaN") and "argument 3" not in reason
     guard.restore()
     assert float(scratch.abs().sum()) == 0.0  # saved and restored like any written argument
-    assert repr(NOT_COMPARED) == "tiletune.verify.NOT_COMPARED"
+    assert repr(SCRATCH) == "tiletune.verify.SCRATCH"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@
 * :class:`Checker` computes the reference once, on the pristine arguments, and compares *every*
   written argument of each candidate with it (:func:`compare_tensors`). Outputs are poisoned with NaN
   (or an integer sentinel) before the candidate runs, so an element the kernel forgot to write fails.
-  A reference answers :data:`NOT_COMPARED` for a written argument that is scratch (its contents after
-  the launch are unspecified): it is saved and restored like the others, never compared.
+  A reference answers :data:`SCRATCH` for a written argument that is scratch (its contents after the
+  launch depend on the config): it is saved and restored like the others, its values never compared.
 
 The rule (:func:`compare_tensors`), for a candidate's output ``g`` and the reference ``w``
 ----------------------------------------------------------------------------------------------
@@ -61,19 +61,20 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 INT_SENTINEL = -123456789
 
 
-class _NotCompared:
-    """Type of :data:`NOT_COMPARED`."""
+class _Scratch:
+    """Type of :data:`SCRATCH`."""
 
     __slots__ = ()
 
     def __repr__(self) -> str:
-        return "tiletune.verify.NOT_COMPARED"
+        return "tiletune.verify.SCRATCH"
 
 
-#: What a reference returns for a written argument whose contents after a launch are unspecified
-#: (scratch a kernel writes and reads itself, e.g. per-block partial sums): the argument is declared
-#: written, so it is saved, restored and may change, but the gate never compares it.
-NOT_COMPARED = _NotCompared()
+#: What a reference returns for a written argument that is scratch: memory a kernel writes and reads
+#: itself (per-block partial sums, split-K partial tiles) whose contents after a launch depend on the
+#: config. The argument is declared written, so it is saved, restored and may change; the gate does not
+#: compare its values, only that an in-place scratch holds no NaN where it held none before the launch.
+SCRATCH = _Scratch()
 
 #: machine epsilon (distance from 1 to the next value) per dtype name; tf32 is float32 with 10 bits
 EPS: dict[str, float] = {
@@ -298,12 +299,27 @@ class Checker:
             return None
         reasons = []
         for i, (pos, want) in enumerate(zip(self.positions, self.expected)):
-            if want is NOT_COMPARED:
+            if want is SCRATCH:
+                reason = _new_nans(self.guard.args[pos], self.guard.saved[pos] if pos in self.guard.inplace else None)
+                if reason is not None:
+                    reasons.append(f"output {i} (argument {pos}): {reason}")
                 continue
             reason = compare_tensors(self.guard.args[pos], want, output_tolerance(self.tolerance, i))
             if reason is not None:
                 reasons.append(f"output {i} (argument {pos}): {reason}")
         return "; ".join(reasons) if reasons else None
+
+
+def _new_nans(got: Any, before: Any) -> str | None:
+    """Why an in-place scratch argument fails: NaN where ``before`` (its content before the launch) had
+    none, or None (also for integer scratch and for a scratch output, which has no content before)."""
+    import torch
+
+    if before is None or not (got.dtype.is_floating_point or got.dtype.is_complex):
+        return None
+    new = torch.isnan(got) & ~torch.isnan(before)
+    n = int(new.sum())
+    return f"scratch: {n} NaN value(s) where it held none before the launch" if n else None
 
 
 def _kind(t: Any) -> str:

@@ -47,7 +47,7 @@ from .library_op import LibraryOp
 from ._membound import Prepared, check_device, check_float, check_tensor, int64_twin, needs_int64, persistent_grid
 from ._membound import rows_bucketed, sm_count
 from ._tile_ops import load_zero_padded_plain as _ld
-from ..verify import NOT_COMPARED, derived_tolerances, eps, exp_range
+from ..verify import SCRATCH, derived_tolerances, eps, exp_range
 
 __all__ = [
     "CE_GRAD",
@@ -194,23 +194,23 @@ def _mean_loss(logits: Any, target: Any, ignore_index: int) -> Any:
 def cross_entropy_reference(logits: Any, target: Any, loss: Any, placeholder: Any, part: Any, sem: Any,
                             ignore_index: int) -> tuple:
     """Expected outputs of the loss-only plan: the mean loss (float32, shape ``(1,)``), the block
-    partials (scratch: :data:`~tiletune.verify.NOT_COMPARED`) and the counter back at zero."""
+    partials (scratch: :data:`~tiletune.verify.SCRATCH`) and the counter back at zero."""
     import torch
 
-    return _mean_loss(logits, target, ignore_index).to(loss.dtype), NOT_COMPARED, torch.zeros_like(sem)
+    return _mean_loss(logits, target, ignore_index).to(loss.dtype), SCRATCH, torch.zeros_like(sem)
 
 
 def cross_entropy_grad_reference(logits: Any, target: Any, loss: Any, grad: Any, part: Any, sem: Any,
                                  ignore_index: int) -> tuple:
     """Expected ``(loss, grad, partials, counter)`` of the fused loss + gradient plan (partials:
-    :data:`~tiletune.verify.NOT_COMPARED`)."""
+    :data:`~tiletune.verify.SCRATCH`)."""
     import torch
 
     valid, inv = _valid_scale(target, ignore_index)
     p = logits.float().softmax(dim=-1)
     onehot = torch.zeros_like(p).scatter_(1, target.long().clamp(min=0).unsqueeze(1), 1.0)
     g = (p - onehot) * (valid.float() * inv).unsqueeze(1)
-    return (_mean_loss(logits, target, ignore_index).to(loss.dtype), g.to(grad.dtype), NOT_COMPARED,
+    return (_mean_loss(logits, target, ignore_index).to(loss.dtype), g.to(grad.dtype), SCRATCH,
             torch.zeros_like(sem))
 
 

@@ -32,7 +32,7 @@ from ._scratch import current_raw_stream, keepable, placeholder
 from ..space import Space
 from ..strategies.base import Budget
 from ..templates import matmul_space
-from ..verify import Tolerance, derived_tolerance, eps
+from ..verify import SCRATCH, Tolerance, derived_tolerance, eps
 from .library_op import LibraryOp
 from .gemm_kernels import (
     GEMM_BASELINE,
@@ -196,22 +196,17 @@ def _splitk_plan(cfg: Any, a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, t
 
 def _splitk_reference(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool,
                       scaled: bool, ws: Any, sem: Any) -> tuple[Any, Any, Any]:
-    """The product (as :func:`_reference`), the workspace as it was (its contents are not compared, see
-    :data:`SCRATCH_TOLERANCE`) and all-zero counters (every launch must leave them so)."""
+    """The product (as :func:`_reference`), the workspace as :data:`~tiletune.verify.SCRATCH` (float32
+    partial sums whose values depend on the config: not compared, but a NaN there fails) and all-zero
+    counters (every launch must leave them so)."""
     import torch
 
-    return (_reference(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled), ws, torch.zeros_like(sem))
-
-
-#: Tolerance of the split-K workspace (output 1 of the op): it holds float32 partial sums whose values
-#: depend on the config, so any finite value passes (NaN still fails where the saved workspace had none).
-SCRATCH_TOLERANCE = {"float32": Tolerance(rtol=0.0, atol=3.0e38, atol_rms=0.0, agg=0.0, agg_atol=3.0e38)}
+    return (_reference(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled), SCRATCH, torch.zeros_like(sem))
 
 
 def _splitk_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, *_: Any) -> dict[str, Any]:
-    """The product's tolerance (:func:`_tolerance`); the workspace's :data:`SCRATCH_TOLERANCE`; the
-    counters are int32, compared exactly."""
-    return {**_tolerance(a, b, c, scale_a, scale_b, trans_a), "output:1": SCRATCH_TOLERANCE}
+    """The product's tolerance (:func:`_tolerance`); the counters are int32, compared exactly."""
+    return _tolerance(a, b, c, scale_a, scale_b, trans_a)
 
 
 def _splitk_space_for(regime: tuple[int, int, int, int]) -> Space:
