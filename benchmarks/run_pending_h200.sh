@@ -10,6 +10,9 @@
 # sustained, attention, issue12, hostmm and power ran on 2026-12-02 01:30-02:12, see docs/GPU-NOTES.md):
 #   ce       issue 12: the one-launch cross_entropy (plain loads): the shipped table's CE entries re-made (copy the table
 #             back from OUT), the CE GPU tests, host_cost's and graphs_compile's CE rows (ran on 2026-12-02 05:50)
+#   splitktail issue 14 (correctness): probe_splitk_tail.py, the split-K GEMM's real splits launched directly on small-M
+#             Llama shapes in both weight layouts (TMA loads before an acquire-release counter, like the withdrawn
+#             TMA cross-entropy kernel): wrong products and counters left non-zero. Not run yet: take it first.
 #   cetail   issue 12: probe_ce_tail.py --time, the one-launch cross-entropy kernels (wrong losses with TMA loads, GPU
 #             time of the plain-load configs; ran on 2026-12-02 05:44; rerun after a cuda-tile / tileiras upgrade)
 #   issue12  issue 12: the fastcall and torch_ops GPU tests, dispatch_overhead.py and host_cost.py (call guards; the
@@ -72,6 +75,8 @@ case "$part" in
     tail -8 "$out/ce2.log"
     limit 40 python benchmarks/host_cost.py --only cross_entropy --out "$out/hc" 2>&1 | tail -3
     limit 60 python benchmarks/graphs_compile.py --ops cross_entropy,cross_entropy_grad --out "$out/gc" 2>&1 | tail -2 ;;
+  splitktail)
+    limit 400 python benchmarks/probe_splitk_tail.py --out "$out" 2>&1 | tail -20 ;;
   cetail)
     limit 240 python benchmarks/probe_ce_tail.py --time --out "$out" 2>&1 | grep -v "^{'shape'" | tail -12 ;;
   verify)
