@@ -9,9 +9,11 @@ TMA) and the library's kernel (``tiletune.kernels.cross_entropy_op``: block part
 without TMA), without and with ``PREFETCH``. With ``--time`` it then times, on larger shapes, the
 library kernel at the loss space's configs and more (more blocks in flight instead of TMA's pipeline)
 against the fixture's TMA kernel, the public op (its tuned pick, fresh database) and
-``F.cross_entropy`` (``triton.testing.do_bench``, L2 flushed, median): what giving up TMA costs.
+``F.cross_entropy`` (``triton.testing.do_bench``, L2 flushed, median): what giving up TMA costs. With
+``--grad`` the same for the loss + gradient kernels (the grad space's pairs, with and without
+``PREFETCH``) against ``torch.autograd.grad`` of ``F.cross_entropy``.
 
-    python benchmarks/probe_ce_tail.py [--out DIR] [--launches 20] [--time]
+    python benchmarks/probe_ce_tail.py [--out DIR] [--launches 20] [--time] [--grad]
 """
 
 from __future__ import annotations
@@ -54,25 +56,30 @@ SHAPES = ((7, 32000), (8, 32000), (128, 32000), (33, 128256))
 CONFIGS = ((4096, 1), (4096, 2), (4096, 4), (8192, 1), (8192, 2), (8192, 4), (16384, 1), (16384, 2))
 #: more configs timed for the plain-load kernels (more blocks in flight instead of TMA's pipeline)
 MORE_PLAIN_CONFIGS = ((1024, 16), (2048, 8), (2048, 16), (4096, 8))
+#: (CHUNK, num_worker_warps, STORE_TMA) of the loss + gradient configs timed with ``--grad`` (occupancy 2)
+GRAD_CONFIGS = tuple((c, w, st) for c in (8192, 16384) for w in (4, 8) for st in (False, True))
+#: shapes timed with ``--grad``
+GRAD_SHAPES = ((128, 32000), (1024, 32000), (4096, 32000), (16384, 32000), (4096, 128256))
 #: shapes timed with ``--time``
 TIME_SHAPES = ((8, 32000), (128, 32000), (1024, 32000), (4096, 32000), (16384, 32000), (33, 128256),
                (4096, 128256))
 
 
-def _launcher(kern, x, t, chunk, occ, lat, sms, extra=()):
+def _launcher(kern, x, t, chunk, occ, lat, sms, extra=(), grad=False, store_tma=False, warps=None):
     """``(run, out, sem)``: ``run()`` launches one config of a one-launch kernel on ``x``, ``t`` (``extra``:
-    kernel arguments after the fixture's, the library's ``PREFETCH``)."""
+    kernel arguments after the fixture's, the library's ``PREFETCH``; ``grad``: the gradient too, stored
+    with TMA when ``store_tma``; ``warps``: the ``num_worker_warps`` hint)."""
     import torch
 
     m, v = x.shape
     dev = x.device
-    hinted = kern.replace_hints(occupancy=occ)
+    hinted = kern.replace_hints(occupancy=occ, **({"num_worker_warps": warps} if warps else {}))
     grid = (min(m, sms * occ),)
     out = torch.empty(1, device=dev)
     scratch = torch.zeros(max(1024, -(-m // 1024) * 1024), device=dev)  # >= rows (fixture) and >= blocks
     sem = torch.zeros(1, dtype=torch.int32, device=dev)
-    ph = torch.empty(1, 1, dtype=x.dtype, device=dev)
-    args = (x, t, out, ph, scratch, sem, -100, chunk, False, v % chunk == 0, lat, False, *extra)
+    g_out = torch.empty_like(x) if grad else torch.empty(1, 1, dtype=x.dtype, device=dev)
+    args = (x, t, out, g_out, scratch, sem, -100, chunk, grad, v % chunk == 0, lat, store_tma, *extra)
 
     def run():
         ct.launch(torch.cuda.current_stream().cuda_stream, grid, hinted, args)
@@ -85,6 +92,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--time", action="store_true", help="also time the TMA and plain-load kernels on TIME_SHAPES")
+    ap.add_argument("--grad", action="store_true", help="also time the loss + gradient kernels on GRAD_SHAPES")
     args = ap.parse_args()
     from tiletune.kernels.cross_entropy_op import cross_entropy_kernel
 
@@ -146,6 +154,8 @@ def main() -> None:
               "summary": summary, "rows": rows}
     if args.time:
         result["timing"] = time_variants(variants, sms, g)
+    if args.grad:
+        result["grad_timing"] = time_grad(variants, sms, g)
     write_result("probe_ce_tail", result, args.out)
 
 
@@ -190,6 +200,50 @@ def time_variants(variants, sms, g):
         print(f"{row['shape']:>14}: plain {lib:.2f} us ({row['library']['best']}), plain+prefetch {pre:.2f} us "
               f"({row['library_prefetch']['best']}), TMA {tma:.2f} us ({row['one_launch']['best']}), public "
               f"{row['public_us']:.2f} us, torch {row['torch_us']:.2f} us", flush=True)
+        out.append(row)
+    return out
+
+
+def time_grad(variants, sms, g):
+    """Per shape, loss + gradient: the best config's GPU time of the library kernel (plain loads, without
+    and with ``PREFETCH``) and of the fixture's TMA kernel over :data:`GRAD_CONFIGS` at occupancy 2, the
+    public op's (``return_grad=True``, its tuned pick) and torch's (``F.cross_entropy`` and
+    ``torch.autograd.grad`` of it), ``triton.testing.do_bench``, L2 flushed, median."""
+    from triton.testing import do_bench
+
+    import tiletune.kernels as K
+
+    dev = torch.device("cuda")
+    out = []
+    for m, v in GRAD_SHAPES:
+        x = (torch.randn(m, v, device=dev, generator=g) * 3.0).to(torch.bfloat16)
+        t = torch.randint(0, v, (m,), device=dev, generator=g)
+        xg = x.clone().requires_grad_(True)
+        row = {"shape": f"{m}x{v}", "torch_us": 1e3 * do_bench(
+            lambda: torch.autograd.grad(F.cross_entropy(xg, t), xg), return_mode="median")}
+        for name in ("library", "library_prefetch", "one_launch"):
+            kern, lat, extra = variants[name]
+            per = {}
+            for chunk, warps, store_tma in GRAD_CONFIGS:
+                label = f"{chunk}/w{warps}/{'tma' if store_tma else 'st'}"
+                try:
+                    run, _, _ = _launcher(kern, x, t, chunk, 2, lat, sms, extra, grad=True, store_tma=store_tma,
+                                          warps=warps)
+                    per[label] = 1e3 * do_bench(run, return_mode="median")
+                except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch
+                    per[label] = f"{type(exc).__name__}: {exc}"[:200]
+            times = {k: u for k, u in per.items() if isinstance(u, float)}
+            best = min(times, key=times.get) if times else None
+            row[name] = {"configs_us": per, "best": best, "best_us": times.get(best)}
+        K.cross_entropy(x, t, return_grad=True)
+        torch.cuda.synchronize()
+        row["public_us"] = 1e3 * do_bench(lambda: K.cross_entropy(x, t, return_grad=True), return_mode="median")
+        tma = row["one_launch"]["best_us"]
+        plain = min(u for u in (row["library"]["best_us"], row["library_prefetch"]["best_us"]) if u)
+        row["plain_over_tma"] = plain / tma if tma else None
+        row["public_over_tma"] = row["public_us"] / tma if tma else None
+        print(f"{row['shape']:>14} grad: plain {plain:.2f} us, TMA {tma:.2f} us, public {row['public_us']:.2f} us, "
+              f"torch {row['torch_us']:.2f} us", flush=True)
         out.append(row)
     return out
 

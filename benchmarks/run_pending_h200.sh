@@ -13,8 +13,9 @@
 #   splitktail issue 14 (correctness): probe_splitk_tail.py, the split-K GEMM's real splits launched directly on small-M
 #             Llama shapes in both weight layouts (TMA loads before an acquire-release counter, like the withdrawn
 #             TMA cross-entropy kernel): wrong products and counters left non-zero. Not run yet: take it first.
-#   cetail   issue 12: probe_ce_tail.py --time, the one-launch cross-entropy kernels (wrong losses with TMA loads, GPU
-#             time of the plain-load configs; ran on 2026-12-02 05:44; rerun after a cuda-tile / tileiras upgrade)
+#   cetail   issue 12: probe_ce_tail.py --time --grad, the one-launch cross-entropy kernels (wrong losses with TMA loads,
+#             GPU time of the plain-load configs; ran without --grad on 2026-12-02 05:44; the loss + gradient timing
+#             has not run: it checks the grad space's PREFETCH choice)
 #   issue12  issue 12: the fastcall and torch_ops GPU tests, dispatch_overhead.py and host_cost.py (call guards; the
 #             host-cost rows' bare-launch floor), without the matmul and attention rows (hostmm: those)
 #   power    issue 14: probe_power.py, the attention space timed at the power cap (hot) against its cool ranking
@@ -78,7 +79,7 @@ case "$part" in
   splitktail)
     limit 400 python benchmarks/probe_splitk_tail.py --out "$out" 2>&1 | tail -20 ;;
   cetail)
-    limit 240 python benchmarks/probe_ce_tail.py --time --out "$out" 2>&1 | grep -v "^{'shape'" | tail -12 ;;
+    limit 400 python benchmarks/probe_ce_tail.py --time --grad --out "$out" 2>&1 | grep -v "^{'shape'" | tail -18 ;;
   verify)
     limit 560 python -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_compile_pool.py tests/test_gpu_splitk.py tests/test_gpu_decode_attention.py \
       tests/test_gpu_campaign.py --junitxml="$out/verify.xml" > "$out/verify.log" 2>&1
