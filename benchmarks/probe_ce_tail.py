@@ -109,8 +109,7 @@ def main() -> None:
     g = torch.Generator(device=dev).manual_seed(0)
     rows = []
     for m, v in SHAPES:
-        x = (torch.randn(m, v, device=dev, generator=g) * 3.0).to(torch.bfloat16)
-        t = torch.randint(0, v, (m,), device=dev, generator=g)
+        x, t = _problem(m, v, g)
         want = float(F.cross_entropy(x.float(), t))
         for chunk, occ in CONFIGS:
             for name, (kern, lat, extra) in variants.items():
@@ -159,6 +158,30 @@ def main() -> None:
     write_result("probe_ce_tail", result, args.out)
 
 
+def _problem(m, v, g):
+    """bf16 logits (``randn * 3``) and int64 targets of an ``m x v`` problem."""
+    dev = torch.device("cuda")
+    x = (torch.randn(m, v, device=dev, generator=g) * 3.0).to(torch.bfloat16)
+    return x, torch.randint(0, v, (m,), device=dev, generator=g)
+
+
+def _time_configs(makers):
+    """``{"configs_us", "best", "best_us"}`` over ``makers`` (label -> ``make()`` returning the launcher's
+    ``run``): each run timed with ``triton.testing.do_bench`` (L2 flushed, median), a config that does not
+    compile or launch recorded as its error."""
+    from triton.testing import do_bench
+
+    per = {}
+    for label, make in makers.items():
+        try:
+            per[label] = 1e3 * do_bench(make(), return_mode="median")
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch
+            per[label] = f"{type(exc).__name__}: {exc}"[:200]
+    times = {k: u for k, u in per.items() if isinstance(u, float)}
+    best = min(times, key=times.get) if times else None
+    return {"configs_us": per, "best": best, "best_us": times.get(best)}
+
+
 def time_variants(variants, sms, g):
     """Per shape: the best config's GPU time of the library kernel (plain loads, without and with
     ``PREFETCH``) and of the fixture's TMA kernel, the public op's (its tuned pick) and
@@ -168,24 +191,16 @@ def time_variants(variants, sms, g):
     import tiletune.kernels as K
     from tiletune.kernels.cross_entropy_op import prepare_cross_entropy
 
-    dev = torch.device("cuda")
     out = []
     for m, v in TIME_SHAPES:
-        x = (torch.randn(m, v, device=dev, generator=g) * 3.0).to(torch.bfloat16)
-        t = torch.randint(0, v, (m,), device=dev, generator=g)
+        x, t = _problem(m, v, g)
         row = {"shape": f"{m}x{v}", "torch_us": 1e3 * do_bench(lambda: F.cross_entropy(x, t), return_mode="median")}
         for name in ("library", "library_prefetch", "one_launch"):
             kern, lat, extra = variants[name]
-            per = {}
-            for chunk, occ in CONFIGS + (MORE_PLAIN_CONFIGS if name != "one_launch" else ()):
-                try:
-                    run, _, _ = _launcher(kern, x, t, chunk, occ, lat, sms, extra)
-                    per[f"{chunk}/{occ}"] = 1e3 * do_bench(run, return_mode="median")
-                except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch
-                    per[f"{chunk}/{occ}"] = f"{type(exc).__name__}: {exc}"[:200]
-            times = {k: u for k, u in per.items() if isinstance(u, float)}
-            best = min(times, key=times.get) if times else None
-            row[name] = {"configs_us": per, "best": best, "best_us": times.get(best)}
+            configs = CONFIGS + (MORE_PLAIN_CONFIGS if name != "one_launch" else ())
+            row[name] = _time_configs({
+                f"{chunk}/{occ}": (lambda chunk=chunk, occ=occ: _launcher(kern, x, t, chunk, occ, lat, sms, extra)[0])
+                for chunk, occ in configs})
         lib, pre, tma = (row[k]["best_us"] for k in ("library", "library_prefetch", "one_launch"))
         row["plain_best_us"] = min(u for u in (lib, pre) if u)
         row["plain_over_tma"] = row["plain_best_us"] / tma if tma else None
@@ -213,28 +228,19 @@ def time_grad(variants, sms, g):
 
     import tiletune.kernels as K
 
-    dev = torch.device("cuda")
     out = []
     for m, v in GRAD_SHAPES:
-        x = (torch.randn(m, v, device=dev, generator=g) * 3.0).to(torch.bfloat16)
-        t = torch.randint(0, v, (m,), device=dev, generator=g)
+        x, t = _problem(m, v, g)
         xg = x.clone().requires_grad_(True)
         row = {"shape": f"{m}x{v}", "torch_us": 1e3 * do_bench(
             lambda: torch.autograd.grad(F.cross_entropy(xg, t), xg), return_mode="median")}
         for name in ("library", "library_prefetch", "one_launch"):
             kern, lat, extra = variants[name]
-            per = {}
-            for chunk, warps, store_tma in GRAD_CONFIGS:
-                label = f"{chunk}/w{warps}/{'tma' if store_tma else 'st'}"
-                try:
-                    run, _, _ = _launcher(kern, x, t, chunk, 2, lat, sms, extra, grad=True, store_tma=store_tma,
-                                          warps=warps)
-                    per[label] = 1e3 * do_bench(run, return_mode="median")
-                except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch
-                    per[label] = f"{type(exc).__name__}: {exc}"[:200]
-            times = {k: u for k, u in per.items() if isinstance(u, float)}
-            best = min(times, key=times.get) if times else None
-            row[name] = {"configs_us": per, "best": best, "best_us": times.get(best)}
+            row[name] = _time_configs({
+                f"{chunk}/w{warps}/{'tma' if st else 'st'}":
+                    (lambda chunk=chunk, warps=warps, st=st: _launcher(kern, x, t, chunk, 2, lat, sms, extra, grad=True,
+                                                                       store_tma=st, warps=warps)[0])
+                for chunk, warps, st in GRAD_CONFIGS})
         K.cross_entropy(x, t, return_grad=True)
         torch.cuda.synchronize()
         row["public_us"] = 1e3 * do_bench(lambda: K.cross_entropy(x, t, return_grad=True), return_mode="median")
