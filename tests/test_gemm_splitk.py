@@ -373,6 +373,11 @@ def test_check_ignores_the_workspace_but_not_the_product_or_the_counters():
     ws[0, 0, 0] = float("nan")  # NaN partials are a bug even in scratch memory
     assert "argument 8" in checker.compare()
 
+    guard.prepare_checked_run()
+    c.copy_(want)
+    ws[0, 0, 0] = float("inf")  # and so are infinite ones
+    assert "argument 8" in checker.compare()
+
 
 # ------------------------------------------------------------------------------------- compiles (sm_90)
 

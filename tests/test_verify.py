@@ -472,7 +472,7 @@ def test_checker_compares_every_output_and_names_it():
     assert checker.compare() is None
 
 
-def test_checker_does_not_compare_scratch_but_fails_new_nans_in_it():
+def test_checker_does_not_compare_scratch_but_fails_new_non_finite_values_in_it():
     x = torch.randn(8, 16, generator=gen(19))
     y, scratch, out_scratch = torch.empty(8, 16), torch.zeros(32), torch.empty(4)
     guard = ArgGuard((x, y, scratch, out_scratch), outputs=(1, 3), inplace=(2,))
@@ -487,6 +487,8 @@ def test_checker_does_not_compare_scratch_but_fails_new_nans_in_it():
     scratch[5] = float("nan")  # a NaN the launch put into in-place scratch is a bug
     reason = checker.compare()
     assert reason.startswith("output 2 (argument 2): scratch: 1 NaN") and "argument 3" not in reason
+    scratch[5] = float("inf")  # and so is an infinity
+    assert checker.compare().startswith("output 2 (argument 2): scratch: 1 NaN or infinite")
     guard.restore()
     assert float(scratch.abs().sum()) == 0.0  # saved and restored like any written argument
     assert repr(SCRATCH) == "tiletune.verify.SCRATCH"

@@ -73,7 +73,8 @@ class _Scratch:
 #: What a reference returns for a written argument that is scratch: memory a kernel writes and reads
 #: itself (per-block partial sums, split-K partial tiles) whose contents after a launch depend on the
 #: config. The argument is declared written, so it is saved, restored and may change; the gate does not
-#: compare its values, only that an in-place scratch holds no NaN where it held none before the launch.
+#: compare its values, only that an in-place scratch holds no NaN or infinity where it held a finite value
+#: before the launch.
 SCRATCH = _Scratch()
 
 #: machine epsilon (distance from 1 to the next value) per dtype name; tf32 is float32 with 10 bits
@@ -300,26 +301,25 @@ class Checker:
         reasons = []
         for i, (pos, want) in enumerate(zip(self.positions, self.expected)):
             if want is SCRATCH:
-                reason = _new_nans(self.guard.args[pos], self.guard.saved[pos] if pos in self.guard.inplace else None)
-                if reason is not None:
-                    reasons.append(f"output {i} (argument {pos}): {reason}")
-                continue
-            reason = compare_tensors(self.guard.args[pos], want, output_tolerance(self.tolerance, i))
+                before = self.guard.saved[pos] if pos in self.guard.inplace else None
+                reason = _new_non_finite(self.guard.args[pos], before)
+            else:
+                reason = compare_tensors(self.guard.args[pos], want, output_tolerance(self.tolerance, i))
             if reason is not None:
                 reasons.append(f"output {i} (argument {pos}): {reason}")
         return "; ".join(reasons) if reasons else None
 
 
-def _new_nans(got: Any, before: Any) -> str | None:
-    """Why an in-place scratch argument fails: NaN where ``before`` (its content before the launch) had
-    none, or None (also for integer scratch and for a scratch output, which has no content before)."""
+def _new_non_finite(got: Any, before: Any) -> str | None:
+    """Why an in-place scratch argument fails: a NaN or infinity where ``before`` (its content before the
+    launch) was finite (the rule :func:`compare_tensors` applies to finite references), or None (also for
+    integer scratch and for a scratch output, which has no content before)."""
     import torch
 
     if before is None or not (got.dtype.is_floating_point or got.dtype.is_complex):
         return None
-    new = torch.isnan(got) & ~torch.isnan(before)
-    n = int(new.sum())
-    return f"scratch: {n} NaN value(s) where it held none before the launch" if n else None
+    n = int((~torch.isfinite(got) & torch.isfinite(before)).sum())
+    return f"scratch: {n} NaN or infinite value(s) where it held finite ones before the launch" if n else None
 
 
 def _kind(t: Any) -> str:

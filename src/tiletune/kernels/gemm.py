@@ -197,7 +197,7 @@ def _splitk_plan(cfg: Any, a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, t
 def _splitk_reference(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool,
                       scaled: bool, ws: Any, sem: Any) -> tuple[Any, Any, Any]:
     """The product (as :func:`_reference`), the workspace as :data:`~tiletune.verify.SCRATCH` (float32
-    partial sums whose values depend on the config: not compared, but a NaN there fails) and all-zero
+    partial sums whose values depend on the config: not compared, but a NaN or infinity there fails) and all-zero
     counters (every launch must leave them so)."""
     import torch
 
