@@ -88,7 +88,6 @@ def test_on_default_stream_precheck(monkeypatch):
 
     assert _scratch.on_default_stream(Dev(-1))  # not on a GPU: nothing to race with
     state = {"now": 5}
-    monkeypatch.setattr(_scratch, "_default_streams", {})
     monkeypatch.setattr(_scratch, "_default_raw_stream", lambda dev: 5)
     monkeypatch.setattr(_scratch, "current_raw_stream", lambda dev: state["now"])
     assert _scratch.on_default_stream(Dev(0))

@@ -98,16 +98,8 @@ def reduction_scratch(device: Any, nparts: int) -> tuple[Any, Any]:
     return hit
 
 
-_default_streams: dict[int, int] = {}
-
-
 def on_default_stream(a: Any, *_: Any) -> bool:
     """Precheck of a library op whose recipes keep :func:`reduction_scratch` memory: True when the
     current stream of ``a``'s device is its default stream (always for a tensor not on a GPU)."""
     dev = a.get_device()
-    if dev < 0:
-        return True
-    default = _default_streams.get(dev)
-    if default is None:
-        default = _default_streams[dev] = _default_raw_stream(dev)
-    return current_raw_stream(dev) == default
+    return dev < 0 or current_raw_stream(dev) == _default_raw_stream(dev)

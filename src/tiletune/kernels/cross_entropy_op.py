@@ -42,7 +42,7 @@ from ..backends.base import Launch
 from ..fastcall import custom_op_route, fast_op
 from ._scratch import on_default_stream, placeholder, reduction_scratch
 from ..space import Space
-from ..templates import cross_entropy_space
+from ..templates import cross_entropy_space, next_power_of_2
 from .library_op import LibraryOp
 from ._membound import Prepared, check_device, check_float, check_tensor, int64_twin, needs_int64, persistent_grid
 from ._membound import rows_bucketed, sm_count
@@ -315,12 +315,12 @@ def partial_slots(device: Any) -> int:
     """Slots of the block-partials scratch on ``device``: a power of two of at least
     ``sm_count * MAX_OCCUPANCY`` (off a GPU: as for :data:`NOMINAL_SMS`), one size per device so it
     never changes a key."""
-    if getattr(device, "type", "cuda") != "cuda":
-        return max(PART_TILE, 1 << (NOMINAL_SMS * MAX_OCCUPANCY - 1).bit_length())
-    import torch
+    sms = NOMINAL_SMS
+    if getattr(device, "type", "cuda") == "cuda":
+        import torch
 
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return max(PART_TILE, 1 << (sm_count(idx) * MAX_OCCUPANCY - 1).bit_length())
+        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return max(PART_TILE, next_power_of_2(sms * MAX_OCCUPANCY))
 
 
 def prepare_cross_entropy(logits: Any, target: Any, return_grad: bool = False, ignore_index: int = -100) -> Prepared:
