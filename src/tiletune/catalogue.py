@@ -316,20 +316,30 @@ def _chunked(call: str, *, streams: int, chunks: Sequence[int], lat: Sequence[in
                                       LAT=list(lat), STORE_TMA=list(store_tma), GRID_FRAC=[1.0])
     if worker_warps:
         sm90["num_worker_warps"] = list(worker_warps)
-    values = _same(sm90)
-    for a in _NO_TMA:  # plain loads: no latency hint, stores straight from registers
-        values[a]["LAT"] = [0]
-        values[a]["STORE_TMA"] = [True]
-    for a in _SMALL_SMEM:  # ~100 KB of shared memory: no 16384-column chunks, occupancy <= 2
-        values[a]["CHUNK"] = [c for c in chunks if c <= 8192] or [min(chunks)]
-        values[a]["occupancy"] = [o for o in values[a]["occupancy"] if o <= 2] or [min(values[a]["occupancy"])]
     rules = [Rule.of("regs_fit", chunk_fits, streams, values_per_sm)]
     first = pairs[0]
     base = dict(TM=1, CHUNK=first[0], occupancy=first[1], LAT=lat[0], STORE_TMA=store_tma[0], GRID_FRAC=1.0)
     if worker_warps:
         base["num_worker_warps"] = worker_warps[0]
-    prefer = {"sm_90": base, **{a: {**base, "LAT": 0, "STORE_TMA": True} for a in _NO_TMA}}
+    values, prefer = _chunked_per_arch(sm90, base)
     return _finish(name, call, values, rules, prefer)
+
+
+def _chunked_per_arch(sm90: Mapping[str, list[Any]], base: Mapping[str, Any]) -> tuple[
+        dict[str, dict[str, list[Any]]], dict[str, dict[str, Any]]]:
+    """``(values, prefer)`` of a chunked-row kernel from its sm_90 values and preferred config: plain loads
+    (no latency hint, stores straight from registers) where there is no TMA, and no 16384-column chunks and
+    occupancy <= 2 with ~100 KB of shared memory."""
+    values = _same(sm90)
+    for a in _NO_TMA:
+        values[a]["LAT"] = [0]
+        values[a]["STORE_TMA"] = [True]
+    for a in _SMALL_SMEM:
+        chunks, occ = values[a]["CHUNK"], values[a]["occupancy"]
+        values[a]["CHUNK"] = [c for c in chunks if c <= 8192] or [min(chunks)]
+        values[a]["occupancy"] = [o for o in occ if o <= 2] or [min(occ)]
+    prefer = {"sm_90": dict(base), **{a: {**base, "LAT": 0, "STORE_TMA": True} for a in _NO_TMA}}
+    return values, prefer
 
 
 def _rowwise(n_cols: int = 4096, dtype_bytes: int = 2, streams: int = 1, tma: bool = True) -> Recipe:
@@ -367,19 +377,11 @@ def _cross_entropy(pass_: str = "loss") -> Recipe:
     if pass_ not in ("loss", "grad"):
         raise ValueError(f"cross_entropy template: pass_ must be 'loss' or 'grad', got {pass_!r}")
     lib = cross_entropy_space(pass_)
-    values = _same(_sm90_of(lib))
-    for a in _NO_TMA:
-        values[a]["LAT"] = [0]
-        values[a]["STORE_TMA"] = [True]
-    for a in _SMALL_SMEM:
-        values[a]["CHUNK"] = [c for c in values[a]["CHUNK"] if c <= 8192]
-        values[a]["occupancy"] = [o for o in values[a]["occupancy"] if o <= 2]
     rules = []
     if pass_ == "loss":  # the (CHUNK, occupancy, PREFETCH) triples the H200 probe kept
         rules.append(Rule.of("chunk_triples", one_of, ("CHUNK", "occupancy", "PREFETCH"),
                              [list(t) for t in sorted(cross_entropy_loss_triples())]))
-    base = lib.baseline("sm_90").as_dict()
-    prefer = {"sm_90": base, **{a: {**base, "LAT": 0, "STORE_TMA": True} for a in _NO_TMA}}
+    values, prefer = _chunked_per_arch(_sm90_of(lib), lib.baseline("sm_90").as_dict())
     return _finish("cross_entropy", call, values, rules, prefer)
 
 
