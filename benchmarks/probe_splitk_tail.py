@@ -7,9 +7,9 @@ and never with plain loads (``probe_ce_tail.py``, cuda-tile 1.7.0 / tileiras 13.
 ``K`` loop, then a partial tile stored and a per-tile acquire-release counter, the last split summing
 the partials. Its GPU tests check fixed configs; this launches a sample of its production space's
 real splits (``SPLIT_K > 1``: per shape, the first config of each ``(SPLIT_K, TM, TN, TK)`` seen, up to
-``--configs``) directly, several times each, on small-M Llama-3-8B projections in both weight layouts,
-and compares every product with the op's reference and tolerance (the gate's rule), and the counters
-with zero.
+``--configs``), compiled ahead on every core (``tiletune.compile_pool``) and then launched directly,
+several times each, on small-M Llama-3-8B projections in both weight layouts, and compares every
+product with the op's reference and tolerance (the gate's rule), and the counters with zero.
 
     python benchmarks/probe_splitk_tail.py [--out DIR] [--launches 10] [--configs 24]
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import torch
 
@@ -55,10 +56,14 @@ def main() -> None:
     from tiletune.kernels.gemm_kernels import splitk_regime, splitk_space
     from tiletune.verify import compare_tensors
 
+    from tiletune.backends.cutile import HintedKernels
+    from tiletune.compile_pool import CompileJob, CompilePool
+
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     one = torch.ones(1, device=dev)
-    rows = []
+    hinted = HintedKernels()
+    problems = []  # (shape, layout, call, want, tol, sem, [(cfg, kernel, grid, kargs) or (cfg, error)])
     for m, n, k in SHAPES:
         x = torch.randn(1, m, k, device=dev, generator=gen).to(torch.bfloat16)
         w = torch.randn(n, k, device=dev, generator=gen).to(torch.bfloat16) / k ** 0.5
@@ -71,33 +76,55 @@ def main() -> None:
                 continue
             ws, sem = G.splitk_workspace(dev, m, n, 1, regime[3])
             call = (a_arg, b_arg, c, one, one, ta, tb, False, ws, sem)
-            want = G._reference(*call[:8])
-            tol = G._splitk_tolerance(*call)
+            runs = []
             for cfg in sample_configs(splitk_space(*regime), args.configs):
-                row = {"shape": f"{m}x{n}x{k}", "layout": layout, "config": dict(cfg), "launches": args.launches}
                 try:
                     kernel, grid, kargs = G._splitk_plan(cfg, *call)
-                    hinted = kernel.replace_hints(**cfg.hints) if cfg.hints else kernel
-                    wrong, reasons, worst = 0, [], 0.0
-                    for _ in range(args.launches):
-                        c.fill_(float("nan"))
-                        ct.launch(torch.cuda.current_stream().cuda_stream, tuple(grid), hinted, tuple(kargs))
-                        reason = compare_tensors(c, want, tol)
-                        worst = max(worst, float((c.double() - want.double()).abs().max()))
-                        if reason is not None:
-                            wrong += 1
-                            reasons.append(reason)
-                    torch.cuda.synchronize()
-                    row.update(wrong=wrong, max_abs_err=worst, counters_nonzero=int((sem != 0).sum()),
-                               reason=reasons[0][:300] if reasons else None)
-                    if wrong or row["counters_nonzero"]:
-                        print(row, flush=True)
-                except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                    print(row, flush=True)
-                    sem.zero_()
+                    runs.append((cfg, hinted.get(kernel, cfg.hints), tuple(grid), tuple(kargs)))
+                except Exception as exc:  # noqa: BLE001 - a plan that rejects the config
+                    runs.append((cfg, f"{type(exc).__name__}: {exc}"[:300]))
+            problems.append((f"{m}x{n}x{k}", layout, c, G._reference(*call[:8]), G._splitk_tolerance(*call), sem, runs))
+    # every (config, problem) compiled ahead on every core, as the tuner does; the launches then load them
+    jobs = [CompileJob((i, j), r[1], r[3], "sm_90") for i, p in enumerate(problems) for j, r in enumerate(p[6])
+            if len(r) == 4]
+    t0 = time.perf_counter()
+    compile_errors = {}
+    for res in CompilePool().compile_all(jobs):
+        if res.error is not None:
+            compile_errors[res.tag] = res.error[:300]
+    print(f"compiled {len(jobs)} jobs ahead in {time.perf_counter() - t0:.1f} s ({len(compile_errors)} errors)", flush=True)
+    rows = []
+    stream = torch.cuda.current_stream().cuda_stream
+    for i, (shape, layout, c, want, tol, sem, runs) in enumerate(problems):
+        for j, run in enumerate(runs):
+            row = {"shape": shape, "layout": layout, "config": dict(run[0]), "launches": args.launches}
+            if len(run) == 2 or (i, j) in compile_errors:
+                row["error"] = run[1] if len(run) == 2 else compile_errors[(i, j)]
                 rows.append(row)
-        print(f"{m}x{n}x{k}: {sum(1 for r in rows if r['shape'] == f'{m}x{n}x{k}')} (layout, config) runs", flush=True)
+                print(row, flush=True)
+                continue
+            _, kernel, grid, kargs = run
+            try:
+                wrong, reasons, worst = 0, [], 0.0
+                for _ in range(args.launches):
+                    c.fill_(float("nan"))
+                    ct.launch(stream, grid, kernel, kargs)
+                    reason = compare_tensors(c, want, tol)
+                    worst = max(worst, float((c.double() - want.double()).abs().max()))
+                    if reason is not None:
+                        wrong += 1
+                        reasons.append(reason)
+                torch.cuda.synchronize()
+                row.update(wrong=wrong, max_abs_err=worst, counters_nonzero=int((sem != 0).sum()),
+                           reason=reasons[0][:300] if reasons else None)
+                if wrong or row["counters_nonzero"]:
+                    print(row, flush=True)
+            except Exception as exc:  # noqa: BLE001 - a config that does not launch
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                print(row, flush=True)
+                sem.zero_()
+            rows.append(row)
+        print(f"{shape} {layout}: {sum(1 for r in rows if (r['shape'], r['layout']) == (shape, layout))} configs", flush=True)
         if args.out:  # what ran so far, should the run be cut short
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "probe_splitk_tail_partial.json"), "w") as f:
@@ -109,7 +136,7 @@ def main() -> None:
     write_result("probe_splitk_tail", {"problem": "split-K GEMM (TMA operand loads, acquire-release tile counters): "
                                                   "wrong products per (shape, weight layout, config), bf16, "
                                                   "launched directly, compared with the op's reference and tolerance",
-                                       "summary": summary, "rows": rows}, args.out)
+                                       "summary": summary, "rows": rows}, args.out, compress=True)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,20 @@
 
 For a few GEMM problems (the rows of ``tools/gemm_call_gap.py``: small-M split-K, mid-size, batched,
 4096^3): tune through the public call in a fresh database, record the tuned-op launch the public call
-makes (op, key, arguments), and time, interleaved, with a cold L2 and a 2 ms GPU backlog before each
-sample (host cost stays out of the events): the public call, and a bare launch of the recorded
-winner (its plan's kernel with the config's hints, the same arguments). The public call must be
-within 3% of the bare launch (it launches the winner and nothing else) and of the median the tuner
-measured for the winner.
+makes (op, key, arguments), and time, interleaved, with a cold L2, the public call and a bare launch of
+the recorded winner (its plan's kernel with the config's hints, the same arguments), with two timers:
+
+* the tuner's own (:class:`~tiletune.measure.ColdL2Timer` as the cuTile backend builds it): the public
+  call must be within 3% of the median the tuner measured for the winner, and of the bare launch;
+* the same with a 2 ms GPU backlog before each sample (the host's enqueue of the call can never leak
+  into the events): the public call must be within 3% of the bare launch (it launches the winner and
+  nothing else).
+
+Why two timers: on the H200 the backlog shifts some problems' times by itself. ``gemm_call_gap.json``
+(2026-12-02) has 4096^3 at 175.1 (public) / 175.3 (bare) / 173.6 (``torch.matmul``) us under the
+tuner's timer and 180.5 / 180.9 / 178.6 us under the 2 ms backlog, against a tuner median of 175.5 us:
+every route, torch's included, about 3% slower after a spin kernel. Comparing the tuner's median
+with a time taken under the backlog (what this test did before) measured that shift, not the call.
 
 Run on the GPU host: ``source .gpu/activate.sh && python -m pytest -m gpu -q tests/test_gpu_call_gap.py``.
 """
@@ -58,18 +67,25 @@ def test_public_matmul_runs_at_its_winners_speed(batch, m, n, k, tmp_path, monke
     launch, stream, hinted, dev = op.backend.launch_parts(cfg, kernel, dev)
     grid = tuple(grid)
     fns = {"public": lambda: gm.matmul(a, b), "bare": lambda: launch(stream(dev), grid, hinted, tuple(kargs))}
-    timer = ColdL2Timer(torch.cuda.current_device(), backlog_us=2000)
-    for f in fns.values():
-        timer.time(f, 5)
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(8):
-        for name, f in fns.items():
-            samples[name] += timer.time(f, 5)
-    med = {name: statistics.median(s) for name, s in samples.items()}
-    what = f"{batch}x{m}x{n}x{k} ({op.name}, {cfg.as_dict()}): public {med['public']:.2f} us, bare {med['bare']:.2f} us"
-    assert med["public"] <= med["bare"] * (1 + TOLERANCE), what
+    from tiletune import settings
+
+    timers = {"tuner": ColdL2Timer(torch.cuda.current_device(), backlog_us=settings.timer_backlog_us()),
+              "backlog": ColdL2Timer(torch.cuda.current_device(), backlog_us=2000)}
+    med: dict[str, dict[str, float]] = {}
+    for tname, timer in timers.items():
+        for f in fns.values():
+            timer.time(f, 5)
+        samples: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(8):
+            for name, f in fns.items():
+                samples[name] += timer.time(f, 5)
+        med[tname] = {name: statistics.median(s) for name, s in samples.items()}
+    what = f"{batch}x{m}x{n}x{k} ({op.name}, {cfg.as_dict()}): " + "; ".join(
+        f"{t}: public {v['public']:.2f} us, bare {v['bare']:.2f} us" for t, v in med.items())
+    for tname in timers:
+        assert med[tname]["public"] <= med[tname]["bare"] * (1 + TOLERANCE), what
     res = op.results.get(key)
     if res is not None:  # tuned in this process (not answered by a bucket tuned on another shape)
         tuned = res.winner_median_us
-        assert abs(med["public"] / tuned - 1) <= TOLERANCE, f"{what}, tuner's winner {tuned:.2f} us"
+        assert abs(med["tuner"]["public"] / tuned - 1) <= TOLERANCE, f"{what}, tuner's winner {tuned:.2f} us"
     LibraryOp.configure()
