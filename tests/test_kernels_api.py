@@ -284,7 +284,7 @@ def test_elementwise_chunked_and_rope_spaces():
     assert len(rope_space(8192).candidates("sm_90")) >= 1
     assert ce_mod.loss_space().hash != ce_mod.grad_space().hash
     grad = ce_mod.grad_space().candidates("sm_90")
-    assert len(grad) == 8 and {c.PREFETCH for c in grad} == {True}
+    assert len(grad) == 4 and {c.PREFETCH for c in grad} == {True} and {c.STORE_TMA for c in grad} == {False}
     # the loss space: its triples, at most 65536 chunk values per SM in registers (two chunks with PREFETCH)
     loss = ce_mod.loss_space().candidates("sm_90")
     assert {(c.CHUNK, c.occupancy, c.PREFETCH) for c in loss} == cross_entropy_loss_triples()
