@@ -351,11 +351,6 @@ def main() -> int:
     fast = None if args.full_tuning else tt.TunerOptions(
         stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
     LibraryOp.configure(db=tt.TuningDB(db_path), progress=False, **({"options": fast} if fast else {}))
-    # the same short measurements for attention's own TunedOps (matmul's GEMMs are library ops: configured above)
-    for attention_op in importlib.import_module("tiletune.kernels.attention_op").ATTENTION_OPS:
-        attention_op.progress = False
-        if fast is not None:
-            attention_op.options = fast
 
     if args.api == "public":
         where = {**_MEMORY_OPS, "matmul": "gemm", "attention": "attention_op"}

@@ -665,13 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     # short tuning measurements: host cost does not depend on which config wins (--full-tuning: default)
     fast = None if a.full_tuning else tt.TunerOptions(
         stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
-    LibraryOp.configure(db=str(db), progress=False, **({"options": fast} if fast else {}))
-    if fast is not None and torch.cuda.is_available():
-        import importlib
-
-        # (matmul's GEMMs are library ops: configure set theirs)
-        for op in importlib.import_module("tiletune.kernels.attention_op").ATTENTION_OPS:
-            op.options = fast
+    LibraryOp.configure(db=str(db), progress=False, **({"options": fast} if fast else {}))  # every op's, attention's too
     if not torch.cuda.is_available():
         print("host_cost.py needs a CUDA GPU", file=sys.stderr)
         return 2

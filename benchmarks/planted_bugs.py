@@ -210,7 +210,7 @@ def _cases(dev: str, dtype: Any) -> list[tuple[str, Any, Callable[[int], tuple],
         o = torch.empty_like(q)
         return (q, k, v, o, True, att_mod.LOG2E / 128 ** 0.5)
 
-    cases.append(("attention", att_mod.attention_into, att_args, ("o",)))
+    cases.append(("attention", att_mod.attention_op_for(128), att_args, ("o",)))
     return cases
 
 

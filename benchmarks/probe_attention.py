@@ -53,7 +53,7 @@ def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
     import tiletune.kernels as K
     from tiletune import autotune
     from tiletune.kernels.attention_kernels import LOG2E
-    from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, ATTENTION_SPACE, _reference, _tolerance, attention_into
+    from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, ATTENTION_SPACE, _reference, _tolerance, attention_plan
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
@@ -63,7 +63,7 @@ def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
     arch = "sm_%d%d" % torch.cuda.get_device_capability()
     lib = {tuple(sorted(dict(c).items())) for c in ATTENTION_SPACE.candidates(arch)}
     full = autotune(ATTENTION_FULL_SPACE, reference=_reference, writes=["o"], tolerance=_tolerance,
-                    name="probe_attention.full", db=False, progress=False)(attention_into.plan)
+                    name="probe_attention.full", db=False, progress=False)(attention_plan)
     res, wall = tune_once(full, (q, k, v, o, causal, scale * LOG2E))
     rows = measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)},
                             lambda cfg: {"in_library": tuple(sorted(cfg.items())) in lib})

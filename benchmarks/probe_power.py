@@ -104,7 +104,7 @@ def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool, heat_s: fl
     from tiletune.bench import nvml_probe
     from tiletune.kernels.attention_kernels import LOG2E
     from tiletune.kernels.attention_op import ATTENTION_SMALL_HEAD_SPACE, ATTENTION_SPACE, _reference, _tolerance
-    from tiletune.kernels.attention_op import attention_into
+    from tiletune.kernels.attention_op import attention_plan
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -114,7 +114,7 @@ def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool, heat_s: fl
     args = (q, k, v, o, causal, scale * LOG2E)
     flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
     space = ATTENTION_SMALL_HEAD_SPACE if d <= 64 else ATTENTION_SPACE
-    plans = {"library": attention_into.plan, "lazy": lazy_plan}
+    plans = {"library": attention_plan, "lazy": lazy_plan}
     dev = torch.cuda.current_device()
     launchers: dict[str, Callable[[], Any]] = {}
     cool_us: dict[str, float] = {}

@@ -150,7 +150,7 @@ def problems(sm_count: int) -> dict[str, Problem]:
     import torch
 
     from tiletune import Launch, Space
-    from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, attention_into
+    from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, attention_plan
     from tiletune.kernels.attention_kernels import LOG2E, attention_reference
     from tiletune.kernels.gemm import GEMM, GEMM_FULL_SPACE
     from tiletune.examples.layernorm_kernels import (
@@ -216,7 +216,7 @@ def problems(sm_count: int) -> dict[str, Problem]:
             "layernorm_bf16_16384x4096", "tiletune.layer_norm", ln_space, ln_plan, ln_ref, ("y",), ln_args,
             f"LayerNorm bf16 {lm}x{ln_n}", lambda us: f"{(2 * lm * ln_n * 2 + 2 * ln_n * 2) / us / 1e3:.0f} GB/s"),
         "attention": Problem(
-            "attention_bf16_b4h16s4096d128_causal", "tiletune.attention", ATTENTION_FULL_SPACE, attention_into.plan,
+            "attention_bf16_b4h16s4096d128_causal", "tiletune.attention", ATTENTION_FULL_SPACE, attention_plan,
             att_ref, ("o",), att_args, f"FMHA fwd bf16 B={B} H={H} S={S} D={D} causal",
             lambda us: f"{2 * B * H * S * S * D / us / 1e6:.0f} TFLOP/s"),
     }

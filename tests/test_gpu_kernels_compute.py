@@ -106,12 +106,12 @@ FAST = tt.TunerOptions(stopping=tt.StoppingRule(min_samples=3, max_samples=6, ma
                        showdown_rounds=1)
 
 
-#: small op name -> (production op: a library op, or attention's module-level tuned op; small space; written argument)
+#: small op name -> (production library op; small space; written argument)
 _SMALL = {
     "gemm": (gemm_mod.GEMM, GEMM_SMALL_SPACE, "c"),
     "gemm_tf32": (gemm_mod.GEMM_TF32, TF32_SMALL_SPACE, "c"),
     "gemm_fp8": (gemm_mod.GEMM_FP8, FP8_SMALL_SPACE, "c"),
-    "attention": (attn_mod.attention_into, ATTN_SMALL_SPACE, "o"),
+    "attention": (attn_mod.ATTENTION, ATTN_SMALL_SPACE, "o"),
 }
 
 
@@ -141,8 +141,7 @@ def small_gemm(monkeypatch):
 def small_attention(monkeypatch):
     assert len(ATTN_SMALL_SPACE.candidates("sm_90")) == 4
     op = _small_op("attention")
-    monkeypatch.setattr(attn_mod, "attention_into", op)
-    monkeypatch.setattr(attn_mod, "attention_into_small_head", op)  # heads of 64 too: the test space
+    monkeypatch.setattr(attn_mod.ATTENTION, "op", lambda regime: op)  # heads of 64 too: the test space
     return op
 
 
@@ -474,7 +473,7 @@ def test_attention_bshd_transposed_views(small_attention):
 
 
 def test_attention_production_op_baseline(monkeypatch):
-    """The production op (264-config space) with tuning disabled: its baseline config."""
+    """The production op (both head-size regimes) with tuning disabled: its baseline config."""
     monkeypatch.setenv("TILETUNE_DISABLE", "1")
     for (b, h, hkv, s, d), causal in [((1, 8, 2, 1000, 128), True), ((2, 4, 4, 300, 64), False)]:
         q, k, v = _attn_inputs(b, h, hkv, s, d, seed=5)
@@ -488,16 +487,16 @@ def test_small_head_space_every_config_on_heads_of_64(b, h, hkv, s, causal):
     reference, and the public routing hands D=64 to that op. (Written 2026-12-02 after the session's
     device time ran out; the space itself ran whole at B16 S1024 causal: 40 of 40 through the gate.)"""
     space = attn_mod.ATTENTION_SMALL_HEAD_SPACE
-    op = tt.autotune(space, reference=attn_mod.attention_into.reference, writes=["o"], db=False, progress=False,
-                     tolerance=attn_mod.attention_into.tolerance, options=FAST,
-                     name="tiletune.attention[small-head-test]")(attn_mod.attention_into.plan)
+    op = tt.autotune(space, reference=attn_mod.ATTENTION.reference, writes=["o"], db=False, progress=False,
+                     tolerance=attn_mod.ATTENTION.tolerance, options=FAST,
+                     name="tiletune.attention[small-head-test]")(attn_mod.attention_plan)
     q, k, v = _attn_inputs(b, h, hkv, s, 64, seed=6)
     o = torch.empty_like(q)
     op(q, k, v, o, causal, (1.0 / 8.0) * 1.4426950408889634)
     _check_attention(o, q, k, v, causal)
     (res,) = op.results.values()
     assert len(res.successes) == len(space.candidates("sm_90")) == 40 and not res.failures, res.summary()
-    assert attn_mod.attention_op_for(64) is attn_mod.attention_into_small_head
+    assert attn_mod.attention_op_for(64).space is space
 
 
 # attention errors (raised before any kernel work)

@@ -52,13 +52,9 @@ FAST = tt.TunerOptions(stopping=tt.StoppingRule(min_samples=3, max_samples=10, m
 
 @pytest.fixture(scope="module", autouse=True)
 def library_settings(tmp_path_factory):
-    """No database and short measurements for the library ops (matmul's included); the same measurements
-    and a temporary database (if not opened yet) for attention's own module-level tuned op."""
+    """No database and short measurements for every library op (matmul's and attention's included)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TILETUNE_DB", str(tmp_path_factory.mktemp("tuning") / "t.db"))
-    for op in importlib.import_module("tiletune.kernels.attention_op").ATTENTION_OPS:
-        mp.setattr(op, "options", FAST)
-        mp.setattr(op, "progress", False)
     LibraryOp.configure(db=False, progress=False, options=FAST)
     yield
     LibraryOp.configure()

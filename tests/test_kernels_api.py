@@ -483,19 +483,21 @@ def test_cross_entropy_references_match_autograd(ignore):
 
 
 def test_heads_of_64_tune_the_small_head_attention_space():
-    """D <= 64 runs ``attention_into_small_head`` (the 16 configs plus occupancy 2-4 for score tiles up to
-    128 x 128: the 2026-12-02 H200 probe's winners, 64 x 64 at occupancy 4 and 128 x 64 at 2-4); D = 128
-    keeps ``attention_into`` with the space, name and plan its shipped-table entries were made with."""
+    """Attention is one library op with a regime per head size: D <= 64 tunes the small-head space (the 16
+    configs plus occupancy 2-4 for score tiles up to 128 x 128: the 2026-12-02 H200 probe's winners, 64 x 64
+    at occupancy 4 and 128 x 64 at 2-4); D = 128 the space its shipped-table entries were made with."""
     attn = importlib.import_module("tiletune.kernels.attention_op")
+    from tiletune.kernels.library_op import LibraryOp
     from tiletune.tables import tables
 
-    assert attn.attention_op_for(64) is attn.attention_into_small_head
-    assert attn.attention_op_for(128) is attn.attention_into
-    assert attn.ATTENTION_OPS == (attn.attention_into, attn.attention_into_small_head)
+    assert isinstance(attn.ATTENTION, LibraryOp) and attn.ATTENTION in LibraryOp.instances()
+    assert [attn.attention_regime(d) for d in (32, 64, 80, 128)] == [attn.SMALL_HEAD, attn.SMALL_HEAD, None, None]
+    small_op, op = attn.attention_op_for(64), attn.attention_op_for(128)
+    assert small_op is attn.ATTENTION.op(attn.SMALL_HEAD) and op is attn.ATTENTION.op(None) and small_op is not op
     small, lib = attn.ATTENTION_SMALL_HEAD_SPACE, attn.ATTENTION_SPACE
-    assert attn.attention_into_small_head.space is small and attn.attention_into.space is lib
-    assert attn.attention_into_small_head.name == attn.attention_into.name == "tiletune.attention"
-    assert attn.attention_into_small_head.plan is attn.attention_into.plan
+    assert small_op.space is small and op.space is lib
+    assert small_op.name == op.name == "tiletune.attention"
+    assert small_op.plan is op.plan is attn.attention_plan
     cands = {(c.BLOCK_M, c.BLOCK_N, c.occupancy, c.num_worker_warps) for c in small.candidates("sm_90")}
     assert len(cands) == 40 and set(lib.candidates("sm_90")) <= set(small.candidates("sm_90"))
     assert {(64, 64, 4, 4), (128, 64, 2, 8), (128, 64, 4, 8)} <= cands
@@ -511,8 +513,9 @@ def test_attention_routes_by_head_dim(monkeypatch):
 
     attn = importlib.import_module("tiletune.kernels.attention_op")
     calls = []
-    monkeypatch.setattr(attn, "attention_into", lambda *a: calls.append(("d128", a[0].shape[-1])))
-    monkeypatch.setattr(attn, "attention_into_small_head", lambda *a: calls.append(("small", a[0].shape[-1])))
+    ops = {attn.SMALL_HEAD: lambda *a: calls.append(("small", a[0].shape[-1])),
+           None: lambda *a: calls.append(("d128", a[0].shape[-1]))}
+    monkeypatch.setattr(attn.ATTENTION, "op", ops.__getitem__)
     monkeypatch.setattr(attn, "check_cuda_device", lambda *a, **k: None)
     monkeypatch.setattr(attn, "aligned_operand", lambda t: t)
     for d in (64, 128):

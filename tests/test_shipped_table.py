@@ -41,6 +41,7 @@ from tiletune.backends.cutile import CutileBackend  # noqa: E402
 from tiletune.dispatch import TunedOp  # noqa: E402
 from tiletune.kernels import _membound  # noqa: E402
 from tiletune.kernels.library_op import LibraryOp  # noqa: E402
+from tiletune.kernels import attention_op as aop  # noqa: E402
 from tiletune.kernels import decode_attention_op as dop  # noqa: E402
 from tiletune.kernels import gemm as gemm_mod  # noqa: E402
 from tiletune.kernels.cross_entropy_op import prepare_cross_entropy  # noqa: E402
@@ -150,6 +151,16 @@ class _SplitK:  # GEMM_SPLITK has no prepare_*: its regime as tiletune.kernels.g
                                   None)
 
 
+def _attention(q, k, v, o, causal, scale) -> Any:
+    """Attention's call through the public function's argument checks (not the device check: meta
+    tensors), in the regime of its head size."""
+    names = ("q", "k", "v")
+    aop.check_qkv_tensors("attention", names, q, k, v)
+    aop.check_head_dim("attention", q, aop.ATTENTION_HEAD_DIMS)
+    aop.check_kv_shapes("attention", names, q, k, v)
+    return _membound.Prepared(aop.ATTENTION, aop.attention_regime(q.shape[-1]), (q, k, v, o, causal, scale), None)
+
+
 def _one_regime(lib: LibraryOp) -> Callable[..., Any]:
     """The rule of a library op with one space (regime ``None``): the plan arguments are the call."""
     return lambda *args: _membound.Prepared(lib, None, args, None)
@@ -176,6 +187,7 @@ PREPARE: dict[str, Callable[..., Any]] = {
     "tiletune.gemm": _one_regime(gemm_mod.GEMM),
     "tiletune.gemm_tf32": _one_regime(gemm_mod.GEMM_TF32),
     "tiletune.gemm_fp8": _one_regime(gemm_mod.GEMM_FP8),
+    "tiletune.attention": _attention,
     "tiletune.decode_attention": _one_regime(dop.DECODE_PARTIAL),
     "tiletune.decode_combine": _one_regime(dop.DECODE_COMBINE),
     "tiletune.decode_attention_direct": _one_regime(dop.DECODE_DIRECT),
@@ -330,8 +342,8 @@ def test_the_matcher_reports_a_changed_entry(fake_sms):
     (and one of an op that does not exist) are each reported, with the reason."""
     table = shipped_tables()[0]
     fresh = {_mark(s.entry) for s in stale_entries(table)}
-    # an entry of an op family: its call is rebuilt through the op's argument checks, so a key whose
-    # tensors disagree in dtype is caught (a module-level op's plan takes any key as a valid problem)
+    # an entry of a library op: its call is rebuilt through the op's argument checks, so a key whose
+    # tensors disagree in dtype is caught (refused by the checks, or rebuilt into another key)
     good = next(e for e in sorted(table.entries.values(), key=lambda e: (e.name, e.key))
                 if _mark(e) not in fresh and e.name in PREPARE)
     key = json.loads(good.key)
@@ -350,7 +362,8 @@ def test_the_matcher_reports_a_changed_entry(fake_sms):
     assert not got, f"a good entry was reported: {got}"  # only the mutated copies
     assert "kernel_id today is " + good.kernel_id in why["kernel_id"]
     assert "space hash" in why["space_hash"]
-    assert "the key of the rebuilt call" in why["key"] or "kernel_id today" in why["key"], why["key"]
+    assert why["key"] is not None and any(
+        t in why["key"] for t in ("the key of the rebuilt call", "kernel_id today", "call from the key failed")), why["key"]
     # a config the space does not hold (same identity as the good entry, so a table of its own)
     for config in ({**good.config, "occupancy": 1000}, {**good.config, "NO_SUCH_PARAMETER": 1}):
         odd = dataclasses.replace(good, config=config)

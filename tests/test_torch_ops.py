@@ -174,8 +174,7 @@ def eager_without_launch(monkeypatch):
     for name in ("GEMM", "GEMM_TF32", "GEMM_FP8"):
         monkeypatch.setattr(getattr(gemm, name), "op", lambda regime: lambda *args: None)
     monkeypatch.setattr(gemm, "_unit_scale", lambda device: None)  # lru_cache would keep a fake tensor
-    monkeypatch.setattr(attn, "attention_into", lambda *args: None)
-    monkeypatch.setattr(attn, "attention_into_small_head", lambda *args: None)
+    monkeypatch.setattr(attn.ATTENTION, "op", lambda regime: lambda *args: None)
     # short queries take the decode kernels (issue 20): same output allocation, no launch, no device query
     dec = importlib.import_module("tiletune.kernels.decode_attention_op")
     monkeypatch.setattr(dec.DecodeCall, "run", lambda self: self.out)

@@ -41,11 +41,11 @@ def registers(resources: str) -> int | None:
 
 
 def compile_config(cfg: Any, causal: bool, cuobjdump: str) -> dict[str, Any]:
-    from tiletune.kernels.attention_op import attention_into
+    from tiletune.kernels.attention_op import attention_plan
 
     q, k, v, o = (torch.empty(2, 32, 8192, 128, dtype=torch.bfloat16, device="meta") for _ in range(4))
     with mock.patch.object(torch.Tensor, "get_device", lambda self: 0):
-        kernel, grid, kargs = attention_into.plan(cfg, q, k, v, o, causal, 0.127)
+        kernel, grid, kargs = attention_plan(cfg, q, k, v, o, causal, 0.127)
     sass, res = cuobjdump_texts(kernel, signature(kernel, kargs), cfg.hints, cuobjdump, "-sass", "-res-usage")
     return {"config": dict(cfg), "regs": registers(res), **opcode_counts(sass, CLASSES)}
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from ..backends.base import Launch
 from ..fastcall import custom_op_route, fast_op
-from ..dispatch import autotune
 from ..space import Space
 from ..verify import Tolerance, derived_tolerance, eps
 from ._attention_checks import (
@@ -29,6 +28,7 @@ from ._attention_checks import (
 )
 from .decode_attention_kernels import DECODE_MAX_Q
 from .decode_attention_op import prepare_decode
+from .library_op import LibraryOp
 from .attention_kernels import (
     ATTENTION_BASELINE,
     ATTENTION_CONSTRAINTS,
@@ -43,14 +43,14 @@ from .attention_kernels import (
     attention_reference,
 )
 
-__all__ = ["ATTENTION_FULL_SPACE", "ATTENTION_OPS", "ATTENTION_SMALL_HEAD_SPACE", "ATTENTION_SPACE", "attention", "attention_into",
-           "attention_into_small_head"]
+__all__ = ["ATTENTION", "ATTENTION_FULL_SPACE", "ATTENTION_SMALL_HEAD_SPACE", "ATTENTION_SPACE", "SMALL_HEAD",
+           "attention", "attention_op_for", "attention_plan", "attention_regime"]
 
 #: The 330-config space recorded on the H200 (``benchmarks/spaces/h200_attention_*.json.gz``):
 #: BLOCK_M x BLOCK_N (score tile <= 128*256) x KV_LATENCY x occupancy x num_worker_warps.
 ATTENTION_FULL_SPACE = Space(**ATTENTION_FULL_SPACE_PARAMS, constraints=ATTENTION_CONSTRAINTS,
                              baseline=ATTENTION_BASELINE)
-#: The op's space (16 configs), shrunk from the full one with its recording (causal S=4096 D=128):
+#: The space of heads of 128 (16 configs), shrunk from the full one with its recording (causal S=4096 D=128):
 #: the best config without a latency hint, at occupancy 1 and BLOCK_N >= 64 is within 0.3% of the
 #: best of all 330; the tile shapes and the warp count are what moved the time.
 ATTENTION_SPACE = Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_CONSTRAINTS, baseline=ATTENTION_BASELINE)
@@ -74,8 +74,7 @@ def _tolerance(q: Any, k: Any, v: Any, *_: Any) -> dict:
     return out
 
 
-@autotune(ATTENTION_SPACE, reference=_reference, writes=["o"], name="tiletune.attention", tolerance=_tolerance)
-def attention_into(cfg: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, qk_scale_log2: float) -> Launch:
+def attention_plan(cfg: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, qk_scale_log2: float) -> Launch:
     """Launch plan: ``o = attention(q, k, v)``; ``qk_scale_log2 = scale * log2(e)`` (> 0).
 
     The plan only passes its arguments through (plus int/bool constants), so the tuned op's hot
@@ -89,19 +88,28 @@ def attention_into(cfg: Any, q: Any, k: Any, v: Any, o: Any, causal: bool, qk_sc
 #: for score tiles up to 128 x 128 (see ``ATTENTION_SMALL_HEAD_SPACE_PARAMS``).
 ATTENTION_SMALL_HEAD_SPACE = Space(**ATTENTION_SMALL_HEAD_SPACE_PARAMS, constraints=ATTENTION_SMALL_HEAD_CONSTRAINTS,
                                    baseline=ATTENTION_BASELINE)
-#: The same launch plan, tuned over :data:`ATTENTION_SMALL_HEAD_SPACE` (its own identity: same name and
-#: plan, another space), for ``D <= 64``; :func:`attention_into` keeps the other head sizes.
-attention_into_small_head = autotune(ATTENTION_SMALL_HEAD_SPACE, reference=_reference, writes=["o"],
-                                     name="tiletune.attention", tolerance=_tolerance)(attention_into.plan)
+#: The regime of heads of at most 64 elements (:data:`ATTENTION_SMALL_HEAD_SPACE`); other heads are regime None.
+SMALL_HEAD = "small_head"
 
 
-#: Both tuned ops of the FlashAttention-style kernel (for settings applied to each, e.g. tuner options).
-ATTENTION_OPS = (attention_into, attention_into_small_head)
+def attention_regime(head_dim: int) -> str | None:
+    """The regime of :data:`ATTENTION` for heads of ``head_dim`` elements: :data:`SMALL_HEAD` up to 64, else None."""
+    return SMALL_HEAD if head_dim <= 64 else None
+
+
+def _space_for(regime: str | None) -> Space:
+    return ATTENTION_SMALL_HEAD_SPACE if regime == SMALL_HEAD else ATTENTION_SPACE
+
+
+#: The FlashAttention-style kernel as a library op: one plan, a space per head-size regime
+#: (:func:`attention_regime`).
+ATTENTION = LibraryOp("tiletune.attention", _space_for, attention_plan, reference=_reference, writes=["o"],
+                      tolerance=_tolerance)
 
 
 def attention_op_for(head_dim: int) -> Any:
     """The tuned op that runs the FlashAttention-style kernel for heads of ``head_dim`` elements."""
-    return attention_into_small_head if head_dim <= 64 else attention_into
+    return ATTENTION.op(attention_regime(head_dim))
 
 
 #: Whether :func:`attention` sends short queries to the split-KV decode kernels. On since
