@@ -13,6 +13,18 @@
 #   splitktail issue 14 (correctness): probe_splitk_tail.py, the split-K GEMM's real splits launched directly on small-M
 #             Llama shapes in both weight layouts (TMA loads before an acquire-release counter, like the withdrawn
 #             TMA cross-entropy kernel): wrong products and counters left non-zero. Not run yet: take it first.
+#   attn     issue 14 item 5: attention as a LibraryOp (new kernel id): the shipped table's 5 attention entries re-made
+#             (copy the table back from OUT), the attention GPU tests
+#   gapgrad  issue 14 item 4: test_gpu_call_gap.py (the tuner's timer and a 2 ms backlog); the CE loss + grad GPU tests
+#             (grad space: plain stores only)
+#   ncu      issue 14: Nsight Compute of the library kernel and the fastest torch route's kernel on the memory-bound rows
+#             that miss (ncu_rows.py; ncu_rows.json, the report and its CSVs under OUT)
+#   attnhost issue 12 after attention became a LibraryOp: host_cost.py's and graphs_compile.py's attention rows
+#   rowwarps issue 14: probe_row_warps.py, the short-row kernels with 1-4 worker warps per block (TMA loads) against the
+#             shipped space and torch.compile (layer_norm and softmax at 65536x1024)
+#   callgap  issue 14 item 4: tools/gemm_call_gap.py on 4096^3 and 1024x4096x4096 (the public call, a bare launch of
+#             the winner and torch.matmul under the tuner's own timer and two backlog timers, NVML clocks, and the op
+#             tuned again in process), then probe_launch_args.py (host cost of a launch by argument list)
 #   cetail   issue 12: probe_ce_tail.py --time --grad, the one-launch cross-entropy kernels (wrong losses with TMA loads,
 #             GPU time of the plain-load configs; ran without --grad on 2026-12-02 05:44; the loss + gradient timing
 #             has not run: it checks the grad space's PREFETCH choice)
@@ -78,6 +90,37 @@ case "$part" in
     limit 60 python benchmarks/graphs_compile.py --ops cross_entropy,cross_entropy_grad --out "$out/gc" 2>&1 | tail -2 ;;
   splitktail)
     limit 400 python benchmarks/probe_splitk_tail.py --out "$out" 2>&1 | tail -20 ;;
+  attn)
+    T=src/tiletune/data/tables/h200-sm90.json
+    limit 150 python benchmarks/make_table.py --db "$out/fill_attn.db" --table $T --ops "" --attention-s 512,1024,2048,4096,8192 \
+      --deadline-s 120 --report "$out/make_table_attention.json" 2>&1 | tail -7
+    cp $T "$out/"
+    limit 300 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_kernels_compute.py tests/test_gpu_torch_ops.py \
+      -k "attention or (heads_of_64 and False)" --junitxml="$out/attn.xml" > "$out/attn.log" 2>&1
+    tail -6 "$out/attn.log" ;;
+  gapgrad)
+    limit 330 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_call_gap.py --junitxml="$out/gap.xml" > "$out/gap.log" 2>&1
+    tail -4 "$out/gap.log"
+    limit 200 python -m pytest -m gpu -q -rs --durations=5 tests/test_gpu_kernels_memory.py -k "grad" \
+      --junitxml="$out/grad.xml" > "$out/grad.log" 2>&1
+    tail -4 "$out/grad.log" ;;
+  ncu)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    limit 330 "$NCU" --profile-from-start off --clock-control none --target-processes application-only --nvtx \
+      --set full -f -o "$out/ncu_rows" python benchmarks/ncu_rows.py 2>&1 | grep -v "^==PROF==" | tail -8
+    "$NCU" --import "$out/ncu_rows.ncu-rep" --csv --page details > "$out/ncu_details.csv" 2> "$out/ncu_import.err"
+    "$NCU" --import "$out/ncu_rows.ncu-rep" --csv --page raw > "$out/ncu_raw.csv" 2>> "$out/ncu_import.err"
+    python benchmarks/ncu_rows.py --summarize "$out/ncu_details.csv" "$out/ncu_raw.csv" --out "$out" 2>&1 | tail -2
+    gzip -f "$out/ncu_raw.csv" ;;
+  attnhost)
+    limit 200 python benchmarks/host_cost.py --only attention --rounds 9 --out "$out/hc" 2>&1 | tail -6
+    limit 150 python benchmarks/graphs_compile.py --ops attention --out "$out/gc" 2>&1 | tail -6 ;;
+  rowwarps)
+    limit 420 python benchmarks/probe_row_warps.py --rows layer_norm:65536x1024,softmax:65536x1024 --out "$out" 2>&1 \
+      | grep -v "^ " | tail -8 ;;
+  callgap)
+    limit 300 python tools/gemm_call_gap.py --problems 1x4096x4096x4096,1x1024x4096x4096 --out "$out" 2>&1 | tail -4
+    limit 60 python benchmarks/probe_launch_args.py --out "$out" 2>&1 | tail -2 ;;
   cetail)
     limit 400 python benchmarks/probe_ce_tail.py --time --grad --out "$out" 2>&1 | grep -v "^{'shape'" | tail -18 ;;
   verify)

@@ -507,3 +507,64 @@ def test_probe_power_refuses_unknown_kernels_and_causal_lazy_rows():
     with pytest.raises(SystemExit):
         probe_power.main(["--hot-top", "-1"])
     assert probe_power.KERNELS == ("library", "lazy")
+
+
+def _write_csv(path: Path, rows: list[list[str]], noise: str = "") -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
+    path.write_text(noise + buf.getvalue())
+    return str(path)
+
+
+def test_ncu_rows_summary_reads_ncus_csv_pages(tmp_path):
+    """``ncu_rows.py --summarize``: ncu's details page (one row per metric, thousands separators, rule
+    messages, NVTX range column, ncu's own log lines mixed in) and raw page (a units row first) become
+    one dict per kernel launch, in ID order, with the leading warp stalls sorted."""
+    import ncu_rows
+
+    nvtx = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
+    head = ["ID", "Process ID", "Process Name", "Host Name", nvtx, "Kernel Name", "Section Name", "Metric Name",
+            "Metric Unit", "Metric Value", "Rule Name", "Rule Type", "Rule Description"]
+    k0 = ["0", "1", "py", "h", '1 "<default domain>:softmax 8x8 tiletune:none"', "softmax_kernel_fn"]
+    k1 = ["1", "1", "py", "h", '1 "<default domain>:softmax 8x8 torch.compile:none"', "triton_per_fused_softmax"]
+    details = _write_csv(tmp_path / "d.csv", [
+        head,
+        k0 + ["GPU Speed Of Light Throughput", "Duration", "us", "65.89", "", "", ""],
+        k0 + ["Launch Statistics", "Registers Per Thread", "register/thread", "32", "", "", ""],
+        k0 + ["Occupancy", "Achieved Occupancy", "%", "82.44", "AchievedOccupancy", "OPT", "The difference between"],
+        k0 + ["Occupancy", "Some Metric We Do Not Keep", "%", "1", "", "", ""],
+        k1 + ["GPU Speed Of Light Throughput", "Duration", "us", "1,062.21", "", "", ""],
+    ], noise="==PROF== Connected to process 1\n")
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    raw = _write_csv(tmp_path / "r.csv", [
+        ["ID", "Kernel Name", "dram__bytes_read.sum", stall.format("long_scoreboard"), stall.format("barrier"),
+         stall.format("wait")],
+        ["", "", "Mbyte", "", "", ""],
+        ["1", "triton_per_fused_softmax", "134.2", "4.19", "0.1", "1.23"],
+        ["0", "softmax_kernel_fn", "134.25", "7.04", "1.52", "1.38"],
+    ])
+    k = ncu_rows.summarize(details, raw)
+    assert [x["id"] for x in k] == ["0", "1"]
+    assert k[0]["kernel"] == "softmax_kernel_fn" and "softmax 8x8 tiletune" in k[0]["nvtx"]
+    assert (k[0]["duration"], k[0]["duration_unit"], k[0]["registers"], k[0]["achieved_occupancy_pct"]) == (
+        65.89, "us", 32.0, 82.44)
+    assert k[0]["rules"] == {"AchievedOccupancy": "The difference between"}
+    assert k[1]["duration"] == 1062.21 and "torch.compile" in k[1]["nvtx"]
+    assert k[0]["dram_read"] == 134.25 and k[1]["dram_read"] == 134.2
+    assert list(k[0]["top_stalls"]) == ["long_scoreboard", "barrier", "wait"]
+    assert list(k[1]["top_stalls"]) == ["long_scoreboard", "wait", "barrier"]
+
+
+def test_gemm_call_gap_problems_parse_and_refuse_bad_input():
+    sys.path.insert(0, str(BENCH.parent / "tools"))
+    import gemm_call_gap
+
+    assert gemm_call_gap.parse_problems("4096x4096x4096,16x1024x1024x1024") == [(1, 4096, 4096, 4096),
+                                                                                 (16, 1024, 1024, 1024)]
+    assert gemm_call_gap.parse_problems(None) == gemm_call_gap.PROBLEMS
+    for bad in ("4096x4096", "0x8x8x8", "1x2x3x4x5"):
+        with pytest.raises(SystemExit):
+            gemm_call_gap.parse_problems(bad)
