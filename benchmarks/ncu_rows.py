@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 #: the row's fastest torch route in ``kernels_memory.json`` (2026-12-02) -> ``torch.compile`` keywords
 ROUTES = {"torch.compile": {}, "torch.compile(max-autotune-no-cudagraphs)": {"mode": "max-autotune-no-cudagraphs"}}
 DEFAULT_ROWS = "layer_norm:65536x1024,softmax:65536x1024,swiglu:8192x28672,rms_norm:4096x8192"
+#: ``gemm:MxNxK`` rows time ``K.matmul(x, w.t())`` against ``F.linear(x, w)`` (cuBLAS) instead
 
 #: details-page metrics kept per kernel: (section, metric name) -> field
 DETAILS = {
@@ -48,6 +49,9 @@ DETAILS = {
     ("Memory Workload Analysis", "L2 Hit Rate"): "l2_hit_pct",
     ("Memory Workload Analysis", "Mem Busy"): "mem_busy_pct",
     ("Memory Workload Analysis", "Max Bandwidth"): "max_bandwidth_pct",
+    ("GPU Speed Of Light Throughput", "Elapsed Cycles"): "elapsed_cycles",
+    ("Compute Workload Analysis", "Issue Slots Busy"): "issue_slots_busy_pct",
+    ("Compute Workload Analysis", "Executed Ipc Active"): "ipc_active",
     ("Launch Statistics", "Grid Size"): "grid_size",
     ("Launch Statistics", "Block Size"): "block_size",
     ("Launch Statistics", "Registers Per Thread"): "registers",
@@ -61,7 +65,11 @@ DETAILS = {
 }
 #: raw-page metrics kept per kernel
 RAW = {"dram__bytes_read.sum": "dram_read", "dram__bytes_write.sum": "dram_write",
-       "gpu__time_duration.sum": "gpu_time", "smsp__inst_executed.sum": "instructions"}
+       "gpu__time_duration.sum": "gpu_time", "smsp__inst_executed.sum": "instructions",
+       "TPC.TriageCompute.sm__pipe_tensor_cycles_active_realtime.avg.pct_of_peak_sustained_elapsed":
+           "tensor_pipe_elapsed_pct",
+       "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active": "gmma_inst_active_pct",
+       "sm__cycles_active.avg": "sm_cycles_active", "lts__t_sector_hit_rate.pct": "l2_sector_hit_pct"}
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
 
@@ -90,11 +98,14 @@ def run(rows: str, launches: int) -> None:
     for item in rows.split(","):
         op, shape_text = item.split(":")
         shape = _parse_shape(shape_text)
-        prob = build(op, shape, torch.bfloat16)
-        route = best.get((op, shape)) or "torch.compile"
-        fn = torch.compile(prob["torch_fn"], dynamic=False, **ROUTES.get(route, {}))
-        args = prob["args"]
-        calls = {"tiletune": prob["tiletune"], route: (lambda fn=fn, args=args: fn(*args))}
+        if op == "gemm":
+            calls, route = _gemm_calls(shape)
+        else:
+            prob = build(op, shape, torch.bfloat16)
+            route = best.get((op, shape)) or "torch.compile"
+            fn = torch.compile(prob["torch_fn"], dynamic=False, **ROUTES.get(route, {}))
+            args = prob["args"]
+            calls = {"tiletune": prob["tiletune"], route: (lambda fn=fn, args=args: fn(*args))}
         for f in calls.values():  # tune / compile, then settle
             for _ in range(3):
                 f()
@@ -110,6 +121,19 @@ def run(rows: str, launches: int) -> None:
                 torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
+
+
+def _gemm_calls(shape: tuple[int, ...]) -> tuple[dict[str, Any], str]:
+    """``gemm:MxNxK``: ``x[M, K] @ w[N, K].t()`` in bf16, the library's matmul and ``F.linear`` (cuBLAS)."""
+    import torch
+    import torch.nn.functional as F
+
+    import tiletune.kernels as K
+
+    m, n, k = shape
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    return {"tiletune": lambda: K.matmul(x, w.t()), "F.linear": lambda: F.linear(x, w)}, "F.linear"
 
 
 def _csv_rows(path: str) -> list[dict[str, str]]:
@@ -163,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=2)
     ap.add_argument("--summarize", nargs=2, metavar=("DETAILS_CSV", "RAW_CSV"), default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--name", default="ncu_rows", help="result file name (with --summarize)")
     a = ap.parse_args(argv)
     if a.summarize is None:
         run(a.rows, a.launches)
@@ -170,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     kernels = summarize(*a.summarize)
     from _common import write_result
 
-    write_result("ncu_rows", {"problem": "Nsight Compute (--set full, --clock-control none, caches flushed per "
-                                         "replay) of the library kernel and the fastest torch route's kernel per row, "
-                                         "bf16", "kernels": kernels}, a.out)
+    write_result(a.name, {"problem": "Nsight Compute (--set full, --clock-control none, caches flushed per replay) "
+                                     "of the library kernel and the fastest torch route's kernel per row, bf16",
+                          "kernels": kernels}, a.out)
     return 0
 
 

@@ -19,6 +19,8 @@
 #             (grad space: plain stores only)
 #   ncu      issue 14: Nsight Compute of the library kernel and the fastest torch route's kernel on the memory-bound rows
 #             that miss (ncu_rows.py; ncu_rows.json, the report and its CSVs under OUT)
+#   ncugemm  issue 14: the same for the library GEMM against cuBLAS (F.linear) on three Llama-3-8B / square rows
+#   clusters issue 14: probe_gemm_clusters.py, num_ctas 1 vs 2 on the GEMM template's leading configs vs F.linear
 #   attnhost issue 12 after attention became a LibraryOp: host_cost.py's and graphs_compile.py's attention rows
 #   rowwarps issue 14: probe_row_warps.py, the short-row kernels with 1-4 worker warps per block (TMA loads) against the
 #             shipped space and torch.compile (layer_norm and softmax at 65536x1024)
@@ -112,6 +114,18 @@ case "$part" in
     "$NCU" --import "$out/ncu_rows.ncu-rep" --csv --page raw > "$out/ncu_raw.csv" 2>> "$out/ncu_import.err"
     python benchmarks/ncu_rows.py --summarize "$out/ncu_details.csv" "$out/ncu_raw.csv" --out "$out" 2>&1 | tail -2
     gzip -f "$out/ncu_raw.csv" ;;
+  ncugemm)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    limit 300 "$NCU" --profile-from-start off --clock-control none --target-processes application-only --nvtx \
+      --set full -f -o "$out/ncu_gemm" python benchmarks/ncu_rows.py \
+      --rows gemm:1024x14336x4096,gemm:4096x4096x4096,gemm:16x4096x14336 2>&1 | grep -v "^==PROF==" | tail -6
+    "$NCU" --import "$out/ncu_gemm.ncu-rep" --csv --page details > "$out/ncu_gemm_details.csv" 2> "$out/ncu_import.err"
+    "$NCU" --import "$out/ncu_gemm.ncu-rep" --csv --page raw > "$out/ncu_gemm_raw.csv" 2>> "$out/ncu_import.err"
+    python benchmarks/ncu_rows.py --summarize "$out/ncu_gemm_details.csv" "$out/ncu_gemm_raw.csv" --name ncu_gemm \
+      --out "$out" 2>&1 | tail -2
+    gzip -f "$out/ncu_gemm_raw.csv" ;;
+  clusters)
+    limit 200 python benchmarks/probe_gemm_clusters.py --out "$out" 2>&1 | tail -4 ;;
   attnhost)
     limit 200 python benchmarks/host_cost.py --only attention --rounds 9 --out "$out/hc" 2>&1 | tail -6
     limit 150 python benchmarks/graphs_compile.py --ops attention --out "$out/gc" 2>&1 | tail -6 ;;

@@ -426,8 +426,8 @@ def matmul_params(elem_bytes: int = 2) -> dict[str, list[int]]:
     configs, ``benchmarks/spaces/h200_gemm_bf16_4096.json.gz``) puts the best config without GROUP_M
     16 or a latency hint within 0.3% of the best of all (a hint does rescue some individual configs,
     e.g. 128x128x32 at occupancy 2: 191 us with ``LAT`` 4, 1056 us without, but never the leaders).
-    No ``num_ctas``: CTA clusters were not probed on
-    sm_90, so the template leaves cuTile's default."""
+    No ``num_ctas``: on the H200 (``probe_gemm_clusters.json``) 2-CTA clusters of the leading configs were
+    correct but slower than the same configs without, so the template leaves cuTile's default."""
     if elem_bytes not in (1, 2, 4):
         raise ValueError(f"matmul template: elem_bytes must be 1, 2 or 4, got {elem_bytes!r}")
     return dict(
