@@ -12,7 +12,6 @@ times them interleaved with ``F.linear`` (the tuner's timer: cold L2, no backlog
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import cuda.tile as ct
@@ -20,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from _common import write_result
+from kernels_memory import timed_medians
 
 ROWS = ((4096, 4096, 4096), (1024, 14336, 4096))
 #: leading configs of the bf16 template (the 4096^3 winner first)
@@ -67,12 +67,8 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch
                     checks[name] = f"{type(exc).__name__}: {exc}"[:300]
         for f in fns.values():
-            timer.time(f, 5)
-        samples: dict[str, list[float]] = {nm: [] for nm in fns}
-        for _ in range(a.rounds):
-            for nm, f in fns.items():
-                samples[nm] += timer.time(f, 5)
-        med = {nm: round(statistics.median(v), 2) for nm, v in samples.items()}
+            timer.time(f, 5)  # warm-up samples, discarded
+        med = {nm: round(v, 2) for nm, v in timed_medians(fns, timer, a.rounds, 5).items()}
         row = {"shape": f"{m}x{n}x{k}", "checks": checks, "median_us": med}
         print(row, flush=True)
         rows.append(row)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -74,7 +73,7 @@ def main() -> int:
     import torch
 
     import tiletune as tt
-    from kernels_memory import build
+    from kernels_memory import build, timed_medians
     from tiletune.measure import ColdL2Timer
     from _common import write_result
 
@@ -112,12 +111,8 @@ def main() -> int:
         fn = torch.compile(prob["torch_fn"], dynamic=False, **kw)
         calls = {**picks, route: (lambda: fn(*args))}
         for f in calls.values():
-            timer.time(f, 5)
-        samples: dict[str, list[float]] = {n: [] for n in calls}
-        for _ in range(a.rounds):
-            for n, f in calls.items():
-                samples[n] += timer.time(f, 5)
-        med = {n: statistics.median(v) for n, v in samples.items()}
+            timer.time(f, 5)  # warm-up samples, discarded
+        med = timed_medians(calls, timer, a.rounds, 5)
         row["timed_us"] = {n: round(v, 2) for n, v in med.items()}
         row["torch_route"] = route
         row["ratio_shipped"] = round(med[route] / med["shipped_space"], 4)
