@@ -6,13 +6,14 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-02 02:12 session, in this order: projections, splits; smallhead,
-# sustained, attention, issue12, hostmm and power ran on 2026-12-02 01:30-02:12, see docs/GPU-NOTES.md):
+# PART (what is still owed after the 2026-12-02 07:12 session, in this order: gemmwt, projections, splits; splitktail,
+# cetail, callgap, attn, gapgrad, ncu, attnhost, rowwarps, ncugemm and clusters ran on 2026-12-02 06:35-07:12, see
+# docs/GPU-NOTES.md):
 #   ce       issue 12: the one-launch cross_entropy (plain loads): the shipped table's CE entries re-made (copy the table
 #             back from OUT), the CE GPU tests, host_cost's and graphs_compile's CE rows (ran on 2026-12-02 05:50)
 #   splitktail issue 14 (correctness): probe_splitk_tail.py, the split-K GEMM's real splits launched directly on small-M
 #             Llama shapes in both weight layouts (TMA loads before an acquire-release counter, like the withdrawn
-#             TMA cross-entropy kernel): wrong products and counters left non-zero. Not run yet: take it first.
+#             TMA cross-entropy kernel): wrong products and counters left non-zero (ran on 2026-12-02 06:37: 0 of 288)
 #   attn     issue 14 item 5: attention as a LibraryOp (new kernel id): the shipped table's 5 attention entries re-made
 #             (copy the table back from OUT), the attention GPU tests
 #   gapgrad  issue 14 item 4: test_gpu_call_gap.py (the tuner's timer and a 2 ms backlog); the CE loss + grad GPU tests
@@ -20,6 +21,8 @@
 #   ncu      issue 14: Nsight Compute of the library kernel and the fastest torch route's kernel on the memory-bound rows
 #             that miss (ncu_rows.py; ncu_rows.json, the report and its CSVs under OUT)
 #   ncugemm  issue 14: the same for the library GEMM against cuBLAS (F.linear) on three Llama-3-8B / square rows
+#   gemmwt   issue 14 (not run yet): the GEMM rows with the weight in nn.Linear's layout (N x K, passed as w.t());
+#             every committed GEMM row times B row-major (K x N)
 #   clusters issue 14: probe_gemm_clusters.py, num_ctas 1 vs 2 on the GEMM template's leading configs vs F.linear
 #   attnhost issue 12 after attention became a LibraryOp: host_cost.py's and graphs_compile.py's attention rows
 #   rowwarps issue 14: probe_row_warps.py, the short-row kernels with 1-4 worker warps per block (TMA loads) against the
@@ -28,8 +31,7 @@
 #             the winner and torch.matmul under the tuner's own timer and two backlog timers, NVML clocks, and the op
 #             tuned again in process), then probe_launch_args.py (host cost of a launch by argument list)
 #   cetail   issue 12: probe_ce_tail.py --time --grad, the one-launch cross-entropy kernels (wrong losses with TMA loads,
-#             GPU time of the plain-load configs; ran without --grad on 2026-12-02 05:44; the loss + gradient timing
-#             has not run: it checks the grad space's PREFETCH choice)
+#             GPU time of the plain-load configs, the loss + gradient configs with --grad; ran on 2026-12-02 06:41)
 #   issue12  issue 12: the fastcall and torch_ops GPU tests, dispatch_overhead.py and host_cost.py (call guards; the
 #             host-cost rows' bare-launch floor), without the matmul and attention rows (hostmm: those)
 #   power    issue 14: probe_power.py, the attention space timed at the power cap (hot) against its cool ranking
@@ -124,6 +126,9 @@ case "$part" in
     python benchmarks/ncu_rows.py --summarize "$out/ncu_gemm_details.csv" "$out/ncu_gemm_raw.csv" --name ncu_gemm \
       --out "$out" 2>&1 | tail -2
     gzip -f "$out/ncu_gemm_raw.csv" ;;
+  gemmwt)
+    limit 560 python benchmarks/kernels_compute.py --only gemm --quick --b-transposed --deadline 420 --out "$out/wt" 2>&1 \
+      | tail -30 ;;
   clusters)
     limit 200 python benchmarks/probe_gemm_clusters.py --out "$out" 2>&1 | tail -4 ;;
   attnhost)
