@@ -1,5 +1,6 @@
 """Hardware counters (Nsight Compute) of the library kernel and of the fastest torch route's kernel on
-memory-bound rows, to say where the time goes where the library is behind (issue 14).
+memory-bound rows (``op:MxN``) and GEMM rows (``gemm:MxNxK``, against ``F.linear``), to say where the
+time goes where the library is behind (issue 14).
 
 Two steps. On the GPU host, under ``ncu`` (``run_pending_h200.sh ncu``)::
 
