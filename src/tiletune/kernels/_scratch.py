@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from ..fastcall import constant_tensor
 
@@ -64,11 +64,7 @@ def placeholder(device: Any, dtype: Any, shape: tuple[int, ...]) -> Any:
 
     if not keepable(device):
         return torch.empty(shape, dtype=dtype, device=device)
-    with _lock:
-        ph = _placeholders.get(key)
-        if ph is None:
-            ph = _placeholders[key] = constant_tensor(torch.empty(shape, dtype=dtype, device=device))
-    return ph
+    return _kept(_placeholders, key, lambda: constant_tensor(torch.empty(shape, dtype=dtype, device=device)))
 
 
 def reduction_scratch(device: Any, nparts: int) -> tuple[Any, Any]:
@@ -85,16 +81,20 @@ def reduction_scratch(device: Any, nparts: int) -> tuple[Any, Any]:
     if not keepable(device):
         return (torch.empty((nparts,), dtype=torch.float32, device=device),
                 torch.zeros((1,), dtype=torch.int32, device=device))
-    key = (device, int(nparts))
-    hit = _reductions.get(key)
-    if hit is not None:
-        return hit
-    with _lock:
-        hit = _reductions.get(key)
-        if hit is None:
-            hit = _reductions[key] = (
-                constant_tensor(torch.zeros((nparts,), dtype=torch.float32, device=device)),
-                constant_tensor(torch.zeros((1,), dtype=torch.int32, device=device)))
+    return _kept(_reductions, (device, int(nparts)), lambda: (
+        constant_tensor(torch.zeros((nparts,), dtype=torch.float32, device=device)),
+        constant_tensor(torch.zeros((1,), dtype=torch.int32, device=device))))
+
+
+def _kept(cache: dict, key: tuple, make: Callable[[], Any]) -> Any:
+    """``cache[key]``, made by ``make()`` on first use (under the module lock, so two threads never
+    keep two different buffers for one key)."""
+    hit = cache.get(key)
+    if hit is None:
+        with _lock:
+            hit = cache.get(key)
+            if hit is None:
+                hit = cache[key] = make()
     return hit
 
 
