@@ -62,11 +62,8 @@ def test_public_matmul_runs_at_its_winners_speed(batch, m, n, k, tmp_path, monke
     assert len(rec) == 1, f"the public call made {len(rec)} tuned-op launches"
     op, key, op_args = rec[0]
     cfg = op._configs[key]
-    kernel, grid, kargs = op._launch_spec(cfg, op_args)
-    dev = op.backend.arg_device(op_args)
-    launch, stream, hinted, dev = op.backend.launch_parts(cfg, kernel, dev)
-    grid = tuple(grid)
-    fns = {"public": lambda: gm.matmul(a, b), "bare": lambda: launch(stream(dev), grid, hinted, tuple(kargs))}
+    (launch, stream, hinted, dev), grid, kargs = op._resolved_launch(cfg, op_args)
+    fns = {"public": lambda: gm.matmul(a, b), "bare": lambda: launch(stream(dev), grid, hinted, kargs)}
     from tiletune import settings
 
     timers = {"tuner": ColdL2Timer(torch.cuda.current_device(), backlog_us=settings.timer_backlog_us()),
