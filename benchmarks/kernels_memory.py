@@ -257,6 +257,17 @@ COMPILE_ROUTES: dict[str, dict[str, Any]] = {
 }
 
 
+def route_of_record(op: str, shape: tuple[int, ...]) -> str:
+    """The fastest torch route of the ``(op, shape)`` row in the committed ``kernels_memory.json`` (for the
+    probes that compare against it), ``"torch.compile"`` when the file has no such row."""
+    path = Path(DEFAULT_OUT) / "kernels_memory.json"
+    if path.exists():
+        for r in json.loads(path.read_text())["rows"]:
+            if r["op"] == op and tuple(r["shape"]) == tuple(shape) and r.get("torch_best_route"):
+                return r["torch_best_route"]
+    return "torch.compile"
+
+
 def fused_alternatives(op: str, prob: dict[str, Any]) -> dict[str, Callable[..., Any]]:
     """Fused torch kernels a user could call instead of the eager expression, where torch has one that
     ``F.*`` may not pick: ``torch._fused_rms_norm`` (torch >= 2.8) for rms_norm. (layer_norm, softmax

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import os
 import sys
 from collections import defaultdict
@@ -33,8 +32,6 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-#: the row's fastest torch route in ``kernels_memory.json`` (2026-12-02) -> ``torch.compile`` keywords
-ROUTES = {"torch.compile": {}, "torch.compile(max-autotune-no-cudagraphs)": {"mode": "max-autotune-no-cudagraphs"}}
 DEFAULT_ROWS = "layer_norm:65536x1024,softmax:65536x1024,swiglu:8192x28672,rms_norm:4096x8192"
 #: ``gemm:MxNxK`` rows time ``K.matmul(x, w.t())`` against ``F.linear(x, w)`` (cuBLAS) instead
 
@@ -88,13 +85,8 @@ def run(rows: str, launches: int) -> None:
         os.environ["TILETUNE_DB"] = str(Path(tempfile.mkdtemp()) / "t.db")
     import torch
 
-    from kernels_memory import build
+    from kernels_memory import COMPILE_ROUTES, build, route_of_record
 
-    best = {}
-    results = Path(__file__).parent / "results" / "h200" / "kernels_memory.json"
-    if results.exists():
-        for r in json.loads(results.read_text())["rows"]:
-            best[(r["op"], tuple(r["shape"]))] = r.get("torch_best_route")
     plan = []
     for item in rows.split(","):
         op, shape_text = item.split(":")
@@ -103,8 +95,8 @@ def run(rows: str, launches: int) -> None:
             calls, route = _gemm_calls(shape)
         else:
             prob = build(op, shape, torch.bfloat16)
-            route = best.get((op, shape)) or "torch.compile"
-            fn = torch.compile(prob["torch_fn"], dynamic=False, **ROUTES.get(route, {}))
+            route = route_of_record(op, shape)
+            fn = torch.compile(prob["torch_fn"], dynamic=False, **COMPILE_ROUTES.get(route, {}))
             args = prob["args"]
             calls = {"tiletune": prob["tiletune"], route: (lambda fn=fn, args=args: fn(*args))}
         for f in calls.values():  # tune / compile, then settle

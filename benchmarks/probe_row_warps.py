@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,16 +37,6 @@ def probe_space(lib_space: Any) -> Any:
                  GRID_FRAC=[1.0, SHORT_ROWS_GRID_ALL], num_worker_warps=[1, 2, 4],
                  constraints={"rows_in_flight": lambda c: c.TM * c.occupancy <= 16},
                  baseline=dict(TM=1, CHUNK=0, occupancy=8, LAT=0, STORE_TMA=True, GRID_FRAC=1.0, num_worker_warps=2))
-
-
-def _route_of_record(op: str, shape: tuple[int, ...]) -> str:
-    """The row's fastest torch route in ``results/h200/kernels_memory.json`` (``torch.compile`` if absent)."""
-    path = Path(__file__).parent / "results" / "h200" / "kernels_memory.json"
-    if path.exists():
-        for r in json.loads(path.read_text())["rows"]:
-            if r["op"] == op and tuple(r["shape"]) == shape and r.get("torch_best_route"):
-                return r["torch_best_route"]
-    return "torch.compile"
 
 
 def _prepared(op: str, x: Any, extra: tuple) -> Any:
@@ -73,7 +62,7 @@ def main() -> int:
     import torch
 
     import tiletune as tt
-    from kernels_memory import build, timed_medians
+    from kernels_memory import COMPILE_ROUTES, build, route_of_record, timed_medians
     from tiletune.measure import ColdL2Timer
     from _common import write_result
 
@@ -106,9 +95,8 @@ def main() -> int:
                          "top": sorted(({"config": dict(m.config), "median_us": round(m.median_us, 2)}
                                         for m in res.successes if m.median_us), key=lambda d: d["median_us"])[:8]}
             picks[name] = (lambda tuned=tuned: tuned(*prep.args))
-        route = _route_of_record(op, shape)
-        kw = {"mode": "max-autotune-no-cudagraphs"} if "max-autotune" in route else {}
-        fn = torch.compile(prob["torch_fn"], dynamic=False, **kw)
+        route = route_of_record(op, shape)
+        fn = torch.compile(prob["torch_fn"], dynamic=False, **COMPILE_ROUTES.get(route, {}))
         calls = {**picks, route: (lambda: fn(*args))}
         for f in calls.values():
             timer.time(f, 5)  # warm-up samples, discarded

@@ -568,3 +568,20 @@ def test_gemm_call_gap_problems_parse_and_refuse_bad_input():
     for bad in ("4096x4096", "0x8x8x8", "1x2x3x4x5"):
         with pytest.raises(SystemExit):
             gemm_call_gap.parse_problems(bad)
+
+
+def test_route_of_record_reads_the_rows_fastest_torch_route(tmp_path, monkeypatch):
+    """The probes compare against the committed sweep's fastest route of the same row; a row the sweep
+    lacks (or a missing file) falls back to ``torch.compile``."""
+    import kernels_memory
+
+    (tmp_path / "kernels_memory.json").write_text(json.dumps({"rows": [
+        {"op": "layer_norm", "shape": [65536, 1024], "torch_best_route": "torch.compile(max-autotune-no-cudagraphs)"},
+        {"op": "softmax", "shape": [65536, 1024], "torch_best_route": None}]}))
+    monkeypatch.setattr(kernels_memory, "DEFAULT_OUT", tmp_path)
+    assert kernels_memory.route_of_record("layer_norm", (65536, 1024)) == "torch.compile(max-autotune-no-cudagraphs)"
+    assert kernels_memory.route_of_record("layer_norm", [65536, 1024]) == "torch.compile(max-autotune-no-cudagraphs)"
+    assert kernels_memory.route_of_record("layer_norm", (4096, 1024)) == "torch.compile"
+    assert kernels_memory.route_of_record("softmax", (65536, 1024)) == "torch.compile"
+    monkeypatch.setattr(kernels_memory, "DEFAULT_OUT", tmp_path / "absent")
+    assert kernels_memory.route_of_record("layer_norm", (65536, 1024)) == "torch.compile"
