@@ -6,9 +6,13 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-02 07:12 session, in this order: gemmwt, projections, splits; splitktail,
-# cetail, callgap, attn, gapgrad, ncu, attnhost, rowwarps, ncugemm and clusters ran on 2026-12-02 06:35-07:12, see
-# docs/GPU-NOTES.md):
+# PART (what is still owed after the 2026-12-02 08:15 session, in this order: timer, gputests, projections, splits;
+# gemmwt ran on 2026-12-02 08:00; splitktail, cetail, callgap, attn, gapgrad, ncu, attnhost, rowwarps, ncugemm and
+# clusters ran on 2026-12-02 06:35-07:12, see docs/GPU-NOTES.md):
+#   timer    issue 14 (timer check): probe_timer.py, tt.bench (with and without its spin) against triton's do_bench on
+#             copies and two torch GEMMs, with each harness's kernel durations read from CUPTI (torch.profiler)
+#   gputests every GPU test file, 4 pytest-xdist workers where timing does not matter (-v: a cut run still names
+#             what passed), then the timing-sensitive files one at a time; LIMIT splits it over calls
 #   ce       issue 12: the one-launch cross_entropy (plain loads): the shipped table's CE entries re-made (copy the table
 #             back from OUT), the CE GPU tests, host_cost's and graphs_compile's CE rows (ran on 2026-12-02 05:50)
 #   splitktail issue 14 (correctness): probe_splitk_tail.py, the split-K GEMM's real splits launched directly on small-M
@@ -126,6 +130,18 @@ case "$part" in
     python benchmarks/ncu_rows.py --summarize "$out/ncu_gemm_details.csv" "$out/ncu_gemm_raw.csv" --name ncu_gemm \
       --out "$out" 2>&1 | tail -2
     gzip -f "$out/ncu_gemm_raw.csv" ;;
+  timer)
+    limit 200 python benchmarks/probe_timer.py --out "$out" 2>&1 | grep -v "^{" | tail -8 ;;
+  gputests)
+    limit 560 python -m pytest -m gpu -v -rs -n 4 --dist load -p no:cacheprovider tests/test_gpu_kernels_memory.py \
+      tests/test_gpu_kv_cache.py tests/test_gpu_splitk.py tests/test_gpu_kernels_compute.py tests/test_gpu_decode_attention.py \
+      tests/test_gpu_torch_ops.py tests/test_gpu_layernorm_kernel.py tests/test_gpu_gemm_glu.py \
+      --junitxml="$out/gputests_parallel.xml" > "$out/gputests_parallel.log" 2>&1
+    grep -cE " PASSED" "$out/gputests_parallel.log"; grep -E "FAILED|ERROR| passed| failed" "$out/gputests_parallel.log" | tail -8
+    limit 300 python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu_call_gap.py tests/test_gpu_bench.py \
+      tests/test_gpu_core.py tests/test_gpu_fastcall.py tests/test_gpu_faults.py tests/test_gpu_compile_pool.py \
+      tests/test_gpu_campaign.py --junitxml="$out/gputests_sequential.xml" > "$out/gputests_sequential.log" 2>&1
+    grep -E "FAILED|ERROR| passed| failed" "$out/gputests_sequential.log" | tail -8 ;;
   gemmwt)
     limit 560 python benchmarks/kernels_compute.py --only gemm --quick --b-transposed --deadline 420 --out "$out/wt" 2>&1 \
       | tail -30 ;;

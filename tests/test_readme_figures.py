@@ -50,6 +50,7 @@ TABLE_SOURCES: dict[str, list[str]] = {
     "memory-bound op vs the fastest torch route": ["h200/kernels_memory.json"],
     "memory-bound op, earlier sweep": ["h200/sweep-2026-12-01/kernels_memory.json"],
     "compute-bound vs the fastest torch route": ["h200/kernels_compute.json"],
+    "GEMM with nn.Linear's weight layout": ["h200/kernels_compute_wt.json"],
     "compute-bound, earlier sweep": ["h200/sweep-2026-12-01/kernels_compute.json"],
     "decoder layer": ["h200/decoder_layer.json", "h200/decoder_layer_qwen2.5-7b.json",
                       "h200/decoder_layer_fused_mlp.json"],
