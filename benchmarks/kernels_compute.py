@@ -513,9 +513,15 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
 
 def _apply_tuning_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Optional: a strategy / budget for the library ops (default: the ops' own settings)."""
-    if not (args.strategy or args.max_evals or args.tune_seconds):
-        return {}
     from tiletune import Budget
+
+    splitk: dict[str, Any] = {}
+    if args.splitk_evals is not None:  # before the split-K op's first use: its regimes' tuned ops take it
+        gemm_mod = importlib.import_module("tiletune.kernels.gemm")
+        gemm_mod.GEMM_SPLITK.budget = Budget(max_evals=args.splitk_evals or None)
+        splitk = {"splitk_evals": args.splitk_evals or "whole space"}
+    if not (args.strategy or args.max_evals or args.tune_seconds):
+        return splitk
 
     attn_mod = importlib.import_module("tiletune.kernels.attention_op")
 
@@ -526,7 +532,7 @@ def _apply_tuning_overrides(args: argparse.Namespace) -> dict[str, Any]:
             op.strategy = args.strategy
         if budget is not None:
             op.budget = budget
-    return {"strategy": args.strategy, "max_evals": args.max_evals, "tune_seconds": args.tune_seconds}
+    return {"strategy": args.strategy, "max_evals": args.max_evals, "tune_seconds": args.tune_seconds, **splitk}
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -635,6 +641,8 @@ def main() -> int:
                     help="override the ops' tuning strategy")
     ap.add_argument("--max-evals", type=int, default=None, help="override: configs evaluated per tuning")
     ap.add_argument("--tune-seconds", type=float, default=None, help="override: seconds per tuning session")
+    ap.add_argument("--splitk-evals", type=int, default=None, metavar="N",
+                    help="override the split-K op's search budget: N configs per key (0: its whole regime space)")
     ap.add_argument("--splitk", action="store_true",
                     help="route small-M 16-bit GEMMs to the split-K op (tiletune.kernels.gemm.ROUTE_SMALL_M_TO_SPLITK)")
     args = ap.parse_args()

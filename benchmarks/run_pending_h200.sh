@@ -11,6 +11,8 @@
 # clusters ran on 2026-12-02 06:35-07:12, see docs/GPU-NOTES.md):
 #   timer    issue 14 (timer check): probe_timer.py, tt.bench (with and without its spin) against triton's do_bench on
 #             copies and two torch GEMMs, with each harness's kernel durations read from CUPTI (torch.profiler)
+#   layout   issue 14: 128x4096x4096 and 1024x4096x4096 with B as K x N and as W.t(), both tuned the same way (no
+#             shipped table, the split-K op over its whole regime space): is the W.t() gap the layout or the budget?
 #   gputests every GPU test file, 4 pytest-xdist workers where timing does not matter (-v: a cut run still names
 #             what passed), then the timing-sensitive files one at a time; LIMIT splits it over calls
 #   ce       issue 12: the one-launch cross_entropy (plain loads): the shipped table's CE entries re-made (copy the table
@@ -132,6 +134,13 @@ case "$part" in
     gzip -f "$out/ncu_gemm_raw.csv" ;;
   timer)
     limit 200 python benchmarks/probe_timer.py --out "$out" 2>&1 | grep -v "^{" | tail -8 ;;
+  layout)
+    for lay in kn nk; do
+      flag=""; [ "$lay" = nk ] && flag="--b-transposed"
+      limit 280 env TILETUNE_TABLES=0 TILETUNE_DB="/tmp/layout_$lay.db" python benchmarks/kernels_compute.py --only gemm \
+        --quick --shapes 128x4096x4096,1024x4096x4096 --splitk-evals 0 --timer-check 0 $flag --out "$out/layout_$lay" 2>&1 \
+        | grep -E "^\|" | tail -3
+    done ;;
   gputests)
     limit 560 python -m pytest -m gpu -v -rs -n 4 --dist load -p no:cacheprovider tests/test_gpu_kernels_memory.py \
       tests/test_gpu_kv_cache.py tests/test_gpu_splitk.py tests/test_gpu_kernels_compute.py tests/test_gpu_decode_attention.py \

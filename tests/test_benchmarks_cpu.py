@@ -369,6 +369,26 @@ def test_kernels_compute_combine_takes_the_latest_measurement_of_a_row(tmp_path,
                                 "date": "2026-12-02T00:24:45Z"}]
 
 
+def test_kernels_compute_splitk_evals_sets_the_split_k_budget_before_first_use(monkeypatch):
+    import argparse
+
+    import kernels_compute as kc
+    from tiletune.kernels import gemm
+
+    monkeypatch.setattr(gemm.GEMM_SPLITK, "budget", gemm.GEMM_SPLITK.budget)  # restored after the test
+
+    def ns(**kw):
+        return argparse.Namespace(**{"strategy": None, "max_evals": None, "tune_seconds": None,
+                                     "splitk_evals": None, **kw})
+
+    assert kc._apply_tuning_overrides(ns()) == {}
+    assert gemm.GEMM_SPLITK.budget.max_evals == gemm.SPLITK_SEARCH_EVALS
+    assert kc._apply_tuning_overrides(ns(splitk_evals=0)) == {"splitk_evals": "whole space"}
+    assert gemm.GEMM_SPLITK.budget.unlimited
+    assert kc._apply_tuning_overrides(ns(splitk_evals=12))["splitk_evals"] == 12
+    assert gemm.GEMM_SPLITK.budget.max_evals == 12
+
+
 def test_probe_attention_rows_parse_and_refuse_bad_input():
     import probe_attention
 
