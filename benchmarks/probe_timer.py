@@ -11,7 +11,8 @@ the kernel's speed can be told apart:
 * ``ours``: ``tt.bench`` as the tuner times (flush, 100 us spin, events);
 * ``ours_no_spin``: ``tt.bench(..., backlog_us=0)`` (flush, events);
 * ``do_bench``: ``triton.testing.do_bench(..., return_mode="median")``;
-* ``cupti_*``: the median CUPTI duration of the timed call's kernels inside each of the three.
+* ``cupti_*``: the timed call's device time from CUPTI inside each of the three (per kernel or copy
+  name the median duration, summed over names).
 
 Rounds alternate the harness order; each figure is the median over rounds.
 
@@ -50,8 +51,12 @@ def _cases() -> dict[str, Callable[[], Any]]:
     return out
 
 
-def _kernel_durations(run: Callable[[], Any]) -> list[float]:
-    """CUPTI durations (us) of every kernel ``run`` launched that is not a harness kernel."""
+def _device_work_us(run: Callable[[], Any]) -> float | None:
+    """The timed call's device time per call from CUPTI: for each kernel or copy name that is not the
+    harness's, the median duration, summed over names (a call launches each of its kernels once).
+
+    Plain ``Tensor.copy_`` of a contiguous tensor is a device-to-device memcpy, not a kernel, so copies
+    count too (the 2026-12-02 08:57 run counted kernels only and read none for the copy cases)."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         run()
@@ -61,8 +66,17 @@ def _kernel_durations(run: Callable[[], Any]) -> list[float]:
         prof.export_chrome_trace(path)
         with open(path) as f:
             trace = json.load(f)
-    return [float(e["dur"]) for e in trace.get("traceEvents", [])
-            if e.get("cat") == "kernel" and not any(h in e.get("name", "") for h in _HARNESS_KERNELS)]
+    return work_from_trace(trace)
+
+
+def work_from_trace(trace: dict[str, Any]) -> float | None:
+    """:func:`_device_work_us` on a Chrome trace (``torch.profiler``'s export)."""
+    by_name: dict[str, list[float]] = {}
+    for e in trace.get("traceEvents", []):
+        name = e.get("name", "")
+        if e.get("cat") in ("kernel", "gpu_memcpy") and not any(h in name for h in _HARNESS_KERNELS):
+            by_name.setdefault(name, []).append(float(e["dur"]))
+    return sum(statistics.median(v) for v in by_name.values()) if by_name else None
 
 
 def _median(xs: list[float]) -> float | None:
@@ -84,8 +98,8 @@ def probe(fn: Callable[[], Any], rounds: int) -> dict[str, Any]:
         for name in (names if r % 2 == 0 else names[::-1]):
             events[name].append(harnesses[name]())
             box: list[float] = []
-            durs = _kernel_durations(lambda h=harnesses[name]: box.append(h()))
-            cupti[name].append(_median(durs) or float("nan"))
+            work = _device_work_us(lambda h=harnesses[name]: box.append(h()))
+            cupti[name].append(float("nan") if work is None else work)
     row: dict[str, Any] = {}
     for name in names:
         row[f"{name}_us"] = _median(events[name])
@@ -113,7 +127,6 @@ def main() -> None:
               f"do_bench {row['do_bench_us']:8.2f} us | CUPTI kernel: ours {row['cupti_ours_us']:8.2f}  "
               f"no spin {row['cupti_ours_no_spin_us']:8.2f}  do_bench {row['cupti_do_bench_us']:8.2f}", flush=True)
     write_result("probe_timer", {
-        "benchmark": "probe_timer",
         "question": "why tt.bench reads short kernels below triton.testing.do_bench: event timing or kernel speed",
         "rounds": args.rounds,
         "rows": rows,

@@ -389,6 +389,26 @@ def test_kernels_compute_splitk_evals_sets_the_split_k_budget_before_first_use(m
     assert gemm.GEMM_SPLITK.budget.max_evals == 12
 
 
+def test_probe_timer_reads_the_calls_device_work_from_a_trace():
+    import probe_timer
+
+    def ev(cat, name, dur):
+        return {"ph": "X", "cat": cat, "name": name, "dur": dur}
+
+    trace = {"traceEvents": [
+        ev("kernel", "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int> >", 40.0),
+        ev("kernel", "spin_kernel(long)", 100.0),
+        ev("gpu_memset", "Memset (Device)", 30.0),
+        ev("cpu_op", "aten::mm", 9.0),
+        # two samples of a two-kernel call, and a plain device-to-device copy
+        ev("kernel", "gemm_splitk", 7.0), ev("kernel", "splitk_reduce", 2.0),
+        ev("kernel", "gemm_splitk", 7.5), ev("kernel", "splitk_reduce", 2.0),
+        ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 12.5),
+    ]}
+    assert probe_timer.work_from_trace(trace) == pytest.approx(7.25 + 2.0 + 12.5)
+    assert probe_timer.work_from_trace({"traceEvents": trace["traceEvents"][:4]}) is None
+
+
 def test_probe_attention_rows_parse_and_refuse_bad_input():
     import probe_attention
 

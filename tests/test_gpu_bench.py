@@ -58,11 +58,20 @@ def test_nvml_readings_when_available():
     assert len(r.throttled) == r.n
 
 
+#: how much wider ``do_bench``'s event pair may read than ours on the same device work, in us. On the
+#: H200 (``benchmarks/results/h200/probe_timer.json``, 2026-12-02) CUPTI timed the same kernel alike
+#: under both harnesses (1024x4096x4096 GEMM: 44.54 and 44.22 us) while ``do_bench``'s events read it
+#: 0.78 us above ours, and 16 MiB copies 0.1-0.9 us above (12.74-12.82 against 12.90-13.60 us): a
+#: fixed gap that is 6% of a 13 us copy and 0.6% of a 130 us one.
+DO_BENCH_EVENT_GAP_US = 1.0
+
+
 @pytest.mark.parametrize("n", [1 << 22, 1 << 26])  # 16 MiB and 256 MiB copies
 def test_bench_agrees_with_triton_do_bench(n):
-    """The harness against a neutral timer: medians within 3% (both flush L2 between samples)."""
+    """The harness against a neutral timer: medians within 3%, or within do_bench's wider event pair
+    (:data:`DO_BENCH_EVENT_GAP_US`) below it (both flush L2 between samples)."""
     testing = pytest.importorskip("triton.testing")
     dst, src = _copy(n)
     ours = tt.bench(torch.Tensor.copy_, dst, src).median_us
     theirs = testing.do_bench(lambda: dst.copy_(src), return_mode="median") * 1e3
-    assert abs(ours / theirs - 1.0) <= 0.03, (ours, theirs)
+    assert abs(ours / theirs - 1.0) <= 0.03 or 0.0 <= theirs - ours <= DO_BENCH_EVENT_GAP_US, (ours, theirs)
