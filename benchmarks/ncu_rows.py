@@ -33,7 +33,10 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_ROWS = "layer_norm:65536x1024,softmax:65536x1024,swiglu:8192x28672,rms_norm:4096x8192"
-#: ``gemm:MxNxK`` rows time ``K.matmul(x, w.t())`` against ``F.linear(x, w)`` (cuBLAS) instead
+#: ``gemm:MxNxK`` rows time ``K.matmul(x, w.t())`` against ``F.linear(x, w)`` (cuBLAS) instead;
+#: ``attention:BxHxHkvxSxD`` rows (suffix ``c``: causal, e.g. ``attention:4x32x8x4096x128c``) time the
+#: library attention against SDPA with torch's default backend choice and with cuDNN alone (both with
+#: ``enable_gqa`` where ``Hkv < H``), the routes that were fastest on the attention rows
 
 #: details-page metrics kept per kernel: (section, metric name) -> field
 DETAILS = {
@@ -73,7 +76,19 @@ STALL_SUFFIX = "_per_issue_active.ratio"
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.lower().split("x"))
+    return tuple(int(v) for v in text.lower().rstrip("c").split("x"))
+
+
+def parse_attention(text: str) -> dict[str, Any]:
+    """``BxHxHkvxSxD`` with an optional ``c`` (causal) as the problem dict of ``kernels_compute``'s rows."""
+    causal = text.lower().endswith("c")
+    try:
+        b, h, hkv, s, d = (int(v) for v in text.lower().rstrip("c").split("x"))
+    except ValueError:
+        raise ValueError(f"attention rows are BxHxHkvxSxD[c] (e.g. 4x32x8x4096x128c), got {text!r}") from None
+    if min(b, h, hkv, s, d) < 1 or h % hkv:
+        raise ValueError(f"attention row {text!r}: sizes must be positive and H a multiple of Hkv")
+    return {"op": "attention", "B": b, "H": h, "Hkv": hkv, "S": s, "D": d, "causal": causal, "dtype": "bfloat16"}
 
 
 def run(rows: str, launches: int) -> None:
@@ -93,6 +108,8 @@ def run(rows: str, launches: int) -> None:
         shape = _parse_shape(shape_text)
         if op == "gemm":
             calls, route = _gemm_calls(shape)
+        elif op == "attention":
+            calls, route = _attention_calls(parse_attention(shape_text))
         else:
             prob = build(op, shape, torch.bfloat16)
             route = route_of_record(op, shape)
@@ -127,6 +144,18 @@ def _gemm_calls(shape: tuple[int, ...]) -> tuple[dict[str, Any], str]:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
     return {"tiletune": lambda: K.matmul(x, w.t()), "F.linear": lambda: F.linear(x, w)}, "F.linear"
+
+
+def _attention_calls(p: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The library attention and SDPA (torch's default choice, cuDNN alone) on one problem."""
+    from kernels_compute import _setup_attention
+
+    tt_fn, routes, _, _, _ = _setup_attention(p)
+    tag = ", enable_gqa" if p["Hkv"] < p["H"] else ""
+    calls = {"tiletune": tt_fn}
+    for name in (f"SDPA default{tag}", f"SDPA cudnn{tag}"):
+        calls[name] = routes[name]
+    return calls, f"SDPA default{tag}"
 
 
 def _csv_rows(path: str) -> list[dict[str, str]]:

@@ -6,13 +6,15 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-02 08:15 session, in this order: timer, gputests, projections, splits;
-# gemmwt ran on 2026-12-02 08:00; splitktail, cetail, callgap, attn, gapgrad, ncu, attnhost, rowwarps, ncugemm and
+# PART (what is still owed after the 2026-12-02 09:01 session, in this order: gputests, layout, ncuattn, projections,
+# splits; gemmwt ran on 2026-12-02 08:00 and timer at 08:57; splitktail, cetail, callgap, attn, gapgrad, ncu, attnhost, rowwarps, ncugemm and
 # clusters ran on 2026-12-02 06:35-07:12, see docs/GPU-NOTES.md):
 #   timer    issue 14 (timer check): probe_timer.py, tt.bench (with and without its spin) against triton's do_bench on
 #             copies and two torch GEMMs, with each harness's kernel durations read from CUPTI (torch.profiler)
 #   layout   issue 14: 128x4096x4096 and 1024x4096x4096 with B as K x N and as W.t(), both tuned the same way (no
 #             shipped table, the split-K op over its whole regime space): is the W.t() gap the layout or the budget?
+#   ncuattn  issue 14: Nsight Compute of the library attention against SDPA (default choice and cuDNN alone) on
+#             the two attention rows whose miss has no measured cause yet (B4 H32/8 S4096 D128 causal, B16 S1024 D64)
 #   gputests every GPU test file, 4 pytest-xdist workers where timing does not matter (-v: a cut run still names
 #             what passed), then the timing-sensitive files one at a time; LIMIT splits it over calls
 #   ce       issue 12: the one-launch cross_entropy (plain loads): the shipped table's CE entries re-made (copy the table
@@ -141,6 +143,16 @@ case "$part" in
         --quick --shapes 128x4096x4096,1024x4096x4096 --splitk-evals 0 --timer-check 0 $flag --out "$out/layout_$lay" 2>&1 \
         | grep -E "^\|" | tail -3
     done ;;
+  ncuattn)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    limit 400 "$NCU" --profile-from-start off --clock-control none --target-processes application-only --nvtx \
+      --set full -f -o "$out/ncu_attention" python benchmarks/ncu_rows.py --launches 1 \
+      --rows attention:4x32x8x4096x128c,attention:16x32x32x1024x64c 2>&1 | grep -v "^==PROF==" | tail -6
+    "$NCU" --import "$out/ncu_attention.ncu-rep" --csv --page details > "$out/ncu_attention_details.csv" 2> "$out/ncu_import.err"
+    "$NCU" --import "$out/ncu_attention.ncu-rep" --csv --page raw > "$out/ncu_attention_raw.csv" 2>> "$out/ncu_import.err"
+    python benchmarks/ncu_rows.py --summarize "$out/ncu_attention_details.csv" "$out/ncu_attention_raw.csv" \
+      --name ncu_attention --out "$out" 2>&1 | tail -2
+    gzip -f "$out/ncu_attention_raw.csv" ;;
   gputests)
     limit 560 python -m pytest -m gpu -v -rs -n 4 --dist load -p no:cacheprovider tests/test_gpu_kernels_memory.py \
       tests/test_gpu_kv_cache.py tests/test_gpu_splitk.py tests/test_gpu_kernels_compute.py tests/test_gpu_decode_attention.py \

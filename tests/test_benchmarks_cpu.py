@@ -559,6 +559,17 @@ def _write_csv(path: Path, rows: list[list[str]], noise: str = "") -> str:
     return str(path)
 
 
+def test_ncu_rows_attention_rows_parse_and_refuse_bad_input():
+    import ncu_rows
+
+    assert ncu_rows.parse_attention("4x32x8x4096x128c") == {
+        "op": "attention", "B": 4, "H": 32, "Hkv": 8, "S": 4096, "D": 128, "causal": True, "dtype": "bfloat16"}
+    assert ncu_rows.parse_attention("16x32x32x1024x64")["causal"] is False
+    for bad in ("4x32x8x4096", "4x32x5x4096x128", "4x32x8x0x128c", "axbxcxdxe"):
+        with pytest.raises(ValueError, match="attention row"):
+            ncu_rows.parse_attention(bad)
+
+
 def test_ncu_rows_summary_reads_ncus_csv_pages(tmp_path):
     """``ncu_rows.py --summarize``: ncu's details page (one row per metric, thousands separators, rule
     messages, NVTX range column, ncu's own log lines mixed in) and raw page (a units row first) become
