@@ -6,7 +6,7 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-02 09:01 session, in this order: gputests, layout, ncuattn, projections,
+# PART (what is still owed after the 2026-12-02 09:01 session, in this order: gputests, gputests2, layout, ncuattn, projections,
 # splits; gemmwt ran on 2026-12-02 08:00 and timer at 08:57; splitktail, cetail, callgap, attn, gapgrad, ncu, attnhost, rowwarps, ncugemm and
 # clusters ran on 2026-12-02 06:35-07:12, see docs/GPU-NOTES.md):
 #   timer    issue 14 (timer check): probe_timer.py, tt.bench (with and without its spin) against triton's do_bench on
@@ -15,8 +15,9 @@
 #             shipped table, the split-K op over its whole regime space): is the W.t() gap the layout or the budget?
 #   ncuattn  issue 14: Nsight Compute of the library attention against SDPA (default choice and cuDNN alone) on
 #             the two attention rows whose miss has no measured cause yet (B4 H32/8 S4096 D128 causal, B16 S1024 D64)
-#   gputests every GPU test file, 4 pytest-xdist workers where timing does not matter (-v: a cut run still names
-#             what passed), then the timing-sensitive files one at a time; LIMIT splits it over calls
+#   gputests, gputests2  every GPU test file over two calls: 6 pytest-xdist workers where timing does not matter
+#             (norms/softmax/GLU/RoPE/CE and the KV cache; then split-K, GEMM, attention, decode, custom ops), then
+#             the timing-sensitive and process-spawning files one at a time (the 2026-12-02 run: 617 + 42 of 664 passed)
 #   ce       issue 12: the one-launch cross_entropy (plain loads): the shipped table's CE entries re-made (copy the table
 #             back from OUT), the CE GPU tests, host_cost's and graphs_compile's CE rows (ran on 2026-12-02 05:50)
 #   splitktail issue 14 (correctness): probe_splitk_tail.py, the split-K GEMM's real splits launched directly on small-M
@@ -153,16 +154,21 @@ case "$part" in
     python benchmarks/ncu_rows.py --summarize "$out/ncu_attention_details.csv" "$out/ncu_attention_raw.csv" \
       --name ncu_attention --out "$out" 2>&1 | tail -2
     gzip -f "$out/ncu_attention_raw.csv" ;;
-  gputests)
-    limit 560 python -m pytest -m gpu -v -rs -n 4 --dist load -p no:cacheprovider tests/test_gpu_kernels_memory.py \
-      tests/test_gpu_kv_cache.py tests/test_gpu_splitk.py tests/test_gpu_kernels_compute.py tests/test_gpu_decode_attention.py \
-      tests/test_gpu_torch_ops.py tests/test_gpu_layernorm_kernel.py tests/test_gpu_gemm_glu.py \
-      --junitxml="$out/gputests_parallel.xml" > "$out/gputests_parallel.log" 2>&1
-    grep -cE " PASSED" "$out/gputests_parallel.log"; grep -E "FAILED|ERROR| passed| failed" "$out/gputests_parallel.log" | tail -8
-    limit 300 python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu_call_gap.py tests/test_gpu_bench.py \
-      tests/test_gpu_core.py tests/test_gpu_fastcall.py tests/test_gpu_faults.py tests/test_gpu_compile_pool.py \
-      tests/test_gpu_campaign.py --junitxml="$out/gputests_sequential.xml" > "$out/gputests_sequential.log" 2>&1
-    grep -E "FAILED|ERROR| passed| failed" "$out/gputests_sequential.log" | tail -8 ;;
+  gputests|gputests2)
+    # two calls' worth: 6 pytest-xdist workers over the files where timing does not matter (-v: a cut run still
+    # names what passed); gputests2 ends with the timing-sensitive and process-spawning files, one at a time
+    if [ "$part" = gputests ]; then files="tests/test_gpu_kernels_memory.py tests/test_gpu_kv_cache.py"; else
+      files="tests/test_gpu_splitk.py tests/test_gpu_kernels_compute.py tests/test_gpu_decode_attention.py
+        tests/test_gpu_torch_ops.py tests/test_gpu_layernorm_kernel.py tests/test_gpu_gemm_glu.py"; fi
+    limit "$([ "$part" = gputests ] && echo 560 || echo 300)" python -m pytest -m gpu -v -rs -n 6 --dist load \
+      -p no:cacheprovider $files --junitxml="$out/${part}_parallel.xml" > "$out/${part}_parallel.log" 2>&1
+    grep -cE " PASSED" "$out/${part}_parallel.log"; grep -E "FAILED|ERROR| passed| failed" "$out/${part}_parallel.log" | tail -8
+    if [ "$part" = gputests2 ]; then
+      limit 260 python -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu_call_gap.py tests/test_gpu_bench.py \
+        tests/test_gpu_core.py tests/test_gpu_fastcall.py tests/test_gpu_faults.py tests/test_gpu_compile_pool.py \
+        tests/test_gpu_campaign.py --junitxml="$out/gputests_sequential.xml" > "$out/gputests_sequential.log" 2>&1
+      grep -E "FAILED|ERROR| passed| failed" "$out/gputests_sequential.log" | tail -8
+    fi ;;
   gemmwt)
     limit 560 python benchmarks/kernels_compute.py --only gemm --quick --b-transposed --deadline 420 --out "$out/wt" 2>&1 \
       | tail -30 ;;
