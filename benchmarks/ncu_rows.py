@@ -76,7 +76,7 @@ STALL_SUFFIX = "_per_issue_active.ratio"
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.lower().rstrip("c").split("x"))
+    return tuple(int(v) for v in text.lower().split("x"))
 
 
 def parse_attention(text: str) -> dict[str, Any]:
@@ -105,12 +105,12 @@ def run(rows: str, launches: int) -> None:
     plan = []
     for item in rows.split(","):
         op, shape_text = item.split(":")
-        shape = _parse_shape(shape_text)
-        if op == "gemm":
-            calls, route = _gemm_calls(shape)
-        elif op == "attention":
+        if op == "attention":
             calls, route = _attention_calls(parse_attention(shape_text))
+        elif op == "gemm":
+            calls, route = _gemm_calls(_parse_shape(shape_text))
         else:
+            shape = _parse_shape(shape_text)
             prob = build(op, shape, torch.bfloat16)
             route = route_of_record(op, shape)
             fn = torch.compile(prob["torch_fn"], dynamic=False, **COMPILE_ROUTES.get(route, {}))

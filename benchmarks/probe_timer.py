@@ -97,8 +97,7 @@ def probe(fn: Callable[[], Any], rounds: int) -> dict[str, Any]:
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             events[name].append(harnesses[name]())
-            box: list[float] = []
-            work = _device_work_us(lambda h=harnesses[name]: box.append(h()))
+            work = _device_work_us(harnesses[name])
             cupti[name].append(float("nan") if work is None else work)
     row: dict[str, Any] = {}
     for name in names:
