@@ -44,6 +44,12 @@ def main() -> int:
                     "(default: Llama-class, vocabulary 32000)")
     ap.add_argument("--projections", action="store_true",
                     help="matmul: the four projections of a decoder layer instead of one hidden x hidden")
+    ap.add_argument("--linear-weights", action="store_true",
+                    help="matmul weights in nn.Linear's layout (stored N x K, passed as w.t()); with --projections "
+                         "the separate q, k, v, o, gate, up and down layers of a Hugging Face decoder")
+    ap.add_argument("--whole-spaces", action="store_true",
+                    help="measure every config of every key (LibraryOp.configure(budget=Budget())), not the "
+                         "budgeted search a cold key gets at run time: a shipped table is made once, offline")
     args = ap.parse_args()
     os.environ["TILETUNE_DB"] = args.db
     os.environ.setdefault("TILETUNE_TABLES", "0")  # tune every key: an older table must not answer
@@ -61,7 +67,13 @@ def main() -> int:
         dims = model_dims(args.model)
     except ValueError as exc:
         ap.error(str(exc))
-    calls = [c for m in tokens for c in llm_calls(ops, [m], projections=args.projections, **dims)] if ops else []
+    if args.whole_spaces:
+        from tiletune import Budget
+        from tiletune.kernels.library_op import LibraryOp
+
+        LibraryOp.configure(budget=Budget())
+    calls = [c for m in tokens for c in llm_calls(ops, [m], projections=args.projections,
+                                                  linear_weights=args.linear_weights, **dims)] if ops else []
     if not args.no_attention:
         attention = llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s], **dims)
         calls = attention + calls if args.attention_first else calls + attention

@@ -109,6 +109,31 @@ def test_projections_and_model_shapes():
     assert ce.args[0]["shape"] == [2, 128256]
 
 
+def test_linear_weights_are_transposed_views_of_n_by_k_weights():
+    calls = fill.llm_calls(["matmul"], [8], projections=True, linear_weights=True,
+                           **fill.MODEL_SHAPES["llama3-8b"])
+    # q, k (= v), o, gate (= up), down: each (K, N) once, weights read as w.t()
+    assert [c.args[1]["shape"] for c in calls] == [[4096, 4096], [4096, 1024], [4096, 14336], [14336, 4096]]
+    assert all(c.args[1]["transposed"] is True and "transposed" not in c.args[0] for c in calls)
+    assert calls[1].describe() == ("tiletune.kernels:matmul(8x4096:bfloat16, 4096x1024:bfloat16:transposed)")
+    (one,) = fill.llm_calls(["matmul"], [2], linear_weights=True)
+    assert one.args[1] == {"shape": [4096, 4096], "dtype": "bfloat16", "fill": "normal", "transposed": True}
+    gen = torch.Generator().manual_seed(0)
+    w = fill._materialize({"shape": [3, 5], "dtype": "float32", "transposed": True}, "cpu", gen)
+    assert w.shape == (3, 5) and w.stride() == (1, 3) and w.t().is_contiguous()
+    assert torch.isfinite(w).all() and w.abs().sum() > 0  # filled through the view
+    b = fill._materialize({"shape": [2, 3, 4], "dtype": "int64", "fill": "randint:7", "transposed": True}, "cpu", gen)
+    assert b.shape == (2, 3, 4) and b.transpose(-1, -2).is_contiguous() and 0 <= int(b.min()) and int(b.max()) < 7
+
+
+@pytest.mark.parametrize("bad, msg", [({"shape": [4], "transposed": True}, "two or more dimensions"),
+                                      ({"shape": [4, 4], "transposed": "yes"}, "expected true or false")])
+def test_transposed_spec_errors(tmp_path, bad, msg):
+    p = spec_file(tmp_path, [{"op": "a:b", "args": [bad]}])
+    with pytest.raises(ValueError, match=msg):
+        fill.load_spec(p)
+
+
 def test_cli_tune_model_and_projections(monkeypatch):
     import tiletune.fill as fill_mod
 
@@ -124,6 +149,12 @@ def test_cli_tune_model_and_projections(monkeypatch):
     assert r.exit_code == 0, r.output
     assert [c.args[1]["shape"] for c in seen[:4]] == [[3584, 4608], [3584, 3584], [3584, 37888], [18944, 3584]]
     assert seen[4].args[0]["shape"] == [4, 3584]
+    seen.clear()
+    r = CliRunner().invoke(app, ["tune", "matmul", "--model", "llama3-8b", "--projections", "--linear-weights",
+                                 "--tokens", "4"])
+    assert r.exit_code == 0, r.output
+    assert [(c.args[1]["shape"], c.args[1].get("transposed")) for c in seen] == [
+        ([4096, 4096], True), ([4096, 1024], True), ([4096, 14336], True), ([14336, 4096], True)]
     r = CliRunner().invoke(app, ["tune", "matmul", "--model", "gpt-5"])
     assert r.exit_code == 2 and "unknown model" in r.output
 
@@ -131,7 +162,8 @@ def test_cli_tune_model_and_projections(monkeypatch):
 def test_llm_call_tensors_match_the_ops_on_meta():
     """The library ops' own checks accept every shape llm_calls builds (run on meta tensors up to the device check)."""
     pytest.importorskip("cuda.tile")
-    for call in fill.llm_calls(fill.LLM_OPS, [8]):
+    calls = fill.llm_calls(fill.LLM_OPS, [8]) + fill.llm_calls(["matmul"], [8], projections=True, linear_weights=True)
+    for call in calls:
         args = [fill._materialize(a, "meta", None) for a in call.args]
         fn = fill.resolve_op(call.op)
         with pytest.raises(ValueError, match="CUDA"):  # the shapes pass; only the device is refused

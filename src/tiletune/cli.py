@@ -363,6 +363,9 @@ def tune_cmd(
                                         "(the size options below override single dimensions)."),
     projections: bool = typer.Option(False, "--projections", help="matmul: the four projections of a decoder "
                                      "layer (qkv, output, gate-up, down) instead of one hidden x hidden."),
+    linear_weights: bool = typer.Option(False, "--linear-weights", help="matmul weights in nn.Linear's layout "
+                                        "(stored N x K, passed as w.t()); with --projections the separate q, k, v, "
+                                        "o, gate, up and down layers of a Hugging Face decoder."),
     hidden: Optional[int] = typer.Option(None, min=1, help="Hidden size of the library ops' shapes (default 4096)."),
     intermediate: Optional[int] = typer.Option(None, min=1, help="MLP size; swiglu/geglu take 2x this (default "
                                                "14336)."),
@@ -393,7 +396,8 @@ def tune_cmd(
                               head_dim=head_dim, vocab=vocab)
         except ValueError:
             _fail(f"--model {model!r}: unknown model", hint=f"choose from {', '.join(MODEL_SHAPES)}")
-        calls = _library_calls(ops or [], tokens, dtype=dtype, projections=projections, **dims)
+        calls = _library_calls(ops or [], tokens, dtype=dtype, projections=projections,
+                               linear_weights=linear_weights, **dims)
     report = run_calls(calls, device=device, on_row=lambda r: console.print(safe(
         f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))
     if json_out is not None:

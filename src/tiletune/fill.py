@@ -15,8 +15,9 @@ A list of calls comes from a spec file (JSON, or TOML on Python 3.11+)::
     ]}
 
 A tensor argument is ``{"shape": [...], "dtype": "bfloat16", "fill": "normal" | "zeros" |
-"randint:N"}`` (dtype float32 and fill normal by default; ``randint:N`` draws integers in [0, N),
-e.g. class indices); anything else is passed as it is. Tensors go to ``device`` (``cuda`` by
+"randint:N", "transposed": false}`` (dtype float32 and fill normal by default; ``randint:N`` draws
+integers in [0, N), e.g. class indices; ``transposed``: the tensor is the transpose of a contiguous one,
+its last two dimensions swapped, like ``w.t()`` of an ``nn.Linear`` weight); anything else is passed as it is. Tensors go to ``device`` (``cuda`` by
 default). Or from the library's LLM shapes (:func:`llm_calls`): ``tiletune tune rms_norm matmul
 --tokens 1,8,128 --hidden 4096``.
 """
@@ -45,7 +46,8 @@ class Call:
     def describe(self) -> str:
         def one(a: Any) -> str:
             if isinstance(a, Mapping) and "shape" in a:
-                return f"{'x'.join(str(n) for n in a['shape'])}:{a.get('dtype', 'float32')}"
+                return (f"{'x'.join(str(n) for n in a['shape'])}:{a.get('dtype', 'float32')}"
+                        + (":transposed" if a.get("transposed") else ""))
             return repr(a)
 
         parts = [one(a) for a in self.args] + [f"{k}={one(v)}" for k, v in self.kwargs.items()]
@@ -60,9 +62,14 @@ def _tensor_spec(value: Any, where: str) -> Any:
     if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 2**40
                                                for n in shape):
         raise ValueError(f"{where}.shape: expected a list of non-negative ints, got {shape!r}")
-    unknown = set(value) - {"shape", "dtype", "fill"}
+    unknown = set(value) - {"shape", "dtype", "fill", "transposed"}
     if unknown:
-        raise ValueError(f"{where}: unknown field(s) {sorted(unknown)} (a tensor has shape, dtype, fill)")
+        raise ValueError(f"{where}: unknown field(s) {sorted(unknown)} (a tensor has shape, dtype, fill, transposed)")
+    transposed = value.get("transposed", False)
+    if not isinstance(transposed, bool):
+        raise ValueError(f"{where}.transposed: expected true or false, got {transposed!r}")
+    if transposed and len(shape) < 2:
+        raise ValueError(f"{where}.transposed: a transposed tensor needs two or more dimensions, got shape {shape}")
     fill = value.get("fill", "normal")
     if not (fill in ("normal", "zeros") or (isinstance(fill, str) and fill.startswith("randint:")
                                              and fill[8:].isdigit() and int(fill[8:]) > 0)):
@@ -110,12 +117,15 @@ def load_spec(path: str | pathlib.Path) -> list[Call]:
 # ------------------------------------------------------------------------------------ LLM shapes
 
 
-def _t(shape: Sequence[int], dtype: str, fill: str = "normal") -> dict[str, Any]:
-    return {"shape": list(shape), "dtype": dtype, "fill": fill}
+def _t(shape: Sequence[int], dtype: str, fill: str = "normal", transposed: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"shape": list(shape), "dtype": dtype, "fill": fill}
+    if transposed:
+        spec["transposed"] = True
+    return spec
 
 
 def _llm_args(op: str, m: int, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
-              vocab: int, dtype: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+              vocab: int, dtype: str, linear_weights: bool = False) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if op in ("rms_norm", "layer_norm"):
         extra = (_t([hidden], dtype),) * (1 if op == "rms_norm" else 2)
         return (_t([m, hidden], dtype), *extra), {}
@@ -126,7 +136,7 @@ def _llm_args(op: str, m: int, hidden: int, intermediate: int, heads: int, kv_he
     if op in ("swiglu", "geglu"):
         return (_t([m, 2 * intermediate], dtype),), {}
     if op == "matmul":  # one hidden x hidden projection (llm_calls(projections=True): every one of a layer)
-        return (_t([m, hidden], dtype), _t([hidden, hidden], dtype)), {}
+        return (_t([m, hidden], dtype), _t([hidden, hidden], dtype, transposed=linear_weights)), {}
     if op == "apply_rope_":
         return (_t([1, m, heads, head_dim], dtype), _t([1, m, kv_heads, head_dim], dtype),
                 _t([m, head_dim], dtype), _t([m, head_dim], dtype)), {}
@@ -163,22 +173,30 @@ def model_dims(model: str | None = None, **given: int | None) -> dict[str, int]:
 
 
 def _projections(m: int, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
-                 dtype: str) -> list[tuple[Any, ...]]:
-    """``(x, w)`` of each projection of a decoder layer, weights stored ``[K, N]``: fused qkv, attention
-    output, fused gate-up, down."""
-    qkv = (heads + 2 * kv_heads) * head_dim
-    return [(_t([m, k], dtype), _t([k, n], dtype))
-            for k, n in ((hidden, qkv), (heads * head_dim, hidden), (hidden, 2 * intermediate), (intermediate, hidden))]
+                 dtype: str, linear_weights: bool = False) -> list[tuple[Any, ...]]:
+    """``(x, w)`` of each projection of a decoder layer. Weights stored ``[K, N]``: fused qkv, attention
+    output, fused gate-up, down. With ``linear_weights``, a layer of separate ``nn.Linear`` layers (the
+    Hugging Face layout): q, k (= v), o, gate (= up) and down, each ``(K, N)`` once, the weight stored
+    ``[N, K]`` and passed transposed, as ``F.linear`` reads it."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    if linear_weights:
+        kn = list(dict.fromkeys(((hidden, q), (hidden, kv), (q, hidden), (hidden, intermediate),
+                                 (intermediate, hidden))))
+    else:
+        kn = [(hidden, q + 2 * kv), (q, hidden), (hidden, 2 * intermediate), (intermediate, hidden)]
+    return [(_t([m, k], dtype), _t([k, n], dtype, transposed=linear_weights)) for k, n in kn]
 
 
 def llm_calls(ops: Iterable[str], tokens: Iterable[int], *, hidden: int = 4096, intermediate: int = 14336,
               heads: int = 32, kv_heads: int = 8, head_dim: int = 128, vocab: int = 32000,
-              dtype: str = "bfloat16", projections: bool = False) -> list[Call]:
+              dtype: str = "bfloat16", projections: bool = False, linear_weights: bool = False) -> list[Call]:
     """Calls of library ops over token counts of a Llama-class decoder (hidden 4096, GQA 32/8 by
     default; :data:`MODEL_SHAPES` for others): norms and activations over ``[tokens, hidden]`` rows,
     the matmul of a ``hidden x hidden`` projection (with ``projections``: the four projections of a
     layer, qkv, output, gate-up and down, weights stored ``[K, N]``), RoPE and causal attention over a
-    sequence of ``tokens``, cross-entropy over ``vocab`` classes."""
+    sequence of ``tokens``, cross-entropy over ``vocab`` classes. ``linear_weights``: matmul weights in
+    ``nn.Linear``'s layout (stored ``[N, K]``, passed as ``w.t()``), and with ``projections`` the
+    separate q, k, v, o, gate, up and down layers of a Hugging Face decoder, each shape once."""
     out = []
     for op in ops:
         for m in tokens:
@@ -186,9 +204,11 @@ def llm_calls(ops: Iterable[str], tokens: Iterable[int], *, hidden: int = 4096, 
                 raise ValueError(f"token counts must be >= 1, got {m}")
             if op == "matmul" and projections:
                 out += [Call("tiletune.kernels:matmul", xw, {})
-                        for xw in _projections(int(m), hidden, intermediate, heads, kv_heads, head_dim, dtype)]
+                        for xw in _projections(int(m), hidden, intermediate, heads, kv_heads, head_dim, dtype,
+                                               linear_weights)]
                 continue
-            args, kwargs = _llm_args(op, int(m), hidden, intermediate, heads, kv_heads, head_dim, vocab, dtype)
+            args, kwargs = _llm_args(op, int(m), hidden, intermediate, heads, kv_heads, head_dim, vocab, dtype,
+                                     linear_weights)
             out.append(Call(f"tiletune.kernels:{op}", args, kwargs))
     return out
 
@@ -224,7 +244,11 @@ def _allocate(value: Any, device: str) -> Any:
     dtype = getattr(torch, value.get("dtype", "float32"), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {value.get('dtype')!r}")
-    return torch.empty(tuple(value["shape"]), dtype=dtype, device=device)
+    shape = list(value["shape"])
+    if value.get("transposed"):
+        shape[-2:] = shape[-1], shape[-2]
+        return torch.empty(shape, dtype=dtype, device=device).transpose(-1, -2)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _fill(t: Any, value: Any, gen: Any) -> None:
