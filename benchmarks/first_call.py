@@ -15,8 +15,9 @@ per-call time. Where the config comes from:
 (an empty cache folder: the chosen config is compiled once). What answered is read from tiletune's log
 lines (``observed``); a row whose observed source differs from the intended one is flagged.
 
-    python benchmarks/first_call.py [--out DIR] [--ops rms_norm,matmul,...]
-Writes first_call.json.
+    python benchmarks/first_call.py [--out DIR] [--ops rms_norm,matmul,...] [--linear-weights]
+Writes first_call.json (``--linear-weights``: matmul's weight in ``nn.Linear``'s layout, passed as ``w.t()``;
+first_call_linear.json).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Seen(logging.Handler):
                 seen.append(what)
 log = logging.getLogger("tiletune"); log.addHandler(Seen()); log.setLevel(logging.INFO)
 from tiletune.fill import llm_calls, materialize, resolve_op
-call = llm_calls([%(op)r], [%(m)d])[0]
+call = llm_calls([%(op)r], [%(m)d], linear_weights=%(linear)r)[0]
 fn = resolve_op(call.op)
 gen = torch.Generator("cuda").manual_seed(0)
 args, kwargs = materialize(call, "cuda", gen)
@@ -75,8 +76,8 @@ print("RESULT " + json.dumps({"first_call_s": first, "steady_s": steady, "observ
 """
 
 
-def _child(op: str, m: int, env: dict[str, str], profile: bool = False) -> dict:
-    return run_child(CHILD % {"op": op, "m": m, "profile": profile}, env)
+def _child(op: str, m: int, env: dict[str, str], profile: bool = False, linear: bool = False) -> dict:
+    return run_child(CHILD % {"op": op, "m": m, "profile": profile, "linear": linear}, env)
 
 
 def main() -> int:
@@ -87,7 +88,10 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="also run each served row once more under cProfile "
                     "and keep its top entries (where a first call's time goes)")
     ap.add_argument("--note", default=None, help="a line kept in the result file (how the host was set up)")
+    ap.add_argument("--linear-weights", action="store_true",
+                    help="matmul's weight in nn.Linear's layout (N x K, passed as w.t()); writes first_call_linear.json")
     args = ap.parse_args()
+    linear = args.linear_weights
     ops = [o for o in args.ops.split(",") if o]
     sources = set(args.sources.split(","))
     rows = []
@@ -113,34 +117,35 @@ def main() -> int:
         cases = [c for c in cases if c[0] in sources]
         for source, cache, m, e in cases:
             try:
-                r = _child(op, m, e)
+                r = _child(op, m, e, linear=linear)
             except Exception as exc:  # noqa: BLE001 - one failing row is reported, the rest go on
                 rows.append({"op": op, "tokens": m, "source": source, "cutile_cache": cache, "error": str(exc)[-800:]})
                 print(f"{op:18s} {source:9s} {cache:5s} ERROR {str(exc)[-300:]}", flush=True)
                 continue
             expected = {"bucket": "database"}.get(source, source)  # a bucket answers through the database
-            row = {"op": op, "shape": _shape(op, m), "tokens": m, "source": source, "cutile_cache": cache,
+            row = {"op": op, "shape": _shape(op, m, linear), "tokens": m, "source": source, "cutile_cache": cache,
                    "first_call_s": r["first_call_s"], "steady_s": r["steady_s"], "setup_s": r["setup_s"],
                    "observed": r["observed"], "source_ok": expected in r["observed"],
                    "compiler_imported": r.get("compiler_imported")}
             if args.profile and source != "tuned" and cache == "warm":  # a separate run: profiling slows it
-                row["profile"] = _child(op, m, e, profile=True)["profile"]
+                row["profile"] = _child(op, m, e, profile=True, linear=linear)["profile"]
             rows.append(row)
             print(f"{op:18s} {source:9s} {cache:5s} first {r['first_call_s']:8.3f} s  steady "
                   f"{r['steady_s'] * 1e6:9.1f} us  observed {r['observed']}", flush=True)
-        _write(rows, args.out, complete=False, note=args.note)  # a cut run keeps what it measured
-    _write(rows, args.out, complete=True, note=args.note)
+        _write(rows, args.out, complete=False, note=args.note, linear=linear)  # a cut run keeps what it measured
+    _write(rows, args.out, complete=True, note=args.note, linear=linear)
     return 0
 
 
-def _write(rows: list, out: str | None, complete: bool, note: str | None = None) -> None:
+def _write(rows: list, out: str | None, complete: bool, note: str | None = None, linear: bool = False) -> None:
     served = [r for r in rows if r.get("source") in ("shipped", "bucket", "database") and "first_call_s" in r]
     as_intended = [r for r in served if r.get("source_ok")]
     warm = [r for r in as_intended if r["cutile_cache"] == "warm"]
     cold = [r for r in as_intended if r["cutile_cache"] == "cold"]
     tuned = [r["first_call_s"] for r in rows if r.get("source") == "tuned" and "first_call_s" in r]
-    write_result("first_call", {
+    write_result("first_call_linear" if linear else "first_call", {
         "complete": complete,
+        "linear_weights": linear,
         "note": note,
         "targets": {"served_warm_s": 0.5, "served_cold_s": 3.0},
         "served_stats_cover": "rows served as intended only (source_ok); the others are in not_as_intended",
@@ -163,11 +168,12 @@ def _write(rows: list, out: str | None, complete: bool, note: str | None = None)
     }, out)
 
 
-def _shape(op: str, m: int) -> str:
+def _shape(op: str, m: int, linear: bool = False) -> str:
     from tiletune.fill import llm_calls
 
-    call = llm_calls([op], [m])[0]
-    return " ".join("x".join(map(str, a["shape"])) for a in call.args if isinstance(a, dict) and "shape" in a)
+    call = llm_calls([op], [m], linear_weights=linear)[0]
+    return " ".join("x".join(map(str, a["shape"])) + (".t()" if a.get("transposed") else "")
+                    for a in call.args if isinstance(a, dict) and "shape" in a)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,16 @@
 #   source .gpu/activate.sh && bash benchmarks/run_pending_h200.sh PART "$OUT"
 #
 # LIMIT=SECONDS overrides the per-part time limit (to run several parts in one call).
-# PART (what is still owed after the 2026-12-02 09:58 session: projections, splits; gputests, gputests2, ncuattn, layout
-# and lineartable ran on 2026-12-02 09:29-09:58; gemmwt ran on 2026-12-02 08:00 and timer at 08:57; splitktail, cetail, callgap, attn, gapgrad, ncu, attnhost, rowwarps, ncugemm and
+# PART (what is still owed after the 2026-12-02 10:13 session: projections, splits; gputests, gputests2, ncuattn, layout
+# lineartable and linearcheck ran on 2026-12-02 09:29-10:13; gemmwt ran on 2026-12-02 08:00 and timer at 08:57; splitktail, cetail, callgap, attn, gapgrad, ncu, attnhost, rowwarps, ncugemm and
 # clusters ran on 2026-12-02 06:35-07:12, see docs/GPU-NOTES.md):
 #   timer    issue 14 (timer check): probe_timer.py, tt.bench (with and without its spin) against triton's do_bench on
 #             copies and two torch GEMMs, with each harness's kernel durations read from CUPTI (torch.profiler)
 #   lineartable issue 14: shipped-table keys for nn.Linear weights (a Hugging Face decoder's separate q, k, v, o, gate,
 #             up, down layers, w.t()) at small M, every config measured (make_table --whole-spaces; copy the table back
 #             from OUT), then the gemmwt sweep again with the table answering
+#   linearcheck the Llama-3-8B nn.Linear key the lineartable calls left (64 x 14336 -> 4096), then first_call.py for a
+#             matmul with its weight passed as w.t() in fresh processes: does the shipped table answer it?
 #   layout   issue 14: 128x4096x4096 and 1024x4096x4096 with B as K x N and as W.t(), both tuned the same way (no
 #             shipped table, the split-K op over its whole regime space): is the W.t() gap the layout or the budget?
 #   ncuattn  issue 14: Nsight Compute of the library attention against SDPA (default choice and cuDNN alone) on
@@ -180,6 +182,14 @@ case "$part" in
     cp $T "$out/"
     limit 200 python benchmarks/kernels_compute.py --only gemm --quick --b-transposed --deadline 170 --out "$out/wt" 2>&1 \
       | grep -E "^\|" | tail -10 ;;
+  linearcheck)
+    T=src/tiletune/data/tables/h200-sm90.json
+    limit 100 python benchmarks/make_table.py --db "$out/fill_linear3.db" --table $T --ops matmul --projections \
+      --linear-weights --whole-spaces --tokens 64 --no-attention --deadline-s 60 \
+      --report "$out/make_table_linear3.json" 2>&1 | grep -v "^\[W" | tail -6
+    cp $T "$out/"
+    limit 120 python benchmarks/first_call.py --ops matmul --sources shipped --linear-weights --out "$out" 2>&1 \
+      | grep -v "^{" | tail -4 ;;
   gemmwt)
     limit 560 python benchmarks/kernels_compute.py --only gemm --quick --b-transposed --deadline 420 --out "$out/wt" 2>&1 \
       | tail -30 ;;

@@ -636,3 +636,13 @@ def test_route_of_record_reads_the_rows_fastest_torch_route(tmp_path, monkeypatc
     assert kernels_memory.route_of_record("softmax", (65536, 1024)) == "torch.compile"
     monkeypatch.setattr(kernels_memory, "DEFAULT_OUT", tmp_path / "absent")
     assert kernels_memory.route_of_record("layer_norm", (65536, 1024)) == "torch.compile"
+
+
+def test_first_call_child_and_shape_follow_the_weight_layout():
+    import first_call
+
+    assert first_call._shape("matmul", 16) == "16x4096 4096x4096"
+    assert first_call._shape("matmul", 16, linear=True) == "16x4096 4096x4096.t()"
+    code = first_call.CHILD % {"op": "matmul", "m": 16, "profile": False, "linear": True}
+    assert "llm_calls(['matmul'], [16], linear_weights=True)" in code
+    compile(code, "child", "exec")  # the child program is valid Python
