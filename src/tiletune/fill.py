@@ -17,9 +17,9 @@ A list of calls comes from a spec file (JSON, or TOML on Python 3.11+)::
 A tensor argument is ``{"shape": [...], "dtype": "bfloat16", "fill": "normal" | "zeros" |
 "randint:N", "transposed": false}`` (dtype float32 and fill normal by default; ``randint:N`` draws
 integers in [0, N), e.g. class indices; ``transposed``: the tensor is the transpose of a contiguous one,
-its last two dimensions swapped, like ``w.t()`` of an ``nn.Linear`` weight); anything else is passed as it is. Tensors go to ``device`` (``cuda`` by
-default). Or from the library's LLM shapes (:func:`llm_calls`): ``tiletune tune rms_norm matmul
---tokens 1,8,128 --hidden 4096``.
+its last two dimensions swapped, like ``w.t()`` of an ``nn.Linear`` weight); anything else is passed
+as it is. Tensors go to ``device`` (``cuda`` by default). Or from the library's LLM shapes
+(:func:`llm_calls`): ``tiletune tune rms_norm matmul --tokens 1,8,128 --hidden 4096``.
 """
 
 from __future__ import annotations
@@ -245,10 +245,11 @@ def _allocate(value: Any, device: str) -> Any:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {value.get('dtype')!r}")
     shape = list(value["shape"])
-    if value.get("transposed"):
+    transposed = value.get("transposed", False)
+    if transposed:  # allocated as the contiguous tensor it is the transpose of
         shape[-2:] = shape[-1], shape[-2]
-        return torch.empty(shape, dtype=dtype, device=device).transpose(-1, -2)
-    return torch.empty(shape, dtype=dtype, device=device)
+    t = torch.empty(shape, dtype=dtype, device=device)
+    return t.transpose(-1, -2) if transposed else t
 
 
 def _fill(t: Any, value: Any, gen: Any) -> None:
