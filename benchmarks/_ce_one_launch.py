@@ -4,7 +4,7 @@
 It finishes the mean in its own launch: every row's term goes to a scratch slot, every block counts
 its arrival on an int32 counter, and the last block sums the slots in row order and resets the
 counter. Its loss comes out wrong on every launch at many (shape, config) pairs when the logits are
-loaded through TMA, and never when they are not (``probe_ce_tail.json``, cuda-tile 1.7.0, tileiras
+loaded through TMA, and never when they are not (``probe_ce_tail.json.gz``, cuda-tile 1.7.0, tileiras
 13.4). The library kernel (``tiletune.kernels.cross_entropy_op``) is one launch with plain loads.
 Not a library kernel: kept to reproduce that and as the TMA timing reference.
 """

@@ -14,7 +14,7 @@ range (the library op tunes in this process, ``torch.compile`` compiles), then r
 ``--launches`` times between ``cudaProfilerStart`` and ``cudaProfilerStop``, with NVTX ranges named
 ``<op> <shape> <route>``. ncu flushes the caches before each replayed kernel (cold L2, as the benchmarks).
 
-Anywhere, ``--summarize OUT/ncu_details.csv OUT/ncu_raw.csv --out DIR`` writes ``ncu_rows.json``: per
+Anywhere, ``--summarize OUT/ncu_details.csv OUT/ncu_raw.csv --out DIR`` writes ``ncu_rows.json.gz``: per
 kernel its route, duration, DRAM throughput and bytes, achieved occupancy, launch shape, registers,
 warp-cycles per issued instruction, the leading warp-stall reasons and ncu's rule messages.
 """
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
     write_result(a.name, {"problem": "Nsight Compute (--set full, --clock-control none, caches flushed per replay) "
                                      "of the library kernel and the fastest torch route's kernel per row, bf16",
-                          "kernels": kernels}, a.out)
+                          "kernels": kernels}, a.out, compress=True)
     return 0
 
 

@@ -155,7 +155,7 @@ def main() -> None:
         result["timing"] = time_variants(variants, sms, g)
     if args.grad:
         result["grad_timing"] = time_grad(variants, sms, g)
-    write_result("probe_ce_tail", result, args.out)
+    write_result("probe_ce_tail", result, args.out, compress=True)
 
 
 def _problem(m, v, g):

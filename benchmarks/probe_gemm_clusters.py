@@ -1,6 +1,6 @@
 """Probe: do CTA clusters (cuTile's ``num_ctas`` hint) help the library GEMM where cuBLAS uses them?
 
-``ncu_gemm.json`` (2026-12-02) has cuBLAS (``F.linear``) running 2-CTA clusters at 4096^3 and
+``ncu_gemm.json.gz`` (2026-12-02) has cuBLAS (``F.linear``) running 2-CTA clusters at 4096^3 and
 1024x14336x4096 and reading 20% less DRAM than the library kernel at 4096^3 (150 vs 186 MB); the
 matmul template never tried ``num_ctas``. This launches a few of the template's leading configs with
 ``num_ctas`` 1 and 2 on those rows, checks each product against the op's reference and tolerance, and

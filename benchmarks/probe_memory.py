@@ -10,7 +10,7 @@ config of the probe space and of the library space side by side.
 
     python benchmarks/probe_memory.py [--out DIR] [--only rope,swiglu] [--deadline S]
 
-Writes ``<out>/probe_memory.json``: per problem, ``rows`` (config, status, median_us, gbps,
+Writes ``<out>/probe_memory.json.gz``: per problem, ``rows`` (config, status, median_us, gbps,
 ``in_library``), the probe's best, the best config that is also in the library space (null where the
 probe adds a parameter, e.g. ``num_worker_warps``, that the library space does not have), and the
 space sizes; ``probe_memory.partial.json`` is rewritten after every problem. Bandwidth counts the same minimal bytes as ``kernels_memory.py``.
@@ -172,7 +172,8 @@ def main() -> int:
             r = {"op": op, "shape": list(shape), **failure_fields(exc)}
         results.append(r)
         partial.write_text(json.dumps({"problems": results}, indent=1, default=str) + "\n")
-    path = write_result("probe_memory", {"problems": results, "wall_s": round(time.perf_counter() - t0, 1)}, out)
+    path = write_result("probe_memory", {"problems": results, "wall_s": round(time.perf_counter() - t0, 1)}, out,
+                        compress=True)
     partial.unlink(missing_ok=True)
     print(f"wrote {path}")
     return 0

@@ -1,6 +1,6 @@
 """Probe: do fewer warps per block (TMA loads kept) close the short-row gap to ``torch.compile``?
 
-``ncu_rows.json`` (2026-12-02) found the library's layer_norm at 65536x1024 with 256-thread blocks at
+``ncu_rows.json.gz`` (2026-12-02) found the library's layer_norm at 65536x1024 with 256-thread blocks at
 128 registers per thread (theoretical occupancy 25%, achieved 15%) where ``torch.compile``'s kernel
 runs 64-thread blocks at 64 registers (46% achieved), and softmax with block-wide reductions (barrier
 and shared-memory stalls) where torch reduces each row in one warp. The TMA-load short-row space

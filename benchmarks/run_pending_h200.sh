@@ -33,7 +33,7 @@
 #   gapgrad  issue 14 item 4: test_gpu_call_gap.py (the tuner's timer and a 2 ms backlog); the CE loss + grad GPU tests
 #             (grad space: plain stores only)
 #   ncu      issue 14: Nsight Compute of the library kernel and the fastest torch route's kernel on the memory-bound rows
-#             that miss (ncu_rows.py; ncu_rows.json, the report and its CSVs under OUT)
+#             that miss (ncu_rows.py; ncu_rows.json.gz, the report and its CSVs under OUT)
 #   ncugemm  issue 14: the same for the library GEMM against cuBLAS (F.linear) on three Llama-3-8B / square rows
 #   gemmwt   issue 14 (not run yet): the GEMM rows with the weight in nn.Linear's layout (N x K, passed as w.t());
 #             every committed GEMM row times B row-major (K x N)

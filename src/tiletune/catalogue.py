@@ -538,20 +538,20 @@ TEMPLATES: dict[str, Template] = {t.name: t for t in (
              "elementwise / occupancy-only streams: activations, gated activations (GLU), casts, adds",
              "TILE (elements per tile) x occupancy x num_worker_warps, 8-32 values per thread",
              "library ops tiletune.swiglu / tiletune.geglu (tiletune.templates.elementwise_space); "
-             "benchmarks/results/h200/probe_memory.json, kernels_memory.json",
+             "benchmarks/results/h200/probe_memory.json.gz, kernels_memory.json",
              _elementwise),
     Template("rowwise", "balanced",
              "row reductions and norms: RMSNorm, LayerNorm, softmax, fused residual + norm",
              "TM rows per tile or CHUNK columns per pass, occupancy, LAT (load latency hint), STORE_TMA",
              "library ops tiletune.rms_norm / layer_norm / softmax (tiletune.templates.rowwise_space); "
              "benchmarks/spaces/h200_layernorm_bf16_16384x4096.json.gz, benchmarks/results/h200/kernels_memory.json, "
-             "probe_memory.json (rows shorter than 4096: more rows per tile)",
+             "probe_memory.json.gz (rows shorter than 4096: more rows per tile)",
              _rowwise, {"n_cols": 4096, "dtype_bytes": 2}),
     Template("cross_entropy", "balanced",
              "chunked cross-entropy over a large vocabulary (online max/sum per row chunk), loss or grad",
              "CHUNK columns per pass x occupancy x PREFETCH (an allow-list of triples), LAT, STORE_TMA, worker warps",
              "library ops tiletune.cross_entropy / cross_entropy_grad; benchmarks/results/h200/"
-             "probe_ce_tail.json (the plain-load configs timed against TMA)",
+             "probe_ce_tail.json.gz (the plain-load configs timed against TMA)",
              _cross_entropy, {"pass_": "loss"}),
     Template("rope", "memory-bound",
              "rotary position embedding applied in place to q and k",

@@ -86,7 +86,7 @@ ROW_MAX_ELEMS = 16384
 
 #: Short rows (several per tile): the most tile values a block's tiles (times the row streams) may hold
 #: across the blocks of one SM. Measured on the H200 (``benchmarks/probe_memory.py``,
-#: ``benchmarks/results/h200/probe_memory.json``): rows of 1024 ran fastest with 2-4x the default rows per
+#: ``benchmarks/results/h200/probe_memory.json.gz``): rows of 1024 ran fastest with 2-4x the default rows per
 #: tile, beyond :data:`FP32_VALUES_PER_SM`, with no failure over the probe's 64-72 configs per op.
 SHORT_ROWS_VALUES_PER_SM = 65536
 #: short rows: the largest tile (rows x padded row) tried at occupancy 8 and 16
@@ -260,7 +260,7 @@ def elementwise_space(*, streams: int = 2) -> Space:
     to vectorized ``LDG.128``/``STG.128`` without TMA or warp specialization, so the load latency
     hint and ``allow_tma`` change nothing there (identical SASS) and are not searched. What moves
     the bandwidth is how many blocks and bytes each SM has in flight: ``TILE`` (elements per tile)
-    x ``occupancy`` x ``num_worker_warps``. On the H200 (``benchmarks/results/h200/probe_memory.json``,
+    x ``occupancy`` x ``num_worker_warps``. On the H200 (``benchmarks/results/h200/probe_memory.json.gz``,
     36 configs per shape) the best SwiGLU/GeGLU configs ran 4096-element tiles at occupancy 8-16
     with 4 warps, 15-20% faster than occupancy <= 4 (the grid is then effectively not persistent),
     although those cubins spill a few bytes per thread; kept: 8-32 elements per thread and
