@@ -35,7 +35,7 @@ def environment() -> dict[str, Any]:
         env["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
     except Exception:
         env["driver"] = "unknown"
-    from tiletune.backends.cutile import software_versions
+    from tiletune.devices.backends.cutile import software_versions
 
     env["versions"] = {**software_versions(), "python": sys.version.split()[0]}
     import tiletune
@@ -118,7 +118,7 @@ def interleaved_ab(launch_a: Any, launch_b: Any, rounds: int = 30, per_round: in
     """Time two launch functions alternately (cold L2); medians and relative gap (b - a) / a."""
     import statistics
 
-    from tiletune.measure import ColdL2Timer
+    from tiletune.devices.measure import ColdL2Timer
 
     timer = ColdL2Timer(0)
     timer.time(launch_a, 3)

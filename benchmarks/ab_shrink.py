@@ -7,7 +7,7 @@
   tuned pick against the space's baseline: interleaved cold-L2 rounds, ratio time(pick)/time(baseline),
   95% CI, verdict. Rows ``{"op", "shape", "against", "ratio", "ci_low", "ci_high", "verdict", ...}``;
   ``ab.png``.
-* ``shrink.json``: ``tiletune.shrink`` of the three H200 recordings in ``benchmarks/spaces/`` (GEMM,
+* ``shrink.json``: ``tiletune.lab.shrink`` of the three H200 recordings in ``benchmarks/spaces/`` (GEMM,
   attention, and LayerNorm as the memory-bound op; each one key) at 2% / <= 8 configs, with
   ``ab_geomean_replay`` (A/B by replaying the recording, CPU) and, on a GPU, ``ab_geomean``: the
   shrunk space tuned live over the recording's problem (``record_spaces.problems``) and A/B'd
@@ -71,7 +71,7 @@ def run_ab(out: Path, deadline: float) -> tuple[list[dict[str, Any]], dict[str, 
     import torch
 
     import tiletune as tt
-    from tiletune.ab import ABReport
+    from tiletune.lab.ab import ABReport
 
     rows: list[dict[str, Any]] = []
     reports = []
@@ -104,7 +104,7 @@ def run_ab(out: Path, deadline: float) -> tuple[list[dict[str, Any]], dict[str, 
 
 
 def shrink_rows(gpu: bool, db_path: str | None) -> list[dict[str, Any]]:
-    from tiletune import shrink as sh
+    from tiletune.lab import shrink as sh
 
     rows = []
     for fname, prob in RECORDINGS.items():
@@ -134,7 +134,7 @@ def shrink_rows(gpu: bool, db_path: str | None) -> list[dict[str, Any]]:
 def db_rows(db_path: str, source: str | None = None) -> list[dict[str, Any]]:
     """One row per op with records over >= 2 keys (per arch) in the database: its shrink at 2% / <= 8
     configs, verified by replaying the records (``space`` = ``db:<op>``)."""
-    from tiletune import shrink as sh
+    from tiletune.lab import shrink as sh
     from tiletune.store import TuningDB
 
     db = TuningDB(db_path)
@@ -176,7 +176,7 @@ def _live_ab(prob: str, table: Any, res: Any) -> dict[str, Any]:
 
     import record_spaces as rs
     import tiletune as tt
-    from tiletune import shrink as sh
+    from tiletune.lab import shrink as sh
 
     p = rs.problems(torch.cuda.get_device_properties(0).multi_processor_count)[prob]
     space = sh.build_space({res.arch: res})

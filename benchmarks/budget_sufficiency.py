@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args()
-    from tiletune.strategy_eval import load_truth, run_one
+    from tiletune.lab.strategy_eval import load_truth, run_one
 
     rows = []
     for path in sorted(glob.glob(str(HERE / "spaces" / "*.json.gz"))):

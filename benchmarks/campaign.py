@@ -4,7 +4,7 @@ Issue 18 (``campaign.json``): the same tasks (7 memory-bound library ops x 3 dec
 8B and 70B and Qwen2.5 7B, x 3 token counts = 63 calls; calls whose keys coincide, e.g. RoPE of two
 models with the same head layout, are one tuning session) run
 
-* **serial**: one process, one call after another (``tiletune.fill.run_calls``, what ``tiletune tune``
+* **serial**: one process, one call after another (``tiletune.lab.fill.run_calls``, what ``tiletune tune``
   does), and
 * **campaign**: ``tiletune campaign`` with one worker per GPU (``--gpus``), each compiling the
   candidates of its next tasks on its share of the host cores while its GPU measures the current one,
@@ -13,7 +13,7 @@ each in a fresh process with an empty tuning database and an empty cuTile disk c
 cold). With one GPU the campaign cannot measure two sessions at once: its gain over the serial run is
 the compiles it overlaps with measurement. ``wall_s`` and ``serial_wall_s`` are the whole processes
 (start-up included, as a user waits for them). ``same_or_tied``: every key has the same pick in both
-databases, or picks inside the tuner's noise band (:func:`tiletune.campaign.compare_picks`); keys whose
+databases, or picks inside the tuner's noise band (:func:`tiletune.lab.campaign.compare_picks`); keys whose
 picks differ by more than that in the two runs' own records are then A/B'd head to head on the GPU
 (``tt.ab``, interleaved cold-L2 rounds in one process): ``tied`` when the ratio's 95% interval
 reaches into the 3% band (the two runs' medians differ by run-to-run drift, not by the configs).
@@ -67,8 +67,8 @@ def spec_doc(quick: bool) -> dict[str, Any]:
 
 SERIAL = """
 import json, sys, time
-from tiletune.campaign import parse_campaign
-from tiletune.fill import run_calls
+from tiletune.lab.campaign import parse_campaign
+from tiletune.lab.fill import run_calls
 spec = parse_campaign(json.load(open(sys.argv[1])))
 t0 = time.perf_counter()
 report = run_calls([t.call for t in spec.tasks], device="cuda", progress=False)
@@ -108,10 +108,10 @@ AB_CHILD = """
 import json, sys
 import torch
 import tiletune as tt
-from tiletune.ab import ABCase, _tuned_launch
-from tiletune.campaign import parse_campaign
-from tiletune.fill import materialize, resolve_op
-from tiletune.tuning import PlanCache, make_identity
+from tiletune.lab.ab import ABCase, _tuned_launch
+from tiletune.lab.campaign import parse_campaign
+from tiletune.lab.fill import materialize, resolve_op
+from tiletune.resolve.tuning import PlanCache, make_identity
 
 spec = parse_campaign(json.load(open(sys.argv[1])))
 want = json.loads(sys.argv[2])  # digest -> the other run's pick
@@ -203,7 +203,7 @@ def main() -> None:
     if args.backlog_us:
         CHILD_ENV["TILETUNE_TIMER_BACKLOG_US"] = str(args.backlog_us)
     sys.path.insert(0, str(ROOT / "src"))
-    from tiletune.campaign import compare_picks, parse_campaign
+    from tiletune.lab.campaign import compare_picks, parse_campaign
     from tiletune.store import TuningDB
 
     work = Path(tempfile.mkdtemp(prefix="tiletune-campaign-bench-"))

@@ -9,7 +9,7 @@ replays it from a CUDA graph. This benchmark puts the two side by side, config b
 
 * ``tuner_us``: the tuning session's median for the config (cold L2, a GPU spin before each sample);
 * ``cold_us``: the op pinned to the config (``tt.pin``), replayed from a CUDA graph, L2 flushed before
-  each sample (:func:`tiletune.bench`);
+  each sample (:func:`tiletune.devices.bench`);
 * ``warm_us``: the same without the flush (the inputs stay in L2 from the previous sample);
 * ``in_context_us``: a graph of the producer (a GEMM writing the op's input) and the op, minus a graph of
   the producer alone, L2 flushed before each sample: the input comes hot from the producer, as in a
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import tiletune as tt
-    from tiletune.pins import clear_pins
+    from tiletune.resolve.pins import clear_pins
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import write_result

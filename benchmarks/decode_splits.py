@@ -39,7 +39,7 @@ def graph_us(call: Any, calls: int = 20, reps: int = 5) -> float:
     """GPU time per call: a CUDA graph of ``calls`` back-to-back calls, replayed ``reps`` times (median)."""
     import torch
 
-    from tiletune.bench import capture_graph
+    from tiletune.devices.bench import capture_graph
 
     g, _ = capture_graph(lambda: [call() for _ in range(calls)])
     g.replay()
@@ -60,7 +60,7 @@ def measure(bsz: int, h: int, hkv: int, cap: int, splits: list[int]) -> dict[str
     import torch.nn.functional as F
 
     import tiletune.kernels as K
-    from tiletune.fastcall import clear_recipes
+    from tiletune.kernels.fastcall import clear_recipes
     from tiletune.kernels import decode_attention_kernels as dk
     from tiletune.kernels import decode_attention_op as dop
 

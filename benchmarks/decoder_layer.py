@@ -48,12 +48,12 @@ from typing import Any
 
 from _common import small_png
 
-from tiletune.fill import MODEL_SHAPES
+from tiletune.lab.fill import MODEL_SHAPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: RoPE base by model (``--model``); the layer's shapes are ``tiletune tune --model``'s
-#: (:data:`tiletune.fill.MODEL_SHAPES`: hidden, query heads, key-value heads, head dim, MLP width). Shapes
+#: (:data:`tiletune.lab.fill.MODEL_SHAPES`: hidden, query heads, key-value heads, head dim, MLP width). Shapes
 #: only (no QKV bias for Qwen2.5, no sliding window for Mistral): the kernels' work is the same.
 ROPE_BASES = {"llama3-8b": 500000.0, "qwen2.5-7b": 1000000.0, "mistral-7b": 1000000.0}
 MODELS = {name: {**MODEL_SHAPES[name], "rope_base": base} for name, base in ROPE_BASES.items()}
@@ -403,7 +403,7 @@ def measure_row(w: dict[str, Any], phase: str, bsz: int, s: int, fused_mlp: bool
     from a graph), each launched without a graph so the profiler sees every kernel."""
     import torch
 
-    from tiletune.bench import capture_graph
+    from tiletune.devices.bench import capture_graph
 
     st = State(phase, bsz, s)
     row: dict[str, Any] = {"phase": phase, "B": bsz, "S": s}

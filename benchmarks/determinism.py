@@ -19,7 +19,7 @@ from _common import fresh_env, run_child, write_result
 TUNE = """
 import json, torch
 import tiletune as tt
-from tiletune.examples.simple_matmul import MATMUL_SPACE, matmul_into
+from tiletune.lab.examples.simple_matmul import MATMUL_SPACE, matmul_into
 torch.manual_seed(0)
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -34,8 +34,8 @@ print("RESULT " + json.dumps({"winner": dict(r.winner), "winner_us": r.winner_me
 
 AB = """
 import json, torch, cuda.tile as ct
-from tiletune.examples.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
-from tiletune.backends.cutile import HintedKernels
+from tiletune.lab.examples.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
+from tiletune.devices.backends.cutile import HintedKernels
 from _common import interleaved_ab
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

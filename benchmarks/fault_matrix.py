@@ -81,7 +81,7 @@ print("RESULT " + json.dumps({{"rows": rows}}))
 MATMUL_CHILD = f"""
 import json, os, sys, time
 import torch
-from tiletune.examples.simple_matmul import matmul_into
+from tiletune.lab.examples.simple_matmul import matmul_into
 torch.manual_seed(0)
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

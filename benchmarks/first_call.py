@@ -1,6 +1,6 @@
 """First calls of the library ops on a new shape, each in a fresh process.
 
-For every library op (LLM shapes of ``tiletune.fill.llm_calls``), a fresh Python process makes the
+For every library op (LLM shapes of ``tiletune.lab.fill.llm_calls``), a fresh Python process makes the
 op's arguments, then times its first call (to the end of the GPU work) and, for reference, its steady
 per-call time. Where the config comes from:
 
@@ -51,7 +51,7 @@ class Seen(logging.Handler):
             if needle in m:
                 seen.append(what)
 log = logging.getLogger("tiletune"); log.addHandler(Seen()); log.setLevel(logging.INFO)
-from tiletune.fill import llm_calls, materialize, resolve_op
+from tiletune.lab.fill import llm_calls, materialize, resolve_op
 call = llm_calls([%(op)r], [%(m)d], linear_weights=%(linear)r)[0]
 fn = resolve_op(call.op)
 gen = torch.Generator("cuda").manual_seed(0)
@@ -68,7 +68,7 @@ if %(profile)r:
 else:
     first = timed(); profile = None
 import sys
-compiler_imported = "cuda.tile._compile" in sys.modules  # False: cuTile's front end never ran (tiletune.frontend_cache)
+compiler_imported = "cuda.tile._compile" in sys.modules  # False: cuTile's front end never ran (tiletune.devices.frontend_cache)
 steady = statistics.median(timed() for _ in range(10))
 print("RESULT " + json.dumps({"first_call_s": first, "steady_s": steady, "observed": sorted(set(seen)),
                               "setup_s": t_ready - t_start, "profile": profile,
@@ -169,7 +169,7 @@ def _write(rows: list, out: str | None, complete: bool, note: str | None = None,
 
 
 def _shape(op: str, m: int, linear: bool = False) -> str:
-    from tiletune.fill import llm_calls
+    from tiletune.lab.fill import llm_calls
 
     call = llm_calls([op], [m], linear_weights=linear)[0]
     return " ".join("x".join(map(str, a["shape"])) + (".t()" if a.get("transposed") else "")

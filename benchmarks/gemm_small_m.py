@@ -78,7 +78,7 @@ def make_op(route: str, space: Any) -> Any:
         return (a.float() @ b.float()).to(c.dtype), SCRATCH, torch.zeros_like(sem)
 
     from tiletune.kernels.gemm import _tolerance
-    from tiletune.verify import SCRATCH
+    from tiletune.devices.verify import SCRATCH
 
     def tolerance(a: Any, b: Any, c: Any, sa: Any, *_: Any) -> dict:
         return _tolerance(a, b, c, sa, sa, False)

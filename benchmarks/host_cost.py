@@ -397,7 +397,7 @@ def gpu_time(fn: Callable[..., Any], args: tuple) -> dict[str, Any]:
     """Per-call GPU time of ``fn(*args)`` from CUDA-graph replays, and launches per call (graph nodes)."""
     import torch
 
-    from tiletune.bench import warm_on_side_stream
+    from tiletune.devices.bench import warm_on_side_stream
 
     out: dict[str, Any] = {"gpu_us": None, "launches_per_call": None}
     graph = None
@@ -481,7 +481,7 @@ def launch_floor(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any
     """``(floor, launches)``: ``floor(*args)`` issues the bare ``ct.launch`` calls one call of ``fn`` makes
     (the tuned ops' chosen kernels, grids and arguments as recorded from one call, outputs included):
     what any wrapper of these kernels costs at least, with nothing but the launches."""
-    from tiletune import dispatch
+    from tiletune.op import tuned_op as dispatch
 
     _, rec = dispatch.record_launches(fn, *args)
     launches = []

@@ -31,7 +31,7 @@ Llama-3-8B GEMM rows at M 16, 128, 1024 and 4 attention rows (shared helpers: ``
 
 For each problem the first tiletune call tunes it (or finds it in the tuning database); that call is
 timed on its own (``tune_s``) and excluded from the kernel timing. Then both ops are warmed up and
-timed alternately (A/B rounds) with CUDA events and a cold L2 (:class:`tiletune.measure.ColdL2Timer`:
+timed alternately (A/B rounds) with CUDA events and a cold L2 (:class:`tiletune.devices.measure.ColdL2Timer`:
 an L2-sized memset outside the timed events before every sample); the medians are reported. Both
 timings are of the public calls (output allocation included, as for torch). A failing tiletune op
 is recorded in its row (``error``) and the sweep goes on.
@@ -660,7 +660,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("kernels_compute: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from tiletune.measure import ColdL2Timer
+    from tiletune.devices.measure import ColdL2Timer
 
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)

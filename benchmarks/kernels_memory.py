@@ -26,7 +26,7 @@ Timing: CUDA events around each call, a GPU spin of ``--backlog-us`` (200) befor
 that the host's dispatch (Python wrappers, torch.compile guards) runs while the GPU is busy and the
 events time device work alone (nvbench's blocking kernel; per-call host cost is what
 ``dispatch_overhead.py`` measures), an L2-sized memset outside the timed events before every
-sample (:class:`tiletune.measure.ColdL2Timer`), tiletune, the copy and every torch route interleaved
+sample (:class:`tiletune.devices.measure.ColdL2Timer`), tiletune, the copy and every torch route interleaved
 in rounds, medians reported. Bandwidth counts the bytes an op must move at least (inputs read once, outputs
 written once; cross-entropy: logits read once, and the gradient written once): ``gbps =
 bytes / time``. The copy bandwidth is measured in the same run: a device-to-device copy of 1 GiB,
@@ -658,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import tiletune as tt
     from tiletune.kernels.library_op import LibraryOp
-    from tiletune.measure import ColdL2Timer
+    from tiletune.devices.measure import ColdL2Timer
 
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)

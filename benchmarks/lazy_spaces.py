@@ -42,7 +42,7 @@ VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 def make_space(n_params: int):  # type: ignore[no-untyped-def]
     """The benchmark space: ``n_params`` parameters ``p0..`` with 8 values each, ``p0 * p1 <= 256``."""
-    from tiletune.space import Space
+    from tiletune.space.spaces import Space
 
     return Space(constraints={"p0_p1": lambda c: c.p0 * c.p1 <= 256},
                  **{f"p{i}": list(VALUES) for i in range(n_params)})
@@ -73,7 +73,7 @@ def run_one(strategy: str, n_params: int, evals: int, batch: int, seed: int) -> 
     import numpy  # noqa: F401
     import sklearn.ensemble  # noqa: F401
 
-    from tiletune.strategies import make_strategy
+    from tiletune.space.strategies import make_strategy
 
     rss0 = peak_rss_mb()
     space = make_space(n_params)

@@ -1,6 +1,6 @@
 """Tune the library ops over LLM shapes and write the shipped tuning table.
 
-Tunes ``tiletune.fill.llm_calls`` for the library ops over token counts (one per row bucket: powers of
+Tunes ``tiletune.lab.fill.llm_calls`` for the library ops over token counts (one per row bucket: powers of
 two 1..16384; attention at a few sequence lengths, it is not bucketed) into a fresh database, the
 commonest token counts first, until a wall-clock deadline; then exports the winners as a tuning
 table (``TuningTable.from_db``), merged into the existing table file when it was made for the same
@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--attention-s", default=",".join(map(str, ATTENTION_S)),
                     help="attention sequence lengths (default: %(default)s)")
     ap.add_argument("--attention-first", action="store_true", help="tune the attention keys before the rest")
-    ap.add_argument("--model", default=None, help="shapes of a model of tiletune.fill.MODEL_SHAPES "
+    ap.add_argument("--model", default=None, help="shapes of a model of tiletune.lab.fill.MODEL_SHAPES "
                     "(default: Llama-class, vocabulary 32000)")
     ap.add_argument("--projections", action="store_true",
                     help="matmul: the four projections of a decoder layer instead of one hidden x hidden")
@@ -54,9 +54,9 @@ def main() -> int:
     os.environ["TILETUNE_DB"] = args.db
     os.environ.setdefault("TILETUNE_TABLES", "0")  # tune every key: an older table must not answer
 
-    from tiletune.fill import llm_calls, model_dims, run_calls
+    from tiletune.lab.fill import llm_calls, model_dims, run_calls
     from tiletune.store import TuningDB
-    from tiletune.tables import TuningTable
+    from tiletune.resolve.tables import TuningTable
 
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(TOKENS)
     ops = [o for o in args.ops.split(",") if o]

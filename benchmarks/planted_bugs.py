@@ -8,8 +8,8 @@ matmul, attention) on one moderate bf16 problem:
    must pass the gate (``real_configs``: candidates and MISMATCH count per op).
 2. **Planted bugs**: the real kernel's output is taken, a bug is planted into a copy of one output
    (:func:`plant`), and the copy goes through the gate exactly as the tuner does: an
-   :class:`tiletune.verify.ArgGuard` over the op's launch-plan arguments, a
-   :class:`tiletune.verify.Checker` with the op's own reference and tolerance
+   :class:`tiletune.devices.verify.ArgGuard` over the op's launch-plan arguments, a
+   :class:`tiletune.devices.verify.Checker` with the op's own reference and tolerance
    (a callable ``tolerance=`` evaluated on the plan's arguments), outputs poisoned, the planted output written, ``compare()``.
    Each bug must be rejected; the unmodified real output (bug ``none``) must pass.
 
@@ -52,7 +52,7 @@ def bias_of(want: Any) -> float:
     """The ``eps_bias`` amount: ``4 * max(eps(dtype), 2^-10) * max|want|`` (finite elements)."""
     import torch
 
-    from tiletune.verify import eps
+    from tiletune.devices.verify import eps
 
     w = want.float()
     w = w[torch.isfinite(w)]
@@ -105,7 +105,7 @@ def gate_rows(op_name: str, tuned: Any, make_args: Callable[[int], tuple], out_n
     """Tune ``tuned`` on ``make_args(0)`` (unless ``run`` is False), then run every bug through the
     gate as the tuner does. Returns ``(rows, real_configs_row)``."""
     from tiletune.records import Status
-    from tiletune.verify import ArgGuard, Checker
+    from tiletune.devices.verify import ArgGuard, Checker
 
     args = make_args(0)
     guard = ArgGuard(args, tuned.writes, tuned.inplace)  # pristine inputs saved before anything runs

@@ -33,8 +33,8 @@ def main() -> int:
     a = ap.parse_args()
     from tiletune import Space
     from tiletune.kernels import gemm as G
-    from tiletune.measure import ColdL2Timer
-    from tiletune.verify import compare_tensors
+    from tiletune.devices.measure import ColdL2Timer
+    from tiletune.devices.verify import compare_tensors
 
     timer = ColdL2Timer(torch.cuda.current_device())
     one = torch.ones(1, device="cuda")

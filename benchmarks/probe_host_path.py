@@ -42,7 +42,7 @@ def layers(spec: dict[str, Any], rounds: int) -> dict[str, Any]:
     import torch
 
     import host_cost
-    from tiletune import fastcall
+    from tiletune.kernels import fastcall
 
     case = host_cost.build_case(spec)
     args = case["make"](0)

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEFAULT_OUT, failure_fields, measurement_rows, ranked_ok, tune_once, write_result  # noqa: E402
 
-from tiletune.space import Space  # noqa: E402
-from tiletune.templates import next_power_of_2  # noqa: E402
+from tiletune.space.spaces import Space  # noqa: E402
+from tiletune.space.templates import next_power_of_2  # noqa: E402
 
 
 def glu_probe() -> Space:
@@ -60,7 +60,7 @@ def ce_grad_probe() -> Space:
 
 def rows_probe(n_cols: int, streams: int) -> Space:
     """Short rows: 1-4x the library's rows per tile x occupancy x worker warps x LAT x STORE_TMA."""
-    from tiletune.templates import rows_per_tile
+    from tiletune.space.templates import rows_per_tile
 
     tm = rows_per_tile(n_cols)
     p = next_power_of_2(n_cols)

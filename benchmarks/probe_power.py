@@ -101,7 +101,7 @@ def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool, heat_s: fl
     import torch.nn.functional as F
 
     from tiletune import autotune
-    from tiletune.bench import nvml_probe
+    from tiletune.devices.bench import nvml_probe
     from tiletune.kernels.attention_kernels import LOG2E
     from tiletune.kernels.attention_op import ATTENTION_SMALL_HEAD_SPACE, ATTENTION_SPACE, _reference, _tolerance
     from tiletune.kernels.attention_op import attention_plan

@@ -31,7 +31,7 @@ def probe_space(lib_space: Any) -> Any:
     """The probe space: the shipped space's fixed parameters, ``TM`` 1-4, occupancy 4-16, 1-4 worker warps,
     the persistent grid and one block per row block, TMA stores or not (rows x occupancy <= 16 per SM)."""
     from tiletune import Space
-    from tiletune.templates import SHORT_ROWS_GRID_ALL
+    from tiletune.space.templates import SHORT_ROWS_GRID_ALL
 
     return Space(TM=[1, 2, 4], CHUNK=[0], occupancy=[4, 8, 16], LAT=[0], STORE_TMA=[False, True],
                  GRID_FRAC=[1.0, SHORT_ROWS_GRID_ALL], num_worker_warps=[1, 2, 4],
@@ -63,7 +63,7 @@ def main() -> int:
 
     import tiletune as tt
     from kernels_memory import COMPILE_ROUTES, build, route_of_record, timed_medians
-    from tiletune.measure import ColdL2Timer
+    from tiletune.devices.measure import ColdL2Timer
     from _common import write_result
 
     timer = ColdL2Timer(torch.cuda.current_device(), backlog_us=200.0)

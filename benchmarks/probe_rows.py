@@ -43,9 +43,9 @@ from _common import DEFAULT_OUT, failure_fields, do_bench_rounds, measurement_ro
 
 import cuda.tile as ct  # noqa: E402
 
-from tiletune.backends.base import Launch  # noqa: E402
-from tiletune.space import Space  # noqa: E402
-from tiletune.templates import next_power_of_2  # noqa: E402
+from tiletune.devices.backends.base import Launch  # noqa: E402
+from tiletune.space.spaces import Space  # noqa: E402
+from tiletune.space.templates import next_power_of_2  # noqa: E402
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]

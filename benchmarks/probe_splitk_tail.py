@@ -7,7 +7,7 @@ and never with plain loads (``probe_ce_tail.py``, cuda-tile 1.7.0 / tileiras 13.
 ``K`` loop, then a partial tile stored and a per-tile acquire-release counter, the last split summing
 the partials. Its GPU tests check fixed configs; this launches a sample of its production space's
 real splits (``SPLIT_K > 1``: per shape, the first config of each ``(SPLIT_K, TM, TN, TK)`` seen, up to
-``--configs``), compiled ahead on every core (``tiletune.compile_pool``) and then launched directly,
+``--configs``), compiled ahead on every core (``tiletune.devices.compile_pool``) and then launched directly,
 several times each, on small-M Llama-3-8B projections in both weight layouts, and compares every
 product with the op's reference and tolerance (the gate's rule), and the counters with zero.
 
@@ -54,10 +54,10 @@ def main() -> None:
     args = ap.parse_args()
     from tiletune.kernels import gemm as G
     from tiletune.kernels.gemm_kernels import splitk_regime, splitk_space
-    from tiletune.verify import compare_tensors
+    from tiletune.devices.verify import compare_tensors
 
-    from tiletune.backends.cutile import HintedKernels
-    from tiletune.compile_pool import CompileJob, CompilePool
+    from tiletune.devices.backends.cutile import HintedKernels
+    from tiletune.devices.compile_pool import CompileJob, CompilePool
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)

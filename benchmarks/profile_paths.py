@@ -15,7 +15,7 @@ from _common import fresh_env, run_child
 
 CODE = """
 import cProfile, pstats, io, json, time, torch
-from tiletune.examples.simple_matmul import matmul_into
+from tiletune.lab.examples.simple_matmul import matmul_into
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

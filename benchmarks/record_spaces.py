@@ -6,7 +6,7 @@ against a torch reference and timed with cold L2 through tiletune's own harness,
 *disabled* (no candidate is cut short because a faster one exists), so every valid config gets
 10-30 samples (rel. CI 2%, at most 0.3 s of GPU time each).  Nothing is read from or written to
 the tuning database.  Each space is written as soon as it is done, with
-:func:`tiletune.recordings.save_recording`, to ``<out>/<name>.json.gz``:
+:func:`tiletune.lab.recordings.save_recording`, to ``<out>/<name>.json.gz``:
 
 * ``<gpu>_gemm_bf16_4096``: persistent GEMM, bf16 4096 x 4096 x 4096, 512 configs;
 * ``<gpu>_layernorm_bf16_16384x4096``: LayerNorm forward, bf16 16384 x 4096 (eps 1e-5), 352 configs;
@@ -153,7 +153,7 @@ def problems(sm_count: int) -> dict[str, Problem]:
     from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, attention_plan
     from tiletune.kernels.attention_kernels import LOG2E, attention_reference
     from tiletune.kernels.gemm import GEMM, GEMM_FULL_SPACE
-    from tiletune.examples.layernorm_kernels import (
+    from tiletune.lab.examples.layernorm_kernels import (
         LAYERNORM_BASELINE,
         LAYERNORM_CONSTRAINTS,
         LAYERNORM_SPACE_PARAMS,
@@ -247,7 +247,7 @@ def record_one(p: Problem, gpu_slug: str, out_dir: Path, options: Any, backend: 
     import torch
 
     from tiletune import autotune
-    from tiletune.recordings import save_recording
+    from tiletune.lab.recordings import save_recording
 
     arch = backend.device_info(0).arch
     total = p.space.size(arch)
@@ -341,7 +341,7 @@ def _record(args: argparse.Namespace, names: list[str], out_dir: Path) -> int:
     import torch
 
     import tiletune as tt
-    from tiletune.backends.cutile import CutileBackend
+    from tiletune.devices.backends.cutile import CutileBackend
 
     if not torch.cuda.is_available():
         print("record_spaces.py needs a CUDA GPU", file=sys.stderr)

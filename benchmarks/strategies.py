@@ -5,8 +5,8 @@ exhaustive H200 runs; Kernel Tuner caches and T4 files work too) and every strat
 each: the evaluations and simulated seconds to get within 5% and within 1% of the space's optimum
 (the best recorded median), median and 95% interval, against random search's expected count
 ``(N + 1) / (K + 1)``. Every run goes through the real search driver and tuning loop
-(:func:`tiletune.search.run_search` -> :func:`tiletune.tuner.run_loop`) on a simulated session that
-replays the recording (see :mod:`tiletune.strategy_eval`).
+(:func:`tiletune.engine.search.run_search` -> :func:`tiletune.engine.tuner.run_loop`) on a simulated session that
+replays the recording (see :mod:`tiletune.lab.strategy_eval`).
 
 Writes ``<out>/strategies.json`` (a list of rows: ``space``, ``n_valid``, ``strategy``,
 ``median_evals_to_5pct``, ``median_evals_to_1pct``, ``random_expected_evals_to_5pct``, and more)
@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from tiletune.strategies import STRATEGY_NAMES  # noqa: E402
-from tiletune.strategy_eval import evaluate, plot_space, write_results  # noqa: E402
+from tiletune.space.strategies import STRATEGY_NAMES  # noqa: E402
+from tiletune.lab.strategy_eval import evaluate, plot_space, write_results  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -223,7 +223,7 @@ def load_hub_space(path: str | os.PathLike, kernel_json: str | os.PathLike | Non
 
 def load_h200_space(path: str | os.PathLike) -> PublicSpace:
     """An H200 tiletune recording as a space (truth: each config's recorded median, in ms)."""
-    from tiletune.recordings import load_any
+    from tiletune.lab.recordings import load_any
     from tiletune.records import Status
 
     rec = load_any(path)
@@ -413,8 +413,8 @@ def tiletune_space(space: PublicSpace) -> tuple[Any, dict[Any, float | None]]:
     hit = _SPACE_CACHE.get(key)
     if hit is not None:
         return hit
-    from tiletune.recordings.format import RecordedConfigs
-    from tiletune.space import Space
+    from tiletune.lab.recordings.format import RecordedConfigs
+    from tiletune.space.spaces import Space
 
     names = list(space.params)
     rec = RecordedConfigs(names, [dict(zip(names, c)) for c in space.configs])
@@ -430,7 +430,7 @@ def tiletune_space(space: PublicSpace) -> tuple[Any, dict[Any, float | None]]:
 def run_tiletune(space: PublicSpace, strategy: str, seed: int, budget: int = 500, batch: int = 1,
                  stop_tol: float = min(TOLERANCES), options: Mapping[str, Any] | None = None) -> list[float | None]:
     """One tiletune run: the truth (ms, None for a failure) of every config evaluated, in order."""
-    from tiletune.strategies import make_strategy
+    from tiletune.space.strategies import make_strategy
 
     sp, truth = tiletune_space(space)
     strat = make_strategy(strategy, sp, None, seed, **dict(options or {}))
@@ -459,7 +459,7 @@ def _code_digest(strategy: str) -> str:
     reused only while that code is unchanged."""
     import inspect
 
-    from tiletune.strategies import STRATEGIES
+    from tiletune.space.strategies import STRATEGIES
 
     src = ROOT / "src" / "tiletune"
     files = {src / "space.py"}
@@ -702,12 +702,12 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"seeds for tiletune's slow strategies ({', '.join(sorted(TT_SLOW))}: a refit per evaluation)")
     args = ap.parse_args(argv)
 
-    from tiletune.strategies import STRATEGIES, make_strategy  # noqa: F401  (registration)
-    import tiletune.strategies as _ts
+    from tiletune.space.strategies import STRATEGIES, make_strategy  # noqa: F401  (registration)
+    import tiletune.space.strategies as _ts
 
     for mod in ("surrogate", "local", "portfolio"):  # issue 16's strategies register at import
         try:
-            __import__(f"tiletune.strategies.{mod}")
+            __import__(f"tiletune.space.strategies.{mod}")
         except ImportError:
             pass
 

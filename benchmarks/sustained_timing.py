@@ -8,7 +8,7 @@ the tuner's median. This times each workload's tiletune call and torch's fastest
 with the SM clock, power draw and slowdown reasons read through NVML after each block:
 
 * ``single``: the tuner's way: L2 flushed and a GPU spin queued before each sample, one call timed
-  (:class:`tiletune.measure.ColdL2Timer`);
+  (:class:`tiletune.devices.measure.ColdL2Timer`);
 * ``back_to_back``: ``--calls`` calls of one route between two events, no flush, no gap (per call);
 * ``alternating``: tiletune and torch in turn, each call timed by its own events, no flush, no gap
   (the A/B of ``kernels_compute.py`` without its flush).
@@ -85,8 +85,8 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, A
 def measure(name: str, calls: int, rounds: int) -> dict[str, Any]:
     import torch
 
-    from tiletune.bench import nvml_probe
-    from tiletune.measure import ColdL2Timer
+    from tiletune.devices.bench import nvml_probe
+    from tiletune.devices.measure import ColdL2Timer
 
     what, ours, theirs, route = build(name)
     ours()  # tunes (or loads) the key

@@ -23,8 +23,8 @@ from _common import fresh_env, run_child, write_result
 SETUP = {
     "matmul": """
 import torch, cuda.tile as ct
-from tiletune.examples.simple_matmul import MATMUL_SPACE, matmul_into
-from tiletune.examples.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
+from tiletune.lab.examples.simple_matmul import MATMUL_SPACE, matmul_into
+from tiletune.lab.examples.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
 torch.manual_seed(0)
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -36,8 +36,8 @@ def args_fn(cfg): return (a, b, c, cfg["TM"], cfg["TN"], cfg["TK"], MATMUL_GROUP
 """,
     "rmsnorm": """
 import torch, cuda.tile as ct
-from tiletune.examples.rmsnorm import RMSNORM_SPACE, rms_norm_into, _sm_count
-from tiletune.examples.rmsnorm_kernels import rmsnorm_kernel, next_power_of_2
+from tiletune.lab.examples.rmsnorm import RMSNORM_SPACE, rms_norm_into, _sm_count
+from tiletune.lab.examples.rmsnorm_kernels import rmsnorm_kernel, next_power_of_2
 torch.manual_seed(0)
 m, k = 16384, 4096
 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -65,7 +65,7 @@ print("RESULT " + json.dumps({"wall_s": wall, "winner": dict(res.best.config), "
 
 TILETUNE = """
 import json, os, time
-from tiletune.workers import wait_for_worker
+from tiletune.devices.workers import wait_for_worker
 if os.environ.get("WAIT_WORKER") == "1":
     wait_for_worker(timeout=300)  # started in the background when the op was defined (at import)
 torch.cuda.synchronize()
@@ -87,7 +87,7 @@ print("RESULT " + json.dumps({"wall_s": wall, "winner": dict(r.winner), "winner_
 
 AB = """
 import json
-from tiletune.backends.cutile import HintedKernels
+from tiletune.devices.backends.cutile import HintedKernels
 from _common import interleaved_ab
 h = HintedKernels()
 s = torch._C._cuda_getCurrentRawStream(0)

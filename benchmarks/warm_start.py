@@ -23,7 +23,7 @@ from _common import fresh_env, run_child, write_result
 
 SETUP = """
 import json, time, statistics, torch, cuda.tile as ct
-from tiletune.examples.simple_matmul import matmul_into
+from tiletune.lab.examples.simple_matmul import matmul_into
 torch.manual_seed(0)
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -54,7 +54,7 @@ print("RESULT " + json.dumps({"top": profile_rows(prof, 25), "total_s": pstats.S
 """
 
 BARE = SETUP + """
-from tiletune.examples.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
+from tiletune.lab.examples.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
 cfg = json.loads(%r)
 k = matmul_kernel.replace_hints(occupancy=cfg["occupancy"])
 g = (((n + cfg["TM"] - 1) // cfg["TM"]) * ((n + cfg["TN"] - 1) // cfg["TN"]),)

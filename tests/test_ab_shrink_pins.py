@@ -1,4 +1,4 @@
-"""Issue 17 items 2-4 on CPU: A/B (tt.ab), shrink (tiletune.shrink) and pins (tt.pin, TILETUNE_PINS),
+"""Issue 17 items 2-4 on CPU: A/B (tt.ab), shrink (tiletune.lab.shrink) and pins (tt.pin, TILETUNE_PINS),
 with the fake and replay backends."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune import shrink as sh
-from tiletune.ab import ABReport, verdict
-from tiletune.backends import FakeBackend
-from tiletune.pins import PinFile, clear_pins
+from tiletune.lab import shrink as sh
+from tiletune.lab.ab import ABReport, verdict
+from tiletune.devices.backends import FakeBackend
+from tiletune.resolve.pins import PinFile, clear_pins
 from tiletune.store import TuningDB
 
 SPACES = Path(__file__).resolve().parent.parent / "benchmarks" / "spaces"

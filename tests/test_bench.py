@@ -1,4 +1,4 @@
-"""tiletune.bench on a CPU: a simulated timing source stands in for the CUDA timer."""
+"""tiletune.devices.bench on a CPU: a simulated timing source stands in for the CUDA timer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 
 import tiletune as tt
-from tiletune.bench import BenchResult, ClockReading, bench
+from tiletune.devices.bench import BenchResult, ClockReading, bench
 
 
 class FakeTimer:
@@ -217,7 +217,7 @@ class FakeCuda:
 
 def test_capture_graph_warms_on_a_side_stream_then_captures_one_call(monkeypatch):
     torch = pytest.importorskip("torch")
-    from tiletune.bench import _capture, capture_graph, warm_on_side_stream
+    from tiletune.devices.bench import _capture, capture_graph, warm_on_side_stream
 
     fake = FakeCuda()
     for name in ("Stream", "CUDAGraph", "stream", "graph", "current_stream", "synchronize"):

@@ -135,8 +135,8 @@ def test_summary_names_rows_whose_bare_launches_already_cost_more_than_torch():
 def test_launch_floor_replays_the_recorded_launches_bare():
     torch = pytest.importorskip("torch")
     import tiletune as tt
-    from tiletune import fastcall
-    from tiletune.backends import FakeBackend
+    from tiletune.kernels import fastcall
+    from tiletune.devices.backends import FakeBackend
 
     be = FakeBackend(lambda cfg: 100.0 - cfg.TM, noise=0.0)
 

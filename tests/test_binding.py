@@ -1,4 +1,4 @@
-"""Keyword binding of tuned ops and library ops (tiletune.binding)."""
+"""Keyword binding of tuned ops and library ops (tiletune.op.binding)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from tiletune.binding import positional_binder
+from tiletune.op.binding import positional_binder
 
 
 def f(a, b, c=3, d=4):

@@ -83,7 +83,7 @@ def test_views_whose_strides_grow_with_the_bucketed_size_share_the_bucket():
 # ---------------------------------------------------------------------------------------------- on an op
 
 import tiletune as tt  # noqa: E402
-from tiletune.backends import FakeBackend  # noqa: E402
+from tiletune.devices.backends import FakeBackend  # noqa: E402
 from tiletune.store import TuningDB  # noqa: E402
 
 SPACE = tt.Space(TM=[32, 64, 128], baseline=dict(TM=64))

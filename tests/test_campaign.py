@@ -1,4 +1,4 @@
-"""Campaigns (tiletune.campaign, ``tiletune campaign``) on the CPU with the fake backend: specs, the local
+"""Campaigns (tiletune.lab.campaign, ``tiletune campaign``) on the CPU with the fake backend: specs, the local
 pool of worker processes, streaming into the caller's database, resuming (also after SIGKILL), reports."""
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ torch = pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402
 
 import tiletune as tt  # noqa: E402
-from tiletune import campaign, tuning  # noqa: E402
-from tiletune.backends import FakeBackend  # noqa: E402
-from tiletune.campaign import compare_picks, load_campaign, parse_campaign, run_campaign, worker_slots  # noqa: E402
+from tiletune.lab import campaign  # noqa: E402
+from tiletune.resolve import tuning
+from tiletune.devices.backends import FakeBackend  # noqa: E402
+from tiletune.lab.campaign import compare_picks, load_campaign, parse_campaign, run_campaign, worker_slots  # noqa: E402
 from tiletune.cli import _fill_optional_values, app  # noqa: E402
-from tiletune.dispatch import first_launch  # noqa: E402
+from tiletune.op.tuned_op import first_launch  # noqa: E402
 from tiletune.records import Measurement, Status, TuningIdentity, DeviceInfo  # noqa: E402
 from tiletune.store import TuningDB  # noqa: E402
 
@@ -180,7 +181,7 @@ def test_first_launch_stops_before_anything_runs():
 
 def test_precompile_skips_backends_that_compile_nothing():
     op, _ = _op(db=False)
-    from tiletune.campaign.runner import precompile
+    from tiletune.lab.campaign.runner import precompile
 
     assert precompile(op, (torch.ones(2), torch.zeros(2)), {}) == {"skipped": "the fake backend compiles nothing ahead"}
 
@@ -371,7 +372,7 @@ def test_the_benchmark_campaign_is_40_sessions_of_library_ops():
     # the token counts are distinct powers of two: no two tasks of an op share a row bucket (one session each)
     assert len(set(bench.TOKENS)) == len(bench.TOKENS) and all(m & (m - 1) == 0 for m in bench.TOKENS)
     pytest.importorskip("cuda.tile")
-    from tiletune.fill import _materialize, resolve_op
+    from tiletune.lab.fill import _materialize, resolve_op
 
     for t in full.tasks:
         args = [_materialize(a, "meta", None) for a in t.call.args]

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
-from tiletune.campaign import compare_picks, parse_campaign, run_campaign  # noqa: E402
+from tiletune.lab.campaign import compare_picks, parse_campaign, run_campaign  # noqa: E402
 from tiletune.store import TuningDB  # noqa: E402
 
 HELPERS = Path(__file__).parent / "helpers"

@@ -1,4 +1,4 @@
-"""The template catalogue (tiletune.catalogue): valid spaces, rules, per-arch picks, printed code, tuning."""
+"""The template catalogue (tiletune.lab.catalogue): valid spaces, rules, per-arch picks, printed code, tuning."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import itertools
 import pytest
 
 import tiletune as tt
-from tiletune import templates as lib
-from tiletune.catalogue import ARCHS, KINDS, MEASURED_ARCHS, TEMPLATES, template
+from tiletune.space import templates as lib
+from tiletune.lab.catalogue import ARCHS, KINDS, MEASURED_ARCHS, TEMPLATES, template
 
 #: per template: argument sets to check besides the example
 ARGS = {
@@ -157,7 +157,7 @@ def test_example_tunes_on_the_fake_backend(name):
     """Each template's example space tunes end to end (compile, check, time, rank) on the CPU fake
     backend, whose timing model favours one known config; the tuner finds it."""
     torch = pytest.importorskip("torch")
-    from tiletune.backends import FakeBackend, SimulatedCandidate
+    from tiletune.devices.backends import FakeBackend, SimulatedCandidate
     from tiletune.records import DeviceInfo, Status
 
     t = template(name)

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tiletune import compile_pool
-from tiletune.compile_pool import CompileJob, CompilePool
+from tiletune.devices import compile_pool
+from tiletune.devices.compile_pool import CompileJob, CompilePool
 
 
 class FakeKernel:
@@ -143,7 +143,7 @@ def test_the_launch_signature_takes_convention_v2_only_when_a_constraint_needs_i
     """cuTile's launcher specialises size-1 dimensions as shape constants, which only convention v2
     can carry: the pool must compute that signature (seen on the H200: decode attention, one query
     token, missed every cubin compiled ahead under v1), and v1 for everything else."""
-    from tiletune.compile_pool import launch_signature
+    from tiletune.devices.compile_pool import launch_signature
 
     def array(*consts):
         return SimpleNamespace(shape_constant=consts)

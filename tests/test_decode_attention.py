@@ -21,7 +21,7 @@ pytest.importorskip("cuda.tile")
 
 from tiletune.kernels import decode_attention_kernels as dk  # noqa: E402
 from tiletune.kernels import decode_attention_op as dop  # noqa: E402
-from tiletune.verify import compare_tensors, output_tolerance  # noqa: E402
+from tiletune.devices.verify import compare_tensors, output_tolerance  # noqa: E402
 
 NEG_INF = float("-inf")
 
@@ -348,7 +348,7 @@ def test_with_direct_any_group_every_one_split_call_is_direct(monkeypatch):
 
 @pytest.mark.parametrize("h,hkv,sq", [(28, 4, 1), (12, 2, 3), (24, 2, 16)])
 def test_grouped_direct_plan_grid_and_arguments(monkeypatch, h, hkv, sq):
-    from tiletune.hotpath import plan_recipe
+    from tiletune.op.hotpath import plan_recipe
 
     monkeypatch.setattr(dop, "DIRECT_ANY_GROUP", True)
     bsz, cap, d = 3, 200, 64
@@ -381,7 +381,7 @@ def test_grouped_direct_plan_grid_and_arguments(monkeypatch, h, hkv, sq):
 
 @pytest.mark.parametrize("h,hkv,sq", [(32, 8, 1), (8, 8, 1), (32, 2, 16), (16, 1, 4)])
 def test_direct_plan_grid_and_arguments(h, hkv, sq):
-    from tiletune.hotpath import plan_recipe
+    from tiletune.op.hotpath import plan_recipe
 
     bsz, cap, d = 3, 200, 64  # a capacity within one granule: one split
     q, k, v = make(bsz, h, hkv, sq, cap, d)
@@ -999,7 +999,7 @@ def test_decode_attention_replays_its_launches(monkeypatch, cap, lens, kernels, 
     a per-call temporary), or the one direct kernel writing the output (the grouped kernel writing it
     through its ``(B, Hkv, G, Sq, D)`` view)."""
     import tiletune as tt
-    from tiletune.backends import FakeBackend
+    from tiletune.devices.backends import FakeBackend
     from tiletune.kernels.library_op import LibraryOp
 
     def partial_kernel(q5, k, v, lens, po, pl, qk_scale_log2, d, gb, qp, block_n, causal, lat):

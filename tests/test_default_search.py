@@ -8,10 +8,11 @@ import math
 import pytest
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
+import tiletune.engine.search
+from tiletune.devices.backends import FakeBackend
 from tiletune.errors import SpaceError
-from tiletune.search import DEFAULT_SEARCH_EVALS, EXHAUSTIVE_MAX_CONFIGS, default_search
-from tiletune.strategies import Budget
+from tiletune.engine.search import DEFAULT_SEARCH_EVALS, EXHAUSTIVE_MAX_CONFIGS, default_search
+from tiletune.space.strategies import Budget
 
 
 def _kernel(n):  # a "kernel" for the fake backend
@@ -62,7 +63,7 @@ def test_a_small_space_is_still_tuned_exhaustively():
 
 
 def test_a_big_space_is_tuned_with_auto_under_the_default_budget(monkeypatch):
-    monkeypatch.setattr(tt.search, "DEFAULT_SEARCH_EVALS", 40)
+    monkeypatch.setattr(tiletune.engine.search, "DEFAULT_SEARCH_EVALS", 40)
     res = _tune(space(4))
     assert res.stats["strategy"] == "auto" and res.stats["evaluations"] == 40
     res = _tune(space(4), budget=Budget(max_evals=24))

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune.backends import FakeBackend, SimulatedCandidate
+from tiletune.devices.backends import FakeBackend, SimulatedCandidate
 from tiletune.records import Status
 
 SPACE = tt.Space(TM=[32, 64, 128], TN=[32, 64], occupancy=[1, 2], baseline=dict(TM=64, TN=64, occupancy=1))

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
+from tiletune.devices.backends import FakeBackend
 from tiletune.store import TuningDB
 
 SPACE = tt.Space(TM=[32, 64, 128], occupancy=[1, 2], baseline=dict(TM=64, occupancy=1))

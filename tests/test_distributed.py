@@ -1,4 +1,4 @@
-"""Rank-consistent picks (tiletune.distributed): three CPU processes in a gloo process group, fake
+"""Rank-consistent picks (tiletune.resolve.peers): three CPU processes in a gloo process group, fake
 backends whose timings differ per rank. On their own the ranks pick differently; in the job every key
 has one pick, tuned once, whichever rank meets it first, and ``tune_calls`` splits the tuning."""
 
@@ -18,7 +18,7 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available in this torch build", allow_module_level=True)
 
-from tiletune import distributed  # noqa: E402
+from tiletune.resolve import peers as distributed  # noqa: E402
 
 HELPERS = Path(__file__).parent / "helpers"
 SRC = Path(__file__).resolve().parents[1] / "src"

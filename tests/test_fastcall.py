@@ -1,4 +1,4 @@
-"""Recipes of library-style ops (tiletune.fastcall) on the fake backend with CPU tensors: when a call
+"""Recipes of library-style ops (tiletune.kernels.fastcall) on the fake backend with CPU tensors: when a call
 is replayed without the op's Python, what it launches, and every reason a signature keeps the slow path."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune import fastcall
-from tiletune.backends import FakeBackend
+from tiletune.kernels import fastcall
+from tiletune.devices.backends import FakeBackend
 
 SPACE = tt.Space(TM=[32, 64, 128], baseline=dict(TM=64))
 
@@ -545,12 +545,12 @@ def test_matmul_swiglu_empty_calls_launch_nothing_and_learn_nothing(swiglu_gemm)
 def test_library_ops_leave_the_worker_unstarted_until_a_call_tunes(monkeypatch):
     """A library op is made on its first call: a database or table hit must not start the isolated
     worker (a process and a CUDA context); a plain tuned op defined by a user still starts it ahead."""
-    from tiletune import workers
+    from tiletune.devices import workers
     from tiletune.kernels.library_op import LibraryOp
 
     started = []
     monkeypatch.setattr(workers, "prestart", lambda *a: started.append(a))
-    monkeypatch.setattr("tiletune.backends.prewarm_default", lambda: None)
+    monkeypatch.setattr("tiletune.devices.backends.prewarm_default", lambda: None)
     fam = LibraryOp("tiletune.test_deferred", lambda regime: SPACE, lambda cfg, x, y: tt.Launch(lambda *a: None, (1,), (x, y)),
                     writes=["y"])
     try:

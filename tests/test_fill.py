@@ -1,4 +1,4 @@
-"""Filling a database ahead of time (tiletune.fill, ``tiletune tune``) on the fake backend."""
+"""Filling a database ahead of time (tiletune.lab.fill, ``tiletune tune``) on the fake backend."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402
 
-from tiletune import fill  # noqa: E402
+from tiletune.lab import fill  # noqa: E402
 from tiletune.cli import app  # noqa: E402
 from tiletune.store import TuningDB  # noqa: E402
 
@@ -135,7 +135,7 @@ def test_transposed_spec_errors(tmp_path, bad, msg):
 
 
 def test_cli_tune_model_and_projections(monkeypatch):
-    import tiletune.fill as fill_mod
+    import tiletune.lab.fill as fill_mod
 
     seen = []
 

@@ -1,4 +1,4 @@
-"""``tiletune.frontend_cache``: a fresh process finds a kernel's cubin without cuTile's front end, and
+"""``tiletune.devices.frontend_cache``: a fresh process finds a kernel's cubin without cuTile's front end, and
 any change to what the kernel's code reads retires the entry.
 
 The compiles are real (cuTile's front end and ``tileiras`` for sm_90 run without a GPU); the
@@ -21,8 +21,8 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 pytest.importorskip("cutile_cache")
 
-from tiletune import frontend_cache  # noqa: E402
-from tiletune.prefetch_kernel import PrefetchKernel  # noqa: E402
+from tiletune.devices import frontend_cache  # noqa: E402
+from tiletune.devices.prefetch_kernel import PrefetchKernel  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -225,7 +225,7 @@ def test_tuning_candidates_and_workers_do_not_fill_the_cache(modules, monkeypatc
 
 
 def test_toolchain_versions_are_read_once_per_toolchain(tmp_path, monkeypatch):
-    from tiletune.backends import cutile as backend
+    from tiletune.devices.backends import cutile as backend
 
     monkeypatch.setenv("CUDA_TILE_CACHE_DIR", str(tmp_path))
     assert frontend_cache.stored_toolchain_versions() is None
@@ -251,7 +251,7 @@ CHILD = """
 import sys, time
 sys.path.insert(0, {folder!r})
 import importlib
-from tiletune.prefetch_kernel import PrefetchKernel
+from tiletune.devices.prefetch_kernel import PrefetchKernel
 from test_frontend_cache import _signature, _context
 from pathlib import Path
 mod = importlib.import_module({name!r})

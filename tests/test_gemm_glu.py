@@ -24,8 +24,8 @@ import torch.nn.functional as F  # noqa: E402
 gk = importlib.import_module("tiletune.kernels.gemm_glu_kernels")
 gg = importlib.import_module("tiletune.kernels.gemm_glu")
 K = importlib.import_module("tiletune.kernels")
-from tiletune.space import Config  # noqa: E402
-from tiletune.verify import compare_tensors, eps  # noqa: E402
+from tiletune.space.spaces import Config  # noqa: E402
+from tiletune.devices.verify import compare_tensors, eps  # noqa: E402
 
 SHAPES = [(m, 14336, 4096) for m in (1, 16, 128, 2048)] + [(1000, 1000, 1000), (3, 40, 24)]
 

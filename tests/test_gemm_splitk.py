@@ -19,9 +19,9 @@ ct = pytest.importorskip("cuda.tile")
 
 gk = importlib.import_module("tiletune.kernels.gemm_kernels")
 gemm_mod = importlib.import_module("tiletune.kernels.gemm")
-fastcall = importlib.import_module("tiletune.fastcall")
-from tiletune.space import Config  # noqa: E402
-from tiletune.verify import ArgGuard, Checker  # noqa: E402
+fastcall = importlib.import_module("tiletune.kernels.fastcall")
+from tiletune.space.spaces import Config  # noqa: E402
+from tiletune.devices.verify import ArgGuard, Checker  # noqa: E402
 
 #: Llama-3-8B linear layers (N, K) at the token counts of the issue's small-M rows
 LLAMA = [(m, n, k) for m in (1, 16, 128) for (n, k) in ((4096, 4096), (14336, 4096), (4096, 14336))]
@@ -97,7 +97,7 @@ def test_every_regime_space_keeps_its_constraints_and_baseline():
 def test_splitk_spaces_leave_the_plain_gemm_space_alone():
     """The plain op's space (and so its hash, its stored records and the shipped table's entries for
     M > 256) is the template's, untouched by split-K."""
-    from tiletune.templates import matmul_space
+    from tiletune.space.templates import matmul_space
 
     assert gemm_mod.GEMM_SPACE.hash == matmul_space(2).hash
     assert "SPLIT_K" not in gemm_mod.GEMM_SPACE.names
@@ -502,8 +502,8 @@ def test_public_matmul_routes_small_m_to_split_k_since_it_passed_on_a_gpu():
 def test_split_k_cold_keys_search_a_budget_not_the_whole_space():
     """Issue 13: a library space over ~40 configs is searched under a budget on a cold key."""
     from tiletune.kernels.library_op import LibraryOp
-    from tiletune.search import default_search
-    from tiletune.strategies.base import Budget
+    from tiletune.engine.search import default_search
+    from tiletune.space.strategies.base import Budget
 
     import tiletune.kernels.gemm as gemm_mod
 

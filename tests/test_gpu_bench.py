@@ -1,4 +1,4 @@
-"""tiletune.bench on a real GPU (run on the GPU host with ``pytest -m gpu``)."""
+"""tiletune.devices.bench on a real GPU (run on the GPU host with ``pytest -m gpu``)."""
 
 from __future__ import annotations
 

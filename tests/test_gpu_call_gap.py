@@ -5,7 +5,7 @@ For a few GEMM problems (the rows of ``tools/gemm_call_gap.py``: small-M split-K
 makes (op, key, arguments), and time, interleaved, with a cold L2, the public call and a bare launch of
 the recorded winner (its plan's kernel with the config's hints, the same arguments), with two timers:
 
-* the tuner's own (:class:`~tiletune.measure.ColdL2Timer` as the cuTile backend builds it): the public
+* the tuner's own (:class:`~tiletune.devices.measure.ColdL2Timer` as the cuTile backend builds it): the public
   call must be within 3% of the median the tuner measured for the winner, and of the bare launch;
 * the same with a 2 ms GPU backlog before each sample (the host's enqueue of the call can never leak
   into the events): the public call must be within 3% of the bare launch (it launches the winner and
@@ -36,7 +36,7 @@ PROBLEMS = [(1, 16, 4096, 14336), (1, 128, 14336, 4096), (1, 1024, 4096, 4096), 
 
 def _recorded_launch(fn, *args):
     """``fn(*args)`` once, with the tuned-op launches it makes recorded: ``[(op, key, op_args)]``."""
-    from tiletune import dispatch
+    from tiletune.op import tuned_op as dispatch
 
     _, rec = dispatch.record_launches(fn, *args)
     torch.cuda.synchronize()
@@ -47,7 +47,7 @@ def _recorded_launch(fn, *args):
 def test_public_matmul_runs_at_its_winners_speed(batch, m, n, k, tmp_path, monkeypatch):
     from tiletune.kernels import gemm as gm
     from tiletune.kernels.library_op import LibraryOp
-    from tiletune.measure import ColdL2Timer
+    from tiletune.devices.measure import ColdL2Timer
 
     monkeypatch.setenv("TILETUNE_DB", str(tmp_path / "t.db"))
     monkeypatch.setenv("TILETUNE_TABLES", "0")

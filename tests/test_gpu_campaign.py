@@ -9,7 +9,7 @@ pytest.importorskip("cuda.tile")
 # a mark, not a module-level skip: the CPU run deselects this module instead of listing a skip
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from tiletune.campaign import parse_campaign, run_campaign  # noqa: E402
+from tiletune.lab.campaign import parse_campaign, run_campaign  # noqa: E402
 from tiletune.store import TuningDB  # noqa: E402
 
 

@@ -41,7 +41,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def test_matmul_tunes_end_to_end_and_persists(tmp_path):
-    from tiletune.examples.simple_matmul import MATMUL_SPACE, matmul_into
+    from tiletune.lab.examples.simple_matmul import MATMUL_SPACE, matmul_into
 
     db = tt.TuningDB(tmp_path / "t.db")
     op = tt.autotune(MATMUL_SPACE, reference=matmul_into.reference, writes=["c"], db=db, progress=False)(matmul_into.plan)
@@ -69,7 +69,7 @@ def test_fresh_process_reuses_database(tmp_path):
     script = textwrap.dedent(
         """
         import sys, torch
-        from tiletune.examples.rmsnorm import rms_norm_into
+        from tiletune.lab.examples.rmsnorm import rms_norm_into
         x = torch.randn(4096, 1024, device="cuda", dtype=torch.float16)
         w = torch.randn(1024, device="cuda", dtype=torch.float16)
         y = torch.empty_like(x)

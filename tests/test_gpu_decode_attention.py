@@ -67,7 +67,7 @@ def _use(monkeypatch, partial: tt.TunedOp, combine: tt.TunedOp, direct: tt.Tuned
     tuned ops.
 
     Recipes learnt so far are dropped: a replayed call would launch an earlier test's ops' choices."""
-    from tiletune.fastcall import clear_recipes
+    from tiletune.kernels.fastcall import clear_recipes
 
     monkeypatch.setattr(dop.DECODE_PARTIAL, "op", lambda regime: partial)
     monkeypatch.setattr(dop.DECODE_COMBINE, "op", lambda regime: combine)

@@ -1,4 +1,4 @@
-"""GPU tests of the per-call paths of issue 12: library-op recipes (tiletune.fastcall) on every op,
+"""GPU tests of the per-call paths of issue 12: library-op recipes (tiletune.kernels.fastcall) on every op,
 ``bind``, and keys met for the first time inside a CUDA graph capture (run with ``pytest -m gpu``)."""
 
 from __future__ import annotations
@@ -194,9 +194,9 @@ def test_library_op_new_shape_inside_capture():
 
 
 def test_call_guards_serve_cuda_calls_and_never_a_stale_recipe():
-    """Library ops on CUDA tensors go through the call guards (tiletune.guards) once learnt; a call that
+    """Library ops on CUDA tensors go through the call guards (tiletune.op.guards) once learnt; a call that
     differs in dtype, strides or shape gets its own recipe and the right result."""
-    from tiletune import guards
+    from tiletune.op import guards
 
     if not guards.guards_available():
         pytest.skip("this torch has no TensorGuards")

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 ct = pytest.importorskip("cuda.tile")
 
 import tiletune as tt  # noqa: E402
-from tiletune.verify import compare_tensors, derived_tolerance  # noqa: E402
+from tiletune.devices.verify import compare_tensors, derived_tolerance  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

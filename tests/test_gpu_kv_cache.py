@@ -43,7 +43,7 @@ def _kv_op() -> tt.TunedOp:
 def kv_op(monkeypatch):
     """The library op KV_APPEND answers every call with a db=False tuned op; recipes learnt by earlier
     tests are dropped (a replay would launch another op's choice)."""
-    from tiletune.fastcall import clear_recipes
+    from tiletune.kernels.fastcall import clear_recipes
 
     op = _kv_op()
     monkeypatch.setattr(dop.KV_APPEND, "op", lambda regime: op)

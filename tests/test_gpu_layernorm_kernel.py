@@ -1,4 +1,4 @@
-"""GPU checks of the LayerNorm kernel (``tiletune.examples.layernorm_kernels``), launched directly.
+"""GPU checks of the LayerNorm kernel (``tiletune.lab.examples.layernorm_kernels``), launched directly.
 
 Run on the GPU host: ``source .gpu/activate.sh && python -m pytest -m gpu -q tests/test_gpu_layernorm_kernel.py``.
 
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 ct = pytest.importorskip("cuda.tile")
 
-from tiletune.examples.layernorm_kernels import (  # noqa: E402
+from tiletune.lab.examples.layernorm_kernels import (  # noqa: E402
     LAYERNORM_BASELINE,
     layernorm_args,
     layernorm_grid,

@@ -66,7 +66,7 @@ class _Fixed:
 
 @pytest.fixture
 def fixed(request, monkeypatch):
-    from tiletune.fastcall import clear_recipes
+    from tiletune.kernels.fastcall import clear_recipes
 
     fam = _Fixed(*CONFIGS[request.param])
     monkeypatch.setattr(gemm_mod, "GEMM_SPLITK", fam)

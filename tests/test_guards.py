@@ -1,4 +1,4 @@
-"""Call guards (tiletune.guards) and the hot paths that use them: a guard passes only calls with the
+"""Call guards (tiletune.op.guards) and the hot paths that use them: a guard passes only calls with the
 same key, and a tuned op or a library op never launches a stale entry through one (CPU tensors)."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune import dispatch, fastcall, guards
-from tiletune.backends import FakeBackend
+from tiletune.op import tuned_op as dispatch
+from tiletune.kernels import fastcall
+from tiletune.op import guards
+from tiletune.devices.backends import FakeBackend
 from tiletune.keys import _BY_VALUE, default_key
 
 pytestmark = pytest.mark.skipif(not guards.guards_available(), reason="this torch has no TensorGuards")

@@ -17,7 +17,7 @@ from tiletune import cli
 from tiletune.cli import app
 from tiletune.records import DeviceInfo, Measurement, Status, TuningIdentity, canonical_json
 from tiletune.store import TuningDB
-from tiletune.strategies import STRATEGIES, STRATEGY_NAMES, Strategy, make_strategy, register, strategy_names
+from tiletune.space.strategies import STRATEGIES, STRATEGY_NAMES, Strategy, make_strategy, register, strategy_names
 from tiletune.terminal import escape_controls, safe
 
 runner = CliRunner()
@@ -469,7 +469,7 @@ SPACE = tiletune.Space(TM=[32, 64, 128], occupancy=[1, 2], baseline=dict(TM=64, 
 
 def _op(strategy, **kw):
     torch = pytest.importorskip("torch")
-    from tiletune.backends import FakeBackend
+    from tiletune.devices.backends import FakeBackend
 
     def kernel(x, y):
         y.copy_(x * 2)
@@ -509,7 +509,7 @@ def test_unregistered_strategy_class_is_named_after_itself():
 
 
 def test_unknown_strategy_lists_the_registered_names(custom_strategy):
-    from tiletune.strategies import StrategyError
+    from tiletune.space.strategies import StrategyError
 
     names = ", ".join(strategy_names())
     assert "hostile-mine" in names
@@ -522,7 +522,7 @@ def test_unknown_strategy_lists_the_registered_names(custom_strategy):
 
 @pytest.mark.parametrize("bad", [42, object(), Strategy, dict])
 def test_things_that_are_not_strategies_are_refused(bad):
-    from tiletune.strategies import StrategyError
+    from tiletune.space.strategies import StrategyError
 
     with pytest.raises(StrategyError, match="strategy must be a registered name, a Strategy subclass or a "
                                             "Strategy instance"):
@@ -535,7 +535,7 @@ def test_register_refuses_a_taken_name_and_non_strategies(custom_strategy):
             return self._unseen()[:n]
 
     with pytest.raises(ValueError, match="strategy name 'random' is already registered to "
-                                         "tiletune.strategies.simple.RandomStrategy"):
+                                         "tiletune.space.strategies.simple.RandomStrategy"):
         register("random")(Other)
     with pytest.raises(TypeError, match="decorates a tiletune Strategy subclass"):
         register("not-a-class")(dict)
@@ -546,7 +546,7 @@ def test_register_refuses_a_taken_name_and_non_strategies(custom_strategy):
 
 def test_cli_takes_a_strategy_by_import_path(tmp_path, monkeypatch):
     (tmp_path / "hostile_plugin.py").write_text(textwrap.dedent("""
-        from tiletune.strategies import Strategy
+        from tiletune.space.strategies import Strategy
 
         class Backwards(Strategy):
             def _propose(self, n):

@@ -38,8 +38,8 @@ torch = pytest.importorskip("torch")
 
 import tiletune as tt  # noqa: E402
 import tiletune.store as _store  # noqa: E402
-from tiletune import tuning  # noqa: E402
-from tiletune.backends import FakeBackend  # noqa: E402
+from tiletune.resolve import tuning  # noqa: E402
+from tiletune.devices.backends import FakeBackend  # noqa: E402
 from tiletune.errors import (  # noqa: E402
     DatabaseCorrupt,
     DatabaseError,
@@ -302,7 +302,7 @@ def test_read_only_database_takes_no_lease_and_writes_no_progress(
     path = tmp_path / "t.db"
     tuned_db(path, (4,))
     deny(monkeypatch, path, os.W_OK)
-    import tiletune.leases as leases
+    import tiletune.resolve.leases as leases
 
     def no_lease(*a: Any, **k: Any) -> None:
         raise AssertionError("a read-only database must not be leased")

@@ -27,7 +27,8 @@ from tiletune.errors import (
     OutputError,
     TiletuneError,
 )
-from tiletune.recordings import Recording, _io, import_recording, load_any, save_recording
+from tiletune import jsonio as _io
+from tiletune.lab.recordings import Recording, import_recording, load_any, save_recording
 from tiletune.records import DeviceInfo, Measurement, Status, TuningIdentity
 from tiletune.store import TuningDB
 

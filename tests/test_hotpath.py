@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune.backends.base import LaunchParts
-from tiletune.backends import FakeBackend
-from tiletune.hotpath import build_entry, plan_recipe
+from tiletune.devices.backends.base import LaunchParts
+from tiletune.devices.backends import FakeBackend
+from tiletune.op.hotpath import build_entry, plan_recipe
 from tiletune.keys import default_key
 
 SPACE = tt.Space(TM=[32, 64, 128], occupancy=[1, 2], baseline=dict(TM=64, occupancy=1))

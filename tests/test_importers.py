@@ -8,16 +8,16 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tiletune.backends.base import Candidate
-from tiletune.backends.replay import RecordedTiming
-from tiletune.backends.simulated import SimulatedSession
+from tiletune.devices.backends.base import Candidate
+from tiletune.lab.recordings.replay import RecordedTiming
+from tiletune.devices.backends.simulated import SimulatedSession
 from tiletune.cli import app
 from tiletune.errors import TiletuneError
-from tiletune.recordings import Recording, load_any
+from tiletune.lab.recordings import Recording, load_any
 from tiletune.records import Status
-from tiletune.search import run_search
-from tiletune.strategies import Budget, make_strategy
-from tiletune.strategy_eval import load_truth, run_one
+from tiletune.engine.search import run_search
+from tiletune.space.strategies import Budget, make_strategy
+from tiletune.lab.strategy_eval import load_truth, run_one
 
 # A Kernel Tuner cache as Kernel Tuner writes it (schema 1.1.0): param fields in every entry, times in
 # ms, compile_time in ms, error strings for failed configs. block_size_x=64,y=4 broke a restriction.
@@ -198,7 +198,7 @@ def test_t4_with_known_params_and_errors(t4_path, tmp_path):
 def test_load_any_tells_the_formats_apart(kt_path, t4_path, tmp_path):
     assert load_any(kt_path).space["imported_from"] == "kernel_tuner_cache"
     assert load_any(t4_path).space["imported_from"] == "t4"
-    from tiletune.demo import packaged_recordings
+    from tiletune.lab.demo import packaged_recordings
 
     assert load_any(packaged_recordings()[0]).name == "tiletune.matmul"
     p = tmp_path / "other.json"
@@ -208,7 +208,7 @@ def test_load_any_tells_the_formats_apart(kt_path, t4_path, tmp_path):
 
 
 def test_tiletune_recording_space_from_observed_configs():
-    from tiletune.demo import packaged_recordings
+    from tiletune.lab.demo import packaged_recordings
 
     rec = Recording.load(next(p for p in packaged_recordings() if "matmul" in p.name))
     space = rec.space_from_params()
@@ -252,8 +252,8 @@ def test_demo_replay_takes_a_strategy():
                         env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
     assert "matmul" in res.output
-    from tiletune.demo import run_replay
-    from tiletune.strategies import Budget
+    from tiletune.lab.demo import run_replay
+    from tiletune.space.strategies import Budget
 
     rows = run_replay(strategy="model", budget=Budget(max_evals=12), seed=1)
     assert rows[0].configs == 12 and rows[1].configs == 4  # the RMSNorm space has only 4 configs

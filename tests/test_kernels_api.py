@@ -20,12 +20,12 @@ import tiletune.kernels as K  # noqa: E402
 import importlib  # noqa: E402
 
 from tiletune.kernels import _membound, norms, rope  # noqa: E402
-from tiletune.verify import SCRATCH  # noqa: E402
+from tiletune.devices.verify import SCRATCH  # noqa: E402
 from tiletune.kernels import glu as glu_mod  # noqa: E402
 
 softmax_mod = importlib.import_module("tiletune.kernels.softmax_op")
 ce_mod = importlib.import_module("tiletune.kernels.cross_entropy_op")
-from tiletune.templates import (  # noqa: E402
+from tiletune.space.templates import (  # noqa: E402
     ROW_MAX_ELEMS,
     SHORT_ROWS_VALUES_PER_SM,
     chunked_row_space,
@@ -190,7 +190,7 @@ def test_short_rows_try_more_rows_per_tile():
     """Rows under 4096 padded elements: 1, 2 and 4 times the default rows per tile (the probe's
     winners for 1024-wide rows had 2-4x), the default at occupancy 2 as the baseline, and the
     previous space's baseline still in the space."""
-    from tiletune.templates import rows_per_tile, short_rows_space
+    from tiletune.space.templates import rows_per_tile, short_rows_space
 
     for n, streams in ((1024, 1), (1024, 2), (2048, 1), (100, 2), (1000, 1)):
         space = rowwise_space(n, 2, streams=streams)
@@ -216,7 +216,7 @@ def test_short_rows_try_the_non_persistent_grid_and_high_occupancy_on_small_tile
 
     import tiletune.kernels._membound as mb
     from tiletune.kernels.norms import _grid
-    from tiletune.templates import SHORT_ROWS_GRID_ALL, SHORT_ROWS_HIGH_OCCUPANCY_TILE
+    from tiletune.space.templates import SHORT_ROWS_GRID_ALL, SHORT_ROWS_HIGH_OCCUPANCY_TILE
 
     for streams in (1, 2):
         cands = rowwise_space(1024, 2, streams=streams).candidates("sm_90")
@@ -236,7 +236,7 @@ def test_short_rows_try_the_non_persistent_grid_and_high_occupancy_on_small_tile
 
 
 def test_rows_that_cannot_use_tma_get_the_plain_load_space():
-    from tiletune.templates import tma_rows
+    from tiletune.space.templates import tma_rows
 
     assert tma_rows(4096, 4096, 2) and tma_rows(8, 8, 2)
     assert not tma_rows(4, 4, 2)  # a padded row under 16 bytes
@@ -390,8 +390,8 @@ def test_rms_norm_references_match_an_independent_computation():
         torch.testing.assert_close(got.double(), _rms_norm_elementwise(x, None, eps), rtol=1e-6, atol=1e-6)
         if hasattr(F, "rms_norm"):  # torch's own RMSNorm agrees too
             torch.testing.assert_close(got, F.rms_norm(x, (33,), None, eps))
-    # the demo op's reference (tiletune.examples.rmsnorm) agrees as well
-    from tiletune.examples import rmsnorm as demo_rms
+    # the demo op's reference (tiletune.lab.examples.rmsnorm) agrees as well
+    from tiletune.lab.examples import rmsnorm as demo_rms
 
     torch.testing.assert_close(demo_rms._reference(x, w, torch.empty_like(x), 1e-6).double(),
                                _rms_norm_elementwise(x, w, 1e-6), rtol=1e-6, atol=1e-6)
@@ -488,7 +488,7 @@ def test_heads_of_64_tune_the_small_head_attention_space():
     at occupancy 4 and 128 x 64 at 2-4); D = 128 the space its shipped-table entries were made with."""
     attn = importlib.import_module("tiletune.kernels.attention_op")
     from tiletune.kernels.library_op import LibraryOp
-    from tiletune.tables import tables
+    from tiletune.resolve.tables import tables
 
     assert isinstance(attn.ATTENTION, LibraryOp) and attn.ATTENTION in LibraryOp.instances()
     assert [attn.attention_regime(d) for d in (32, 64, 80, 128)] == [attn.SMALL_HEAD, attn.SMALL_HEAD, None, None]

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
-from tiletune.demo import ShapeOnly
+from tiletune.devices.backends import FakeBackend
+from tiletune.lab.demo import ShapeOnly
 from tiletune.keys import args_key_json, default_key, is_tensor, key_to_json, tensor_json
 
 

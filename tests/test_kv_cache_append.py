@@ -17,10 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.tile")
 
-from tiletune.hotpath import CudaArrayView  # noqa: E402
+from tiletune.op.hotpath import CudaArrayView  # noqa: E402
 from tiletune.kernels import decode_attention_op as dop  # noqa: E402
 from tiletune.kernels import kv_cache_kernels as kk  # noqa: E402
-from tiletune.verify import compare_tensors  # noqa: E402
+from tiletune.devices.verify import compare_tensors  # noqa: E402
 
 INT32_MAX = 2**31 - 1
 
@@ -301,7 +301,7 @@ def test_library_op_tunes_checks_and_replays_one_launch(monkeypatch):
     (``tune_single=False``: no copies of the caches), later calls with the signature replay the single
     launch (a recipe of array-interface views), and every call writes the right rows."""
     import tiletune as tt
-    from tiletune.backends import FakeBackend
+    from tiletune.devices.backends import FakeBackend
     from tiletune.kernels.library_op import LibraryOp
 
     class Backend(_InterfaceBackend, FakeBackend):

@@ -1,6 +1,6 @@
 """Big spaces, lazily (issue 16, item 3): a space of 10^9 configs is searched without enumerating it.
 
-Above :data:`tiletune.lazyspace.LAZY_THRESHOLD` combinations, strategies work on ``Space.lazy``: size from
+Above :data:`tiletune.space.lazy.LAZY_THRESHOLD` combinations, strategies work on ``Space.lazy``: size from
 the value counts, random valid configs by rejection, neighbours by index arithmetic, constraints per
 config. Small spaces keep the exact pool (same picks for the same seeds: the other strategy tests pin
 them). The memory test runs each strategy in a fresh process (``benchmarks/lazy_spaces.py``) and reads
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tiletune.errors import SpaceError
-from tiletune.lazyspace import LAZY_THRESHOLD, LazySpace
-from tiletune.space import Space
-from tiletune.strategies import make_strategy
-from tiletune.strategies.base import LazyPool
+from tiletune.space.lazy import LAZY_THRESHOLD, LazySpace
+from tiletune.space.spaces import Space
+from tiletune.space.strategies import make_strategy
+from tiletune.space.strategies.base import LazyPool
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 if str(BENCH) not in sys.path:

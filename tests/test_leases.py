@@ -1,4 +1,4 @@
-"""Tests of tuning leases and per-config progress (tiletune.leases), with real processes."""
+"""Tests of tuning leases and per-config progress (tiletune.resolve.leases), with real processes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import tiletune
-from tiletune.leases import (
+from tiletune.resolve.leases import (
     Lease,
     acquire_lease,
     clear_progress,
@@ -75,7 +75,7 @@ import importlib.util, json, os, pathlib, sys, time, types
 _pkg = types.ModuleType("tiletune")
 _pkg.__path__ = list(importlib.util.find_spec("tiletune").submodule_search_locations)
 sys.modules["tiletune"] = _pkg
-from tiletune.leases import acquire_lease, record_progress, wait_for_winner
+from tiletune.resolve.leases import acquire_lease, record_progress, wait_for_winner
 from tiletune.records import DeviceInfo, Measurement, Status, TuningIdentity
 from tiletune.store import TuningDB
 _d = json.loads(sys.argv[2])
@@ -418,7 +418,7 @@ def test_version_1_database_migrated_by_many_openers_at_once(dbpath: pathlib.Pat
 
 
 def test_no_pickle_in_leases() -> None:
-    import tiletune.leases as leases
+    import tiletune.resolve.leases as leases
 
     source = pathlib.Path(leases.__file__).read_text()
     for forbidden in ("import pickle", "pickle.load", "marshal", "eval(", "exec("):

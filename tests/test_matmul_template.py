@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tiletune.templates import matmul_baseline, matmul_params, matmul_space
+from tiletune.space.templates import matmul_baseline, matmul_params, matmul_space
 
 
 @pytest.mark.parametrize("elem_bytes", [1, 2, 4])
@@ -64,7 +64,7 @@ def test_matmul_spaces_of_the_library_come_from_the_template():
 
 
 def test_warps_rule_for_the_biggest_accumulators():
-    from tiletune.templates import warps_fit
+    from tiletune.space.templates import warps_fit
 
     assert not warps_fit(SimpleNamespace(TM=256, TN=128, num_worker_warps=4))
     assert warps_fit(SimpleNamespace(TM=256, TN=128, num_worker_warps=8))

@@ -17,8 +17,8 @@ ct = pytest.importorskip("cuda.tile")
 
 from tiletune.kernels import attention_kernels as at  # noqa: E402
 from tiletune.kernels import gemm_kernels as gk  # noqa: E402
-from tiletune.examples import layernorm_kernels as ln  # noqa: E402
-from tiletune.space import Space  # noqa: E402
+from tiletune.lab.examples import layernorm_kernels as ln  # noqa: E402
+from tiletune.space.spaces import Space  # noqa: E402
 
 
 class Fake:

@@ -11,11 +11,11 @@ torch = pytest.importorskip("torch")
 from typer.testing import CliRunner
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
-from tiletune.backends.replay import ReplayBackend
+from tiletune.devices.backends import FakeBackend
+from tiletune.lab.recordings.replay import ReplayBackend
 from tiletune.cli import app
-from tiletune.demo import DemoRow, ShapeOnly, packaged_recordings, run_replay
-from tiletune.recordings import Recording, save_recording
+from tiletune.lab.demo import DemoRow, ShapeOnly, packaged_recordings, run_replay
+from tiletune.lab.recordings import Recording, save_recording
 from tiletune.records import DeviceInfo, Measurement, Status
 
 try:  # the demo's matmul and RMSNorm plans import cuda.tile (no GPU needed)

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.tile")
 
-from tiletune import fastcall  # noqa: E402
+from tiletune.kernels import fastcall  # noqa: E402
 from tiletune.kernels import _scratch  # noqa: E402
 
 
@@ -109,7 +109,7 @@ def _ce_problem(m=6, v=300, ignore=(2,)):
 def test_cross_entropy_gate_checks_the_loss_gradient_and_counter():
     """The fused op's candidates are checked on the mean loss, the gradient and the counter (left at
     zero); the block partials are declared written (saved and restored), their values not compared."""
-    from tiletune.verify import SCRATCH, ArgGuard, Checker
+    from tiletune.devices.verify import SCRATCH, ArgGuard, Checker
 
     ce, prep = _ce_problem()
     args = prep.args
@@ -137,7 +137,7 @@ def test_cross_entropy_gate_checks_the_loss_gradient_and_counter():
 
 def test_cross_entropy_plan_refuses_more_blocks_than_partial_slots(monkeypatch):
     from tiletune.kernels import _membound
-    from tiletune.space import Config
+    from tiletune.space.spaces import Config
 
     ce, prep = _ce_problem(m=4096, v=8)
     monkeypatch.setattr(_membound, "sm_count", lambda dev: 132)

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 import tiletune as tt
-import tiletune.dispatch
-import tiletune.search
-from tiletune.backends import FakeBackend
-from tiletune.backends.replay import RecordedTiming, ReplayBackend
-from tiletune.backends.simulated import SimulatedSession
-from tiletune.recordings import Recording
+import tiletune.op.tuned_op
+import tiletune.engine.search
+from tiletune.devices.backends import FakeBackend
+from tiletune.lab.recordings.replay import RecordedTiming, ReplayBackend
+from tiletune.devices.backends.simulated import SimulatedCandidate, SimulatedSession
+from tiletune.lab.recordings import Recording
 from tiletune.records import Status
-from tiletune.search import run_search
-from tiletune.strategies import STRATEGY_NAMES, Budget, make_strategy
-from tiletune.strategy_eval import load_truth, random_expected_evals, run_one, summarize_runs
-from tiletune.tuner import TunerOptions
+from tiletune.engine.search import run_search
+from tiletune.space.strategies import STRATEGY_NAMES, Budget, make_strategy
+from tiletune.lab.strategy_eval import load_truth, random_expected_evals, run_one, summarize_runs
+from tiletune.engine.tuner import TunerOptions
 
 DATA = Path(__file__).parent / "data"
 SPACES = sorted(DATA.glob("synthetic_*.json.gz"))
@@ -148,7 +148,7 @@ def _kernel(n):  # a "kernel" for the fake and replay backends
 
 def _spy(monkeypatch):
     calls = {"run_loop": 0, "run_search": 0}
-    real_loop, real_search = tiletune.tuner.run_loop, tiletune.search.run_search
+    real_loop, real_search = tiletune.engine.tuner.run_loop, tiletune.engine.search.run_search
 
     def loop(*a, **k):
         calls["run_loop"] += 1
@@ -158,8 +158,8 @@ def _spy(monkeypatch):
         calls["run_search"] += 1
         return real_search(*a, **k)
 
-    monkeypatch.setattr(tiletune.search, "run_loop", loop)
-    monkeypatch.setattr(tiletune.search, "run_search", search)
+    monkeypatch.setattr(tiletune.engine.search, "run_loop", loop)
+    monkeypatch.setattr(tiletune.engine.search, "run_search", search)
     return calls
 
 
@@ -167,7 +167,7 @@ def _spy(monkeypatch):
 def test_live_and_replay_tuning_take_the_same_code_path(gemm, monkeypatch, strategy):
     budget = None if strategy is None else Budget(max_evals=40)
     truth_model = lambda cfg: gemm.truth[cfg] or 1e9  # noqa: E731
-    fails = lambda cfg: None if gemm.truth[cfg] is not None else tt.backends.SimulatedCandidate(Status.COMPILE_ERROR)  # noqa: E731
+    fails = lambda cfg: None if gemm.truth[cfg] is not None else SimulatedCandidate(Status.COMPILE_ERROR)  # noqa: E731
     seen = {}
     for kind, backend in (("fake", FakeBackend(truth_model, failures=fails)), ("replay", ReplayBackend(gemm.recording))):
         calls = _spy(monkeypatch)

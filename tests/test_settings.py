@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tiletune import progress, settings
+from tiletune import settings
+from tiletune.engine import progress
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tiletune"
 BOOL_ERROR = "{name}={raw!r} is not a boolean; use 1/true/yes/on or 0/false/no/off (or empty)"
@@ -109,7 +110,7 @@ def test_isolation(monkeypatch, raw, mode):
 
 
 def test_isolation_garbage(monkeypatch):
-    from tiletune.dispatch import _resolve_isolation
+    from tiletune.op.tuned_op import _resolve_isolation
 
     monkeypatch.setenv("TILETUNE_ISOLATION", "thread")
     msg = ("TILETUNE_ISOLATION='thread': choose one of process, none "
@@ -167,7 +168,7 @@ def test_progress_is_read_at_call_time(monkeypatch):
 
 
 def test_watchdogs_are_read_when_options_are_made(monkeypatch):
-    from tiletune.workers.session import IsolationOptions
+    from tiletune.devices.workers.session import IsolationOptions
 
     assert (IsolationOptions().first_watchdog_s, IsolationOptions().watchdog_factor) == (20.0, 20.0)
     monkeypatch.setenv("TILETUNE_WATCHDOG_S", "3")
@@ -179,7 +180,7 @@ def test_watchdogs_are_read_when_options_are_made(monkeypatch):
 
 
 def test_worker_switches_are_read_at_call_time(monkeypatch):
-    from tiletune.workers import client
+    from tiletune.devices.workers import client
 
     assert client.in_worker() is False and client._start_timeout_s() == 180.0
     monkeypatch.setenv("TILETUNE_IN_WORKER", "1")
@@ -192,7 +193,7 @@ def test_worker_switches_are_read_at_call_time(monkeypatch):
 def test_disable_switch(monkeypatch):
     torch = pytest.importorskip("torch")
     import tiletune as tt
-    from tiletune.backends import FakeBackend
+    from tiletune.devices.backends import FakeBackend
 
     space = tt.Space(TM=[32, 64], baseline=dict(TM=64))
 
@@ -253,7 +254,7 @@ def test_compile_workers_is_a_count(monkeypatch):
     assert settings.compile_workers() is None
     monkeypatch.setenv("TILETUNE_COMPILE_WORKERS", " 8 ")
     assert settings.compile_workers() == 8
-    from tiletune.compile_pool import CompilePool
+    from tiletune.devices.compile_pool import CompilePool
 
     assert CompilePool().workers == 8 and CompilePool(3).workers == 3
     for raw in ("0", "-2", "2.5", "many"):

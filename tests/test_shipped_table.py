@@ -2,7 +2,7 @@
 
 A table entry answers a call only while the op's identity today (the kernel id hashed from the launch
 plan's and the kernels' sources, the space hash, the bucketed key) equals the one it was made with
-(:func:`tiletune.tuning.make_identity`, :func:`tiletune.tables.lookup`). Editing a library kernel, a
+(:func:`tiletune.resolve.tuning.make_identity`, :func:`tiletune.resolve.tables.lookup`). Editing a library kernel, a
 launch plan or a space therefore retires its shipped entries silently: the first call tunes for
 seconds to a minute instead of being answered at once. This test catches that in CI.
 
@@ -14,10 +14,10 @@ For every entry of every table in ``tiletune/data/tables/`` it
    does;
 2. finds the library op of the entry's name whose current space has the entry's space hash (a
    module-level ``autotune`` op of ``tiletune.kernels``, or the family's op of that regime);
-3. builds the op's identity with :func:`tiletune.tuning.make_identity` itself (same identity
+3. builds the op's identity with :func:`tiletune.resolve.tuning.make_identity` itself (same identity
    configs, plan, cuTile ``kernel_sources``), with the table's device and versions, and asks the
-   table (:meth:`TuningTable.lookup`) and :func:`tiletune.tuning._config_from_record` whether the
-   entry would serve that identity, exactly as :func:`tiletune.tuning._from_table` does on a GPU.
+   table (:meth:`TuningTable.lookup`) and :func:`tiletune.resolve.tuning._config_from_record` whether the
+   entry would serve that identity, exactly as :func:`tiletune.resolve.tuning._from_table` does on a GPU.
 
 Only the SM count is faked (the grid is not part of the identity).
 """
@@ -36,9 +36,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.tile")
 
 import tiletune.kernels as K  # noqa: E402
-from tiletune import tables, tuning  # noqa: E402
-from tiletune.backends.cutile import CutileBackend  # noqa: E402
-from tiletune.dispatch import TunedOp  # noqa: E402
+from tiletune.resolve import tables  # noqa: E402
+from tiletune.resolve import tuning
+from tiletune.devices.backends.cutile import CutileBackend  # noqa: E402
+from tiletune.op.tuned_op import TunedOp  # noqa: E402
 from tiletune.kernels import _membound  # noqa: E402
 from tiletune.kernels.library_op import LibraryOp  # noqa: E402
 from tiletune.kernels import attention_op as aop  # noqa: E402

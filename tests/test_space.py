@@ -1,4 +1,4 @@
-"""Tests of tiletune.space: parameter checks, per-arch values, hints, constraints, enumeration,
+"""Tests of tiletune.space.spaces: parameter checks, per-arch values, hints, constraints, enumeration,
 baselines, Config, hashing and the helpers for search strategies. CPU only."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from tiletune.errors import SpaceError
 from tiletune.records import Measurement, Status, stable_hash
-from tiletune.space import HINT_NAMES, KNOWN_ARCHS, Config, PerArch, Space, per_arch
+from tiletune.space.spaces import HINT_NAMES, KNOWN_ARCHS, Config, PerArch, Space, per_arch
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -620,7 +620,7 @@ def test_space_config_accepts_true_only_if_in_space() -> None:
 
 HASH_SCRIPT = textwrap.dedent(
     """
-    import tiletune.space as tt
+    import tiletune.space.spaces as tt
     LIMIT = 128 * 256
     def small(c):
         return c.TK <= c.TM

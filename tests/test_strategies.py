@@ -9,7 +9,7 @@ import pytest
 
 import tiletune as tt
 from tiletune.errors import TiletuneError
-from tiletune.strategies import (
+from tiletune.space.strategies import (
     STRATEGY_NAMES,
     Budget,
     EvolutionaryStrategy,

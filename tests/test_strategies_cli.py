@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tiletune.cli import app
-from tiletune.recordings import Recording, load_any
-from tiletune.strategy_eval import evaluate, load_truth
+from tiletune.lab.recordings import Recording, load_any
+from tiletune.lab.strategy_eval import evaluate, load_truth
 
 REPO = Path(__file__).resolve().parents[1]
 MATMUL_REC = REPO / "src" / "tiletune" / "data" / "h200_matmul_bf16_4096.json.gz"  # 32 configs, a baseline
@@ -65,7 +65,7 @@ def test_the_importer_keeps_time_and_times_and_names_time_as_the_truth(kt_path, 
 
 
 def test_a_recording_that_names_time_needs_a_time_per_successful_config(kt_path):
-    from tiletune.recordings import kernel_tuner
+    from tiletune.lab.recordings import kernel_tuner
 
     doc = kernel_tuner.read_cache(kt_path)
     del doc["measurements"][0]["time_us"]

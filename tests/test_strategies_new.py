@@ -2,7 +2,7 @@
 
 Each keeps the strategy contract (valid, never repeated, baseline first, seeded), respects its
 budget, finds the optimum of small synthetic spaces, and gets past failed configs; plus the pieces
-they share (:mod:`tiletune.strategies._index`) and what ``auto`` picks.
+they share (:mod:`tiletune.space.strategies._index`) and what ``auto`` picks.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import tiletune as tt
-from tiletune.strategies import Budget, make_strategy
-from tiletune.strategies._index import PoolIndex, pool_index
-from tiletune.strategies.local import LocalSearchStrategy
-from tiletune.strategies.portfolio import AutoStrategy, HybridStrategy
-from tiletune.strategies.surrogate import SurrogateStrategy
+from tiletune.space.strategies import Budget, make_strategy
+from tiletune.space.strategies._index import PoolIndex, pool_index
+from tiletune.space.strategies.local import LocalSearchStrategy
+from tiletune.space.strategies.portfolio import AutoStrategy, HybridStrategy
+from tiletune.space.strategies.surrogate import SurrogateStrategy
 
 NEW = ("local", "surrogate", "hybrid", "auto")
 
@@ -91,14 +91,14 @@ def test_respects_the_budget_and_batch(name):
 
 @pytest.mark.parametrize("name", NEW)
 def test_through_run_search_with_an_evaluation_budget(name):
-    from tiletune.search import run_search
-    from tiletune.backends.simulated import SimulatedSession
+    from tiletune.engine.search import run_search
+    from tiletune.devices.backends.simulated import SimulatedSession
 
-    pytest.importorskip("tiletune.backends.replay")
+    pytest.importorskip("tiletune.lab.recordings.replay")
     # a recording of the synthetic landscape, replayed by the real search loop
-    from tiletune.backends.replay import RecordedTiming
+    from tiletune.lab.recordings.replay import RecordedTiming
     from tiletune.records import DeviceInfo, Measurement, Status
-    from tiletune.recordings import Recording
+    from tiletune.lab.recordings import Recording
 
     cfgs = SPACE.configs("sm_90")
     ms = [Measurement(config=c.as_dict(), status=Status.OK, samples_us=(value(c),) * 3, compile_s=0.5)
@@ -196,7 +196,7 @@ def test_auto_picks_by_space():
 
 
 def test_auto_without_scikit_learn_uses_local_search(monkeypatch):
-    import tiletune.strategies.model as model_mod
+    import tiletune.space.strategies.model as model_mod
 
     def missing():
         raise tt.errors.TiletuneError("no scikit-learn")

@@ -10,9 +10,9 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from tiletune.catalogue import template
+from tiletune.lab.catalogue import template
 from tiletune.cli import app
-from tiletune.suggest import classify, kernel_source, load_kernel, parse_setting, suggest
+from tiletune.lab.suggest import classify, kernel_source, load_kernel, parse_setting, suggest
 
 #: cuTile-style kernels (only parsed, never compiled or run), one per template
 KERNELS = '''
@@ -179,7 +179,7 @@ def test_the_library_kernels_are_recognised():
     pytest.importorskip("cuda.tile")
     expected = {
         "tiletune.kernels.gemm_kernels:gemm_kernel": "matmul",
-        "tiletune.examples.matmul_kernels:matmul_kernel": "matmul",
+        "tiletune.lab.examples.matmul_kernels:matmul_kernel": "matmul",
         "tiletune.kernels.attention_kernels:attention_kernel": "fmha",
         "tiletune.kernels.norms:rms_norm_kernel": "rowwise",
         "tiletune.kernels.norms:layer_norm_kernel": "rowwise",
@@ -229,12 +229,12 @@ def test_cli_suggest(kernels_module, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["suggest", "no_such_module_x:k"], "error: cannot import module 'no_such_module_x'"),
-    (["suggest", "tiletune.catalogue"], "error: expected MODULE:KERNEL"),
-    (["suggest", "tiletune.catalogue:nothing_here"], "error: module 'tiletune.catalogue' has no attribute"),
-    (["suggest", "tiletune.catalogue:ARCHS"], "is not a cuTile kernel or a Python function"),
-    (["suggest", "tiletune.catalogue:template", "--set", "x"], "error: --set 'x': expected NAME=VALUE"),
-    (["suggest", "tiletune.catalogue:template", "--template", "nope"], "error: unknown template 'nope'"),
-    (["suggest", "tiletune.catalogue:template", "--set", "bogus=1"], "has no argument(s) 'bogus'"),
+    (["suggest", "tiletune.lab.catalogue"], "error: expected MODULE:KERNEL"),
+    (["suggest", "tiletune.lab.catalogue:nothing_here"], "error: module 'tiletune.lab.catalogue' has no attribute"),
+    (["suggest", "tiletune.lab.catalogue:ARCHS"], "is not a cuTile kernel or a Python function"),
+    (["suggest", "tiletune.lab.catalogue:template", "--set", "x"], "error: --set 'x': expected NAME=VALUE"),
+    (["suggest", "tiletune.lab.catalogue:template", "--template", "nope"], "error: unknown template 'nope'"),
+    (["suggest", "tiletune.lab.catalogue:template", "--set", "bogus=1"], "has no argument(s) 'bogus'"),
 ])
 def test_cli_suggest_errors(args, message):
     r = runner.invoke(app, args)

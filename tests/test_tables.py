@@ -1,4 +1,4 @@
-"""Tuning tables (tiletune.tables): precedence after the database, exact identities, device and
+"""Tuning tables (tiletune.resolve.tables): precedence after the database, exact identities, device and
 version mismatches, the file format's validation and the CLI's export/import (fake backend, CPU)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402
 
 import tiletune as tt  # noqa: E402
-from tiletune import tables  # noqa: E402
-from tiletune.backends import FakeBackend  # noqa: E402
+from tiletune.resolve import tables  # noqa: E402
+from tiletune.devices.backends import FakeBackend  # noqa: E402
 from tiletune.cli import app  # noqa: E402
 from tiletune.errors import InvalidRecording  # noqa: E402
 from tiletune.records import DeviceInfo  # noqa: E402
@@ -193,10 +193,10 @@ def test_the_shipped_h200_table_loads_is_small_and_uses_the_current_bucket_key_f
 
     import pathlib
 
-    import tiletune.tables
-    from tiletune.tables import TuningTable
+    import tiletune.resolve.tables
+    from tiletune.resolve.tables import TuningTable
 
-    shipped = pathlib.Path(tiletune.tables.__file__).parent / "data" / "tables"  # SHIPPED is patched here
+    shipped = pathlib.Path(tiletune.resolve.tables.__file__).parent.parent / "data" / "tables"  # SHIPPED is patched here
     files = sorted(p for p in shipped.iterdir() if p.name.endswith((".json", ".json.gz")))
     assert files, "no shipped table"
     for path in files:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import tiletune as tt
-from tiletune.backends.base import Candidate
-from tiletune.backends.simulated import SimulatedCandidate, SimulatedSession, TimingSource
-from tiletune.tuner import TunerOptions, run_loop
+from tiletune.devices.backends.base import Candidate
+from tiletune.devices.backends.simulated import SimulatedCandidate, SimulatedSession, TimingSource
+from tiletune.engine.tuner import TunerOptions, run_loop
 
 SPACE = tt.Space(V=["a", "b", "c"], baseline=dict(V="a"))
 TRUE_US = {"a": 100.0, "b": 97.0, "c": 150.0}

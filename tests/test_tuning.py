@@ -1,4 +1,4 @@
-"""One tuning pipeline (tiletune.tuning): the plan runs once per candidate, several processes tune a
+"""One tuning pipeline (tiletune.resolve.tuning): the plan runs once per candidate, several processes tune a
 key once between them, and a process killed mid-tune is resumed from its recorded configs.
 
 The concurrency and SIGKILL tests use real child processes (tests/helpers/tuning_child.py) sharing
@@ -20,8 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
-from tiletune.leases import progress
+from tiletune.devices.backends import FakeBackend
+from tiletune.resolve.leases import progress
 from tiletune.records import Status
 from tiletune.store import TuningDB
 
@@ -125,8 +125,8 @@ def test_sigkill_mid_tune_then_resume_loses_nothing(tmp_path):
 
 def test_resume_skips_recorded_failures():
     from tiletune.records import Measurement
-    from tiletune.tuner import run_loop
-    from tiletune.backends.base import Candidate
+    from tiletune.engine.tuner import run_loop
+    from tiletune.devices.backends.base import Candidate
 
     be = FakeBackend(lambda c: 10.0 + c.K)
     session = be.open_session(lambda cfg, *a: tt.Launch(lambda: None, (1,), ()), (), device_index=0, writes=(),

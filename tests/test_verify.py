@@ -1,4 +1,4 @@
-"""The correctness gate (:mod:`tiletune.verify`) on CPU tensors.
+"""The correctness gate (:mod:`tiletune.devices.verify`) on CPU tensors.
 
 Planted wrong outputs of small magnitude (softmax-like 1e-5..1e-4, norm-like) are rejected in bf16,
 fp16 and fp32; honest low-precision results (float64 or float32 math rounded to the dtype, kernel-like
@@ -20,9 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
+from tiletune.devices.backends import FakeBackend
 from tiletune.records import Status
-from tiletune.verify import (
+from tiletune.devices.verify import (
     DEFAULT_TOLERANCE,
     FLOAT32_TINY,
     INT_SENTINEL,
@@ -398,7 +398,7 @@ def test_kernel_like_gated_activations_and_rope_pass_their_tolerances(dtype):
 def test_kernel_like_matmul_and_attention_pass_their_tolerances(dtype):
     att = importlib.import_module("tiletune.kernels.attention_op")
     gemm = importlib.import_module("tiletune.kernels.gemm")
-    simple_matmul = importlib.import_module("tiletune.examples.simple_matmul")
+    simple_matmul = importlib.import_module("tiletune.lab.examples.simple_matmul")
     from tiletune.kernels.attention_kernels import attention_reference
 
     a = torch.randn(1, 96, 2048, generator=gen(11)).to(dtype)
@@ -491,7 +491,7 @@ def test_checker_does_not_compare_scratch_but_fails_new_non_finite_values_in_it(
     assert checker.compare().startswith("output 2 (argument 2): scratch: 1 NaN or infinite")
     guard.restore()
     assert float(scratch.abs().sum()) == 0.0  # saved and restored like any written argument
-    assert repr(SCRATCH) == "tiletune.verify.SCRATCH"
+    assert repr(SCRATCH) == "tiletune.devices.verify.SCRATCH"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 worker send garbage must each fail alone, while the search finishes with the right winner and the
 caller's tensors stay untouched.
 
-The workers here are real child processes (``python -m tiletune.workers.worker_main``) hosting a
-shipped :class:`~tiletune.backends.FakeBackend`; the "kernels" are Python functions run there.
+The workers here are real child processes (``python -m tiletune.devices.workers.worker_main``) hosting a
+shipped :class:`~tiletune.devices.backends.FakeBackend`; the "kernels" are Python functions run there.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cloudpickle")
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
+from tiletune.devices.backends import FakeBackend
 from tiletune.records import Status
-from tiletune.workers import IsolatedBackend, IsolationOptions, WorkerFault, WorkerProcess
-from tiletune.workers.protocol import ProtocolError, decode_reply
+from tiletune.devices.workers import IsolatedBackend, IsolationOptions, WorkerFault, WorkerProcess
+from tiletune.devices.workers.protocol import ProtocolError, decode_reply
 
 SPACE = tt.Space(K=[0, 1, 2, 3, 4, 5, 6, 7], baseline=dict(K=0))
 FAST = IsolationOptions(watchdog_factor=20.0, watchdog_floor_s=1.0, first_watchdog_s=4.0)
@@ -197,7 +197,7 @@ def test_garbage_from_a_worker_is_a_protocol_fault(mode):
 
 
 def test_worker_that_never_connects_times_out(monkeypatch):
-    import tiletune.workers.client as client
+    import tiletune.devices.workers.client as client
 
     monkeypatch.setattr(client, "START_TIMEOUT_S", 1.0)
     w = WorkerProcess("none", 0, command=[sys.executable, "-c", "import time; time.sleep(60)"])
@@ -233,7 +233,7 @@ def test_decode_reply_rejects_garbage(raw):
 
 
 def test_samples_are_validated():
-    from tiletune.workers.protocol import Reply, samples_from
+    from tiletune.devices.workers.protocol import Reply, samples_from
 
     assert samples_from(Reply(1, True, {"samples": [1.0, 2]}), 2) == [1.0, 2.0]
     for bad in ([1.0], [1.0, -2.0], [1.0, "x"], [True, 1.0]):
@@ -242,7 +242,7 @@ def test_samples_are_validated():
 
 
 def test_shipping_round_trips_tensor_layout():
-    from tiletune.workers.shipping import dumps, loads, own_copy
+    from tiletune.devices.workers.shipping import dumps, loads, own_copy
 
     base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
     view = base[1:5, 2:9].t()  # strided, offset, not contiguous
@@ -280,7 +280,7 @@ def test_plan_the_worker_cannot_import_falls_back_with_one_warning():
 
 
 def test_sticky_cuda_errors_are_recognised():
-    from tiletune.workers.worker_main import sticky_error
+    from tiletune.devices.workers.worker_main import sticky_error
 
     assert sticky_error("AcceleratorError: CUDA error: an illegal memory access was encountered")
     assert sticky_error("RuntimeError: CUDA error: misaligned address")
@@ -305,7 +305,7 @@ def cell_plan(cfg, x, y):
 
 CHECK_IN_FRESH_PROCESS = r"""
 import inspect, sys
-from tiletune.workers.shipping import loads
+from tiletune.devices.workers.shipping import loads
 plan = loads(sys.stdin.buffer.read())
 k = plan.__globals__["cell_kernel"]
 src = inspect.getsource(k._pyfunc)
@@ -322,7 +322,7 @@ def test_a_kernel_from_a_notebook_cell_ships_with_its_source_and_annotations():
     import linecache
     import subprocess
 
-    from tiletune.workers.shipping import dumps
+    from tiletune.devices.workers.shipping import dumps
 
     filename = "<ipython-input-7-tiletune-test>"
     linecache.cache[filename] = (len(NOTEBOOK_CELL), None, NOTEBOOK_CELL.splitlines(True), filename)
@@ -363,7 +363,7 @@ class CompileCrashBackend(FakeBackend):
 
 @pytest.mark.parametrize("mode", ["exit", "hang"])
 def test_a_compiler_that_crashes_or_hangs_the_worker_fails_only_its_config(mode):
-    from tiletune.workers.session import IsolationOptions as Opts
+    from tiletune.devices.workers.session import IsolationOptions as Opts
 
     be = CompileCrashBackend(mode)
     iso = IsolatedBackend(be, worker_spec=be, options=Opts(first_watchdog_s=4.0, compile_timeout_s=1.0, compile_slack_s=2.0))

@@ -45,14 +45,14 @@ from cuda.tile.compilation import (  # noqa: E402
     export_kernel,
 )
 
-from tiletune.examples.matmul_kernels import (  # noqa: E402
+from tiletune.lab.examples.matmul_kernels import (  # noqa: E402
     MATMUL_GROUP_M,
     MATMUL_SPACE_PARAMS,
     matmul_hints,
     matmul_kernel,
     tile_fits,
 )
-from tiletune.examples.rmsnorm_kernels import (  # noqa: E402
+from tiletune.lab.examples.rmsnorm_kernels import (  # noqa: E402
     RMSNORM_SPACE_PARAMS,
     next_power_of_2,
     rmsnorm_hints,

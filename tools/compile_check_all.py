@@ -31,7 +31,7 @@ Spaces (each listed baseline first, in the tuner's candidate order):
 * ``attention``: :data:`tiletune.kernels.attention_op.ATTENTION_SPACE`;
   variant ``main`` = bf16 B=4, H=16, S=4096, D=128, causal (the recorded problem), others:
   fp16 D=64 non-causal GQA (H=16, Hkv=4, S=1000), bf16 D=128 non-causal Sq=512 / Sk=3000.
-* ``layernorm``: the :mod:`tiletune.examples.layernorm_kernels` space;
+* ``layernorm``: the :mod:`tiletune.lab.examples.layernorm_kernels` space;
   variant ``main`` = bf16 16384 x 4096 (the recorded problem), others: bf16 N=3000
   (padding columns masked), fp32 N=8192 (chunked), fp16 N=1000.
 
@@ -77,7 +77,7 @@ from cuda.tile.compilation import (  # noqa: E402
 )
 
 from compile_check import contiguous_array  # noqa: E402
-from tiletune.space import Space  # noqa: E402
+from tiletune.space.spaces import Space  # noqa: E402
 
 SPACE_NAMES = ("gemm", "gemm_tf32", "gemm_fp8", "gemm_splitk", "gemm_swap", "attention", "layernorm", "gemm_full",
                "attention_full")
@@ -129,7 +129,7 @@ def space_defs() -> dict[str, SpaceDef]:
     """The three spaces with their problem variants (imports cuTile kernels)."""
     from tiletune.kernels import attention_kernels as at
     from tiletune.kernels import gemm_kernels as gk
-    from tiletune.examples import layernorm_kernels as ln
+    from tiletune.lab.examples import layernorm_kernels as ln
     from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, ATTENTION_SPACE
     from tiletune.kernels.gemm import GEMM_FP8_SPACE, GEMM_FULL_SPACE, GEMM_SPACE, GEMM_TF32_SPACE
 

@@ -7,7 +7,7 @@ launch plan passes (:func:`tiletune.kernels.gemm_glu.prepare_matmul_swiglu` on m
 views of the two weight halves, their strides and the transposed flag are the op's own), applies the
 config's hints and runs :func:`~cuda.tile.compilation.export_kernel` (Python -> TileIR -> ``tileiras``
 -> cubin). A launch with a size-1 dimension (``M = 1``) is signed with calling convention v2, where
-that dimension is a shape constant (see :func:`tiletune.compile_pool.launch_signature`); others with v1.
+that dimension is a shape constant (see :func:`tiletune.devices.compile_pool.launch_signature`); others with v1.
 
 Variants (Llama-3-8B's MLP, hidden 4096, FFN 14336, plus odd sizes):
 

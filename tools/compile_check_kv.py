@@ -55,7 +55,7 @@ class KvVariant:
 
     def args(self, chunk: int) -> tuple:
         """Kernel arguments of ``kv_append_kernel`` (FakeArrays and constants)."""
-        from tiletune.templates import next_power_of_2
+        from tiletune.space.templates import next_power_of_2
 
         A = FakeArray
         cache = (self.B, self.Hkv, self.cap, self.D)

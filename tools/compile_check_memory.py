@@ -19,7 +19,7 @@ Identical (kernel, signature, hints) triples are compiled once. With ``--resourc
 ``cuobjdump``, and ``nvdisasm`` for the instruction counts, from a CUDA toolkit; found on PATH, in
 ``$CUDA_HOME/bin`` or via ``--cuda-bin``) it prints registers, spill stack, shared memory, threads
 per block and the count of TMA loads/stores in each cubin: the offline probe used to shape the
-spaces in :mod:`tiletune.templates`.
+spaces in :mod:`tiletune.space.templates`.
 
 Usage::
 

@@ -5,7 +5,7 @@ For a few GEMM problems: tune through the public call (fresh database, isolated 
 default), record the tuned-op launch the public call makes, then time, interleaved and with a cold
 L2, (1) the public call, (2) a bare ``ct.launch`` of the winning config (the op's own launch plan,
 hinted kernel, the same arguments), (3) ``torch.matmul``; each with three timers: the tuner's own
-(:class:`~tiletune.measure.ColdL2Timer` as the backend builds it: no GPU backlog unless
+(:class:`~tiletune.devices.measure.ColdL2Timer` as the backend builds it: no GPU backlog unless
 ``TILETUNE_TIMER_BACKLOG_US`` says so), a short (100 us) and a long (2 ms) backlog before the start
 event. NVML's SM clock and power are read after each timer's block. The same op is then tuned again in
 this process (``isolation="none"``, no database), to separate the worker's measurement from the timer.
@@ -65,10 +65,11 @@ def main() -> int:
     import torch
 
     import tiletune as tt
-    from tiletune import dispatch, settings
-    from tiletune.bench import nvml_probe
+    from tiletune import settings
+    from tiletune.op import tuned_op as dispatch
+    from tiletune.devices.bench import nvml_probe
     from tiletune.kernels import gemm as gm
-    from tiletune.measure import ColdL2Timer
+    from tiletune.devices.measure import ColdL2Timer
 
     os.environ.setdefault("TILETUNE_DB", str(Path(tempfile.mkdtemp()) / "t.db"))
     os.environ.setdefault("TILETUNE_TABLES", "0")

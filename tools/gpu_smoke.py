@@ -8,7 +8,7 @@ from cuda.tile.compilation import KernelSignature, CallingConvention
 from cuda.tile import _compile as comp
 from cuda.tile._cext import default_tile_context
 from cutile_cache import _cache as cache
-from tiletune.examples.matmul_kernels import matmul_kernel
+from tiletune.lab.examples.matmul_kernels import matmul_kernel
 
 out["cache_dir"] = default_tile_context.config.cache_dir
 dev = torch.device("cuda")

@@ -17,12 +17,12 @@ every later call, in this process or another, launches the cached kernel directl
 
 from __future__ import annotations
 
-from .ab import ab
-from .backends.base import Launch
-from .bench import BenchResult, bench
-from .buckets import Buckets
-from .dispatch import TunedOp, autotune
-from .errors import (
+from tiletune.lab.ab import ab
+from tiletune.devices.backends.base import Launch
+from tiletune.devices.bench import BenchResult, bench
+from tiletune.buckets import Buckets
+from tiletune.op.tuned_op import TunedOp, autotune
+from tiletune.errors import (
     AllCandidatesFailed,
     DatabaseCorrupt,
     DatabaseError,
@@ -36,13 +36,13 @@ from .errors import (
     SpaceError,
     TiletuneError,
 )
-from .pins import PinError, pin
-from .records import DeviceInfo, Measurement, Status, TuneResult, TuningIdentity
-from .space import Config, PerArch, Space, per_arch
-from .stats import StoppingRule
-from .strategies import Budget, Strategy, register
-from .store import TuningDB, default_db_path
-from .tuner import TunerOptions
+from tiletune.resolve.pins import PinError, pin
+from tiletune.records import DeviceInfo, Measurement, Status, TuneResult, TuningIdentity
+from tiletune.space.spaces import Config, PerArch, Space, per_arch
+from tiletune.stats import StoppingRule
+from tiletune.space.strategies import Budget, Strategy, register
+from tiletune.store import TuningDB, default_db_path
+from tiletune.engine.tuner import TunerOptions
 
 __version__ = "0.1.0"
 

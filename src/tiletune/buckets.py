@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from .keys import _BY_VALUE, _SCALARS, _dtype_name, is_tensor
+from tiletune.keys import _BY_VALUE, _SCALARS, _dtype_name, is_tensor
 
 __all__ = ["Buckets", "Rule", "bucket_size"]
 

@@ -28,8 +28,8 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
-from . import settings
-from .terminal import escape_controls, safe
+from tiletune import settings
+from tiletune.terminal import escape_controls, safe
 
 
 # ---------------------------------------------------------------------------------------- errors
@@ -73,7 +73,7 @@ _PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileEx
 
 def _describe(exc: BaseException) -> tuple[str, str | None, int]:
     """``(message, hint, exit status)`` of an exception raised by a command."""
-    from . import errors
+    from tiletune import errors
 
     if isinstance(exc, CliError):
         return exc.message, exc.hint, exc.code
@@ -211,7 +211,7 @@ _PATH_HELP = "Database file (default: TILETUNE_DB, else TILETUNE_CACHE_DIR/tunin
 
 def _show_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from tiletune import __version__
 
         typer.echo(f"tiletune {__version__}")
         raise typer.Exit()
@@ -244,7 +244,7 @@ def _gpu_available() -> bool:
 
 
 def _check_strategy(spec: str) -> None:
-    from .strategies import resolve_strategy
+    from tiletune.space.strategies import resolve_strategy
 
     resolve_strategy(spec)  # StrategyError (a ValueError) naming the registered strategies
 
@@ -275,7 +275,7 @@ def demo(
     seed: int = typer.Option(0, help="Seed of the replay and of the strategy."),
 ) -> None:
     """Tune the example matmul (32 configs) and RMSNorm (4 configs) end to end."""
-    from .strategies import Budget
+    from tiletune.space.strategies import Budget
 
     if strategy is not None:
         _check_strategy(strategy)
@@ -298,7 +298,7 @@ def demo(
         tmp = Path(tempfile.mkdtemp(prefix="tiletune-demo-"))
         os.environ["TILETUNE_DB"] = str(tmp / "tuning.db")
         os.environ["CUDA_TILE_CACHE_DIR"] = str(tmp / "cutile-cache")  # read when cuda.tile is imported
-    from . import demo as d
+    from tiletune.lab import demo as d
 
     if live:
         console.print("[bold]GPU found:[/] tuning live.")
@@ -309,7 +309,7 @@ def demo(
         console.print(f"[bold yellow]{why}:[/] replaying measurements recorded on an H200 through the same tuning "
                       "loop, with a simulated clock. Nothing runs on a GPU.")
         for p in recs:
-            from .recordings import Recording
+            from tiletune.lab.recordings import Recording
 
             r = Recording.load(p)
             console.print(safe(f"  {p.name}: {r.device.name} ({r.device.arch}), recorded {r.recorded}, "
@@ -336,7 +336,7 @@ def demo(
 def _library_calls(ops: List[str], tokens: str, **dims: Any) -> list:
     """The calls of library ops (``all``: every one) over comma-separated token counts, for
     ``tiletune tune`` and ``tiletune ab``; bad names or counts end the command with one line."""
-    from .fill import LLM_OPS, llm_calls
+    from tiletune.lab.fill import LLM_OPS, llm_calls
 
     names = list(LLM_OPS) if ops == ["all"] else list(ops)
     bad = [o for o in names if o not in LLM_OPS]
@@ -357,7 +357,7 @@ def tune_cmd(
                                               "attention, ...; 'all' for every one). Not with --spec."),
     spec: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, readable=True,
                                         help="A JSON (or TOML) file of calls: {\"calls\": [{\"op\": \"pkg.mod:fn\", "
-                                             "\"args\": [...], \"kwargs\": {...}}]} (see tiletune.fill)."),
+                                             "\"args\": [...], \"kwargs\": {...}}]} (see tiletune.lab.fill)."),
     tokens: str = typer.Option("1,8,128", help="Comma-separated token counts (rows) for the library ops."),
     model: Optional[str] = typer.Option(None, help="Shapes of a model: llama3-8b, mistral-7b or qwen2.5-7b "
                                         "(the size options below override single dimensions)."),
@@ -378,7 +378,7 @@ def tune_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-call report as JSON here."),
 ) -> None:
     """Tune many calls in one go (warm a machine before serving); re-running skips what is stored."""
-    from .fill import LLM_OPS, load_spec, run_calls
+    from tiletune.lab.fill import LLM_OPS, load_spec, run_calls
 
     if spec is not None and ops:
         _fail("give library ops or --spec, not both")
@@ -389,7 +389,7 @@ def tune_cmd(
     if spec is not None:
         calls = load_spec(spec)
     else:
-        from .fill import MODEL_SHAPES, model_dims
+        from tiletune.lab.fill import MODEL_SHAPES, model_dims
 
         try:
             dims = model_dims(model, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads,
@@ -411,7 +411,7 @@ def tune_cmd(
 def campaign_cmd(
     spec: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True,
                                 help="The campaign: a TOML (or YAML, JSON) file of ops, shapes, dtypes, strategy and "
-                                     "budget per op (see tiletune/campaign/spec.py)."),
+                                     "budget per op (see tiletune/lab/campaign/spec.py)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="Workers, one per GPU: a count (2) or visible GPU indices "
                                        "(0,1); default: every visible GPU. With --device cpu: that many workers. "
                                        "With --ray: a count of GPU actors (default: every GPU of the cluster)."),
@@ -433,7 +433,7 @@ def campaign_cmd(
     """Tune many ops x shapes x dtypes on every GPU of this host (or of a Ray cluster), resumably."""
     import dataclasses
 
-    from .campaign import load_campaign, run_campaign, status_of
+    from tiletune.lab.campaign import load_campaign, run_campaign, status_of
 
     if out is not None and out.exists() and not out.is_dir():
         _fail(f"--out {out} is a file, not a directory")
@@ -505,9 +505,9 @@ def strategies_cmd(
     recorded optimum (median and 95% interval over seeds), against random search's expected count.
     Which recorded time is the truth is printed per space.
     """
-    from .errors import TiletuneError
-    from .recordings.format import TRUTHS
-    from .strategy_eval import evaluate, load_truth, plot_space, write_results
+    from tiletune.errors import TiletuneError
+    from tiletune.lab.recordings.format import TRUTHS
+    from tiletune.lab.strategy_eval import evaluate, load_truth, plot_space, write_results
 
     seen: set[str] = set()
     for s in strategy:
@@ -567,7 +567,7 @@ def suggest_cmd(
                                                 "of the one the source suggests."),
 ) -> None:
     """Classify a cuTile kernel from its source and print the matching template's Space as Python code."""
-    from .suggest import parse_setting, suggest
+    from tiletune.lab.suggest import parse_setting, suggest
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -593,8 +593,8 @@ def ab_cmd(
     png: Optional[Path] = typer.Option(None, help="Write a PNG of the ratios here (needs matplotlib)."),
 ) -> None:
     """A/B each call's tuned pick against a fixed config (interleaved, cold L2): ratio, 95% CI, verdict."""
-    from .ab import ab, geomean
-    from .fill import LLM_OPS, load_spec, materialize, resolve_op
+    from tiletune.lab.ab import ab, geomean
+    from tiletune.lab.fill import LLM_OPS, load_spec, materialize, resolve_op
 
     if (spec is None) == (not ops):
         _fail("give library ops or --spec (one of them)", hint=f"library ops: {', '.join(LLM_OPS)}")
@@ -626,7 +626,7 @@ def ab_cmd(
     console.print(safe(f"geomean {g:.3f} over {len(rows)} case(s); "
                        + ", ".join(f"{v} {sum(1 for r in rows if r.verdict == v)}" for v in ("faster", "tied", "slower"))))
     if reports:
-        from .ab import ABReport
+        from tiletune.lab.ab import ABReport
 
         merged = ABReport(op="calls", against=reports[0].against, rows=rows, band=reports[0].band)
         if json_out is not None:
@@ -650,7 +650,7 @@ def shrink_cmd(
                                                    "several spaces (default: each in turn)."),
 ) -> None:
     """Choose the fewest configs per architecture within a tolerance of the full space's best on every key."""
-    from . import shrink as sh
+    from tiletune.lab import shrink as sh
 
     if (op is None) == (not recording):
         _fail("give an op name (database) or --recording FILE (one of them)")
@@ -717,7 +717,7 @@ def recording_import(
     device: Optional[str] = typer.Option(None, help="Device name for T4 files (they do not name it)."),
 ) -> None:
     """Convert a public recorded space to a tiletune recording (replayable, searchable)."""
-    from .recordings import import_recording
+    from tiletune.lab.recordings import import_recording
 
     _check_out_file(dest, "DEST")
     # checks the destination (never the source, also through a link), validates the whole source and
@@ -734,7 +734,7 @@ def recording_import(
 def _open_db(path: Optional[Path], *, must_exist: bool) -> Any:
     """The tuning database at ``path`` (or the default one); refuses a directory, and a missing
     file when ``must_exist`` (reading commands never create a database)."""
-    from .store import TuningDB, default_db_path
+    from tiletune.store import TuningDB, default_db_path
 
     p = Path(path) if path is not None else Path(default_db_path())
     origin = "--path" if path is not None else ("TILETUNE_DB" if settings.db_path() else "the default database")
@@ -791,14 +791,14 @@ def db_export(
         _fail("give --table or --pins, not both")
     db = _open_db(path, must_exist=True)
     if pins:
-        from .pins import PinFile
+        from tiletune.resolve.pins import PinFile
 
         pf = PinFile.from_db(db, name=name)
         pf.save(dest)
         console.print(safe(f"wrote {len(pf)} pin(s) to {dest}; use them with TILETUNE_PINS={dest}"))
         return
     if table:
-        from .tables import TuningTable
+        from tiletune.resolve.tables import TuningTable
 
         t = TuningTable.from_db(db, name=name)
         t.save(dest)
@@ -819,7 +819,7 @@ def db_import(
 ) -> None:
     """Read sessions from a JSON export (sessions already present are skipped), or install a tuning table."""
     if table:
-        from .tables import TuningTable, install
+        from tiletune.resolve.tables import TuningTable, install
 
         dest = install(src)
         t = TuningTable.load(dest)
@@ -851,7 +851,7 @@ def db_clear(
 @app.command()
 def doctor() -> None:
     """Report what tiletune sees: Python packages, GPU, cuTile toolchain, database, environment."""
-    from .store import default_db_path
+    from tiletune.store import default_db_path
 
     rows = []
     try:
@@ -862,13 +862,13 @@ def doctor() -> None:
     except Exception as exc:
         rows.append(("torch", f"missing ({exc})"))
     try:
-        from .backends.cutile import software_versions
+        from tiletune.devices.backends.cutile import software_versions
 
         for k, v in software_versions().items():
             rows.append((k, v))
     except Exception as exc:
         rows.append(("cuda-tile", f"missing ({exc})"))
-    from .compile_pool import CompilePool, cpu_count
+    from tiletune.devices.compile_pool import CompilePool, cpu_count
 
     try:
         pool = CompilePool()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from .records import Measurement
+    from tiletune.records import Measurement
 
 
 class TiletuneError(Exception):

@@ -48,7 +48,7 @@ TILETUNE_DEBUG                   bool      false      The ``tiletune`` command s
                                                       as ``--debug``).
 TILETUNE_TABLES                  bool      true       Consult tuning tables (the user's, then those shipped
                                                       with tiletune) for keys the database does not hold.
-TILETUNE_PINS                    path      unset      A pins file (tiletune.pins): fixed configs per op
+TILETUNE_PINS                    path      unset      A pins file (tiletune.resolve.pins): fixed configs per op
                                                       and key, used before the database; never tuned.
 TILETUNE_COMPILE_WORKERS         count     unset      Compile (``tileiras``) processes per tuning session;
                                                       unset: every core this process may use. A campaign
@@ -139,7 +139,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_WORKER_TRACE", "bool", False, "trace worker requests, keep worker logs"),
         Variable("TILETUNE_DEBUG", "bool", False, "full tracebacks from the command line"),
         Variable("TILETUNE_TABLES", "bool", True, "consult the user's and the shipped tuning tables"),
-        Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.pins)"),
+        Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.resolve.pins)"),
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
         Variable("TILETUNE_FRONTEND_CACHE", "bool", True, "cubins keyed by kernel code, hints and signature"),
@@ -296,7 +296,7 @@ def tables_enabled() -> bool:
 
 
 def pins_path() -> str | None:
-    """``TILETUNE_PINS``: the pins file (:mod:`tiletune.pins`), or None (unset or empty)."""
+    """``TILETUNE_PINS``: the pins file (:mod:`tiletune.resolve.pins`), or None (unset or empty)."""
     return text("TILETUNE_PINS")
 
 
@@ -307,7 +307,7 @@ def compile_workers() -> int | None:
 
 def timer_backlog_us() -> float:
     """``TILETUNE_TIMER_BACKLOG_US``: microseconds of GPU spin queued before each sample the tuner takes
-    (:class:`tiletune.measure.ColdL2Timer`'s ``backlog_us``); 0 (the default, also when unset or empty)
+    (:class:`tiletune.devices.measure.ColdL2Timer`'s ``backlog_us``); 0 (the default, also when unset or empty)
     turns it off."""
     raw = os.environ.get("TILETUNE_TIMER_BACKLOG_US")
     if raw is None or not raw.strip() or raw.strip() in ("0", "0.0"):

@@ -6,7 +6,7 @@ One file holds every tuning session ever recorded on a machine:
 * ``measurements``: one row per measured (or failed) candidate of a session;
 * ``winners``: one row per :attr:`TuningIdentity.digest`, the winner of the newest session;
 * ``leases``: one row per digest being tuned right now, and ``progress``: the per-config results of
-  a session not yet recorded (both used by :mod:`tiletune.leases`; ``progress`` rows of a digest are
+  a session not yet recorded (both used by :mod:`tiletune.resolve.leases`; ``progress`` rows of a digest are
   deleted when its session is recorded).
 
 Every value is stored as plain SQL scalars or canonical JSON text, so the file can be inspected with
@@ -45,7 +45,7 @@ import uuid
 from dataclasses import dataclass
 from typing import IO, Any, Iterator, Mapping, Sequence, Union
 
-from .errors import (
+from tiletune.errors import (
     DatabaseCorrupt,
     DatabaseError,
     DatabaseLocked,
@@ -54,7 +54,7 @@ from .errors import (
     ForeignDatabase,
     NewerDatabase,
 )
-from .records import DeviceInfo, Measurement, Status, TuningIdentity, canonical_json, stable_hash
+from tiletune.records import DeviceInfo, Measurement, Status, TuningIdentity, canonical_json, stable_hash
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -137,7 +137,7 @@ _SCHEMA = (
         created      REAL NOT NULL,
         tied         TEXT NOT NULL
     )""",
-    # Schema version 2 (tiletune.leases): who is tuning a digest now, and the per-config results of
+    # Schema version 2 (tiletune.resolve.leases): who is tuning a digest now, and the per-config results of
     # a session that is not recorded yet.
     """CREATE TABLE IF NOT EXISTS leases (
         digest       TEXT PRIMARY KEY,
@@ -213,7 +213,7 @@ def default_db_path() -> pathlib.Path:
     ``$XDG_CACHE_HOME/tiletune/tuning.db``, then ``~/.cache/tiletune/tuning.db``. Empty variables
     count as unset.
     """
-    from . import settings
+    from tiletune import settings
 
     db, cache = settings.db_path(), settings.cache_dir()
     if db:
@@ -701,7 +701,7 @@ class TuningDB:
         rows = _session_rows(session)  # serialise before taking the write lock
         with self._write() as conn:
             _insert_rows(conn, *rows)
-            # The session is complete: its per-config progress (tiletune.leases) is no longer needed.
+            # The session is complete: its per-config progress (tiletune.resolve.leases) is no longer needed.
             conn.execute("DELETE FROM progress WHERE digest = ?", (identity.digest,))
         return session.session_id
 
@@ -816,8 +816,8 @@ class TuningDB:
         the database file (:class:`~tiletune.errors.ExportError`). Returns the number of sessions
         written.
         """
-        from .errors import ExportError
-        from .recordings import _io
+        from tiletune.errors import ExportError
+        from tiletune import jsonio as _io
 
         to_stream = hasattr(dest, "write")
         target = str(getattr(dest, "name", "<stream>")) if to_stream else os.fspath(dest)  # type: ignore[arg-type]
@@ -873,8 +873,8 @@ class TuningDB:
     def import_json(self, src: PathArg | IO[str]) -> int:
         """Read an export document and insert its sessions; returns how many were inserted.
 
-        The whole document is read (at most :data:`tiletune.recordings._io.MAX_FILE_BYTES`, JSON
-        nested at most :data:`~tiletune.recordings._io.MAX_DEPTH` deep, no NaN/Infinity, integers in
+        The whole document is read (at most :data:`tiletune.jsonio.MAX_FILE_BYTES`, JSON
+        nested at most :data:`~tiletune.jsonio.MAX_DEPTH` deep, no NaN/Infinity, integers in
         64 bits) and validated before anything is written; a malformed document raises
         :class:`~tiletune.errors.InvalidImport` naming the file and the field, and changes nothing.
         Times must be finite (samples and winner medians > 0 microseconds, compile seconds >= 0,
@@ -882,8 +882,8 @@ class TuningDB:
         one transaction. Sessions whose id is already present are skipped, so importing the same file
         twice is harmless. An imported winner replaces the stored one only if its session is newer.
         """
-        from .errors import InvalidImport
-        from .recordings import _io
+        from tiletune.errors import InvalidImport
+        from tiletune import jsonio as _io
 
         if hasattr(src, "read"):
             origin = str(getattr(src, "name", "<stream>"))
@@ -1077,9 +1077,9 @@ def _measurement_from_row(row: sqlite3.Row) -> Measurement:
 
 
 def _atomic_write(path: pathlib.Path, text: str, own_files: Sequence[str] = ()) -> None:
-    """Write an export file atomically (:func:`tiletune.recordings._io.write_atomic`)."""
-    from .errors import ExportError
-    from .recordings import _io
+    """Write an export file atomically (:func:`tiletune.jsonio.write_atomic`)."""
+    from tiletune.errors import ExportError
+    from tiletune import jsonio as _io
 
     try:
         _io.write_atomic(path, text.encode("utf-8"), own_files)
@@ -1120,7 +1120,7 @@ def _as_int(value: Any, where: str, low: int = 0) -> int:
 
 def _as_number(value: Any, where: str, *, positive: bool = False) -> float:
     """A finite number >= 0 (> 0 when ``positive``); booleans are refused."""
-    from .recordings._io import show
+    from tiletune.jsonio import show
 
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _Invalid(f"expected a number, got {type(value).__name__}", where)
@@ -1144,7 +1144,7 @@ def _as_list(value: Any, where: str) -> list[Any]:
 
 def _parse_document(doc: Any, origin: str) -> list[_Session]:
     """Validate a whole export document; raise InvalidImport naming the file and the first problem."""
-    from .errors import InvalidImport
+    from tiletune.errors import InvalidImport
 
     try:
         top = _as_dict(doc, "document")
@@ -1205,7 +1205,7 @@ def _parse_session(raw: Any, where: str) -> _Session:
 
 def _as_config(value: Any, where: str) -> dict[str, Any]:
     """A configuration: an object of strings, finite numbers, booleans and nulls."""
-    from .recordings._io import is_number, join
+    from tiletune.jsonio import is_number, join
 
     config = _as_dict(value, where)
     for k, v in config.items():

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from tiletune.recordings import save_recording
+from tiletune.lab.recordings import save_recording
 from tiletune.records import DeviceInfo, Measurement, Status, stable_hash
 
 HERE = Path(__file__).resolve().parent

@@ -10,7 +10,7 @@ import os
 import time
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
+from tiletune.devices.backends import FakeBackend
 
 ROWS = tt.Space(TM=[16, 32, 64, 128], occupancy=[1, 2], baseline=dict(TM=32, occupancy=1))
 COLS = tt.Space(TN=[64, 128, 256, 512, 1024], baseline=dict(TN=128))

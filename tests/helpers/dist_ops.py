@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
+from tiletune.devices.backends import FakeBackend
 from tiletune.store import TuningDB
 
 RANK = int(os.environ.get("RANK", "0"))

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 import dist_ops
-from tiletune import fill
-from tiletune.distributed import tune_calls
+from tiletune.lab import fill
+from tiletune.lab.fill import tune_calls
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 sizes = [4, 8, 16, 32, 64, 128]

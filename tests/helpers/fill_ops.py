@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
+from tiletune.devices.backends import FakeBackend
 
 SPACE = tt.Space(TM=[32, 64, 128], baseline=dict(TM=64))
 BACKEND = FakeBackend(lambda cfg: 100.0 - 0.2 * cfg.TM, noise=0.0)

@@ -13,7 +13,7 @@ import time
 import torch
 
 import tiletune as tt
-from tiletune.backends import FakeBackend
+from tiletune.devices.backends import FakeBackend
 
 SPACE = tt.Space(K=list(range(8)), baseline=dict(K=0))
 SLEEP_S = 0.0

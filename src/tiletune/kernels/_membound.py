@@ -17,7 +17,7 @@ import functools
 import types
 from typing import Any, Callable, Hashable, Iterable, NamedTuple
 
-from .library_op import LibraryOp
+from tiletune.kernels.library_op import LibraryOp
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -60,7 +60,7 @@ def sm_count(device_index: int) -> int:
 def rows_bucketed(*names: str, dim: int = 0) -> Any:
     """Buckets of a row-wise family: dimension ``dim`` (rows, tokens) of each named argument rounded up
     to a power of two, so a new token count inside a tuned bucket reuses its winner."""
-    from ..buckets import Buckets
+    from tiletune.buckets import Buckets
 
     return Buckets({n: {dim: "pow2"} for n in names})
 

@@ -6,7 +6,7 @@ whose allocations go to the graph's private pool), must not outlive the call: ke
 cache it becomes an allocation of that pool that no graph output accounts for, which the graph
 trees refuse ("tensors in the cudagraph pool not tracked as outputs"). So memory is kept only when
 allocated on the device's default stream outside any capture; elsewhere the call gets a fresh buffer
-of its own (and the library op stays on its slow path there, see :func:`tiletune.fastcall.fast_op`).
+of its own (and the library op stays on its slow path there, see :func:`tiletune.kernels.fastcall.fast_op`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from ..fastcall import constant_tensor
+from tiletune.kernels.fastcall import constant_tensor
 
 _placeholders: dict[tuple, Any] = {}
 _reductions: dict[tuple, tuple[Any, Any]] = {}
@@ -55,7 +55,7 @@ def keepable(device: Any) -> bool:
 def placeholder(device: Any, dtype: Any, shape: tuple[int, ...]) -> Any:
     """An uninitialised tensor standing for an argument a kernel never reads or writes (its constant
     switches it off): cached per (device, dtype, shape) and registered as a constant kernel argument
-    (:func:`tiletune.fastcall.constant_tensor`) where :func:`keepable`, a fresh one otherwise."""
+    (:func:`tiletune.kernels.fastcall.constant_tensor`) where :func:`keepable`, a fresh one otherwise."""
     key = (device, dtype, tuple(shape))
     ph = _placeholders.get(key)
     if ph is not None:

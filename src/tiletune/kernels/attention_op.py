@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.base import Launch
-from ..fastcall import custom_op_route, fast_op
-from ..space import Space
-from ..verify import Tolerance, derived_tolerance, eps
-from ._attention_checks import (
+from tiletune.devices.backends.base import Launch
+from tiletune.kernels.fastcall import custom_op_route, fast_op
+from tiletune.space.spaces import Space
+from tiletune.devices.verify import Tolerance, derived_tolerance, eps
+from tiletune.kernels._attention_checks import (
     aligned_operand,
     check_cuda_device,
     check_head_dim,
@@ -26,10 +26,10 @@ from ._attention_checks import (
     check_qkv_tensors,
     softmax_scale,
 )
-from .decode_attention_kernels import DECODE_MAX_Q
-from .decode_attention_op import prepare_decode
-from .library_op import LibraryOp
-from .attention_kernels import (
+from tiletune.kernels.decode_attention_kernels import DECODE_MAX_Q
+from tiletune.kernels.decode_attention_op import prepare_decode
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels.attention_kernels import (
     ATTENTION_BASELINE,
     ATTENTION_CONSTRAINTS,
     ATTENTION_HEAD_DIMS,

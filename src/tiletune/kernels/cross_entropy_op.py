@@ -23,7 +23,7 @@ the loss and puts the counter back to zero. Every load is a plain one (no TMA): 
 and the arrival counter in one kernel, cuda-tile 1.7.0 / tileiras 13.4 computed wrong losses at several
 (shape, config) pairs, and never without (``benchmarks/probe_ce_tail.py``, ``docs/GPU-NOTES.md``).
 One launch per call, so a call costs one launch and one allocation on the host
-(:mod:`tiletune.fastcall`), like a bare ``ct.launch``.
+(:mod:`tiletune.kernels.fastcall`), like a bare ``ct.launch``.
 
 Differences from torch: no ``weight``/``label_smoothing``; out-of-range targets are not checked
 (torch raises a device-side assert; here the row's loss is its logsumexp); when every target is
@@ -38,16 +38,16 @@ from typing import Any
 
 import cuda.tile as ct
 
-from ..backends.base import Launch
-from ..fastcall import custom_op_route, fast_op
-from ._scratch import on_default_stream, placeholder, reduction_scratch
-from ..space import Space
-from ..templates import cross_entropy_space, next_power_of_2
-from .library_op import LibraryOp
-from ._membound import Prepared, check_device, check_float, check_tensor, int64_twin, needs_int64, persistent_grid
-from ._membound import rows_bucketed, sm_count
-from ._tile_ops import load_zero_padded_plain as _ld
-from ..verify import SCRATCH, derived_tolerances, eps, exp_range
+from tiletune.devices.backends.base import Launch
+from tiletune.kernels.fastcall import custom_op_route, fast_op
+from tiletune.kernels._scratch import on_default_stream, placeholder, reduction_scratch
+from tiletune.space.spaces import Space
+from tiletune.space.templates import cross_entropy_space, next_power_of_2
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._membound import Prepared, check_device, check_float, check_tensor, int64_twin, needs_int64, persistent_grid
+from tiletune.kernels._membound import rows_bucketed, sm_count
+from tiletune.kernels._tile_ops import load_zero_padded_plain as _ld
+from tiletune.devices.verify import SCRATCH, derived_tolerances, eps, exp_range
 
 __all__ = [
     "CE_GRAD",
@@ -168,12 +168,12 @@ cross_entropy_kernel_i64 = int64_twin(cross_entropy_kernel_fn, ["L", "G"])
 
 
 def loss_space() -> Space:
-    """The loss-only op's space: :func:`tiletune.templates.cross_entropy_space` ``("loss")``."""
+    """The loss-only op's space: :func:`tiletune.space.templates.cross_entropy_space` ``("loss")``."""
     return cross_entropy_space("loss")
 
 
 def grad_space() -> Space:
-    """The loss + gradient op's space: :func:`tiletune.templates.cross_entropy_space` ``("grad")``."""
+    """The loss + gradient op's space: :func:`tiletune.space.templates.cross_entropy_space` ``("grad")``."""
     return cross_entropy_space("grad")
 
 
@@ -194,7 +194,7 @@ def _mean_loss(logits: Any, target: Any, ignore_index: int) -> Any:
 def cross_entropy_reference(logits: Any, target: Any, loss: Any, placeholder: Any, part: Any, sem: Any,
                             ignore_index: int) -> tuple:
     """Expected outputs of the loss-only plan: the mean loss (float32, shape ``(1,)``), the block
-    partials (scratch: :data:`~tiletune.verify.SCRATCH`) and the counter back at zero."""
+    partials (scratch: :data:`~tiletune.devices.verify.SCRATCH`) and the counter back at zero."""
     import torch
 
     return _mean_loss(logits, target, ignore_index).to(loss.dtype), SCRATCH, torch.zeros_like(sem)
@@ -203,7 +203,7 @@ def cross_entropy_reference(logits: Any, target: Any, loss: Any, placeholder: An
 def cross_entropy_grad_reference(logits: Any, target: Any, loss: Any, grad: Any, part: Any, sem: Any,
                                  ignore_index: int) -> tuple:
     """Expected ``(loss, grad, partials, counter)`` of the fused loss + gradient plan (partials:
-    :data:`~tiletune.verify.SCRATCH`)."""
+    :data:`~tiletune.devices.verify.SCRATCH`)."""
     import torch
 
     valid, inv = _valid_scale(target, ignore_index)

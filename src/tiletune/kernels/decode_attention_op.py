@@ -34,12 +34,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..backends.base import Launch
-from ..buckets import Buckets
-from ..space import Space
-from ..templates import next_power_of_2
-from ..verify import Tolerance, derived_tolerance, derived_tolerances, eps
-from ._attention_checks import (
+from tiletune.devices.backends.base import Launch
+from tiletune.buckets import Buckets
+from tiletune.space.spaces import Space
+from tiletune.space.templates import next_power_of_2
+from tiletune.devices.verify import Tolerance, derived_tolerance, derived_tolerances, eps
+from tiletune.kernels._attention_checks import (
     aligned_operand,
     check_append,
     check_cuda_device,
@@ -49,11 +49,11 @@ from ._attention_checks import (
     check_qkv_tensors,
     softmax_scale,
 )
-from ..fastcall import custom_op_route, fast_op
-from ._membound import Prepared, int64_twin, needs_int64, sm_count
-from .kv_cache_kernels import KV_APPEND_CHUNK, kv_append_kernel, kv_append_kernel_fn
-from .library_op import LibraryOp
-from .decode_attention_kernels import (
+from tiletune.kernels.fastcall import custom_op_route, fast_op
+from tiletune.kernels._membound import Prepared, int64_twin, needs_int64, sm_count
+from tiletune.kernels.kv_cache_kernels import KV_APPEND_CHUNK, kv_append_kernel, kv_append_kernel_fn
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels.decode_attention_kernels import (
     DECODE_BASELINE,
     DECODE_HEAD_DIMS,
     DECODE_MAX_Q,
@@ -295,7 +295,7 @@ DECODE_PARTIAL = LibraryOp(
 
 #: The direct kernels' library op (one split; ``G % GB == 0`` with the output, any ``G`` with its grouped
 #: view; :data:`DECODE_SPACE`, one regime: writes ``o`` whole, so a one-launch call is replayed by
-#: :func:`tiletune.fastcall.fast_op`).
+#: :func:`tiletune.kernels.fastcall.fast_op`).
 DECODE_DIRECT = LibraryOp(
     "tiletune.decode_attention_direct", lambda regime: DECODE_SPACE, decode_direct_plan,
     reference=decode_direct_reference, writes=["o"], tolerance=_direct_tolerance,
@@ -431,7 +431,7 @@ def decode_attention(q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, ca
         A new ``(B, H, Sq, D)`` tensor of ``q``'s dtype. No host synchronization: capturable in a CUDA
         graph once tuned (pass ``lengths`` as a tensor and update it in place between replays).
 
-    Calls after the first ones with a signature replay the launches (:func:`tiletune.fastcall.fast_op`):
+    Calls after the first ones with a signature replay the launches (:func:`tiletune.kernels.fastcall.fast_op`):
     two on the split path (the split partials are a temporary of the recipe), one when the batch
     needs no split (the direct kernel writes the output), when ``lengths`` is an int32 tensor and the
     operands need no copy; otherwise every call takes the checks again. Under ``torch.compile`` the
@@ -463,7 +463,7 @@ def kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> t
       replays). Token ``t`` of batch entry ``b`` goes to position ``start[b] + t`` when that lies in
       ``[0, capacity)``; positions outside it (at or past the capacity, or negative) are **not
       written**, and no error is raised (nothing is checked on the host). Calls after the first ones
-      with a signature replay the launch (:func:`tiletune.fastcall.fast_op`). On CPU tensors, and for
+      with a signature replay the launch (:func:`tiletune.kernels.fastcall.fast_op`). On CPU tensors, and for
       element sizes other than 1, 2, 4 or 8 bytes, the same writes are made with torch indexing
       (:func:`kv_append_reference`, which synchronizes with the device).
 
@@ -476,7 +476,7 @@ def kv_cache_append(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> t
     import torch
 
     if torch.compiler.is_compiling():  # traced: the custom op, before any check (as fast_op's route does)
-        from .torch_ops import compiled_call
+        from tiletune.kernels.torch_ops import compiled_call
 
         return compiled_call("kv_cache_append", cache_k, cache_v, k, v, start)
     if isinstance(start, torch.Tensor):

@@ -25,16 +25,16 @@ import math
 import threading
 from typing import Any
 
-from ..backends.base import Launch
-from ..buckets import Buckets
-from ..fastcall import constant_tensor, custom_op_route, fast_op
-from ._scratch import current_raw_stream, keepable, placeholder
-from ..space import Space
-from ..strategies.base import Budget
-from ..templates import matmul_space
-from ..verify import SCRATCH, Tolerance, derived_tolerance, eps
-from .library_op import LibraryOp
-from .gemm_kernels import (
+from tiletune.devices.backends.base import Launch
+from tiletune.buckets import Buckets
+from tiletune.kernels.fastcall import constant_tensor, custom_op_route, fast_op
+from tiletune.kernels._scratch import current_raw_stream, keepable, placeholder
+from tiletune.space.spaces import Space
+from tiletune.space.strategies.base import Budget
+from tiletune.space.templates import matmul_space
+from tiletune.devices.verify import SCRATCH, Tolerance, derived_tolerance, eps
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels.gemm_kernels import (
     GEMM_BASELINE,
     GEMM_CONSTRAINTS,
     GEMM_FULL_SPACE_PARAMS,
@@ -196,7 +196,7 @@ def _splitk_plan(cfg: Any, a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, t
 
 def _splitk_reference(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool,
                       scaled: bool, ws: Any, sem: Any) -> tuple[Any, Any, Any]:
-    """The product (as :func:`_reference`), the workspace as :data:`~tiletune.verify.SCRATCH` (float32
+    """The product (as :func:`_reference`), the workspace as :data:`~tiletune.devices.verify.SCRATCH` (float32
     partial sums whose values depend on the config: not compared, but a NaN or infinity there fails) and all-zero
     counters (every launch must leave them so)."""
     import torch
@@ -261,7 +261,7 @@ def splitk_workspace(device: Any, m: int, n: int, batch: int, s_max: int) -> tup
     allocation after the first call of a shape, and their shapes are functions of ``m``'s bucket, so
     they never change the tuning key. Launches on one stream run in order, so they may share the
     memory; another stream gets its own. Only the first stream's views are registered as constant
-    kernel arguments (:func:`tiletune.fastcall.constant_tensor`): calls on other streams stay on the
+    kernel arguments (:func:`tiletune.kernels.fastcall.constant_tensor`): calls on other streams stay on the
     slow path, which looks their own memory up (see :func:`_same_stream`).
 
     Memory is kept only where :func:`._scratch.keepable` allows (the default stream, outside graph

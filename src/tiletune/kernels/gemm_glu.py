@@ -12,7 +12,7 @@ and stores the activation.
 * Status: written and compiled for sm_90 on a CPU host only. It is not used by any other library
   path; ``benchmarks/decoder_layer.py --fused-mlp`` opts in. ``tests/test_gpu_gemm_glu.py`` is the
   GPU check it needs first. Like the other library ops it replays its launch per call signature
-  (:mod:`tiletune.fastcall`) and is the ``torch.library`` custom op ``tiletune::matmul_swiglu`` under
+  (:mod:`tiletune.kernels.fastcall`) and is the ``torch.library`` custom op ``tiletune::matmul_swiglu`` under
   ``torch.compile`` (:mod:`tiletune.kernels.torch_ops`); it is not in ``tiletune.kernels.__all__``.
 
 One tuned op (:data:`GEMM_SWIGLU`, one regime) over :data:`GEMM_SWIGLU_SPACE`; the correctness gate
@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.base import Launch
-from ..buckets import Buckets
-from ..fastcall import custom_op_route, fast_op
-from ..verify import Tolerance, derived_tolerance
-from .library_op import LibraryOp
-from ._membound import Prepared, check_device, check_tensor, sm_count
-from .gemm_glu_kernels import gemm_swiglu_args, gemm_swiglu_grid, gemm_swiglu_kernel, gemm_swiglu_space
+from tiletune.devices.backends.base import Launch
+from tiletune.buckets import Buckets
+from tiletune.kernels.fastcall import custom_op_route, fast_op
+from tiletune.devices.verify import Tolerance, derived_tolerance
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._membound import Prepared, check_device, check_tensor, sm_count
+from tiletune.kernels.gemm_glu_kernels import gemm_swiglu_args, gemm_swiglu_grid, gemm_swiglu_kernel, gemm_swiglu_space
 
 __all__ = [
     "GEMM_SWIGLU",
@@ -174,7 +174,7 @@ def matmul_swiglu(x: Any, w_gate_up: Any) -> Any:
 
     Returns a new ``[..., N]`` tensor of ``x``'s dtype.
 
-    Calls after the first ones with a signature replay the launch (:func:`tiletune.fastcall.fast_op`);
+    Calls after the first ones with a signature replay the launch (:func:`tiletune.kernels.fastcall.fast_op`);
     a call that copies an operand or a weight half the kernel cannot read by TMA, or whose operands
     start misaligned (:func:`_aligned_starts`), runs this function. Under ``torch.compile`` it is the
     custom op ``torch.ops.tiletune.matmul_swiglu`` (:mod:`tiletune.kernels.torch_ops`).

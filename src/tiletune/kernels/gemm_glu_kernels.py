@@ -22,7 +22,7 @@ output's dtype. The intermediate never reaches memory.
   first; the fused one does not, so it is at least as close to the exact result).
 
 Space (:func:`gemm_swiglu_space`): the matmul template's parameters
-(:func:`tiletune.templates.matmul_params`) under constraints for two accumulators and two ``B``
+(:func:`tiletune.space.templates.matmul_params`) under constraints for two accumulators and two ``B``
 tiles per pipeline stage, without the tiles that spilled in the sm_90 compile probe
 (:func:`gemm_swiglu_constraints`): 18 configurations for 16-bit inputs, every one compiling for sm_90
 (``tools/compile_check_gemm_glu.py``).
@@ -34,11 +34,11 @@ from typing import Any
 
 import cuda.tile as ct
 
-from ..space import Space
-from ..templates import matmul_params
-from ._config import param as _param
-from .gemm_kernels import _tile_coords
-from .glu import _sigmoid_mul
+from tiletune.space.spaces import Space
+from tiletune.space.templates import matmul_params
+from tiletune.kernels._config import param as _param
+from tiletune.kernels.gemm_kernels import _tile_coords
+from tiletune.kernels.glu import _sigmoid_mul
 
 __all__ = [
     "GEMM_SWIGLU_BASELINE",

@@ -1,6 +1,6 @@
 """Persistent batched GEMM ``C[i] = A[i] @ B[i]`` written in cuTile, plus its tuning spaces.
 
-Unlike :mod:`tiletune.examples.matmul_kernels` (one output tile per block), this kernel is
+Unlike :mod:`tiletune.lab.examples.matmul_kernels` (one output tile per block), this kernel is
 *persistent*: it is launched with ``min(num_tiles, NUM_SMS * occupancy)`` blocks and each block
 walks the output tiles ``bid, bid + num_blocks, bid + 2 * num_blocks, ...`` of all batch entries.
 Within a batch entry the linear tile id is mapped to ``(tile_row, tile_col)`` with a ``GROUP_M``
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
-from ..space import Space
-from ..templates import acc_fits, matmul_baseline, matmul_constraints, matmul_params, stage_fits, warps_fit
-from ._config import param as _param
+from tiletune.space.spaces import Space
+from tiletune.space.templates import acc_fits, matmul_baseline, matmul_constraints, matmul_params, stage_fits, warps_fit
+from tiletune.kernels._config import param as _param
 
 __all__ = [
     "GEMM_BASELINE",
@@ -99,7 +99,7 @@ GEMM_FULL_SPACE_PARAMS = dict(
 )
 
 #: The library ops' spaces per input width, from the matmul template
-#: (:func:`tiletune.templates.matmul_space`): 38 configs each.
+#: (:func:`tiletune.space.templates.matmul_space`): 38 configs each.
 GEMM_SPACE_PARAMS = matmul_params(2)
 GEMM_TF32_SPACE_PARAMS = matmul_params(4)
 GEMM_FP8_SPACE_PARAMS = matmul_params(1)
@@ -427,7 +427,7 @@ SWAP_NARROW_TN = (16, 32)
 
 
 def splitk_space_params(elem_bytes: int, s_max: int) -> dict:
-    """Parameters of a split-K space: the matmul template's (:func:`tiletune.templates.matmul_params`)
+    """Parameters of a split-K space: the matmul template's (:func:`tiletune.space.templates.matmul_params`)
     plus ``SPLIT_K`` in :data:`SPLIT_K_VALUES` up to ``s_max``, ``SWAP`` (0: ``A @ B`` by
     :func:`gemm_kernel` / :func:`gemm_splitk_kernel`; 1: its transpose by :func:`gemm_swap_kernel`) and
     the narrow token tiles :data:`SWAP_NARROW_TN` of the swapped route. A regime's largest token tile is

@@ -15,7 +15,7 @@ in the input's dtype, rows may be strided.
 Kernel: the op passes the gate and up halves as two 2-D views of ``x`` (row stride ``2H``);
 a persistent grid walks ``TM x TH`` tiles of the output (``TILE = TM * TH`` elements; tileiras
 streams this reduction-free loop with vectorized plain loads and stores). Space:
-:func:`tiletune.templates.elementwise_space` (tile size x occupancy x worker warps, 16 configs).
+:func:`tiletune.space.templates.elementwise_space` (tile size x occupancy x worker warps, 16 configs).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from typing import Any
 
 import cuda.tile as ct
 
-from ..backends.base import Launch
-from ..fastcall import custom_op_route, fast_op
-from ..templates import elementwise_space, next_power_of_2
-from .library_op import LibraryOp
-from ._membound import Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
-from ._membound import rows_bucketed
-from ._tile_ops import load_zero_padded as _ld
-from ..verify import derived_tolerances
+from tiletune.devices.backends.base import Launch
+from tiletune.kernels.fastcall import custom_op_route, fast_op
+from tiletune.space.templates import elementwise_space, next_power_of_2
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._membound import Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from tiletune.kernels._membound import rows_bucketed
+from tiletune.kernels._tile_ops import load_zero_padded as _ld
+from tiletune.devices.verify import derived_tolerances
 
 __all__ = ["GEGLU", "SWIGLU", "geglu", "glu_plan", "glu_reference", "prepare_glu", "swiglu"]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from ..dispatch import ToleranceFn, TunedOp, autotune, defer_worker_start
-from ..space import Space
-from ..strategies.base import Budget
+from tiletune.op.tuned_op import ToleranceFn, TunedOp, autotune, defer_worker_start
+from tiletune.space.spaces import Space
+from tiletune.space.strategies.base import Budget
 
 __all__ = ["LibraryOp"]
 
@@ -126,6 +126,6 @@ class LibraryOp:
         for lib_op in cls._instances:
             with lib_op._lock:
                 lib_op._ops.clear()
-        from ..fastcall import clear_recipes
+        from tiletune.kernels.fastcall import clear_recipes
 
         clear_recipes()  # recipes hold the old ops' choices

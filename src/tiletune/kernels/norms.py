@@ -16,7 +16,7 @@ elements are one tile (``TM`` short rows at once, TMA loads zero-padded past ``N
 the padding); longer rows take two passes over ``CHUNK``-column pieces (pass 1 reduces, pass 2
 reloads, mostly from L2, and writes). LayerNorm's chunked pass 1 merges per-chunk mean and
 centered sum of squares (Chan et al.), so it keeps the two-pass accuracy. The tuning spaces come
-from :func:`tiletune.templates.rowwise_space`: occupancy, the load latency hint and TMA or plain
+from :func:`tiletune.space.templates.rowwise_space`: occupancy, the load latency hint and TMA or plain
 stores (plus rows per tile or the chunk width by regime).
 
 ``rms_norm_residual`` rounds ``h = x + residual`` to the input dtype and normalizes the rounded
@@ -29,15 +29,15 @@ from typing import Any, Hashable
 
 import cuda.tile as ct
 
-from ..backends.base import Launch
-from ..space import Space
-from ..templates import ROW_MAX_ELEMS, next_power_of_2, row_regime, rowwise_space, tma_rows
-from ._tile_ops import load_zero_padded as _ld
-from ..verify import derived_tolerances
-from ..fastcall import custom_op_route, fast_op
-from ._scratch import placeholder
-from .library_op import LibraryOp
-from ._membound import (
+from tiletune.devices.backends.base import Launch
+from tiletune.space.spaces import Space
+from tiletune.space.templates import ROW_MAX_ELEMS, next_power_of_2, row_regime, rowwise_space, tma_rows
+from tiletune.kernels._tile_ops import load_zero_padded as _ld
+from tiletune.devices.verify import derived_tolerances
+from tiletune.kernels.fastcall import custom_op_route, fast_op
+from tiletune.kernels._scratch import placeholder
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._membound import (
     Prepared,
     as_rows,
     check_device,
@@ -305,7 +305,7 @@ def layer_norm_plan(cfg: Any, x: Any, w: Any, b: Any, y: Any, eps: float, has_w:
 
 def _norm_tolerance(x: Any, *_: Any) -> dict:
     """Products of the input with float32 row statistics (a sum of ``N`` squares), rounded once:
-    two ulps relative plus the float32 accumulation over the row (see :func:`tiletune.verify.derived_tolerance`)."""
+    two ulps relative plus the float32 accumulation over the row (see :func:`tiletune.devices.verify.derived_tolerance`)."""
     return derived_tolerances(length=x.shape[-1])
 
 

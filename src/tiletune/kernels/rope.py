@@ -23,7 +23,7 @@ Kernel: the op passes q and k as two half views each, ``(B, S, H, R/2)`` (so any
 two or not, is tiled without touching the other half), and cos/sin as ``(Bc, S, R/2)`` halves. A
 persistent grid walks ``(batch, TS positions)`` units; each loads both halves of all heads of
 those positions, rotates them and stores them back (same block, read before write). Space:
-:func:`tiletune.templates.rope_space` (positions per tile x occupancy x worker warps).
+:func:`tiletune.space.templates.rope_space` (positions per tile x occupancy x worker warps).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from typing import Any
 
 import cuda.tile as ct
 
-from ..backends.base import Launch
-from ..fastcall import custom_op_route, fast_op
-from ..space import Space
-from ..templates import next_power_of_2, rope_space
-from ..verify import derived_tolerances
-from .library_op import LibraryOp
-from ._membound import Prepared, check_device, check_float, int64_twin, needs_int64, persistent_grid
-from ._membound import rows_bucketed
+from tiletune.devices.backends.base import Launch
+from tiletune.kernels.fastcall import custom_op_route, fast_op
+from tiletune.space.spaces import Space
+from tiletune.space.templates import next_power_of_2, rope_space
+from tiletune.devices.verify import derived_tolerances
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._membound import Prepared, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from tiletune.kernels._membound import rows_bucketed
 
 __all__ = ["ROPE", "apply_rope_", "prepare_rope", "rope_plan", "rope_reference"]
 

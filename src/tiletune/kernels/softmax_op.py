@@ -13,7 +13,7 @@ elements are one tile (``TM`` short rows per tile; zero-padded TMA loads, the pa
 the scaled difference, sum, one reciprocal, store. Longer rows use the online two-pass form: pass 1
 keeps a running max and a running sum rescaled on every new max, pass 2 reloads each chunk (L2
 hits while the rows in flight fit in L2) and writes ``exp(x - max) / sum``. The space comes from
-:func:`tiletune.templates.rowwise_space` (occupancy, load latency hint, TMA or plain stores,
+:func:`tiletune.space.templates.rowwise_space` (occupancy, load latency hint, TMA or plain stores,
 rows per tile or chunk width).
 """
 
@@ -25,15 +25,15 @@ from typing import Any, Hashable
 
 import cuda.tile as ct
 
-from ..backends.base import Launch
-from ..fastcall import custom_op_route, fast_op
-from ..space import Space
-from ..templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
-from .library_op import LibraryOp
-from ._membound import Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
-from ._membound import rows_bucketed
-from ._tile_ops import load_zero_padded as _ld
-from ..verify import derived_tolerances, exp_range
+from tiletune.devices.backends.base import Launch
+from tiletune.kernels.fastcall import custom_op_route, fast_op
+from tiletune.space.spaces import Space
+from tiletune.space.templates import ROW_MAX_ELEMS, next_power_of_2, rowwise_space
+from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._membound import Prepared, as_rows, check_device, check_float, int64_twin, needs_int64, persistent_grid
+from tiletune.kernels._membound import rows_bucketed
+from tiletune.kernels._tile_ops import load_zero_padded as _ld
+from tiletune.devices.verify import derived_tolerances, exp_range
 
 __all__ = ["SOFTMAX", "prepare_softmax", "softmax", "softmax_plan", "softmax_reference"]
 
@@ -125,7 +125,7 @@ def prepare_softmax(x: Any) -> Prepared:
     """Views, output and regime of a last-dimension :func:`softmax` (no checks, no launch)."""
     import torch
 
-    from .norms import row_key
+    from tiletune.kernels.norms import row_key
 
     x2 = as_rows(x)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)

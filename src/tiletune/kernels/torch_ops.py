@@ -40,7 +40,7 @@ changes from call to call may become a symbolic size instead of a recompilation.
 Use :func:`compiled_call` with the public function's name and arguments (as the caller passed
 them): it calls the custom op and returns what the public function returns. The public functions
 route to it while compiling, first thing, before any check that reads data pointers
-(``@fast_op(route=custom_op_route("rms_norm"))`` of :mod:`tiletune.fastcall` does exactly this)::
+(``@fast_op(route=custom_op_route("rms_norm"))`` of :mod:`tiletune.kernels.fastcall` does exactly this)::
 
     def rms_norm(x, weight=None, eps=1e-6):
         if torch.compiler.is_compiling():
@@ -96,56 +96,56 @@ _FP8 = getattr(torch, "float8_e4m3fn", None)
 
 
 def _rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
-    from .norms import rms_norm
+    from tiletune.kernels.norms import rms_norm
 
     return rms_norm(x, weight, eps)
 
 
 def _rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
-    from .norms import rms_norm_residual
+    from tiletune.kernels.norms import rms_norm_residual
 
     y, h = rms_norm_residual(x, residual, weight, eps)
     return y, h
 
 
 def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
-    from .norms import layer_norm
+    from tiletune.kernels.norms import layer_norm
 
     return layer_norm(x, weight, bias, eps)
 
 
 def _softmax(x: Tensor, dim: int) -> Tensor:
-    from .softmax_op import softmax
+    from tiletune.kernels.softmax_op import softmax
 
     return softmax(x, dim)
 
 
 def _swiglu(x: Tensor) -> Tensor:
-    from .glu import swiglu
+    from tiletune.kernels.glu import swiglu
 
     return swiglu(x)
 
 
 def _geglu(x: Tensor, approximate: str) -> Tensor:
-    from .glu import geglu
+    from tiletune.kernels.glu import geglu
 
     return geglu(x, approximate)
 
 
 def _apply_rope_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str) -> None:
-    from .rope import apply_rope_
+    from tiletune.kernels.rope import apply_rope_
 
     apply_rope_(q, k, cos, sin, layout)
 
 
 def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
-    from .cross_entropy_op import cross_entropy
+    from tiletune.kernels.cross_entropy_op import cross_entropy
 
     return cross_entropy(logits, target, False, ignore_index)
 
 
 def _cross_entropy_grad(logits: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
-    from .cross_entropy_op import cross_entropy
+    from tiletune.kernels.cross_entropy_op import cross_entropy
 
     loss, grad = cross_entropy(logits, target, True, ignore_index)
     return loss, grad
@@ -153,7 +153,7 @@ def _cross_entropy_grad(logits: Tensor, target: Tensor, ignore_index: int) -> Tu
 
 def _matmul(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
             out_dtype: Optional[torch.dtype]) -> Tensor:
-    from .gemm import matmul
+    from tiletune.kernels.gemm import matmul
 
     if scale_a is None and scale_b is None and out_dtype is None:
         return matmul(a, b)  # positional only: the op's per-signature fast path applies
@@ -161,13 +161,13 @@ def _matmul(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[T
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float]) -> Tensor:
-    from .attention_op import attention
+    from tiletune.kernels.attention_op import attention
 
     return attention(q, k, v, causal, scale)
 
 
 def _matmul_swiglu(x: Tensor, w_gate_up: Tensor) -> Tensor:
-    from .gemm_glu import matmul_swiglu
+    from tiletune.kernels.gemm_glu import matmul_swiglu
 
     return matmul_swiglu(x, w_gate_up)
 
@@ -181,7 +181,7 @@ def _one_of(op: str, name: str, as_tensor: Optional[Tensor], as_int: Optional[in
 
 def _decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths: Optional[Tensor],
                       lengths_int: Optional[int], causal: bool, scale: Optional[float]) -> Tensor:
-    from .decode_attention_op import decode_attention
+    from tiletune.kernels.decode_attention_op import decode_attention
 
     lens = _one_of("decode_attention()", "lengths", lengths, lengths_int)
     return decode_attention(q, cache_k, cache_v, lens, causal, scale)
@@ -189,7 +189,7 @@ def _decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths: Opti
 
 def _kv_cache_append(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor, start: Optional[Tensor],
                      start_int: Optional[int]) -> None:
-    from .decode_attention_op import kv_cache_append
+    from tiletune.kernels.decode_attention_op import kv_cache_append
 
     kv_cache_append(cache_k, cache_v, k, v, _one_of("kv_cache_append()", "start", start, start_int))
 
@@ -357,7 +357,7 @@ def _decode_attention_fake(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths:
                            lengths_int: Optional[int], causal: bool, scale: Optional[float]) -> Tensor:
     """A new contiguous tensor like ``q`` (the eager op's output), with the eager op's shape, dtype and
     ``lengths`` refusals (the head dim, the query count and the device are left to the real call)."""
-    from ._attention_checks import check_kv_shapes, check_lengths, check_qkv_tensors
+    from tiletune.kernels._attention_checks import check_kv_shapes, check_lengths, check_qkv_tensors
 
     op = "decode_attention()"
     lens = _one_of(op, "lengths", lengths, lengths_int)
@@ -371,7 +371,7 @@ def _kv_cache_append_fake(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor
                           start_int: Optional[int]) -> None:
     """Nothing (the caches are written in place), with the eager op's shape, dtype and ``start`` refusals
     (the device is left to the real call)."""
-    from ._attention_checks import check_append
+    from tiletune.kernels._attention_checks import check_append
 
     op = "kv_cache_append()"
     check_append(op, cache_k, cache_v, k, v, _one_of(op, "start", start, start_int), devices=False,

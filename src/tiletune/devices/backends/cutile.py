@@ -1,0 +1,325 @@
+"""The live backend: cuTile kernels on an NVIDIA GPU through PyTorch tensors."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from tiletune.devices.compile_pool import CompileJob, CompilePool
+from tiletune.errors import NoBackendError
+from tiletune.identity import function_source
+from tiletune.devices.measure import ColdL2Timer
+from tiletune import settings
+from tiletune.records import DeviceInfo, Status
+from tiletune.space.spaces import Config
+from tiletune.devices.verify import ArgGuard, Checker
+from tiletune.devices.backends.base import Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
+
+
+def _import_cutile() -> tuple[Any, Any]:
+    try:
+        import torch
+        import cuda.tile as ct
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise NoBackendError(
+            f"the cuTile backend needs torch and cuda-tile ({exc}); install with `pip install tiletune[cutile]`"
+        ) from exc
+    if not torch.cuda.is_available():
+        raise NoBackendError("the cuTile backend needs an NVIDIA GPU, and torch sees none")
+    return torch, ct
+
+
+class HintedKernels:
+    """``base kernel -> kernel.replace_hints(**hints)``, built once per (kernel, hints).
+
+    ``replace_hints`` returns a new kernel object with an empty in-memory compile cache, so it must
+    never run on the hot path: every tuned op keeps the hinted objects made here.
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, tuple], Any] = {}
+        self._keep: list[Any] = []  # keep base kernels alive so their id() stays unique
+
+    def get(self, kernel: Any, hints: Mapping[str, Any]) -> Any:
+        key = (id(kernel), tuple(sorted(hints.items())))
+        k = self._made.get(key)
+        if k is None:
+            from tiletune.devices.prefetch_kernel import PrefetchKernel
+
+            try:
+                k = PrefetchKernel.with_hints(kernel, hints)
+            except (AttributeError, TypeError):  # not a plain ct.kernel: use cuTile's own API
+                k = kernel.replace_hints(**hints) if hints else kernel
+            self._made[key] = k
+            self._keep.append(kernel)
+        return k
+
+
+class CutileBackend:
+    """Compiles in parallel, verifies and times cuTile kernels on the GPU; launches tuned ones."""
+
+    name = "cutile"
+    #: ``ct.launch`` reads ``__cuda_array_interface__`` objects (recipes pass views that way)
+    accepts_array_interface = True
+
+    def __init__(self, workers: int | None = None, compile_timeout_s: float | None = 300.0) -> None:
+        self.torch, self.ct = _import_cutile()
+        self.hinted = HintedKernels()
+        self.workers = workers
+        self.compile_timeout_s = compile_timeout_s
+        self._raw_stream = self.torch._C._cuda_getCurrentRawStream
+
+    @functools.lru_cache(maxsize=None)
+    def device_info(self, device_index: int) -> DeviceInfo:
+        p = self.torch.cuda.get_device_properties(device_index)
+        return DeviceInfo(name=p.name, arch=f"sm_{p.major}{p.minor}", sm_count=int(p.multi_processor_count))
+
+    def versions(self) -> Mapping[str, str]:
+        return software_versions()
+
+    def arg_device(self, args: Sequence[Any]) -> int:
+        for a in args:
+            get = getattr(a, "get_device", None)
+            if get is not None:
+                d = get()
+                if d < 0:
+                    raise ValueError("tiletune: a tensor argument is on the CPU; cuTile kernels need CUDA tensors")
+                return d
+        return self.torch.cuda.current_device()
+
+    def kernel_sources(self, kernel: Any) -> str:
+        fn = getattr(kernel, "_pyfunc", kernel)
+        opts = getattr(kernel, "_compiler_options", None)
+        return function_source(fn) + f"\n#options {opts!r}"
+
+    def stream_capturing(self, device_index: int) -> bool:
+        """Whether the current stream is being captured into a CUDA graph (tuning must not run then)."""
+        return bool(self.torch.cuda.is_current_stream_capturing())
+
+    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
+        # replace_hints runs here, once per (kernel, hints), never on the hot path
+        return LaunchParts(self.ct.launch, self._raw_stream, self.hinted.get(kernel, config.hints), device_index)
+
+    def open_session(
+        self,
+        plan: Callable[..., Launch],
+        args: tuple[Any, ...],
+        *,
+        device_index: int,
+        writes: Sequence[int],
+        inplace: Sequence[int] = (),
+        reference: Callable[..., Any] | None,
+        tolerance: Mapping[str, tuple[float, float]] | None,
+        name: str,
+    ) -> "CutileSession":
+        return CutileSession(self, plan, args, device_index, writes, inplace, reference, tolerance)
+
+
+class CutileSession:
+    """One tuning problem on one GPU (see :class:`tiletune.devices.backends.base.TuningSession`)."""
+
+    def __init__(
+        self,
+        backend: CutileBackend,
+        plan: Callable[..., Launch],
+        args: tuple[Any, ...],
+        device_index: int,
+        writes: Sequence[int],
+        inplace: Sequence[int],
+        reference: Callable[..., Any] | None,
+        tolerance: Mapping[str, tuple[float, float]] | None,
+    ) -> None:
+        self.t0 = time.perf_counter()
+        self.backend = backend
+        self.torch = backend.torch
+        self.plan = plan
+        self.args = args
+        self.dev = device_index
+        self._devctx = self.torch.cuda.device(device_index)
+        self._devctx.__enter__()
+        self.guard = ArgGuard(args, writes, inplace) if (writes or inplace) else None
+        self.checker = Checker(reference, self.guard, tolerance) if self.guard is not None else None
+        self.timer = ColdL2Timer(device_index, backlog_us=settings.timer_backlog_us())
+        self.pool = CompilePool(backend.workers, backend.compile_timeout_s)
+        self._launchers: dict[int, Callable[[], None]] = {}
+        # kernel objects of this session, with their prefetch counters when the session first met them
+        # (the objects are shared by every session of the process, so the counters are cumulative)
+        self._kernels: dict[int, tuple[Any, int, int]] = {}
+        self._warm: set[int] = set()
+        self.stats: dict[str, Any] = {"parallel_compile": self.pool.parallel, "why_serial": self.pool.why_serial}
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _launcher(self, cand: Candidate) -> Callable[[], None]:
+        fn = self._launchers.get(cand.order)
+        if fn is None:
+            spec = self.plan(cand.config, *self.args)
+            kernel = self.backend.hinted.get(spec.kernel, cand.config.hints)
+            self._track(kernel)
+            stream = self.backend._raw_stream
+            launch, dev, grid, kargs = self.backend.ct.launch, self.dev, tuple(spec.grid), tuple(spec.args)
+
+            def fn() -> None:
+                launch(stream(dev), grid, kernel, kargs)
+
+            self._launchers[cand.order] = fn
+        return fn
+
+    def _track(self, kernel: Any) -> None:
+        if id(kernel) not in self._kernels:
+            hits, misses = getattr(kernel, "prefetch_hits", 0), getattr(kernel, "prefetch_misses", 0)
+            self._kernels[id(kernel)] = (kernel, hits, misses)
+
+    def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+        jobs = []
+        by_order = {c.order: c for c in candidates}
+        for c in candidates:
+            try:
+                spec = self.plan(c.config, *self.args)
+                kernel = self.backend.hinted.get(spec.kernel, c.config.hints)
+                self._track(kernel)  # before anything of this session is offered to it
+            except Exception as exc:  # a plan that rejects a config is a failed candidate
+                yield CompileOutcome(c, Status.COMPILE_ERROR, 0.0, f"launch plan failed: {type(exc).__name__}: {exc}")
+                continue
+            jobs.append(CompileJob(c.order, kernel, tuple(spec.args), self.backend.device_info(self.dev).arch))
+        for r in self.pool.compile_all(jobs):
+            c = by_order[r.tag]  # type: ignore[index]
+            if r.error is None:
+                yield CompileOutcome(c, Status.OK, r.seconds)
+            else:
+                yield CompileOutcome(c, Status.TIMEOUT if r.timed_out else Status.COMPILE_ERROR, r.seconds, r.error)
+
+    def check(self, candidate: Candidate) -> CheckOutcome:
+        fn = self._launcher(candidate)
+        if self.guard is not None:
+            self.guard.prepare_checked_run()
+        t = time.perf_counter()
+        try:
+            fn()  # first launch: loads the cubin (compiles here if the pool could not)
+            self.torch.cuda.synchronize(self.dev)
+        except Exception as exc:
+            name = type(exc).__name__
+            status = Status.COMPILE_ERROR if "Compil" in name or "TileCompiler" in name else Status.LAUNCH_ERROR
+            return CheckOutcome(status, f"{name}: {exc}")
+        self.stats.setdefault("first_launch_s", []).append(round(time.perf_counter() - t, 4))
+        if self.checker is not None:
+            reason = self.checker.compare()
+            if reason is not None:
+                return CheckOutcome(Status.MISMATCH, reason)
+        return CheckOutcome(Status.OK)
+
+    def sample(self, candidate: Candidate, n: int) -> list[float]:
+        fn = self._launcher(candidate)
+        if not self._warm:
+            self.timer.spin(0.05)  # clocks up before the first timed sample of the session
+        if candidate.order not in self._warm:
+            self._warm.add(candidate.order)
+            self.timer.time(fn, 2)  # warm-up samples are discarded
+        return self.timer.time(fn, n)
+
+    def finish(self, winner: Candidate | None) -> None:
+        self.stats["prefetch_hits"] = sum(getattr(k, "prefetch_hits", 0) - h0 for k, h0, _ in self._kernels.values())
+        self.stats["prefetch_misses"] = sum(getattr(k, "prefetch_misses", 0) - m0
+                                            for k, _, m0 in self._kernels.values())
+        try:
+            if self.guard is not None:
+                self.guard.restore()
+            if winner is not None:
+                self._launcher(winner)()
+            self.torch.cuda.synchronize(self.dev)
+        finally:
+            self.timer.close()
+            self._launchers.clear()
+            self._devctx.__exit__(None, None, None)
+
+
+_prewarm_started = False
+
+
+def prewarm() -> None:
+    """Start, once per process, a daemon thread that loads cuTile's compiler and asks ``tileiras``
+    its version and bytecode level (subprocesses cuTile needs before any first launch).
+
+    Called when a tuned op is defined, so this one-off cost overlaps with whatever the program does
+    before its first call instead of landing on that call. ``TILETUNE_PREWARM=0`` turns it off.
+    """
+    global _prewarm_started
+    import threading
+
+    if _prewarm_started or not settings.prewarm():
+        return
+    _prewarm_started = True
+
+    def work() -> None:
+        try:
+            from cuda.tile import _compile as comp
+            from cuda.tile._cext import default_tile_context
+
+            software_versions()
+            comp._get_max_supported_bytecode_version(default_tile_context.config.temp_dir)
+        except Exception:  # best effort: the first call does this itself otherwise
+            pass
+
+    threading.Thread(target=work, name="tiletune-prewarm", daemon=True).start()
+
+
+@functools.lru_cache(maxsize=1)
+def software_versions() -> dict[str, str]:
+    """Versions of cuda-tile, the tileiras assembler and the NVIDIA driver (``"unknown"`` if unreadable).
+
+    The first two are read once per toolchain and recorded next to cuTile's cache
+    (:func:`tiletune.devices.frontend_cache.stored_toolchain_versions`): asking ``tileiras`` imports cuTile's
+    compiler and starts a subprocess, which a process served from the caches would not otherwise pay."""
+    from tiletune.devices import frontend_cache
+
+    try:
+        known = frontend_cache.stored_toolchain_versions()
+    except Exception:  # noqa: BLE001 - the record is an optimisation: read the versions instead
+        known = None
+    if known is not None:
+        return {**known, "driver": driver_version()}
+    out = {"cuda_tile": "unknown", "tileiras": "unknown", "driver": "unknown"}
+    try:
+        import cuda.tile as ct
+
+        out["cuda_tile"] = str(ct.__version__)
+    except Exception:
+        pass
+    try:
+        from cuda.tile._compile import _get_compiler_version_string
+
+        v = _get_compiler_version_string()
+        if v:
+            import re
+
+            m = re.search(r"V(\d+\.\d+\.\d+)", v)
+            out["tileiras"] = m.group(1) if m else v.strip().splitlines()[-1].strip()
+    except Exception:
+        pass
+    out["driver"] = driver_version()
+    try:
+        frontend_cache.store_toolchain_versions(out)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    return out
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version (e.g. ``580.159.04``), read without starting any process."""
+    import re
+
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module(?: for [\w-]+)?\s+(\d+\.\d+(?:\.\d+)?)", f.read())
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    try:
+        from cuda.tile._cext import get_driver_version
+
+        return "cuda " + ".".join(str(x) for x in get_driver_version())
+    except Exception:
+        return "unknown"

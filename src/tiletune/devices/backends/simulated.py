@@ -1,0 +1,241 @@
+"""Simulated backends: the tuning loop without a GPU.
+
+:class:`FakeBackend` answers from a timing model (a function of the config, plus seeded noise) and
+runs "kernels" that are plain Python callables on CPU tensors, so the decorator, the correctness gate
+and the in-place protection are exercised for real in CPU tests. :class:`SimulatedSession` keeps a
+simulated clock: compilation is list-scheduled over ``workers`` parallel compilers and overlaps with
+measurement, as in the live backend.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from tiletune.records import DeviceInfo, Status
+from tiletune.space.spaces import Config
+from tiletune.devices.verify import ArgGuard, Checker
+from tiletune.devices.backends.base import Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
+
+
+@dataclass(frozen=True)
+class SimulatedCandidate:
+    """What a simulated backend knows about one config."""
+
+    status: Status = Status.OK  # COMPILE_ERROR / LAUNCH_ERROR / MISMATCH / TIMEOUT to fail it
+    reason: str = ""
+    compile_s: float = 0.8
+
+
+class TimingSource:
+    """Where simulated samples come from. Subclasses: a model (fake) or a recording (replay)."""
+
+    def describe(self, config: Config) -> SimulatedCandidate:
+        """Failure status and compile time of a config."""
+        raise NotImplementedError
+
+    def draw(self, config: Config, n: int, rng: random.Random) -> list[float]:
+        """``n`` samples in microseconds."""
+        raise NotImplementedError
+
+
+class ModelTiming(TimingSource):
+    """Samples from ``model(config)`` (true time, us) with multiplicative lognormal noise."""
+
+    def __init__(
+        self,
+        model: Callable[[Config], float],
+        *,
+        noise: float = 0.01,
+        compile_s: Callable[[Config], float] | float = 0.8,
+        failures: Callable[[Config], SimulatedCandidate | None] | None = None,
+    ) -> None:
+        self.model = model
+        self.noise = noise
+        self.compile_s = compile_s
+        self.failures = failures
+
+    def describe(self, config: Config) -> SimulatedCandidate:
+        if self.failures is not None:
+            f = self.failures(config)
+            if f is not None:
+                return f
+        cs = self.compile_s(config) if callable(self.compile_s) else self.compile_s
+        return SimulatedCandidate(compile_s=float(cs))
+
+    def draw(self, config: Config, n: int, rng: random.Random) -> list[float]:
+        mu = float(self.model(config))
+        return [mu * rng.lognormvariate(0.0, self.noise) for _ in range(n)]
+
+
+@dataclass
+class SimulatedSession:
+    """A tuning session whose clock and measurements are simulated."""
+
+    source: TimingSource
+    workers: int = 16
+    seed: int = 0
+    sample_overhead_us: float = 15.0  # cache flush + event pair per sample
+    check_overhead_s: float = 0.002
+    guard: ArgGuard | None = None
+    checker: Checker | None = None
+    run: Callable[[Candidate], None] | None = None  # executes the candidate for real (fake kernels)
+    _clock: float = 0.0
+    _rng: random.Random = field(init=False)
+    samples_drawn: int = 0
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def clock(self) -> float:
+        return self._clock
+
+    def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+        # List scheduling, candidates started in order, from the moment compile() is asked (a search
+        # asks once per batch: the compilers of a later batch start when it is proposed, not at 0).
+        free = [self._clock] * max(1, self.workers)
+        heapq.heapify(free)
+        done: list[tuple[float, int, Candidate, SimulatedCandidate]] = []
+        for c in candidates:
+            d = self.source.describe(c.config)
+            start = heapq.heappop(free)
+            end = start + d.compile_s
+            heapq.heappush(free, end)
+            done.append((end, c.order, c, d))
+        done.sort(key=lambda t: (t[0], t[1]))
+        for end, _, c, d in done:
+            self._clock = max(self._clock, end)
+            status = d.status if d.status in (Status.COMPILE_ERROR, Status.TIMEOUT) else Status.OK
+            yield CompileOutcome(c, status, d.compile_s, d.reason if status is not Status.OK else "")
+
+    def check(self, candidate: Candidate) -> CheckOutcome:
+        self._clock += self.check_overhead_s
+        d = self.source.describe(candidate.config)
+        if d.status in (Status.LAUNCH_ERROR, Status.MISMATCH):
+            return CheckOutcome(d.status, d.reason or d.status.value)
+        if self.run is not None and self.guard is not None:
+            self.guard.prepare_checked_run()
+            try:
+                self.run(candidate)
+            except Exception as exc:
+                return CheckOutcome(Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}")
+            if self.checker is not None:
+                reason = self.checker.compare()
+                if reason is not None:
+                    return CheckOutcome(Status.MISMATCH, reason)
+        return CheckOutcome(Status.OK)
+
+    def sample(self, candidate: Candidate, n: int) -> list[float]:
+        samples = self.source.draw(candidate.config, n, self._rng)
+        self.samples_drawn += len(samples)
+        self._clock += sum(samples) * 1e-6 + n * self.sample_overhead_us * 1e-6
+        if self.run is not None:
+            self.run(candidate)  # the real kernel runs too (it may scribble on outputs)
+        return samples
+
+    def finish(self, winner: Candidate | None) -> None:
+        if self.guard is not None:
+            self.guard.restore()
+        if winner is not None and self.run is not None:
+            self.run(winner)
+
+
+class SimulatedBackend:
+    """What the fake and replay backends share: a fixed device, no GPU, launches recorded in
+    :attr:`launches` (subclasses decide what a launch records or runs, in :meth:`_execute`)."""
+
+    name = "simulated"
+    #: set True to simulate a CUDA graph capture in progress (tests of the capture fallback)
+    capturing: bool = False
+    device: DeviceInfo
+    _versions: dict[str, str]
+    launches: list[Any]
+
+    def device_info(self, device_index: int) -> DeviceInfo:
+        return self.device
+
+    def versions(self) -> Mapping[str, str]:
+        return self._versions
+
+    def arg_device(self, args: Sequence[Any]) -> int:
+        return 0
+
+    def stream_capturing(self, device_index: int) -> bool:
+        return self.capturing
+
+    def kernel_sources(self, kernel: Any) -> str:
+        from tiletune.identity import function_source
+
+        return function_source(getattr(kernel, "_pyfunc", kernel)) if callable(kernel) else repr(kernel)
+
+    def _execute(self, config: Config, spec: Launch) -> None:
+        raise NotImplementedError
+
+    def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
+        def launch(stream: Any, grid: tuple[int, ...], k: Any, kargs: tuple[Any, ...]) -> None:
+            self._execute(config, Launch(k, grid, kargs))
+
+        return LaunchParts(launch, lambda d: None, kernel, device_index)
+
+
+class FakeBackend(SimulatedBackend):
+    """A CPU stand-in for the cuTile backend, for tests and demos.
+
+    ``timing(config) -> microseconds`` is the true kernel time; ``failures(config)`` may return a
+    :class:`SimulatedCandidate` with a failure status. Kernels are Python callables called as
+    ``kernel(*kernel_args)`` (for example writing into CPU torch tensors); every launch is recorded
+    in :attr:`launches` as ``(config, grid, args)``.
+    """
+
+    name = "fake"
+
+    def __init__(
+        self,
+        timing: Callable[[Config], float],
+        *,
+        noise: float = 0.01,
+        compile_s: Callable[[Config], float] | float = 0.8,
+        failures: Callable[[Config], SimulatedCandidate | None] | None = None,
+        device: DeviceInfo = DeviceInfo("Fake H200", "sm_90", 132),
+        versions: Mapping[str, str] | None = None,
+        workers: int = 16,
+        seed: int = 0,
+    ) -> None:
+        self.source = ModelTiming(timing, noise=noise, compile_s=compile_s, failures=failures)
+        self.device = device
+        self._versions = dict(versions or {"cuda_tile": "fake", "tileiras": "fake", "driver": "fake"})
+        self.workers = workers
+        self.seed = seed
+        self.launches: list[tuple[Config, tuple[int, ...], tuple[Any, ...]]] = []
+        self.sessions: list[SimulatedSession] = []
+
+    def _execute(self, config: Config, spec: Launch) -> None:
+        self.launches.append((config, tuple(spec.grid), tuple(spec.args)))
+        if callable(spec.kernel):
+            spec.kernel(*spec.args)
+
+    def open_session(
+        self,
+        plan: Callable[..., Launch],
+        args: tuple[Any, ...],
+        *,
+        device_index: int,
+        writes: Sequence[int],
+        inplace: Sequence[int] = (),
+        reference: Callable[..., Any] | None,
+        tolerance: Mapping[str, tuple[float, float]] | None,
+        name: str,
+    ) -> SimulatedSession:
+        guard = ArgGuard(args, writes, inplace) if (writes or inplace) else None
+        checker = Checker(reference, guard, tolerance) if guard is not None else None
+
+        def run(c: Candidate) -> None:
+            self._execute(c.config, plan(c.config, *args))
+
+        session = SimulatedSession(
+            self.source, workers=self.workers, seed=self.seed, guard=guard, checker=checker, run=run
+        )
+        self.sessions.append(session)
+        return session

@@ -1,0 +1,429 @@
+"""A disk cache of cuTile's front end: the cubin of (kernel code, hints, launch signature, GPU arch).
+
+cuTile compiles a kernel object on its first launch for a specialisation. Its disk cache is keyed by
+the Tile IR bytecode, so even when that cache holds the cubin a fresh process first runs the front
+end: it imports cuTile's compiler, asks ``tileiras`` for its version and bytecode level
+(subprocesses), and lowers the Python function to bytecode. That is a few tenths of a second on the
+first call of every kernel of a process, most of a served first call. This cache keys the cubin by
+what the bytecode is a function of instead, so a hit skips the whole front end:
+
+* the kernel's code: a fingerprint, made before every compile, of its Python function (its code in
+  memory and its source file) and, transitively, of every global it reads (the functions it calls,
+  the files of the modules it reaches, the values of the constants and module attributes it reads;
+  cuda.tile itself is covered by its version). A global the fingerprint cannot describe (an
+  arbitrary object) makes the kernel uncacheable here: it then always takes cuTile's own path;
+* the compiler options (hints), the launch signature (cuTile's mangled name of it: dtypes, ranks,
+  constants, divisibility and alias facts), the GPU arch and the calling convention;
+* cuda-tile's version, where ``tileiras`` lives (path, size and modification time of each binary cuTile
+  could pick) and the ``CUDA_TILE_*`` variables that can change a compile.
+
+Entries live next to cuTile's own cache (``<cuTile cache dir>/tiletune-frontend``): with cuTile's disk
+cache off this cache is off too, and clearing cuTile's folder clears it. Each entry is the cubin and a
+JSON record of its symbol, size and SHA-256 (checked on read: a damaged entry is a miss). No pickle.
+``TILETUNE_FRONTEND_CACHE=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("tiletune")
+
+__all__ = ["Ticket", "ticket", "lookup", "store", "code_fingerprint", "toolchain_fingerprint", "cache_folder", "MAX_ENTRIES",
+           "MAX_BYTES", "FORMAT", "stored_toolchain_versions", "store_toolchain_versions"]
+
+#: bumped when the key material or the entry layout changes
+FORMAT = 1
+#: entries kept at most, and their cubins' total size; the least recently used go first
+MAX_ENTRIES = 2048
+MAX_BYTES = 512 << 20
+#: variables cuTile reads that do not change a compile's output (the rest of CUDA_TILE_* are keyed)
+_NEUTRAL_ENV = {"CUDA_TILE_CACHE_DIR", "CUDA_TILE_CACHE_SIZE", "CUDA_TILE_TEMP_DIR",
+                "CUDA_TILE_COMPILER_TIMEOUT_SEC", "CUDA_TILE_ENABLE_CRASH_DUMP"}
+#: variables that ask cuTile for logs or dumps of a compile: the front end must run, so no cache
+_WANTS_FRONT_END = ("CUDA_TILE_LOGS", "CUDA_TILE_DUMP_TILEIR", "CUDA_TILE_DUMP_BYTECODE")
+_SIMPLE = (int, float, bool, str, bytes, complex, type(None))
+
+_lock = threading.Lock()
+_file_hashes: dict[str, tuple[tuple[int, int], str]] = {}  # path -> ((mtime_ns, size), sha256)
+_toolchain: str | None = None
+
+
+class _Opaque(Exception):
+    """A global the fingerprint cannot describe."""
+
+
+def _enabled() -> bool:
+    from tiletune import settings
+
+    if not settings.frontend_cache():
+        return False
+    return not any(os.environ.get(v) for v in _WANTS_FRONT_END)
+
+
+def cache_folder(context: Any = None) -> Path | None:
+    """The cache's folder for this cuTile context (its config's ``cache_dir``), or None when cuTile's
+    disk cache is off."""
+    base = getattr(getattr(context, "config", None), "cache_dir", None) if context is not None else None
+    if base is None and context is None:
+        try:
+            from cutile_cache._env import get_cache_dir_from_env
+
+            base = get_cache_dir_from_env()
+        except Exception:  # noqa: BLE001 - an unknown cuTile layout: no cache
+            return None
+    return Path(base) / "tiletune-frontend" if base else None
+
+
+# ---------------------------------------------------------------------------------------- fingerprints
+def _file_hash(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    stamp = (st.st_mtime_ns, st.st_size)
+    known = _file_hashes.get(path)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+    _file_hashes[path] = (stamp, digest)
+    return digest
+
+
+def _is_cutile(obj: Any) -> bool:
+    mod = getattr(obj, "__module__", None) or getattr(type(obj), "__module__", "") or ""
+    if isinstance(obj, types.ModuleType):
+        mod = obj.__name__
+    return mod == "cuda.tile" or mod.startswith("cuda.tile.") or mod.startswith("cutile_cache")
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+def _code_text(code: types.CodeType) -> str:
+    parts = [code.co_name, code.co_code.hex(), repr(code.co_names), repr(code.co_varnames)]
+    for c in code.co_consts:
+        parts.append(_code_text(c) if isinstance(c, types.CodeType) else repr(c))
+    return "|".join(parts)
+
+
+class _Walker:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.seen: set[int] = set()
+        self.names: set[str] = set()  # every name the code reached so far reads (attribute names too)
+
+    def function(self, fn: Any) -> None:
+        fn = inspect.unwrap(fn)
+        inner = getattr(fn, "_pyfunc", None)
+        if inner is not None:
+            fn = inner
+        if id(fn) in self.seen:
+            return
+        self.seen.add(id(fn))
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            raise _Opaque(f"no code object: {fn!r}")
+        path = code.co_filename
+        digest = _file_hash(path) if path and not path.startswith("<") else None
+        # the code in memory, and the defining file as it is now (cuTile's front end reads the source from
+        # the file: after an edit the two differ, and the key differs from a fresh process's either way)
+        self.parts.append(f"fn {getattr(fn, '__module__', '')}.{fn.__qualname__} file {digest} "
+                          f"code {_code_text(code)}")
+        names = _code_names(code)
+        self.names |= names
+        glb = getattr(fn, "__globals__", {})
+        for name in sorted(names):
+            if name in glb:
+                self.value(f"{fn.__qualname__}:{name}", glb[name])
+        for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
+            try:
+                self.value(f"{fn.__qualname__}:cell{i}", cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        for i, d in enumerate(getattr(fn, "__defaults__", None) or ()):
+            self.value(f"{fn.__qualname__}:default{i}", d)
+        for k, d in sorted((getattr(fn, "__kwdefaults__", None) or {}).items()):
+            self.value(f"{fn.__qualname__}:kwdefault {k}", d)
+
+    def value(self, where: str, v: Any) -> None:
+        if isinstance(v, _SIMPLE):
+            self.parts.append(f"{where}={type(v).__name__}:{v!r}")
+        elif isinstance(v, (tuple, list, frozenset)):
+            self.parts.append(f"{where}={type(v).__name__}[{len(v)}]")
+            for i, x in enumerate(sorted(v, key=repr) if isinstance(v, frozenset) else v):
+                self.value(f"{where}[{i}]", x)
+        elif _is_cutile(v):
+            self.parts.append(f"{where}=cuda.tile {type(v).__name__} {v!r}" if not callable(v)
+                              or isinstance(v, types.ModuleType) else f"{where}=cuda.tile {getattr(v, '__name__', '?')}")
+        elif isinstance(v, types.ModuleType):
+            f = getattr(v, "__file__", None)
+            self.parts.append(f"{where}=module {v.__name__} {_file_hash(f) if f else 'builtin'}")
+            if id(v) in self.seen:
+                return
+            self.seen.add(id(v))
+            # ``mod.NAME`` in the code: what the module holds under each name the code reads (a constant
+            # or helper defined in another file of a package and re-exported)
+            attrs = getattr(v, "__dict__", {})
+            for name in sorted(self.names):
+                if name in attrs and not name.startswith("__"):
+                    self.value(f"{where}.{name}", attrs[name])
+        elif isinstance(v, type):
+            mod = sys.modules.get(v.__module__)
+            f = getattr(mod, "__file__", None)
+            self.parts.append(f"{where}=class {v.__module__}.{v.__qualname__} {_file_hash(f) if f else 'builtin'}")
+        elif isinstance(v, (types.FunctionType, types.MethodType)) or hasattr(v, "_pyfunc") or (
+                callable(v) and hasattr(v, "__wrapped__")):
+            if getattr(v, "__module__", "") == "builtins":
+                self.parts.append(f"{where}=builtin {v!r}")
+            else:
+                self.function(v)
+        elif isinstance(v, types.BuiltinFunctionType):
+            self.parts.append(f"{where}=builtin {getattr(v, '__module__', '')}.{v.__qualname__}")
+        else:
+            raise _Opaque(f"{where} is a {type(v).__name__}")
+
+
+def code_fingerprint(fn: Any) -> str | None:
+    """A SHA-256 of a kernel's Python function and everything global it reads (see the module doc), or
+    None when it reads a global the fingerprint cannot describe. Computed at every request (once per
+    compile): a global changed by the program between two compiles changes the fingerprint."""
+    w = _Walker()
+    try:
+        w.function(fn)
+    except _Opaque as exc:
+        logger.debug("tiletune: %s: not in the front-end cache (%s)", getattr(fn, "__qualname__", fn), exc)
+        return None
+    return hashlib.sha256("\n".join(w.parts).encode()).hexdigest()
+
+
+def toolchain_fingerprint() -> str:
+    """cuda-tile's version and every ``tileiras`` cuTile could run (path, size, modification time): the
+    pip package's, the one on PATH and the one under CUDA_HOME / CUDA_PATH. Read once per process."""
+    global _toolchain
+    if _toolchain is not None:
+        return _toolchain
+    import importlib.util
+    import shutil
+
+    import cuda.tile as ct
+
+    found: list[str] = []
+    try:
+        spec = importlib.util.find_spec("nvidia.cu13")
+        for root in (spec.submodule_search_locations or []) if spec is not None else []:
+            found.append(os.path.join(root, "bin", "tileiras"))
+    except (ImportError, ValueError):
+        pass
+    on_path = shutil.which("tileiras")
+    if on_path:
+        found.append(on_path)
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home:
+            found.append(os.path.join(home, "bin", "tileiras"))
+    parts = [f"cuda_tile {ct.__version__}"]
+    for p in found:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        parts.append(f"{os.path.realpath(p)} {st.st_size} {st.st_mtime_ns}")
+    _toolchain = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return _toolchain
+
+
+def _entry_key(kernel: Any, signature: Any, arch: str) -> str | None:
+    pyfunc = getattr(kernel, "_pyfunc", None)
+    if pyfunc is None:
+        return None
+    code = code_fingerprint(pyfunc)
+    if code is None:
+        return None
+    try:
+        from cuda.tile.compilation import mangle_kernel_name
+
+        sig = mangle_kernel_name(pyfunc.__name__, signature)
+    except Exception:  # noqa: BLE001 - a signature cuTile cannot name: its own path
+        return None
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if (k.startswith("CUDA_TILE_") or k.startswith("EXPERIMENTAL_CUDA_TILE_")) and k not in _NEUTRAL_ENV)
+    material = json.dumps({"format": FORMAT, "toolchain": toolchain_fingerprint(), "arch": arch, "code": code,
+                           "options": repr(getattr(kernel, "_compiler_options", None)), "signature": sig,
+                           "calling_convention": getattr(signature.calling_convention, "code", None),
+                           "env": env}, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------- versions
+def stored_toolchain_versions() -> dict[str, str] | None:
+    """The cuda-tile and tileiras versions recorded for this toolchain (:func:`toolchain_fingerprint`),
+    or None. Reading ``tileiras``' version costs cuTile's compiler import and a subprocess; a process
+    served from the caches needs it only for its tuning identity."""
+    if not _enabled():
+        return None
+    folder = cache_folder()
+    if folder is None:
+        return None
+    try:
+        known = json.loads((folder / "versions.json").read_text())
+        got = known.get(toolchain_fingerprint()) if isinstance(known, dict) else None
+    except (OSError, ValueError):
+        return None
+    if isinstance(got, dict) and all(isinstance(got.get(k), str) for k in ("cuda_tile", "tileiras")):
+        return {"cuda_tile": got["cuda_tile"], "tileiras": got["tileiras"]}
+    return None
+
+
+def store_toolchain_versions(versions: dict[str, str]) -> None:
+    """Record ``{"cuda_tile", "tileiras"}`` for this toolchain (nothing if either is unknown)."""
+    if not _enabled() or any(versions.get(k) in (None, "unknown") for k in ("cuda_tile", "tileiras")):
+        return
+    folder = cache_folder()
+    if folder is None:
+        return
+    path = folder / "versions.json"
+    try:
+        known = json.loads(path.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    known = dict(list(known.items())[-15:])  # a few toolchains at most
+    known[toolchain_fingerprint()] = {"cuda_tile": versions["cuda_tile"], "tileiras": versions["tileiras"]}
+    _write_files(folder, [(path.name, json.dumps(known).encode())], "toolchain versions")
+
+
+def _write_files(folder: Path, files: list[tuple[str, bytes]], what: str) -> bool:
+    """Write each ``(name, data)`` into ``folder`` (created if missing) atomically, in order
+    (:func:`tiletune.jsonio.write_atomic`); False, logged, when one could not be written."""
+    from tiletune import jsonio as _io
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in files:
+            _io.write_atomic(folder / name, data)
+    except (OSError, _io.Problem) as exc:
+        logger.debug("tiletune: front-end cache: %s not written (%s)", what, exc)
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------- entries
+class Ticket:
+    """One compile's entry: its folder and key, computed before the compile (so what is stored after
+    it is keyed by the globals the compile read, not by values the program set later)."""
+
+    __slots__ = ("folder", "key", "arch", "qualname")
+
+    def __init__(self, folder: Path, key: str, arch: str, qualname: str) -> None:
+        self.folder, self.key, self.arch, self.qualname = folder, key, arch, qualname
+
+    def load(self) -> tuple[bytes, str] | None:
+        """``(cubin, symbol)`` stored under this key, or None (absent or damaged)."""
+        try:
+            meta = json.loads((self.folder / f"{self.key}.json").read_text())
+            cubin = (self.folder / f"{self.key}.cubin").read_bytes()
+        except (OSError, ValueError):
+            return None
+        if (not isinstance(meta, dict) or meta.get("size") != len(cubin)
+                or meta.get("sha256") != hashlib.sha256(cubin).hexdigest() or not isinstance(meta.get("symbol"), str)):
+            logger.debug("tiletune: front-end cache entry %s is damaged; compiling", self.key)
+            return None
+        try:
+            os.utime(self.folder / f"{self.key}.json")  # recently used: evicted last
+        except OSError:
+            pass
+        return cubin, meta["symbol"]
+
+    def save(self, cubin: bytes, symbol: str) -> bool:
+        """Keep ``cubin`` for later processes; True if stored."""
+        if not isinstance(cubin, (bytes, bytearray)) or not isinstance(symbol, str):
+            return False
+        meta = {"symbol": symbol, "size": len(cubin), "sha256": hashlib.sha256(cubin).hexdigest(),
+                "arch": self.arch, "kernel": self.qualname}
+        # the record goes last: a reader sees it only with its cubin
+        if not _write_files(self.folder, [(f"{self.key}.cubin", bytes(cubin)),
+                                          (f"{self.key}.json", json.dumps(meta).encode())], f"entry {self.key}"):
+            return False
+        if random.random() < 1 / 64:
+            _evict(self.folder)
+        return True
+
+
+def ticket(kernel: Any, signature: Any, context: Any, arch: str) -> Ticket | None:
+    """The entry of this kernel object's compile of ``signature`` on ``arch`` in ``context``'s cuTile
+    cache, or None (cache off, kernel not fingerprintable, signature cuTile cannot name)."""
+    if not _enabled():
+        return None
+    folder = cache_folder(context)
+    if folder is None:
+        return None
+    key = _entry_key(kernel, signature, arch)
+    if key is None:
+        return None
+    return Ticket(folder, key, arch, getattr(getattr(kernel, "_pyfunc", None), "__qualname__", "?"))
+
+
+def lookup(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes, str] | None:
+    """``(cubin, symbol)`` stored for this kernel object's compile of ``signature`` on ``arch``, or None."""
+    t = ticket(kernel, signature, context, arch)
+    return t.load() if t is not None else None
+
+
+def store(kernel: Any, signature: Any, context: Any, arch: str, cubin: bytes, symbol: str) -> bool:
+    """Keep ``cubin`` (compiled for ``signature`` on ``arch``) for later processes; True if stored."""
+    t = ticket(kernel, signature, context, arch)
+    return t.save(cubin, symbol) if t is not None else False
+
+
+def _evict(folder: Path, keep: int | None = None, max_bytes: int | None = None) -> int:
+    """Drop the least recently used entries beyond ``keep`` entries (default :data:`MAX_ENTRIES`) or
+    ``max_bytes`` of cubins (default :data:`MAX_BYTES`); returns how many went."""
+    keep = MAX_ENTRIES if keep is None else keep
+    max_bytes = MAX_BYTES if max_bytes is None else max_bytes
+    with _lock:
+        entries = []
+        try:
+            for rec in folder.glob("*.json"):
+                if rec.name == "versions.json":
+                    continue
+                try:
+                    used = rec.stat().st_mtime_ns
+                    size = rec.with_suffix(".cubin").stat().st_size
+                except OSError:
+                    used, size = 0, 0  # half an entry (or one being written): first to go
+                entries.append((used, size, rec))
+        except OSError:
+            return 0
+        entries.sort(key=lambda e: e[0])
+        total = sum(e[1] for e in entries)
+        gone = 0
+        for used, size, rec in entries:
+            if len(entries) - gone <= keep and total <= max_bytes:
+                break
+            for p in (rec, rec.with_suffix(".cubin")):
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+            total -= size
+            gone += 1
+        return gone

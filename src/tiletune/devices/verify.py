@@ -1,0 +1,398 @@
+"""Correctness gate and in-place safety for tuning sessions (works on any torch device).
+
+* :class:`ArgGuard` saves every argument the kernel writes before tuning and restores them between
+  candidates and at the end, so the caller's tensors are never left half-written by a candidate.
+* :class:`Checker` computes the reference once, on the pristine arguments, and compares *every*
+  written argument of each candidate with it (:func:`compare_tensors`). Outputs are poisoned with NaN
+  (or an integer sentinel) before the candidate runs, so an element the kernel forgot to write fails.
+  A reference answers :data:`SCRATCH` for a written argument that is scratch (its contents after the
+  launch depend on the config): it is saved and restored like the others, its values never compared.
+
+The rule (:func:`compare_tensors`), for a candidate's output ``g`` and the reference ``w``
+----------------------------------------------------------------------------------------------
+
+1. **Shape and kind**: ``g.shape == w.shape``; floating outputs need a floating reference, integer
+   outputs an integer one, bool outputs a bool one.
+2. **Integer and bool outputs** are compared exactly.
+3. **Non-finite values**: where ``w`` (rounded to ``g``'s dtype) is NaN, ``g`` must be NaN; where it
+   is ``+-inf``, ``g`` must be the same infinity; where it is finite, ``g`` must be finite (a NaN there
+   is an unwritten or invalid element).
+4. **Per element**, over the finite elements, with ``e = eps(g.dtype)`` and ``rms(w)`` the root mean
+   square of the reference's finite elements (the output's own scale)::
+
+       |g - w| <= floor + atol + atol_rms * rms(w) + rtol * |w|
+
+   ``floor = max(smallest subnormal of g.dtype, smallest normal float32)``: one step of the dtype's
+   subnormal grid, and what a flush-to-zero float32 computation may lose. No fixed per-dtype absolute
+   tolerance: a probability of 1e-5 must be right to ``rtol`` relative, whatever the dtype.
+5. **Aggregate**: the normalized error over the finite elements::
+
+       rms(g - w) <= agg * rms(w) + agg_atol + floor
+
+   Many elements each inside the per-element bound (say just under ``atol_rms * rms(w)``: a bias, a
+   dropped tail of small values) add up here.
+
+The numbers come from a :class:`Tolerance` per dtype name: ``tolerance=`` of :func:`tiletune.autotune`
+maps dtype names to a :class:`Tolerance` or to a plain ``(rtol, atol)`` pair; an entry
+``"output:<i>"`` (a mapping of its own) replaces the mapping for the i-th written argument
+(:func:`output_tolerance`). A pair is read as
+``Tolerance(rtol, atol, atol_rms=0, agg=max(default agg, rtol), agg_atol=atol)``: the caller's
+explicit absolute slack is honoured in both checks, the aggregate is never tighter than ``rtol``.
+
+Default tolerances are *derived*, not chosen (:func:`derived_tolerance`): a kernel that computes in
+float32 and rounds once to its output dtype is off from an exact (float64) result by at most half an
+ulp, ``eps/2`` relative; the reference (float32 math rounded to the same dtype) by as much again. So
+``rtol = 2 eps`` (two ulps) plus a float32 term for the computation itself,
+``(compute_ulps + 4 sqrt(length) + 2 exp_range) * eps(float32)``: ``length`` terms accumulated as
+a random walk, ``exp_range`` the spread of an ``exp`` argument (each unit of it costs float32 ulps of
+relative error). ``atol_rms = 1 eps`` (plus the same float32 term) covers cancellation: outputs that
+are sums of terms of mixed sign carry errors of the size of the terms, not of the result.
+``agg = 1 eps`` (plus the float32 term): the root-mean-square error of a once-rounded result is
+about ``0.3 eps`` of the output's RMS. Library ops pass their accumulation length and, where they
+cancel, a larger ``atol_rms`` (see their ``tolerance=``). ``tests/test_verify.py`` checks that the
+float64-exact result rounded to each dtype, and float32-accumulated-then-rounded results, pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+INT_SENTINEL = -123456789
+
+
+class _Scratch:
+    """Type of :data:`SCRATCH`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "tiletune.devices.verify.SCRATCH"
+
+
+#: What a reference returns for a written argument that is scratch: memory a kernel writes and reads
+#: itself (per-block partial sums, split-K partial tiles) whose contents after a launch depend on the
+#: config. The argument is declared written, so it is saved, restored and may change; the gate does not
+#: compare its values, only that an in-place scratch holds no NaN or infinity where it held a finite value
+#: before the launch.
+SCRATCH = _Scratch()
+
+#: machine epsilon (distance from 1 to the next value) per dtype name; tf32 is float32 with 10 bits
+EPS: dict[str, float] = {
+    "float64": 2.0 ** -52,
+    "float32": 2.0 ** -23,
+    "tfloat32": 2.0 ** -10,
+    "float16": 2.0 ** -10,
+    "bfloat16": 2.0 ** -7,
+    "float8_e4m3fn": 2.0 ** -3,
+    "float8_e5m2": 2.0 ** -2,
+}
+#: smallest positive subnormal per dtype name (the absolute rounding step near zero)
+SUBNORMAL: dict[str, float] = {
+    "float64": 2.0 ** -1074,
+    "float32": 2.0 ** -149,
+    "float16": 2.0 ** -24,
+    "bfloat16": 2.0 ** -133,
+    "float8_e4m3fn": 2.0 ** -9,
+    "float8_e5m2": 2.0 ** -16,
+}
+FLOAT32_TINY = 2.0 ** -126  # smallest normal float32: what flush-to-zero may drop
+
+
+class Tolerance(NamedTuple):
+    """Bounds of :func:`compare_tensors` for one dtype (see the module docstring for the rule).
+
+    ``rtol``: per element, relative to ``|want|``; ``atol``: per element, absolute; ``atol_rms``:
+    per element, relative to ``rms(want)``; ``agg``: bound of ``rms(got - want) / rms(want)`` (None:
+    ``max(default, rtol)``); ``agg_atol``: absolute part of the aggregate bound (None: ``atol``).
+    """
+
+    rtol: float
+    atol: float = 0.0
+    atol_rms: float = 0.0
+    agg: float | None = None
+    agg_atol: float | None = None
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    s = str(dtype)
+    return s[6:] if s.startswith("torch.") else s
+
+
+def eps(dtype: Any) -> float:
+    """Machine epsilon of a dtype (or dtype name, ``"tfloat32"`` included); 0 for non-float dtypes."""
+    return EPS.get(dtype_name(dtype), 0.0)
+
+
+def derived_tolerance(
+    dtype: Any,
+    *,
+    length: float = 1,
+    ulps: float = 2.0,
+    atol_ulps: float = 1.0,
+    agg_ulps: float = 1.0,
+    compute_ulps: float = 16.0,
+    exp_range: float = 0.0,
+    compute: Any = "float32",
+) -> Tolerance:
+    """Tolerance of a result computed in ``compute`` precision and rounded once to ``dtype``.
+
+    Bounds are multiples of ``eps(dtype)`` (rounding of the result and of the reference: ``ulps``
+    relative, ``atol_ulps`` of the output's RMS, ``agg_ulps`` for the normalized error) plus the
+    computation's own error in ``eps(compute)``: ``compute_ulps`` (a handful of roundings and
+    approximate ``exp2``/``rsqrt``/division) ``+ 4 sqrt(length)`` (``length`` terms accumulated,
+    random-walk growth with a 4x margin) ``+ 2 exp_range`` (``exp(x)`` with ``|x| <= exp_range``
+    inherits ``|x|`` float32 ulps of relative error from its argument, in the kernel and the
+    reference alike). Dtypes wider than ``compute`` use their own epsilon for both. ``atol_ulps=0``
+    (an op without cancellation, e.g. softmax) gives no slack tied to the output's RMS at all.
+    """
+    e = eps(dtype)
+    ec = eps(compute)
+    if e <= 0.0:
+        return Tolerance(0.0, 0.0, 0.0, 0.0, 0.0)
+    if e < ec:
+        ec = e
+    c = (compute_ulps + 4.0 * math.sqrt(max(1.0, float(length))) + 2.0 * max(0.0, float(exp_range))) * ec
+    atol_rms = atol_ulps * e + c if atol_ulps > 0 else 0.0  # no cancellation: no slack tied to the RMS
+    return Tolerance(rtol=ulps * e + c, atol=0.0, atol_rms=atol_rms, agg=agg_ulps * e + c, agg_atol=0.0)
+
+
+LIBRARY_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def derived_tolerances(dtypes: Sequence[str] = LIBRARY_DTYPES, **kw: Any) -> dict[str, Tolerance]:
+    """``{dtype name: derived_tolerance(dtype, **kw)}``: the ``tolerance=`` mapping of a library op."""
+    return {d: derived_tolerance(d, **kw) for d in dtypes}
+
+
+def exp_range(x: Any, cap: float = 128.0) -> float:
+    """Largest spread ``max - min`` of the finite values of a row of ``x`` (last dimension), at most
+    ``cap`` (beyond it ``exp`` underflows and the floor takes over): the ``exp_range`` of a softmax."""
+    import torch
+
+    if x.numel() == 0:
+        return 0.0
+    fin = torch.isfinite(x)
+    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+    hi = torch.where(fin, x, -inf).amax(dim=-1)
+    lo = torch.where(fin, x, inf).amin(dim=-1)
+    # a spread that overflows float32 is beyond the cap; rows without finite values have none
+    spread = (hi.float() - lo.float()).nan_to_num_(0.0, cap, 0.0).clamp_(0.0, cap)
+    return float(spread.max())
+
+
+#: default :class:`Tolerance` per dtype name: :func:`derived_tolerance` with its defaults
+DEFAULT_TOLERANCE: dict[str, Tolerance] = {
+    name: derived_tolerance(name)
+    for name in ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+}
+
+
+def tolerance_for(dtype: Any, overrides: Mapping[str, Any] | None = None) -> Tolerance:
+    """The :class:`Tolerance` of a dtype: user overrides first (a :class:`Tolerance` or an
+    ``(rtol, atol)`` pair), then :data:`DEFAULT_TOLERANCE`; all zero (exact) for other dtypes."""
+    name = dtype_name(dtype)
+    default = DEFAULT_TOLERANCE.get(name, Tolerance(0.0, 0.0, 0.0, 0.0, 0.0))
+    tol = overrides.get(name) if overrides else None
+    if tol is None:
+        return default
+    if not isinstance(tol, Tolerance):
+        vals = tuple(None if v is None else float(v) for v in tol)  # a pair, or a Tolerance sent as a list
+        if len(vals) == 2:
+            if None in vals:
+                raise TypeError(f"tolerance for {name}: (rtol, atol) must both be numbers, got {tuple(tol)!r}")
+            rtol, atol = vals
+            return Tolerance(rtol, atol, 0.0, max(default.agg or 0.0, rtol), atol)
+        tol = Tolerance(*vals)
+    agg = tol.agg if tol.agg is not None else max(default.agg or 0.0, tol.rtol)
+    agg_atol = tol.agg_atol if tol.agg_atol is not None else tol.atol
+    return Tolerance(float(tol.rtol), float(tol.atol), float(tol.atol_rms), float(agg), float(agg_atol))
+
+
+def output_tolerance(tolerance: Mapping[str, Any] | None, index: int) -> Mapping[str, Any] | None:
+    """The dtype mapping for output ``index``: ``tolerance["output:<index>"]`` when the op gives
+    one (outputs of one dtype that need different bounds, e.g. a loss and a gradient), else the
+    mapping itself (the ``"output:..."`` entries are ignored for dtype lookups)."""
+    if not tolerance:
+        return tolerance
+    own = tolerance.get(f"output:{index}")
+    if own is not None:
+        return own
+    return tolerance
+
+
+def floor_for(dtype: Any) -> float:
+    """Absolute slack every element gets: one subnormal step of ``dtype``, and float32 flush-to-zero
+    for dtypes no wider than float32."""
+    name = dtype_name(dtype)
+    sub = SUBNORMAL.get(name, 0.0)
+    return sub if name == "float64" else max(sub, FLOAT32_TINY)
+
+
+def poison(t: Any) -> None:
+    """Fill a tensor with NaN (floating dtypes) or :data:`INT_SENTINEL` (integers)."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif str(t.dtype) == "torch.bool":
+        t.fill_(True)
+    else:
+        t.fill_(INT_SENTINEL)
+
+
+class ArgGuard:
+    """Saves the written arguments of a call and puts them back on demand.
+
+    ``outputs`` are positions the kernel only writes (poisoned before a checked run); ``inplace``
+    are positions it reads and writes (restored before every run so inputs stay pristine).
+    """
+
+    def __init__(self, args: Sequence[Any], outputs: Sequence[int], inplace: Sequence[int] = ()) -> None:
+        self.args = tuple(args)
+        self.outputs = tuple(outputs)
+        self.inplace = tuple(inplace)
+        self.saved = {i: self.args[i].clone() for i in (*self.outputs, *self.inplace)}
+
+    def restore(self) -> None:
+        """Copy the saved contents back into every written argument."""
+        for i, copy in self.saved.items():
+            self.args[i].copy_(copy)
+
+    def prepare_checked_run(self) -> None:
+        """Restore in-place arguments and poison pure outputs before a correctness run."""
+        for i in self.inplace:
+            self.args[i].copy_(self.saved[i])
+        for i in self.outputs:
+            poison(self.args[i])
+
+    def pristine_args(self) -> tuple[Any, ...]:
+        """The call's arguments with written ones replaced by their saved copies (for the reference)."""
+        return tuple(self.saved.get(i, a) for i, a in enumerate(self.args))
+
+
+class Checker:
+    """Compares every written argument of a candidate with the reference's answer."""
+
+    def __init__(
+        self,
+        reference: Callable[..., Any] | None,
+        guard: ArgGuard,
+        tolerance: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.guard = guard
+        self.tolerance = tolerance
+        self.positions = (*guard.outputs, *guard.inplace)
+        self.expected: tuple[Any, ...] | None = None
+        if reference is not None and self.positions:
+            ref_args = tuple(a.clone() if hasattr(a, "clone") else a for a in guard.pristine_args())
+            out = reference(*ref_args)
+            out = out if isinstance(out, (tuple, list)) else (out,)
+            if len(out) != len(self.positions):
+                raise ValueError(
+                    f"the reference returned {len(out)} value(s) but the op writes {len(self.positions)} "
+                    "argument(s) (outputs then in-place ones)"
+                )
+            self.expected = tuple(out)
+
+    def compare(self) -> str | None:
+        """``None`` when every written argument matches, else the reasons (every failing output)."""
+        if self.expected is None:
+            return None
+        reasons = []
+        for i, (pos, want) in enumerate(zip(self.positions, self.expected)):
+            if want is SCRATCH:
+                before = self.guard.saved[pos] if pos in self.guard.inplace else None
+                reason = _new_non_finite(self.guard.args[pos], before)
+            else:
+                reason = compare_tensors(self.guard.args[pos], want, output_tolerance(self.tolerance, i))
+            if reason is not None:
+                reasons.append(f"output {i} (argument {pos}): {reason}")
+        return "; ".join(reasons) if reasons else None
+
+
+def _new_non_finite(got: Any, before: Any) -> str | None:
+    """Why an in-place scratch argument fails: a NaN or infinity where ``before`` (its content before the
+    launch) was finite (the rule :func:`compare_tensors` applies to finite references), or None (also for
+    integer scratch and for a scratch output, which has no content before)."""
+    import torch
+
+    if before is None or not (got.dtype.is_floating_point or got.dtype.is_complex):
+        return None
+    n = int((~torch.isfinite(got) & torch.isfinite(before)).sum())
+    return f"scratch: {n} NaN or infinite value(s) where it held finite ones before the launch" if n else None
+
+
+def _kind(t: Any) -> str:
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return "float"
+    return "bool" if str(t.dtype) == "torch.bool" else "int"
+
+
+def compare_tensors(got: Any, want: Any, overrides: Mapping[str, Any] | None = None) -> str | None:
+    """``None`` if ``got`` matches the reference ``want`` under the rule of the module docstring
+    (tolerance of got's dtype, :func:`tolerance_for`), else a reason naming the failed measure, its
+    value and its bound."""
+    import torch
+
+    want = torch.as_tensor(want, device=got.device)
+    if tuple(got.shape) != tuple(want.shape):
+        return f"shape {tuple(got.shape)} != expected {tuple(want.shape)}"
+    kg, kw = _kind(got), _kind(want)
+    if kg != kw:
+        return f"dtype {dtype_name(got.dtype)} ({kg}) but the reference is {dtype_name(want.dtype)} ({kw})"
+    n = got.numel()
+    if kg != "float":
+        bad = got != want.to(got.dtype)
+        nbad = int(bad.sum())
+        if nbad:
+            return f"exact: {nbad} of {n} elements differ (integer/bool output, bound 0)"
+        return None
+    if n == 0:
+        return None
+    tol = tolerance_for(got.dtype, overrides)
+    floor = floor_for(got.dtype)
+    work = torch.float64 if torch.float64 in (got.dtype, want.dtype) else torch.float32
+    g = got.to(work)
+    w = want.to(work)
+    wr = want.to(got.dtype).to(work)  # the reference as the output dtype can hold it (overflow -> inf)
+    g_fin, w_fin = torch.isfinite(g), torch.isfinite(wr)
+    both = g_fin & w_fin
+    if not bool(both.all()):
+        g_nan, w_nan = torch.isnan(g), torch.isnan(wr)
+        k = int((g_nan & ~w_nan).sum())
+        if k:
+            return f"NaN: {k} of {n} elements are NaN where the reference is not (unwritten or invalid; bound 0)"
+        k = int((~g_nan & w_nan).sum())
+        if k:
+            return f"NaN: {k} of {n} elements are not NaN where the reference is NaN (bound 0)"
+        inf_bad = (~g_fin | ~w_fin) & ~(g_nan & w_nan) & (g != wr)
+        k = int(inf_bad.sum())
+        if k:
+            return f"Inf: {k} of {n} elements differ in infinities from the reference (bound 0)"
+    if not bool(both.any()):
+        return None
+    if not bool(both.all()):
+        g, w = g[both], w[both]
+    err = (g - w).abs_()
+    w_abs = w.abs()
+    rms_w = float(torch.linalg.vector_norm(w)) / math.sqrt(w.numel())
+    abs_part = floor + tol.atol + tol.atol_rms * rms_w
+    bound = w_abs.mul_(tol.rtol).add_(abs_part)
+    over = err > bound
+    k = int(over.sum())
+    if k:
+        err, bound = err.reshape(-1), bound.reshape(-1)
+        i = int(torch.argmax((err - bound).div_(bound)))
+        return (f"elementwise: {k} of {n} elements differ by more than atol_eff + rtol*|want| "
+                f"(worst: |got-want| {float(err[i]):.3g} > bound {float(bound[i]):.3g} at want "
+                f"{float(w.reshape(-1)[i]):.3g}; rtol {tol.rtol:.3g}, atol_eff {abs_part:.3g} = "
+                f"floor {floor:.3g} + atol {tol.atol:.3g} + {tol.atol_rms:.3g} * rms(want) {rms_w:.3g})")
+    rms_e = float(torch.linalg.vector_norm(err)) / math.sqrt(err.numel())
+    agg = tol.agg if tol.agg is not None else tol.rtol
+    agg_atol = tol.agg_atol if tol.agg_atol is not None else tol.atol
+    agg_bound = agg * rms_w + agg_atol + floor
+    if rms_e > agg_bound:
+        rel = rms_e / rms_w if rms_w > 0 else math.inf
+        return (f"aggregate: rms(got-want) {rms_e:.3g} > bound {agg_bound:.3g} = {agg:.3g} * rms(want) "
+                f"{rms_w:.3g} + {agg_atol:.3g} + floor (normalized error {rel:.3g} vs {agg:.3g})")
+    return None

@@ -1,0 +1,391 @@
+"""Caller side of a tuning worker: start it, talk to it with deadlines, kill and replace it.
+
+A :class:`WorkerProcess` is one ``python -m tiletune.devices.workers.worker_main`` child connected over a
+Unix socket. Every request waits for its reply under a deadline; a worker that dies (EOF on the
+socket, any signal), exceeds a deadline (a kernel that never finishes) or sends an invalid reply is
+killed and reported as a :class:`WorkerFault`; the next request starts a fresh worker.
+
+:func:`worker_for` keeps one worker per (backend, GPU) for the life of the caller and
+:func:`prestart` starts the default one in the background when the first op is defined, so its start-up
+(importing torch and cuda.tile, creating a CUDA context: seconds) overlaps with the user's program.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection, Listener, wait
+from typing import Any, Callable, Deque
+
+from tiletune import settings
+from tiletune.devices.workers.protocol import CompiledEvent, ProtocolError, Reply, decode_reply
+from tiletune.devices.workers.shipping import dumps
+
+logger = logging.getLogger("tiletune")
+
+__all__ = ["WorkerFault", "WorkerProcess", "worker_for", "prestart", "shutdown_all", "in_worker", "wait_for_worker"]
+
+#: Seconds a new worker may take to import torch and cuda.tile and create its CUDA context; None:
+#: ``TILETUNE_WORKER_START_TIMEOUT`` (default 180), read at each start.
+START_TIMEOUT_S: float | None = None
+
+
+def _keep_logs() -> bool:
+    try:
+        return settings.worker_trace()
+    except ValueError:  # cleanup never fails on a bad variable; keep the logs to be safe
+        return True
+
+
+def _start_timeout_s() -> float:
+    return START_TIMEOUT_S if START_TIMEOUT_S is not None else settings.worker_start_timeout_s()
+
+
+def in_worker() -> bool:
+    """True inside a tuning worker process (ops defined there never start workers of their own)."""
+    return settings.in_worker()
+
+
+class WorkerFault(Exception):
+    """The worker died, hung past its deadline, lost its CUDA context or sent garbage.
+
+    ``kind`` is ``"died"``, ``"timeout"``, ``"fatal"`` (sticky CUDA error) or ``"protocol"``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class WorkerProcess:
+    """One worker child process and its connection."""
+
+    def __init__(self, backend_spec: Any = "cutile", device_index: int = 0,
+                 command: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        self.backend_spec = backend_spec
+        self.device_index = device_index
+        self.command = command or [sys.executable, "-m", "tiletune.devices.workers.worker_main"]
+        self.extra_env = dict(env or {})
+        self.events: Deque[CompiledEvent] = collections.deque()
+        self.lock = threading.RLock()  # one tuning session at a time per worker
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.info: dict[str, Any] = {}
+        self.generation = 0  # bumped on every (re)start
+        self.starts = 0
+        self.start_s: list[float] = []
+        self._next_id = 0
+        self._log_path = ""
+        self._tmp_dir = ""  # the worker's socket and log (removed with the worker)
+        self._ready = threading.Event()
+        self._starting = False
+        self._start_lock = threading.Lock()
+
+    # -- life cycle ------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.conn is not None
+
+    def start(self) -> None:
+        """Start the child and wait until it answers ``hello`` (raises WorkerFault if it cannot)."""
+        logger.debug("tiletune worker: starting (thread %s, previous pid %s)", threading.current_thread().name,
+                     self.proc.pid if self.proc is not None else None)
+        self._ready.clear()
+        try:
+            self._start()
+        finally:
+            self._ready.set()  # started or failed: waiters look at `alive`
+
+    def _start(self) -> None:
+        self.kill()
+        t0 = time.perf_counter()
+        start_timeout = _start_timeout_s()  # an invalid TILETUNE_WORKER_START_TIMEOUT fails before anything starts
+        tmp = self._tmp_dir = tempfile.mkdtemp(prefix="tiletune-worker-")
+        address = os.path.join(tmp, "sock")
+        authkey = secrets.token_bytes(32)
+        listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env["TILETUNE_WORKER_ADDRESS"] = address
+        env["TILETUNE_WORKER_AUTHKEY"] = authkey.hex()
+        env["TILETUNE_IN_WORKER"] = "1"
+        env["TILETUNE_WORKER_SYSPATH"] = json.dumps([p for p in sys.path if p])
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._log_path = os.path.join(tmp, "worker.log")
+        log = open(self._log_path, "wb")
+        try:
+            self.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+        finally:
+            log.close()
+        try:
+            self.conn = self._accept(listener, start_timeout)
+        finally:
+            listener.close()
+        self.generation += 1
+        self.starts += 1
+        self.events.clear()
+        reply = self.request({"op": "hello", "backend": self.backend_spec, "device_index": self.device_index},
+                             start_timeout)
+        self.info = dict(reply.body)
+        self.start_s.append(time.perf_counter() - t0)
+        logger.debug("tiletune worker pid %s started in %.2f s", self.info.get("pid"), self.start_s[-1])
+
+    def _accept(self, listener: Listener, timeout: float) -> Connection:
+        result: list[Any] = []
+
+        def accept() -> None:
+            try:
+                result.append(listener.accept())
+            except Exception as exc:  # pragma: no cover - closed listener
+                result.append(exc)
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout
+        while t.is_alive():
+            t.join(0.05)
+            if self.proc is not None and self.proc.poll() is not None:
+                listener.close()
+                raise WorkerFault("died", f"the worker exited during start-up ({self._exit_text()}){self.log_tail()}")
+            if time.monotonic() > deadline:
+                listener.close()
+                self.kill()
+                raise WorkerFault("timeout", f"the worker did not connect within {timeout:.0f} s")
+        if not result or isinstance(result[0], BaseException):
+            raise WorkerFault("died", f"the worker could not connect{self.log_tail()}")
+        return result[0]
+
+    def ensure(self) -> None:
+        """Start the worker if it is not running."""
+        if not self.alive:
+            self.start()
+
+    def kill(self) -> None:
+        """Kill the child (SIGKILL: a kernel stuck on the GPU ends with its context)."""
+        if self.proc is not None and self.proc.poll() is None:
+            logger.debug("tiletune worker: killing pid %s", self.proc.pid)
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except OSError:
+                pass
+            self.conn = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    self.proc.kill()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+                pass
+        self.events.clear()
+        if self._tmp_dir and not _keep_logs():
+            import shutil
+
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)  # fault reasons quoted the log already
+            self._tmp_dir = ""
+
+    def _exit_text(self) -> str:
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+    def log_tail(self, lines: int = 6) -> str:
+        """The last lines the worker printed (for failure reasons), prefixed with a newline."""
+        try:
+            with open(self._log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4000))
+                text = f.read().decode("utf-8", "replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return ("\n  worker output: " + "\n  ".join(text)) if text else ""
+
+    # -- requests --------------------------------------------------------------------------
+    def request(self, msg: dict, timeout: float | None) -> Reply:
+        """Send one request and wait for its reply; compile events met meanwhile are queued.
+
+        Raises :class:`WorkerFault` (the worker is killed first) on death, deadline, a fatal CUDA
+        error reported by the worker, or an invalid reply.
+        """
+        if not self.alive:
+            raise WorkerFault("died", "the worker is not running")
+        self._next_id += 1
+        rid = self._next_id
+        data = rid.to_bytes(8, "little", signed=True) + dumps(msg)  # the id travels outside the pickle
+        try:
+            assert self.conn is not None
+            self.conn.send_bytes(data)
+        except (OSError, EOFError) as exc:
+            self._fault("died", f"sending to the worker failed ({exc})")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            got = self._receive(deadline, timeout)
+            if isinstance(got, CompiledEvent):
+                self.events.append(got)
+                continue
+            if got.id != rid:
+                self._fault("protocol", f"reply to request {got.id} while waiting for {rid}")
+            if not got.ok and got.fatal:
+                self._fault("fatal", got.error)
+            if got.body.get("fatal"):
+                self._fault("fatal", str(got.body.get("reason", "CUDA context lost")))
+            return got
+
+    def next_event(self, timeout: float | None) -> CompiledEvent:
+        """The next queued or arriving compile event."""
+        if self.events:
+            return self.events.popleft()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            got = self._receive(deadline, timeout)
+            if isinstance(got, CompiledEvent):
+                return got
+            self._fault("protocol", f"unexpected reply {got.id} while waiting for compile results")
+
+    def _receive(self, deadline: float | None, timeout: float | None) -> Reply | CompiledEvent:
+        conn = self.conn
+        if conn is None:
+            raise WorkerFault("died", "the worker is not running")
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not wait([conn], left):
+            self._fault("timeout", f"no answer from the worker within {timeout:.1f} s (watchdog)")
+        try:
+            raw = conn.recv_bytes()
+        except (EOFError, OSError):
+            try:
+                self.proc.wait(timeout=5)  # type: ignore[union-attr]
+            except Exception:
+                pass
+            self._fault("died", f"the worker died ({self._exit_text()})")
+        try:
+            return decode_reply(raw)
+        except ProtocolError as exc:
+            self._fault("protocol", f"invalid reply from the worker: {exc}")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fault(self, kind: str, message: str) -> None:
+        tail = self.log_tail() if kind in ("died", "fatal") else ""
+        self.kill()
+        raise WorkerFault(kind, message + tail)
+
+    # -- background start ------------------------------------------------------------------
+    def start_in_background(self) -> None:
+        """Start the worker on a daemon thread, unless it runs or is starting."""
+        with self._start_lock:
+            if self._starting or self.alive:
+                return
+            self._starting = True
+
+        def run() -> None:
+            try:
+                with self.lock:
+                    self.ensure()
+            except BaseException:  # a failed start: the first tuning starts (and reports) it again
+                pass
+            finally:
+                self._starting = False
+                self._ready.set()
+
+        self._ready.clear()
+        threading.Thread(target=run, name="tiletune-worker-start", daemon=True).start()
+
+
+_workers: dict[tuple[str, int], WorkerProcess] = {}
+_workers_lock = threading.Lock()
+_prestarted: set[int | None] = set()  # prestart() arguments already handled
+
+
+def worker_for(backend_key: str, device_index: int, factory: Callable[[], WorkerProcess]) -> WorkerProcess:
+    """The process-wide worker for (backend, GPU), created by ``factory`` on first use."""
+    with _workers_lock:
+        w = _workers.get((backend_key, device_index))
+        if w is None:
+            w = _workers[(backend_key, device_index)] = factory()
+        return w
+
+
+def prestart(device_index: int | None = None) -> None:
+    """Start the live cuTile worker for the current (or given) GPU in the background.
+
+    Called by every isolated op when it is defined; only the first call per GPU argument does
+    anything. Does nothing inside a worker, with ``TILETUNE_WORKER_PRESTART=0``, or when torch sees
+    no GPU.
+    """
+    if in_worker() or not settings.worker_prestart():
+        return
+    with _workers_lock:
+        if device_index in _prestarted:
+            return
+        _prestarted.add(device_index)
+
+    def run() -> None:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return
+            dev = torch.cuda.current_device() if device_index is None else device_index
+            w = worker_for("cutile", dev, lambda: WorkerProcess("cutile", dev))
+            if w.starts == 0:
+                w.start_in_background()
+        except Exception:  # best effort; tuning starts the worker itself otherwise
+            pass
+
+    threading.Thread(target=run, name="tiletune-worker-prestart", daemon=True).start()
+
+
+def wait_for_worker(device_index: int | None = None, timeout: float | None = None) -> bool:
+    """Wait until the live cuTile worker of a GPU (the current one by default) is running.
+
+    Starts it if nothing has (returns False when it cannot start, e.g. without a GPU). Useful
+    before timing a first call, or to pay the worker's start-up at a moment of your choosing.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or in_worker():
+        return False
+    dev = torch.cuda.current_device() if device_index is None else device_index
+    w = worker_for("cutile", dev, lambda: WorkerProcess("cutile", dev))
+    if not w.alive and not w._starting:
+        w.start_in_background()
+    t0 = time.monotonic()
+    while w._starting or not w._ready.is_set():  # until it has answered hello (or failed)
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            return False
+        time.sleep(0.02)
+    return w.alive
+
+
+def shutdown_all() -> None:
+    """Stop every worker of this process (registered with :mod:`atexit`)."""
+    with _workers_lock:
+        ws = list(_workers.values())
+        _workers.clear()
+    for w in ws:
+        try:
+            w.kill()
+        except Exception:
+            pass
+
+
+atexit.register(shutdown_all)

@@ -1,0 +1,345 @@
+"""A tuning session whose candidates run in a worker process (the caller runs none of them).
+
+:class:`IsolatedBackend` wraps the caller's backend: everything the caller needs for itself (device
+info, versions, kernel sources, the launch parts of the winner) comes from the wrapped backend, while
+:meth:`IsolatedBackend.open_session` returns a :class:`WorkerSession`, which implements the
+:class:`~tiletune.devices.backends.base.TuningSession` primitives (compile, check, sample) as requests to the
+worker. Every fault is turned into a failed candidate:
+
+* the worker dies (a signal, ``os._exit``, out of memory, a compiler crash), or reports that its CUDA
+  context is lost (illegal or misaligned address, a trap): the candidate in flight fails with the
+  message and the worker's last output, and a new worker takes over the rest of the session;
+* a request outlives its watchdog (a kernel that never finishes): the worker is killed, the
+  candidate fails with ``timeout``;
+* an invalid reply: the worker is killed, the candidate fails.
+
+Watchdog: a sample request may take ``watchdog_floor_s + watchdog_factor x`` the expected time of its
+launches, where the expected time is the best median measured so far in the session (plus the cache
+flush per sample); before anything is measured, ``first_watchdog_s``. A check (a candidate's first
+launch, which may compile it in the worker once more) gets twice the candidate's compile time (at least 3 s) more.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from tiletune.devices.backends.base import Backend, Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
+from tiletune import settings
+from tiletune.records import DeviceInfo, Status
+from tiletune.devices.workers.client import WorkerFault, WorkerProcess, worker_for
+from tiletune.devices.workers.protocol import ProtocolError, candidate_wire, samples_from, status_from
+from tiletune.devices.workers.shipping import IsolationUnavailable, Unshippable, dumps
+
+logger = logging.getLogger("tiletune")
+
+__all__ = ["IsolationOptions", "IsolatedBackend", "WorkerSession", "CandidateFault"]
+
+
+#: Counters of the worker's own session reported back when it closes (``prefetch_hits``: first
+#: launches answered by a cubin compiled ahead; ``prefetch_misses``: first launches that compiled
+#: again although cubins compiled ahead were waiting, i.e. a signature mismatch).
+WORKER_STATS = ("prefetch_hits", "prefetch_misses")
+
+
+class CandidateFault(Exception):
+    """A candidate took its worker down or timed out; ``status`` is LAUNCH_ERROR or TIMEOUT."""
+
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+
+
+@dataclass(frozen=True)
+class IsolationOptions:
+    """Deadlines of the worker watchdog (seconds).
+
+    ``first_watchdog_s`` (``TILETUNE_WATCHDOG_S``) bounds a check before anything of the session
+    has been timed; afterwards a request may take ``watchdog_floor_s + watchdog_factor x`` the
+    expected time of its launches (``TILETUNE_WATCHDOG_FACTOR``).
+    """
+
+    watchdog_factor: float = field(default_factory=lambda: settings.watchdog_factor())
+    watchdog_floor_s: float = 2.0
+    first_watchdog_s: float = field(default_factory=lambda: settings.watchdog_s())
+    flush_us: float = 60.0  # cache flush and event pair per sample
+    compile_timeout_s: float = 300.0  # the assembler's own limit; the worker gets this plus slack
+    compile_slack_s: float = 60.0  # no compile result for this long past the assembler's limit: hung
+    open_timeout_s: float = 120.0
+
+
+class IsolatedBackend:
+    """The caller's backend, with tuning sessions run in a worker process."""
+
+    ships_plan = True  # open_session takes the user's raw plan (shipped as is to the worker)
+
+    def __init__(self, local: Backend, worker_spec: Any = "cutile", options: IsolationOptions | None = None,
+                 worker_command: list[str] | None = None) -> None:
+        self.local = local
+        self.name = f"{getattr(local, 'name', 'backend')}+process"
+        self.worker_spec = worker_spec
+        self.options = options or IsolationOptions()
+        self.worker_command = worker_command
+        self._key = "cutile" if worker_spec == "cutile" else f"obj{id(worker_spec)}"
+
+    # the caller-side half delegates to the local backend
+    def device_info(self, device_index: int) -> DeviceInfo:
+        return self.local.device_info(device_index)
+
+    def versions(self) -> Mapping[str, str]:
+        return self.local.versions()
+
+    def arg_device(self, args: Sequence[Any]) -> int:
+        return self.local.arg_device(args)
+
+    def kernel_sources(self, kernel: Any) -> str:
+        return self.local.kernel_sources(kernel)
+
+    def launch_parts(self, config: Any, kernel: Any, device_index: int) -> LaunchParts:
+        return self.local.launch_parts(config, kernel, device_index)
+
+    def worker(self, device_index: int) -> WorkerProcess:
+        """The worker process serving ``device_index`` (shared by every op of this process)."""
+        spec, cmd = self.worker_spec, self.worker_command
+        key = self._key if cmd is None else f"{self._key}:{' '.join(cmd)}"
+        return worker_for(key, device_index, lambda: WorkerProcess(spec, device_index, command=cmd))
+
+    def open_session(
+        self,
+        plan: Callable[..., Launch],
+        args: tuple[Any, ...],
+        *,
+        device_index: int,
+        writes: Sequence[int],
+        inplace: Sequence[int] = (),
+        reference: Callable[..., Any] | None,
+        tolerance: Mapping[str, tuple[float, float]] | None,
+        name: str,
+    ) -> "WorkerSession":
+        """Ship the plan, reference and arguments to the worker (raises :class:`Unshippable`)."""
+        payload = {
+            "backend": self.worker_spec,
+            "plan": plan,
+            "args": tuple(args),
+            "writes": tuple(writes),
+            "inplace": tuple(inplace),
+            "reference": reference,
+            "tolerance": None if tolerance is None else dict(tolerance),
+            "device_index": device_index,
+            "name": name,
+        }
+        dumps(payload)  # fail here, before any worker is involved, when something cannot be shipped
+        try:
+            return WorkerSession(self.worker(device_index), payload, self.options)
+        except WorkerFault as fault:
+            raise IsolationUnavailable(f"the worker process failed ({fault.kind}): {fault}") from fault
+
+
+class WorkerSession:
+    """One tuning problem served by a worker (see the module docstring for the fault rules)."""
+
+    launches_winner = False  # the caller launches the winner itself once tuning is over
+
+    _next_sid = 0
+
+    def __init__(self, worker: WorkerProcess, payload: dict, options: IsolationOptions) -> None:
+        self.t0 = time.perf_counter()
+        self.worker = worker
+        self.payload = payload
+        self.options = options
+        WorkerSession._next_sid += 1
+        self.sid = WorkerSession._next_sid
+        self.stats: dict[str, Any] = {"isolation": "process", "worker_restarts": 0, "faults": []}
+        self._opened_gen = -1  # worker generation the session is open in
+        self._compiled: set[int] = set()  # candidates compiled in the current worker generation
+        self._compile_s: dict[int, float] = {}  # each candidate's compile time in the worker
+        self._best_us: float | None = None
+        self._stash: dict[int, tuple[int, Any]] = {}  # order -> (worker generation, compile event)
+        self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
+        worker.lock.acquire()
+        try:
+            t = time.perf_counter()
+            worker.ensure()
+            self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
+            self._open()
+        except BaseException:
+            worker.lock.release()
+            raise
+
+    # -- plumbing --------------------------------------------------------------------------
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _open(self) -> None:
+        w = self.worker
+        w.ensure()
+        if self._opened_gen == w.generation:
+            return
+        reply = w.request(dict(self.payload, op="open", session=self.sid), self.options.open_timeout_s)
+        if not reply.ok:
+            raise Unshippable(f"the worker could not open the session: {reply.error}")
+        self._opened_gen = w.generation
+        self._compiled.clear()
+        self.stats.setdefault("arg_copy_s", []).append(round(float(reply.body.get("copy_s", 0.0)), 4))
+
+    def _restarted(self, fault: WorkerFault, order: int | None) -> None:
+        self.stats["worker_restarts"] += 1
+        self.stats["faults"].append({"order": order, "kind": fault.kind, "message": str(fault)[:500]})
+        logger.info("tiletune worker fault (%s) on candidate %s: %s", fault.kind, order, str(fault).splitlines()[0])
+
+    def _deadline(self, launches: int) -> float:
+        o = self.options
+        if self._best_us is None:
+            return o.first_watchdog_s
+        return o.watchdog_floor_s + o.watchdog_factor * launches * (self._best_us + o.flush_us) * 1e-6
+
+    def _check_deadline(self, order: int) -> float:
+        """A check is the candidate's first launch in the worker, which may compile it there once more
+        (cuTile's own path, when no cubin compiled ahead matches the launch): on top of a sample's
+        deadline it gets twice the candidate's compile time in the worker (at least 3 s), so a slow first launch is
+        not taken for a hung kernel while a hung one is still caught within seconds."""
+        extra = max(2.0 * self._compile_s.get(order, 0.0), 3.0) if self._best_us is not None else 0.0
+        return self._deadline(1) + extra
+
+    def _wire(self, cand: Candidate) -> tuple:
+        return candidate_wire(cand.order, cand.config, cand.is_baseline)
+
+    def _event_for(self, orders: Sequence[int], limit: float) -> tuple[int, Any]:
+        """The next compile event of this session for one of ``orders`` (with the worker generation
+        it came from); events for other candidates are kept for whoever waits for them."""
+        while True:
+            for o in orders:
+                got = self._stash.pop(o, None)
+                if got is not None:
+                    return got
+            ev = self.worker.next_event(limit)
+            if ev.session == self.sid:
+                self._stash[ev.order] = (self.worker.generation, ev)
+
+    def _ensure_compiled(self, cand: Candidate) -> None:
+        """After a worker restart, compile ``cand`` in the new worker before it runs there."""
+        self._open()
+        if cand.order in self._compiled:
+            return
+        self._stash.pop(cand.order, None)
+        self.worker.request({"op": "compile", "session": self.sid, "candidates": [self._wire(cand)]}, 30.0)
+        limit = self.options.compile_timeout_s + self.options.compile_slack_s
+        while True:
+            gen, ev = self._event_for([cand.order], limit)
+            if gen != self.worker.generation:
+                continue  # a result from a worker that has since been replaced
+            self._compiled.add(ev.order)
+            self._compile_s[ev.order] = float(ev.seconds or 0.0)
+            if ev.status is not Status.OK:
+                raise CandidateFault(ev.status, f"recompiling in a new worker failed: {ev.reason}")
+            return
+
+    def _fault_status(self, fault: WorkerFault) -> Status:
+        return Status.TIMEOUT if fault.kind == "timeout" else Status.LAUNCH_ERROR
+
+    # -- TuningSession ---------------------------------------------------------------------
+    def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+        """Compile in the worker; yield outcomes as they arrive.
+
+        A worker that dies or stops answering while compiling is replaced and the candidates still
+        pending are sent again, then one at a time: the one in flight when it dies again is the
+        culprit and fails (``compiling took the worker down``).
+        """
+        pending = {c.order: c for c in candidates}
+        serial = False
+        need_send = True
+        in_flight: list[int] = []
+        limit = self.options.compile_timeout_s + self.options.compile_slack_s
+        while pending:
+            try:
+                if need_send or not self.worker.alive:
+                    self._open()
+                    batch = list(pending.values())[:1] if serial else list(pending.values())
+                    in_flight = [c.order for c in batch]  # before sending: it may die before it answers
+                    need_send = False
+                    self.worker.request(
+                        {"op": "compile", "session": self.sid, "candidates": [self._wire(c) for c in batch]}, 30.0
+                    )
+                gen, ev = self._event_for(list(pending), limit)
+            except WorkerFault as fault:
+                self._restarted(fault, None)
+                need_send = True
+                if serial and in_flight and in_flight[0] in pending:
+                    culprit = pending.pop(in_flight[0])
+                    status = Status.TIMEOUT if fault.kind == "timeout" else Status.COMPILE_ERROR
+                    yield CompileOutcome(culprit, status, 0.0, f"compiling took the worker down: {fault}")
+                serial = True
+                continue
+            c = pending.pop(ev.order)
+            if ev.status is Status.OK and gen == self.worker.generation:
+                self._compiled.add(ev.order)
+                self._compile_s[ev.order] = float(ev.seconds or 0.0)
+            yield CompileOutcome(c, ev.status, ev.seconds, ev.reason)
+            if serial and not any(o in pending for o in in_flight):
+                need_send = True  # the next one
+
+    def check(self, candidate: Candidate) -> CheckOutcome:
+        try:
+            self._ensure_compiled(candidate)
+            reply = self.worker.request(
+                {"op": "check", "session": self.sid, "candidate": self._wire(candidate)},
+                self._check_deadline(candidate.order),
+            )
+            if not reply.ok:
+                return CheckOutcome(Status.LAUNCH_ERROR, reply.error)
+            if isinstance(reply.body.get("seconds"), (int, float)):  # the first launch and the check, in the worker
+                self.stats.setdefault("check_s", []).append(float(reply.body["seconds"]))
+            status, reason = status_from(reply)
+            return CheckOutcome(status, reason)
+        except WorkerFault as fault:
+            self._restarted(fault, candidate.order)
+            return CheckOutcome(self._fault_status(fault), f"worker {fault.kind}: {fault}")
+        except CandidateFault as fault:
+            return CheckOutcome(fault.status, str(fault))
+        except ProtocolError as exc:
+            self.worker.kill()
+            self._restarted(WorkerFault("protocol", str(exc)), candidate.order)
+            return CheckOutcome(Status.LAUNCH_ERROR, f"worker protocol: {exc}")
+
+    def sample(self, candidate: Candidate, n: int) -> list[float]:
+        try:
+            self._ensure_compiled(candidate)
+            reply = self.worker.request(
+                {"op": "sample", "session": self.sid, "candidate": self._wire(candidate), "n": n},
+                self._deadline(n + 2),
+            )
+            if not reply.ok:
+                raise CandidateFault(Status.LAUNCH_ERROR, reply.error)
+            samples = samples_from(reply, n)
+        except WorkerFault as fault:
+            self._restarted(fault, candidate.order)
+            raise CandidateFault(self._fault_status(fault), f"worker {fault.kind}: {fault}") from None
+        except ProtocolError as exc:
+            self.worker.kill()
+            self._restarted(WorkerFault("protocol", str(exc)), candidate.order)
+            raise CandidateFault(Status.LAUNCH_ERROR, f"worker protocol: {exc}") from None
+        if samples:
+            med = sorted(samples)[len(samples) // 2]
+            if self._best_us is None or med < self._best_us:
+                self._best_us = med
+        return samples
+
+    def finish(self, winner: Candidate | None) -> None:
+        """Close the worker-side session (the caller's tensors were never touched)."""
+        try:
+            if self.worker.alive and self._opened_gen == self.worker.generation:
+                try:
+                    reply = self.worker.request({"op": "close", "session": self.sid}, 60.0)
+                    got = reply.body.get("stats") if reply.ok else None
+                    if isinstance(got, dict):  # the worker session's compile-ahead counters
+                        self.stats.update({k: int(v) for k, v in got.items()
+                                           if k in WORKER_STATS and isinstance(v, int) and not isinstance(v, bool)})
+                except WorkerFault as fault:
+                    self._restarted(fault, None)
+        finally:
+            self.stats["worker_starts"] = self.worker.starts
+            self.worker.lock.release()

@@ -1,0 +1,207 @@
+"""Shipping live objects (launch plans, kernels, references, tensors) to a tuning worker process.
+
+Only for the caller -> worker direction of a live session, never for stored data: the worker's
+answers are JSON (:mod:`tiletune.devices.workers.protocol`), and nothing here is written to disk.
+
+* Functions go by reference when the worker can import them: a plan decorated by ``@tt.autotune`` in
+  an importable module is found as ``module.<name>.plan``; a cuTile kernel bound to a module name
+  likewise. Anything else (a ``__main__`` script, a notebook cell, a closure) goes by value through
+  ``cloudpickle``. A kernel shipped by value is rebuilt from its Python function, compiler options
+  and evaluated annotations. Code shipped by value keeps its file name (cloudpickle would rename it),
+  and the lines of a file that exists only in the caller's :mod:`linecache` (a notebook cell) travel
+  with it, because cuTile parses a kernel's source text and keys its disk cache on the file name.
+* CUDA tensors go by CUDA IPC (PyTorch's own reduction); the worker copies them into buffers of its
+  own at once (:func:`own_copy`), so a wild write in the worker can never reach the caller's memory.
+* CPU tensors go as raw bytes with dtype, shape, strides and offset.
+"""
+
+from __future__ import annotations
+
+import io
+import linecache
+import os
+import sys
+from typing import Any
+
+from tiletune.errors import TiletuneError
+
+__all__ = ["IsolationUnavailable", "Unshippable", "dumps", "loads", "own_copy"]
+
+
+class IsolationUnavailable(TiletuneError):
+    """Tuning cannot run in a worker process here (the caller then tunes in-process, with a warning)."""
+
+
+class Unshippable(IsolationUnavailable):
+    """An object (plan, reference, argument) cannot be sent to a worker process."""
+
+
+def _import_attr(module: str, path: str) -> Any:
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_plan(module: str, path: str) -> Any:
+    """The plan of the tuned op found at ``module.path`` (or the function itself)."""
+    obj = _import_attr(module, path)
+    return getattr(obj, "plan", obj)
+
+
+def _rebuild_kernel(cls_name: str, pyfunc: Any, options: dict, annotations: dict | None = None) -> Any:
+    """A cuTile kernel rebuilt in the worker from its Python function and compiler options.
+
+    ``annotations`` are the parameter annotations as the caller evaluated them: under
+    ``from __future__ import annotations`` they are strings naming globals (``ct.Constant[int]``
+    aliases) that a function shipped by value does not carry.
+    """
+    import cuda.tile as ct
+
+    if annotations:
+        pyfunc.__annotations__ = dict(annotations)
+    return ct.kernel(pyfunc, **options)
+
+
+def _rebuild_cpu_tensor(data: bytes, dtype: Any, size: tuple, stride: tuple, offset: int) -> Any:
+    import torch
+
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return torch.empty(0, dtype=dtype).set_(buf.untyped_storage(), offset, size, stride)
+
+
+def _module_binding(fn: Any) -> tuple[str, str, Any] | None:
+    """``(module, qualname, what that name holds)`` for a function of an imported module file (not
+    ``__main__``, not a local): the worker can import the name; the caller checks what it holds."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<locals>" in qualname:
+        return None
+    if getattr(sys.modules.get(module), "__file__", None) is None:
+        return None
+    try:
+        return module, qualname, _import_attr(module, qualname)  # the module is imported already
+    except AttributeError:
+        return None
+
+
+def _evaluated_annotations(fn: Any) -> dict | None:
+    """``fn``'s annotations with string annotations evaluated in its globals (None if that fails)."""
+    import inspect
+
+    try:
+        return dict(inspect.get_annotations(fn, eval_str=True))
+    except Exception:
+        return None
+
+
+def _make_code(ctor: Any, args: tuple, filename: str, lines: list[str] | None) -> Any:
+    """A code object shipped by value, with its real file name (and the file's lines when that file
+    exists only in the caller's :mod:`linecache`, as a notebook cell does)."""
+    if lines and filename not in linecache.cache:  # mtime None: kept by linecache.checkcache
+        linecache.cache[filename] = (sum(len(x) for x in lines), None, list(lines), filename)
+    return ctor(*args).replace(co_filename=filename)
+
+
+def _code_reduce_keeping_filename(obj: Any) -> Any:
+    """cloudpickle's code reduction, minus its renaming of ``co_filename`` to ``<dynamic-code>``:
+    cuTile reads a kernel's source through its file name, and its disk-cache key contains it."""
+    from cloudpickle import cloudpickle as cp
+
+    ctor, args = cp._code_reduce(obj)  # private, present in cloudpickle 3.x (pinned >= 3.0)
+    filename = obj.co_filename
+    lines = None if os.path.exists(filename) else (linecache.getlines(filename) or None)
+    return _make_code, (ctor, args, filename, lines)
+
+
+def _pickler_class() -> type:
+    import collections
+    import types
+
+    import cloudpickle
+
+    class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc, name-defined]
+        dispatch_table = collections.ChainMap(
+            {types.CodeType: _code_reduce_keeping_filename}, cloudpickle.CloudPickler.dispatch_table
+        )
+        def reducer_override(self, obj: Any) -> Any:
+            kernel_cls = _cutile_kernel_class()
+            if kernel_cls is not None and isinstance(obj, kernel_cls):
+                pyfunc = obj._pyfunc
+                bound = _module_binding(pyfunc)
+                if bound is not None and bound[2] is obj:
+                    return _import_attr, bound[:2]
+                import dataclasses
+
+                options = dataclasses.asdict(obj._compiler_options)
+                return _rebuild_kernel, (type(obj).__name__, pyfunc, options, _evaluated_annotations(pyfunc))
+            if type(obj).__name__ == "function":
+                bound = _module_binding(obj)
+                if bound is not None and getattr(bound[2], "plan", None) is obj:  # a plan under @autotune
+                    return _import_plan, bound[:2]
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(obj, torch.Tensor):
+                if obj.is_cuda:
+                    from torch.multiprocessing.reductions import reduce_tensor
+
+                    return reduce_tensor(obj)
+                if obj.device.type == "cpu":
+                    st = obj.untyped_storage()
+                    raw = torch.empty(0, dtype=torch.uint8).set_(st).numpy().tobytes() if st.nbytes() else b""
+                    return _rebuild_cpu_tensor, (raw, obj.dtype, tuple(obj.shape), obj.stride(), obj.storage_offset())
+                raise Unshippable(f"a tensor on device {obj.device} cannot be sent to a worker")
+            return super().reducer_override(obj)
+
+    return _Pickler
+
+
+_PICKLER: type | None = None
+
+
+def _cutile_kernel_class() -> type | None:
+    mod = sys.modules.get("cuda.tile")
+    return getattr(mod, "kernel", None) if mod is not None else None
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialise ``obj`` for a worker; raises :class:`Unshippable` with the reason when it cannot."""
+    global _PICKLER
+    if _PICKLER is None:
+        _PICKLER = _pickler_class()
+    buf = io.BytesIO()
+    try:
+        _PICKLER(buf, protocol=5).dump(obj)
+    except Unshippable:
+        raise
+    except Exception as exc:
+        raise Unshippable(f"{type(exc).__name__}: {exc}") from exc
+    return buf.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    """The worker-side inverse of :func:`dumps` (the caller never loads what a worker sends)."""
+    import pickle
+
+    return pickle.loads(data)
+
+
+def own_copy(t: Any) -> Any:
+    """A worker-owned copy of a tensor with the same shape, strides, storage offset and dtype.
+
+    The whole underlying storage is copied (not only the viewed elements), so the kernel sees the
+    same layout and 16-byte alignment as in the caller, while writing only to the worker's memory.
+    """
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return t
+    st = t.untyped_storage()
+    mine = torch.empty(st.nbytes(), dtype=torch.uint8, device=t.device)
+    if st.nbytes():
+        mine.copy_(torch.empty(0, dtype=torch.uint8, device=t.device).set_(st))
+    out = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        mine.untyped_storage(), t.storage_offset(), tuple(t.shape), t.stride()
+    )
+    return out

@@ -1,0 +1,346 @@
+"""The tuning worker process: compiles, checks and times candidates for its caller.
+
+Started by :class:`tiletune.devices.workers.client.WorkerProcess` as ``python -m tiletune.devices.workers.worker_main``
+(a fresh interpreter: the caller's ``__main__`` script is never re-run here). It connects back to the
+caller over a Unix socket, then serves requests one at a time on its main thread, while compilation
+runs in a background thread and streams ``compiled`` events.
+
+It hosts an ordinary :class:`~tiletune.devices.backends.base.Backend` (the live cuTile one, or a shipped
+simulated one in tests) and drives that backend's session primitives on its *own copies* of the
+caller's arguments. After any launch error it probes its CUDA context; when the context is gone (a
+sticky error: illegal or misaligned address, device-side trap) it reports the error as fatal and
+exits, and the caller starts a new worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+
+#: CUDA errors after which a context is unusable (CUDA's "sticky" errors); matched in error texts.
+STICKY_CUDA_ERRORS = (
+    "illegal memory access",
+    "misaligned address",
+    "not supported on global/shared address space",
+    "illegal instruction",
+    "unspecified launch failure",
+    "device-side assert",
+    "hardware stack error",
+    "invalid program counter",
+    "launch timed out",
+    "uncorrectable ecc",
+    "trap",
+    "Failed to get a CUDA context",
+)
+
+
+def sticky_error(text: str) -> bool:
+    """Whether an error text names a CUDA error that leaves the context unusable."""
+    low = text.lower()
+    return "acceleratorerror" in low or any(s.lower() in low for s in STICKY_CUDA_ERRORS)
+
+
+def _context_ok(torch: Any, device_index: int) -> str | None:
+    """None when the worker's CUDA context still works, else the error that shows it does not."""
+    try:
+        torch.cuda.synchronize(device_index)
+        x = torch.ones(1, device=f"cuda:{device_index}")
+        float((x + 1).item())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _storage_bytes(t: Any) -> Any:
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+class _Served:
+    """One worker-side tuning session.
+
+    Besides the backend's session it keeps a pristine copy of every read-only tensor argument: after a
+    candidate's checked run an input that changed fails that candidate ("wrote into its input"), and
+    inputs are put back after every run, so one candidate's stray write never skews the next.
+    """
+
+    def __init__(self, session: Any, args: tuple, written: set[int]) -> None:
+        self.session = session
+        self.candidates: dict[int, Any] = {}
+        self.compile_threads: list[threading.Thread] = []
+        self.args = args
+        self.pristine = {
+            i: _storage_bytes(a).clone()
+            for i, a in enumerate(args)
+            if i not in written and hasattr(a, "untyped_storage")
+        }
+
+    def changed_inputs(self) -> list[int]:
+        """Positions of read-only inputs that differ from their pristine copy (restored here)."""
+        changed = []
+        for i, saved in self.pristine.items():
+            now = _storage_bytes(self.args[i])
+            if not bool((now == saved).all()):
+                changed.append(i)
+                now.copy_(saved)
+        return changed
+
+    def restore_inputs(self) -> None:
+        for i, saved in self.pristine.items():
+            _storage_bytes(self.args[i]).copy_(saved)
+
+
+class Worker:
+    """The request loop (one per process)."""
+
+    def __init__(self, conn: Any) -> None:
+        from tiletune.devices.workers.protocol import encode_reply
+
+        self.conn = conn
+        self.encode = encode_reply
+        self.send_lock = threading.Lock()
+        self.backends: dict[str, Any] = {}
+        self.sessions: dict[int, _Served] = {}
+        self.device_index = 0
+
+    def send(self, msg: dict) -> None:
+        data = self.encode(msg)
+        with self.send_lock:
+            self.conn.send_bytes(data)
+
+    # -- requests --------------------------------------------------------------------------
+    def serve(self) -> None:
+        from tiletune.devices.workers.shipping import loads
+
+        while True:
+            try:
+                raw = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                return  # the caller is gone
+            rid = int.from_bytes(raw[:8], "little", signed=True)
+            try:
+                msg = loads(raw[8:])
+            except Exception as exc:  # an unloadable request (e.g. a plan that cannot be imported here)
+                self.send({"id": rid, "ok": False, "error": f"cannot load request: {type(exc).__name__}: {exc}"})
+                continue
+            op = msg.get("op")
+            if op == "exit":
+                self.send({"id": rid, "ok": True})
+                return
+            try:
+                handler = getattr(self, f"op_{op}")
+                reply = handler(msg)
+            except Exception as exc:
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                         "trace": traceback.format_exc()[-2000:]}
+            if op in ("check", "sample", "close", "open") and not reply.get("fatal") and (
+                not reply.get("ok") or reply.get("status") == "launch_error"
+            ):
+                dead = self._dead_context(msg, str(reply.get("error") or reply.get("reason") or ""))
+                if dead is not None:  # a sticky CUDA error: this worker is done for
+                    reply = {"ok": False, "fatal": True,
+                             "error": f"{reply.get('error') or reply.get('reason')} (CUDA context lost: {dead})"}
+            reply["id"] = rid
+            if _trace_enabled():
+                sys.stderr.write(f"tiletune worker: {op} -> {str(reply)[:300]}\n")
+            self.send(reply)
+            if reply.get("fatal"):
+                sys.stderr.write(f"tiletune worker: fatal: {reply.get('error')}\n")
+                sys.stderr.flush()
+                os._exit(3)
+
+    def op_ping(self, msg: dict) -> dict:
+        return {"ok": True, "pid": os.getpid()}
+
+    def op_hello(self, msg: dict) -> dict:
+        self.device_index = int(msg.get("device_index", 0))
+        backend = self._backend(msg.get("backend"))
+        info = backend.device_info(self.device_index)
+        return {"ok": True, "pid": os.getpid(), "device": info.as_dict(), "versions": dict(backend.versions())}
+
+    def _backend(self, spec: Any) -> Any:
+        if spec is None or spec == "cutile":
+            be = self.backends.get("cutile")
+            if be is None:
+                from tiletune.devices.backends.cutile import CutileBackend
+
+                be = self.backends["cutile"] = CutileBackend()
+                be.torch.cuda.set_device(self.device_index)
+                be.torch.cuda.init()
+            return be
+        return spec  # a shipped backend object (tests)
+
+    def op_open(self, msg: dict) -> dict:
+        from tiletune.devices.backends.base import Launch
+        from tiletune.devices.plans import PlanCache
+        from tiletune.devices.workers.shipping import own_copy
+
+        sid = int(msg["session"])
+        backend = self._backend(msg.get("backend"))
+        t0 = time.perf_counter()
+        args = tuple(own_copy(a) for a in msg["args"])
+        torch = getattr(backend, "torch", None)
+        if torch is not None:
+            torch.cuda.synchronize(int(msg["device_index"]))
+        copy_s = time.perf_counter() - t0
+        del msg["args"]  # drop the IPC views of the caller's memory now
+        plan = msg["plan"]
+
+        def spec_for(cfg: Any) -> Launch:
+            spec = plan(cfg, *args)
+            return spec if isinstance(spec, Launch) else Launch(*spec)
+
+        session = backend.open_session(
+            PlanCache(spec_for),  # the launch plan is evaluated once per candidate
+            args,
+            device_index=int(msg["device_index"]),
+            writes=tuple(msg["writes"]),
+            inplace=tuple(msg["inplace"]),
+            reference=msg.get("reference"),
+            tolerance=msg.get("tolerance"),
+            name=str(msg.get("name", "op")),
+        )
+        written = set(msg["writes"]) | set(msg["inplace"])
+        self.sessions[sid] = _Served(session, args, written)
+        return {"ok": True, "copy_s": copy_s}
+
+    def _candidates(self, served: _Served, wire: list) -> list[Any]:
+        from tiletune.devices.backends.base import Candidate
+        from tiletune.space.spaces import Config
+
+        out = []
+        for order, names, values, hints, is_base in wire:
+            c = served.candidates.get(order)
+            if c is None:
+                cfg = Config(dict(zip(names, values)), hints)
+                c = served.candidates[order] = Candidate(cfg, int(order), bool(is_base))
+            out.append(c)
+        return out
+
+    def op_compile(self, msg: dict) -> dict:
+        sid = int(msg["session"])
+        served = self.sessions[sid]
+        cands = self._candidates(served, msg["candidates"])
+
+        def run() -> None:
+            try:
+                for outcome in served.session.compile(cands):
+                    self.send({"event": "compiled", "session": sid, "order": outcome.candidate.order,
+                               "status": outcome.status.value, "seconds": float(outcome.seconds or 0.0),
+                               "reason": outcome.reason})
+            except Exception as exc:  # the compile machinery itself broke: fail what is left
+                sys.stderr.write(traceback.format_exc())
+                for c in cands:
+                    self.send({"event": "compiled", "session": sid, "order": c.order, "status": "compile_error",
+                               "seconds": 0.0, "reason": f"compile pool failed: {type(exc).__name__}: {exc}"})
+
+        t = threading.Thread(target=run, name="tiletune-worker-compile", daemon=True)
+        served.compile_threads.append(t)
+        t.start()
+        return {"ok": True}
+
+    def _torch_of(self, msg: dict) -> Any:
+        """The torch module of the live backend serving this request (None for simulated ones)."""
+        served = self.sessions.get(msg.get("session", -1)) if isinstance(msg.get("session"), int) else None
+        be = getattr(served, "session", None)
+        torch = getattr(be, "torch", None)
+        if torch is None:
+            torch = getattr(self.backends.get("cutile"), "torch", None)
+        return torch
+
+    def _dead_context(self, msg: dict, error: str) -> str | None:
+        """Why the CUDA context cannot be used after a request failed with ``error``, or None
+        (always None for simulated backends): a probe that fails, or an error of the sticky kind."""
+        torch = self._torch_of(msg)
+        if torch is None:
+            return None
+        dead = _context_ok(torch, self.device_index)
+        if dead is None and sticky_error(error):
+            dead = "sticky CUDA error (the context cannot be trusted after it)"
+        return dead
+
+    def op_check(self, msg: dict) -> dict:
+        served = self.sessions[int(msg["session"])]
+        cand = self._candidates(served, [msg["candidate"]])[0]
+        t0 = time.perf_counter()
+        outcome = served.session.check(cand)
+        reply: dict = {"ok": True, "status": outcome.status.value, "reason": outcome.reason,
+                       "seconds": round(time.perf_counter() - t0, 4)}
+        if outcome.status.value == "launch_error":
+            return reply  # serve() probes the context
+        if outcome.status.value in ("ok", "mismatch"):
+            changed = served.changed_inputs()
+            if changed:
+                reply["status"] = "mismatch"
+                reply["reason"] = (f"the kernel wrote into read-only argument(s) {changed}"
+                                   + (f"; {outcome.reason}" if outcome.reason else ""))
+        return reply
+
+    def op_sample(self, msg: dict) -> dict:
+        served = self.sessions[int(msg["session"])]
+        cand = self._candidates(served, [msg["candidate"]])[0]
+        try:
+            samples = served.session.sample(cand, int(msg["n"]))
+            served.restore_inputs()
+        except Exception as exc:
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": True, "samples": [float(x) for x in samples]}
+
+    def op_close(self, msg: dict) -> dict:
+        served = self.sessions.pop(int(msg["session"]), None)
+        if served is not None:
+            for t in served.compile_threads:  # cubins reach cuTile's disk cache before the caller
+                t.join(60.0)                  # compiles the winner for itself
+            try:
+                served.session.finish(None)
+            except Exception as exc:
+                return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            from tiletune.devices.workers.session import WORKER_STATS
+
+            stats = getattr(served.session, "stats", None) or {}
+            return {"ok": True, "stats": {k: v for k, v in stats.items() if k in WORKER_STATS and isinstance(v, int)}}
+        return {"ok": True}
+
+
+def _trace_enabled() -> bool:
+    from tiletune import settings
+
+    try:
+        return settings.worker_trace()
+    except ValueError:  # the caller checked its environment; a bad value here only loses the trace
+        return False
+
+
+def main() -> None:
+    """Entry point: connect to the caller named in the environment and serve it."""
+    from multiprocessing.connection import Client
+
+    os.environ["TILETUNE_IN_WORKER"] = "1"
+    address = os.environ["TILETUNE_WORKER_ADDRESS"]
+    authkey = bytes.fromhex(os.environ.pop("TILETUNE_WORKER_AUTHKEY"))
+    extra = os.environ.get("TILETUNE_WORKER_SYSPATH")
+    if extra:
+        import json
+
+        for p in json.loads(extra):
+            if p not in sys.path:
+                sys.path.append(p)
+    conn = Client(address, family="AF_UNIX", authkey=authkey)
+    try:
+        import torch.multiprocessing  # noqa: F401  (CUDA IPC rebuild functions)
+    except ImportError:
+        pass
+    Worker(conn).serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

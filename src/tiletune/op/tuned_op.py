@@ -1,0 +1,817 @@
+"""The ``@autotune`` decorator and the tuned op's hot path.
+
+A tuned op wraps a *launch plan*: ``plan(config, *args) -> Launch(kernel, grid, kernel_args)``.
+On a call with a new problem key the op asks :func:`tiletune.resolve.tuning.resolve` for its config (the
+tuning database, another process's session, or tuning, by default in a worker process); then it
+caches the winning config with a launcher that holds the hinted kernel object, so every later call
+with that key costs the key lookup, the plan and one ``ct.launch``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+import weakref
+from contextvars import ContextVar
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from tiletune.devices.backends.base import Backend, Launch, LaunchParts
+from tiletune.op.binding import positional_binder
+from tiletune.errors import TiletuneError
+from tiletune.op.guards import GuardTable
+from tiletune.op.hotpath import Entry, bound_launcher, build_entry
+from tiletune.buckets import Buckets
+from tiletune.keys import _BY_VALUE, default_key
+from tiletune.engine.progress import configure_logging_from_env
+from tiletune import settings
+from tiletune.records import TuneResult
+from tiletune.space.spaces import Config, Space
+from tiletune.store import TuningDB
+from tiletune.space.strategies.base import Budget, StrategySpec
+from tiletune.engine.tuner import TunerOptions
+
+if TYPE_CHECKING:
+    from tiletune.devices.plans import PlanCache
+
+#: ``tolerance(*args) -> {dtype name: (rtol, atol)}``: a problem-dependent tolerance.
+ToleranceFn = Callable[..., Mapping[str, "tuple[float, float]"]]
+
+logger = logging.getLogger("tiletune")
+
+Plan = Callable[..., Any]
+
+
+def _check_strategy(strategy: Any) -> None:
+    """Refuse (StrategyError, a ValueError) anything but a registered name, a Strategy subclass or
+    a Strategy instance, at the decorator rather than at the first call."""
+    from tiletune.space.strategies import resolve_strategy
+
+    resolve_strategy(strategy)
+
+
+ISOLATION_MODES = settings.ISOLATION_MODES
+
+
+#: True while an op is made inside a call that will look its key up at once (a library op is made on
+#: its first call): neither the isolated worker nor the background import of cuTile's compiler
+#: (:func:`tiletune.devices.backends.prewarm_default`) is started ahead. A call the database or a table
+#: answers never needs the worker (no worker process, no second CUDA context), nor, when
+#: :mod:`tiletune.devices.frontend_cache` holds its kernel, cuTile's compiler (a background import would only
+#: compete with that call for the interpreter); a tuning starts both anyway, at once.
+defer_worker_start: ContextVar[bool] = ContextVar("tiletune_defer_worker_start", default=False)
+
+
+def _resolve_isolation(isolation: str | None, backend: Backend | None) -> str:
+    """``isolation=`` or ``TILETUNE_ISOLATION``; by default "process" for the live cuTile backend and
+    "none" for a backend object passed in (simulated ones run in this process unless asked)."""
+    value = isolation
+    if value is None:
+        value = settings.isolation()
+        if backend is not None and value == "process":
+            value = "none"  # the environment switch is for the live backend
+    if value is None:
+        value = "process" if backend is None else "none"
+    if value not in ISOLATION_MODES:
+        raise ValueError(f"isolation={value!r}: choose one of {', '.join(ISOLATION_MODES)}")
+    from tiletune.devices.workers import in_worker
+
+    return "none" if in_worker() else value
+
+
+def _no_outputs(args: tuple[Any, ...]) -> None:
+    return None
+
+
+#: threads recording which tuned-op launches a call makes (see :mod:`tiletune.kernels.fastcall`); empty
+#: almost always, so the hot path pays one truthiness test
+_recorders: dict[int, list[tuple["TunedOp", Any, tuple[Any, ...]]]] = {}
+#: called whenever a tuned op's choice for a key changes (cache cleared, a pending key tuned)
+_change_hooks: list[Callable[[], None]] = []
+
+
+def _note_launch(op: "TunedOp", key: Any, args: tuple[Any, ...]) -> None:
+    rec = _recorders.get(threading.get_ident())
+    if rec is not None:
+        rec.append((op, key, args))
+
+
+def record_launches(fn: Callable[..., Any], *args: Any,
+                    **kwargs: Any) -> tuple[Any, list[tuple["TunedOp", Any, tuple[Any, ...]]]]:
+    """``fn(*args, **kwargs)`` once with this thread's tuned-op launches recorded: ``(its result,
+    [(op, key, op arguments), ...])`` in launch order (``key`` None where the op missed it). Raises
+    RuntimeError when this thread is already recording (a library op inside a recorded call)."""
+    tid = threading.get_ident()
+    if tid in _recorders:
+        raise RuntimeError("record_launches: this thread is already recording launches")
+    rec: list[tuple["TunedOp", Any, tuple[Any, ...]]] = []
+    _recorders[tid] = rec
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        _recorders.pop(tid, None)
+    return result, rec
+
+
+class FirstLaunch(BaseException):
+    """Raised by :func:`first_launch` at a call's first tuned-op launch (a BaseException, so that no
+    ``except Exception`` of a library op swallows it)."""
+
+    def __init__(self, op: "TunedOp", key: Any, args: tuple[Any, ...]) -> None:
+        super().__init__(op.name)
+        self.op = op
+        self.key = key  # None: the op missed this key (it would resolve, maybe tune, it)
+        self.args = args
+
+
+class _StopAtFirst:
+    """A launch recorder (see :data:`_recorders`) that stops the call at its first tuned-op launch."""
+
+    def append(self, item: tuple["TunedOp", Any, tuple[Any, ...]]) -> None:
+        raise FirstLaunch(*item)
+
+
+def first_launch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FirstLaunch | None:
+    """Call ``fn`` (a tuned op, or a function that calls one, such as a library op) up to its first
+    tuned-op launch and stop there, before anything is resolved, tuned or launched: which op, with
+    which arguments, and whether its key is cached (``key`` set) or missed (``key`` None). None when
+    ``fn`` returned without reaching a tuned op (it then ran for real).
+
+    A campaign uses it to compile the candidates of the next calls while the GPU measures: it rides
+    on the launch recorders of :mod:`tiletune.kernels.fastcall`, so it costs the hot path nothing."""
+    tid = threading.get_ident()
+    if tid in _recorders:
+        raise RuntimeError("first_launch: this thread is already recording launches")
+    _recorders[tid] = _StopAtFirst()  # type: ignore[assignment]
+    try:
+        fn(*args, **kwargs)
+    except FirstLaunch as hit:
+        return hit
+    finally:
+        _recorders.pop(tid, None)
+    return None
+
+
+def _choices_changed() -> None:
+    for hook in list(_change_hooks):
+        hook()
+
+
+def _stream_capturing(backend: Backend, dev: int) -> bool:
+    """Whether the stream a launch on ``dev`` goes to is being captured into a CUDA graph."""
+    probe = getattr(backend, "stream_capturing", None)
+    return bool(probe(dev)) if probe is not None else False
+
+
+class _ArgTemplate:
+    """What :meth:`TunedOp.tune_pending` needs to tune a key later: weak references to the call's
+    tensors (strong ones to other values) and their shapes, strides, dtypes and devices."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        from tiletune.keys import is_tensor
+
+        self.parts: list[tuple[str, Any, Any]] = []
+        for a in args:
+            if is_tensor(a):
+                try:
+                    ref: Any = weakref.ref(a)
+                except TypeError:
+                    ref = lambda a=a: a  # noqa: E731 - not weak-referenceable: keep it
+                meta = (tuple(a.shape), tuple(a.stride()), a.dtype, getattr(a, "device", None))
+                self.parts.append(("tensor", ref, meta))
+            else:
+                self.parts.append(("value", a, None))
+
+    def fresh_arguments(self) -> tuple[Any, ...]:
+        """New tensors like the originals (floats normal, integers zero), the other values as given."""
+        return tuple(ref if kind == "value" else _synthesize(*meta) for kind, ref, meta in self.parts)
+
+    def arguments(self) -> tuple[Any, ...]:
+        """The original arguments while they live, else fresh tensors like them."""
+        out: list[Any] = []
+        for kind, ref, meta in self.parts:
+            if kind == "value":
+                out.append(ref)
+                continue
+            t = ref()
+            if t is None:
+                t = _synthesize(*meta)
+            out.append(t)
+        return tuple(out)
+
+
+def _synthesize(shape: tuple[int, ...], stride: tuple[int, ...], dtype: Any, device: Any) -> Any:
+    import torch
+
+    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    if t.is_floating_point():
+        t.normal_()
+    else:
+        t.zero_()
+    return t
+
+
+class _Pending:
+    """A key launched during capture without tuning: its config, launcher and arguments template."""
+
+    __slots__ = ("config", "entry", "template")
+
+    def __init__(self, config: Config, entry: Entry, template: _ArgTemplate | None) -> None:
+        self.config = config
+        self.entry = entry
+        self.template = template
+
+    def arguments(self) -> tuple[Any, ...]:
+        assert self.template is not None
+        return self.template.arguments()
+
+
+class TunedOp:
+    """A cuTile launch plan made into an autotuned op. Create it with :func:`autotune`."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        space: Space,
+        *,
+        reference: Callable[..., Any] | None = None,
+        writes: Sequence[str | int] = (),
+        inplace: Sequence[str | int] = (),
+        key: Callable[..., Any] | None = None,
+        name: str | None = None,
+        db: TuningDB | str | os.PathLike | bool | None = None,
+        backend: Backend | None = None,
+        tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = None,
+        options: TunerOptions | None = None,
+        progress: bool | None = None,
+        cache_plan: bool = True,
+        strategy: StrategySpec | None = None,
+        budget: Budget | None = None,
+        seed: int = 0,
+        strategy_options: Mapping[str, Any] | None = None,
+        isolation: str | None = None,
+        buckets: Buckets | None = None,
+        tune_single: bool = True,
+    ) -> None:
+        if not isinstance(space, Space):
+            raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a tiletune.Budget, got {type(budget).__name__}")
+        if strategy is not None:
+            _check_strategy(strategy)
+        self.plan = plan
+        self.space = space
+        self.reference = reference
+        self.name = name or getattr(plan, "__qualname__", "op")
+        self.key_fn = key
+        if tolerance is not None and not callable(tolerance) and not isinstance(tolerance, Mapping):
+            raise TypeError("tolerance must be a {dtype name: (rtol, atol)} mapping or a callable of the op's arguments")
+        self.tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = (
+            tolerance if callable(tolerance) else (dict(tolerance) if tolerance else None))
+        self.options = options or TunerOptions()
+        self.progress = progress
+        self.strategy = strategy
+        self.budget = budget
+        self.seed = seed
+        self.strategy_options = dict(strategy_options or {})
+        self._backend = backend
+        self._backend_given = backend is not None  # the live backend is created lazily into _backend
+        self.isolation = _resolve_isolation(isolation, backend)
+        self._isolated: Backend | None = None
+        self._warned_unshippable = False
+        self._db_arg = db
+        self._db: TuningDB | None = None
+        self._db_dropped = False  # the database could not be used: the op goes on without it
+        sig = inspect.signature(plan)
+        self._params = list(sig.parameters)[1:]
+        self._binder = positional_binder(sig.replace(parameters=list(sig.parameters.values())[1:]))
+        self.inplace = self._resolve_positions(inplace, "inplace")
+        self.writes = tuple(p for p in self._resolve_positions(writes, "writes") if p not in self.inplace)
+        self.cache_plan = cache_plan and key is None  # a user key may omit what the plan reads
+        self._key: Callable[[tuple[Any, ...]], Any] = default_key if key is None else (lambda a: key(*a))
+        if buckets is not None and not isinstance(buckets, Buckets):
+            raise TypeError(f"buckets must be a tiletune.Buckets, got {type(buckets).__name__}")
+        if buckets is not None and key is not None:
+            raise ValueError("buckets= and key= cannot be combined: a key function decides the grouping itself")
+        #: shape buckets: keys of one bucket share a tuning result (see :mod:`tiletune.buckets`)
+        self.buckets = buckets.resolve(self._params) if buckets is not None else None
+        self._bucket_configs: dict[Any, Config] = {}
+        self._cache: dict[Any, Entry] = {}
+        #: guards of recently called keys with their entries (default key only; see :mod:`tiletune.op.guards`)
+        self._fast: GuardTable[Entry] = GuardTable()
+        self._guarded = key is None
+        self._configs: dict[Any, Config] = {}
+        self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
+        self._pending: dict[Any, _Pending] = {}  # keys met during CUDA graph capture, not tuned yet
+        self.tune_single = bool(tune_single)
+        self._single: dict[str, Config | None] = {}  # arch -> the space's only valid config (tune_single=False)
+        self._refine: dict[Any, _ArgTemplate] = {}  # keys a bucket answered, queued for exact tuning
+        outs = sorted(set(self.writes) | set(self.inplace))
+        #: ``outputs(args)``: what a call returns: None, the one written argument, or a tuple of them
+        self._outputs: Callable[[tuple[Any, ...]], Any] = itemgetter(*outs) if outs else _no_outputs
+        self._lock = threading.RLock()
+        self.results: dict[Any, TuneResult] = {}
+        self.tuning_count = 0
+        functools.update_wrapper(self, plan)
+        if backend is None and not defer_worker_start.get():
+            from tiletune.devices.backends import prewarm_default
+
+            prewarm_default()
+            if self.isolation == "process":
+                from tiletune.devices.workers import prestart
+
+                prestart()
+
+    # ------------------------------------------------------------------ hot path
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
+        if not _recorders:  # a guard of a recent key passes: its entry, no key built (GuardTable.lookup inlined)
+            try:
+                row = self._fast.rows[args[0].shape]
+            except Exception:  # noqa: BLE001 - no arguments, no shape, or a shape not seen
+                row = ()
+            for check, entry in row:
+                if check(args):
+                    entry(args)
+                    return self._outputs(args)
+        key = self._key(args)
+        entry = self._cache.get(key)
+        if entry is None:
+            return self._miss(args, key)
+        if _recorders:
+            _note_launch(self, key, args)
+        elif self._guarded:
+            self._remember(key, args, entry)
+        entry(args)
+        return self._outputs(args)
+
+    def _remember(self, key: Any, args: tuple[Any, ...], entry: Entry) -> None:
+        """Make ``key``'s guard the first one its selector tries (entries change under ``self._lock``)."""
+        self._fast.remember_current(key, args, _BY_VALUE.__contains__, entry, self._cache, self._lock)
+
+    # ------------------------------------------------------------------ public helpers
+    def config_for(self, *args: Any, **kwargs: Any) -> Config:
+        """The config this op uses for these arguments (tunes if the key is new, without launching twice)."""
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
+        key = self._key(args)
+        if key not in self._configs:
+            self._miss(args, key)
+        pend = self._pending.get(key)
+        return pend.config if pend is not None else self._configs[key]
+
+    def known_config(self, *args: Any, **kwargs: Any) -> Config | None:
+        """The config a call with these arguments would launch, if this op already holds one for their
+        key (tuned or loaded in this process, a capture-time fallback, or a tuned bucket's winner that
+        the call would take at once); None where a call would have to look it up or tune. Tunes, loads
+        and launches nothing (safe inside a CUDA graph capture)."""
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
+        key = self._key(args)
+        pend = self._pending.get(key)
+        if pend is not None:
+            return pend.config
+        cfg = self._configs.get(key)
+        if cfg is None and self.buckets is not None and not self.buckets.refine:
+            cfg = self._bucket_configs.get(self.buckets.key(args))  # what a call would launch at once
+        return cfg
+
+    def bind(self, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """A launcher of this op on these exact arguments: ``bound()`` launches the chosen config's kernel
+        with no key, lookup or plan on the way (the cheapest call there is).
+
+        The key is resolved now (a new key is tuned, which launches the winner once on these
+        arguments, as a call would); ``bind`` itself launches nothing otherwise. The bound launcher
+        keeps references to the arguments and passes the same memory on every call (on cuTile as array
+        views made once, skipping the per-call DLPack conversion): it is for fixed buffers (static
+        inputs and outputs, CUDA-graph style). Rebind after reallocating them (``resize_``, ``set_``).
+        It returns what a call returns; its ``config`` attribute is the config it launches.
+        """
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
+        key = self._key(args)
+        with self._lock:
+            if key not in self._cache:
+                self._miss(args, key, launch=False)
+            cfg = self._configs[key]
+        parts, grid, kargs = self._resolved_launch(cfg, args)
+        views = bool(getattr(self.backend, "accepts_array_interface", False))
+        return bound_launcher(parts, grid, kargs, self._outputs(args), views=views, config=cfg, op=self)
+
+    def cache_clear(self) -> None:
+        """Forget in-memory choices (the database keeps its records)."""
+        with self._lock:
+            self._cache.clear()
+            self._fast.clear()
+            self._configs.clear()
+            self.recipe_keys.clear()
+            self._pending.clear()
+        _choices_changed()
+
+    @property
+    def pending(self) -> list[Any]:
+        """Keys first met during a CUDA graph capture and launched without tuning (see :meth:`tune_pending`)."""
+        return list(self._pending)
+
+    def tune_pending(self) -> dict[Any, Config]:
+        """Tune every key that was first met during a CUDA graph capture (and launched there with the
+        database's record or the baseline config). Call it outside any capture.
+
+        The arguments of the capture-time call are used when they are still alive (the tuning session
+        saves and restores them like any call's); otherwise fresh tensors of the recorded shapes,
+        strides and dtypes (floats normal, integers zero). Graphs captured before keep the config they
+        captured: capture again to use the tuned one. Returns ``{key: tuned config}``; a key that cannot
+        be tuned stays pending (logged).
+        """
+        done: dict[Any, Config] = {}
+        for key in list(self._pending):
+            pend = self._pending.get(key)
+            if pend is None:
+                continue
+            try:
+                args = pend.arguments()
+            except Exception as exc:  # noqa: BLE001 - reported, the key stays pending
+                logger.warning("%s: cannot rebuild the arguments of pending key %r (%s); it stays pending",
+                               self.name, key, exc)
+                continue
+            self._miss(args, key, launch=False)
+            if key in self._cache:
+                done[key] = self._configs[key]
+        return done
+
+    @property
+    def refining(self) -> list[Any]:
+        """Keys answered by their bucket's winner and queued for exact tuning (``Buckets(refine=True)``)."""
+        return list(self._refine)
+
+    def refine(self, *, background: bool = False) -> "dict[Any, Config] | threading.Thread":
+        """Tune the shapes queued by bucket refinement (``Buckets(..., refine=True)``) on their exact
+        keys, and use each exact winner for its shape from then on.
+
+        Each is tuned on fresh tensors of its shape, strides and dtypes (floats normal, integers zero),
+        never on the caller's, so it is safe while the program runs; the winner is stored under the
+        exact key. Calls of already-resolved shapes never wait for it; a call of a new shape of this op
+        waits while one refinement session holds the op. ``background=True`` runs the same in a daemon
+        thread and returns it (tuning then shares the GPU with the program: its timings are noisier).
+        Returns ``{key: exact config}``; a shape that fails to tune keeps its bucket's config (logged).
+        """
+        if background:
+            thread = threading.Thread(target=self.refine, name=f"tiletune-refine-{self.name}", daemon=True)
+            thread.start()
+            return thread
+        from tiletune.resolve.tuning import exact_keys, resolve
+
+        done: dict[Any, Config] = {}
+        for key in list(self._refine):
+            template = self._refine.pop(key, None)
+            if template is None:
+                continue
+            try:
+                args = template.fresh_arguments()
+                backend = self.backend
+                dev = backend.arg_device(args)
+                arch = backend.device_info(dev).arch
+                with self._lock, exact_keys():
+                    res = resolve(self, args, key, backend, dev, arch)
+                    if res.result is not None:
+                        self.results[key] = res.result
+                    self._install(res.config, args, key, backend, dev)
+            except Exception as exc:  # noqa: BLE001 - the bucket's config stays; reported
+                logger.warning("%s: refining %r on its exact shape failed (%s: %s); it keeps its bucket's "
+                               "config", self.name, key, type(exc).__name__, exc)
+                continue
+            done[key] = res.config
+            logger.info("%s: refined %r -> %s", self.name, key, res.config)
+        if done:
+            _choices_changed()
+        return done
+
+    def _queue_refinement(self, key: Any, args: tuple[Any, ...]) -> None:
+        if self.buckets is not None and self.buckets.refine and key not in self._refine:
+            self._refine[key] = _ArgTemplate(args)
+
+    def _exact_record(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
+                      plans: PlanCache) -> Config | None:
+        """The stored config of this exact key (a refined shape), or None; no tuning. ``plans``: the
+        call's plan cache, shared with the bucket's resolution (one kernel id for both)."""
+        from tiletune.resolve.tuning import exact_keys, lookup
+
+        try:
+            with exact_keys():
+                return lookup(self, args, key, backend, dev, arch, plans)
+        except Exception as exc:  # noqa: BLE001 - the bucket answers without it
+            logger.debug("%s: exact lookup failed: %s", self.name, exc)
+            return None
+
+    @property
+    def db(self) -> TuningDB | None:
+        """The tuning database this op reads and writes, opened at first use.
+
+        None when persistence is off (``db=False``) and when the database cannot be used: it failed to
+        open, or failed later (locked, disk full, ...); the op then tunes and launches without storing
+        anything, after one :class:`~tiletune.errors.DatabaseWarning` per process and database path
+        saying what is wrong and what to do. A read-only database (``db.read_only``) is kept: its
+        records are used, nothing is stored (see :func:`tiletune.resolve.tuning.open_database`).
+        """
+        if self._db is None and self._db_arg is not False and not self._db_dropped:
+            from tiletune.resolve.tuning import open_database
+
+            self._db = open_database(self._db_arg)
+            self._db_dropped = self._db is None
+        return self._db
+
+    @property
+    def backend(self) -> Backend:
+        """The backend that compiles, measures and launches (the live cuTile one by default)."""
+        if self._backend is None:
+            from tiletune.devices.backends import default_backend
+
+            self._backend = default_backend()
+        return self._backend
+
+    # ------------------------------------------------------------------ slow path
+    def _resolve_positions(self, names: Sequence[str | int] | str | int, what: str) -> tuple[int, ...]:
+        if isinstance(names, (str, int)):
+            names = (names,)
+        variadic = any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(self.plan).parameters.values())
+        out: list[int] = []
+        for w in names:
+            if isinstance(w, int) and not isinstance(w, bool):
+                if w < 0 or (w >= len(self._params) and not variadic):
+                    raise ValueError(f"{what}: position {w} is out of range for the plan's arguments {self._params}")
+                pos = w
+            elif isinstance(w, str) and w in self._params:
+                pos = self._params.index(w)
+            else:
+                raise ValueError(
+                    f"{what}: {w!r} is not an argument of the launch plan (after the config): {self._params}"
+                )
+            if pos not in out:
+                out.append(pos)
+        return tuple(out)
+
+    def _launch_spec(self, cfg: Config, args: tuple[Any, ...]) -> Launch:
+        spec = self.plan(cfg, *args)
+        if not isinstance(spec, Launch):
+            try:
+                spec = Launch(*spec)
+            except TypeError as exc:
+                raise TiletuneError(
+                    f"{self.name}: the launch plan must return tiletune.Launch(kernel, grid, args), got {spec!r}"
+                ) from exc
+        return spec
+
+    def _resolved_launch(self, cfg: Config,
+                         args: tuple[Any, ...]) -> tuple[LaunchParts, tuple[int, ...], tuple[Any, ...]]:
+        """``cfg``'s launch on ``args`` ready to issue: ``(the backend's launch parts for the plan's kernel,
+        grid, kernel arguments)``; ``parts.launch(parts.stream(parts.dev), grid, parts.hinted, kargs)``."""
+        kernel, grid, kargs = self._launch_spec(cfg, args)
+        return self.backend.launch_parts(cfg, kernel, self.backend.arg_device(args)), tuple(grid), tuple(kargs)
+
+    def _bind_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """Keyword arguments bound to the plan's parameters: the positional tuple the plan is called with
+        (defaults filled in only up to the last argument given)."""
+        try:
+            bound, rest = self._binder(args, kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}(): {exc}") from None
+        if rest:
+            raise TypeError(f"{self.name}(): keyword-only parameters of a launch plan cannot be passed "
+                            f"({', '.join(rest)}); make them positional")
+        return bound
+
+    def _miss(self, args: tuple[Any, ...], key: Any, launch: bool = True) -> Any:
+        if _recorders:
+            _note_launch(self, None, args)  # not a cached choice: nothing a recipe could replay
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:  # another thread finished first
+                if launch:
+                    entry(args)
+                return self._outputs(args)
+            configure_logging_from_env()
+            backend = self.backend
+            dev = backend.arg_device(args)
+            arch = backend.device_info(dev).arch
+            disabled = settings.disabled()
+            pend = self._pending.get(key)
+            bucket = self.buckets.key(args) if self.buckets is not None and not disabled else None
+            cfg = None
+            from tiletune.devices.plans import PlanCache
+
+            plans = PlanCache(lambda c: self._launch_spec(c, args))  # this call's plans, for every identity
+            if bucket is not None and self.buckets.refine:  # a refined (exact) record wins over the bucket's
+                cfg = self._exact_record(args, key, backend, dev, arch, plans)
+                if cfg is not None:
+                    bucket = None
+            if cfg is None and bucket is not None:
+                cfg = self._bucket_configs.get(bucket)
+                if cfg is not None:  # a tuned bucket answers at once, inside a graph capture too
+                    logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
+                    self._queue_refinement(key, args)
+            if cfg is None and not self.tune_single:
+                cfg = self._single_config(arch)  # one valid config: nothing to tune (tune_single=False)
+            if cfg is None and not disabled and _stream_capturing(backend, dev):
+                if pend is None:
+                    pend = self._pending_entry(args, key, backend, dev, arch)
+                if launch:
+                    pend.entry(args)
+                return self._outputs(args)
+            launched = False
+            if disabled:
+                cfg = self._baseline(arch)
+            elif cfg is None:
+                from tiletune.resolve.tuning import resolve
+
+                res = resolve(self, args, key, backend, dev, arch, plans)
+                cfg, launched = res.config, res.launched
+                if res.result is not None:
+                    self.results[key] = res.result
+                if bucket is not None:
+                    self._bucket_configs[bucket] = cfg
+                    if res.result is None:  # the bucket's stored winner, tuned on another shape
+                        self._queue_refinement(key, args)
+            entry = self._install(cfg, args, key, backend, dev)
+            if pend is not None:
+                del self._pending[key]
+                _choices_changed()
+            if launch and not launched:
+                entry(args)
+            return self._outputs(args)
+
+    def _single_config(self, arch: str) -> Config | None:
+        """The space's only valid config for ``arch``, or None (several, none, or a space too big to list)."""
+        if arch not in self._single:
+            only = None
+            if not self.space.is_lazy(arch):
+                found = self.space.candidates(arch)
+                only = found[0] if len(found) == 1 else None
+            self._single[arch] = only
+        return self._single[arch]
+
+    def _baseline(self, arch: str) -> Config:
+        """The config launched untuned: the space's baseline, else its first valid config."""
+        base = self.space.baseline(arch)
+        if base is not None:
+            return base
+        if self.space.is_lazy(arch):  # a space too big to list: its first valid config, streamed
+            return next(iter(self.space.lazy(arch)))
+        return self.space.candidates(arch)[0]
+
+    def _entry(self, cfg: Config, args: tuple[Any, ...], backend: Backend, dev: int) -> tuple[Entry, bool]:
+        """The per-call launcher of ``cfg`` for this key, and whether it replays the plan's recipe."""
+        spec = self._launch_spec(cfg, args)
+        return build_entry(self.plan, cfg, spec, args, lambda k: backend.launch_parts(cfg, k, dev), self.cache_plan)
+
+    def _install(self, cfg: Config, args: tuple[Any, ...], key: Any, backend: Backend, dev: int) -> Entry:
+        entry, replays = self._entry(cfg, args, backend, dev)
+        self._configs[key] = cfg
+        self._cache[key] = entry
+        self._fast.clear()  # a guard's entry may be this key's old one
+        if replays:
+            self.recipe_keys.add(key)
+        return entry
+
+    def _pending_entry(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> "_Pending":
+        """A key met during CUDA graph capture: no tuning, no lease, no waiting (any of them would break
+        or stall the capture). The database's record if there is one (installed for good), else the
+        baseline config, kept pending: tuned at the next call outside capture or by :meth:`tune_pending`."""
+        from tiletune.resolve.tuning import lookup
+
+        try:
+            cfg = lookup(self, args, key, backend, dev, arch)
+        except Exception as exc:  # noqa: BLE001 - the baseline is the answer without a database
+            logger.debug("%s: database lookup during capture failed: %s", self.name, exc)
+            cfg = None
+        if cfg is not None:
+            logger.info("%s: database hit during CUDA graph capture -> %s", self.name, cfg)
+            return _Pending(cfg, self._install(cfg, args, key, backend, dev), None)
+        cfg = self._baseline(arch)
+        entry, _ = self._entry(cfg, args, backend, dev)
+        pend = _Pending(cfg, entry, _ArgTemplate(args))
+        self._pending[key] = pend
+        logger.warning("tiletune: %s met a new problem key during CUDA graph capture; launching the baseline "
+                       "config %s untuned; it is tuned at the next call outside capture or by tune_pending()",
+                       self.name, cfg)
+        return pend
+
+    def _tuning_backend(self, backend: Backend) -> Backend:
+        """Where candidates run: a worker process (isolation "process") or this process."""
+        if self.isolation != "process":
+            return backend
+        if self._isolated is None:
+            from tiletune.devices.workers import IsolatedBackend
+
+            spec = backend if self._backend_given else "cutile"  # the live backend is rebuilt in the worker
+            self._isolated = IsolatedBackend(backend, worker_spec=spec)
+        return self._isolated
+
+
+def autotune(
+    space: Space,
+    *,
+    reference: Callable[..., Any] | None = None,
+    writes: Sequence[str | int] | str = (),
+    inplace: Sequence[str | int] | str = (),
+    key: Callable[..., Any] | None = None,
+    name: str | None = None,
+    db: TuningDB | str | os.PathLike | bool | None = None,
+    backend: Backend | None = None,
+    tolerance: Mapping[str, tuple[float, float]] | ToleranceFn | None = None,
+    options: TunerOptions | None = None,
+    progress: bool | None = None,
+    cache_plan: bool = True,
+    strategy: StrategySpec | None = None,
+    budget: Budget | None = None,
+    seed: int = 0,
+    strategy_options: Mapping[str, Any] | None = None,
+    isolation: str | None = None,
+    buckets: Buckets | None = None,
+    tune_single: bool = True,
+) -> Callable[[Plan], TunedOp]:
+    """Make a cuTile launch plan an autotuned op.
+
+    Args:
+        space: the configurations to choose from (:class:`tiletune.Space`).
+        reference: optional ``reference(*args)`` returning the expected contents of the written
+            arguments (one tensor, or a tuple in ``writes`` order). Candidates that disagree fail.
+        writes: names (or positions) of the plan's arguments the kernel only writes (outputs).
+            They are saved before tuning and restored afterwards, and poisoned with NaN before each
+            correctness check. After tuning they hold exactly one launch of the winner.
+        inplace: arguments the kernel reads *and* writes (e.g. RoPE on q and k). They are saved and
+            restored before every candidate's checked run, so each candidate sees the caller's data.
+        key: ``key(*args)`` returning a hashable, JSON-able problem key. Default: shapes, dtypes,
+            contiguity of tensors (+ device), ints/strings by value, floats by type.
+        name: op name in logs and the database (default: the plan's name).
+        db: a :class:`TuningDB`, a path, ``None`` for the default database, ``False`` for none.
+        backend: where to run (default: the live cuTile backend).
+        tolerance: ``{"bfloat16": (rtol, atol), ...}`` overriding the per-dtype defaults, or a
+            callable of the op's arguments returning such a mapping (for error bounds that depend
+            on the problem, e.g. a tf32 GEMM whose error grows with ``K``), called once per tuning.
+        options: :class:`TunerOptions` for the measurement loop.
+        progress: force the progress bar on or off (default: on interactive terminals).
+        cache_plan: with the default key, record the plan's output once per key and replay it on
+            later calls instead of calling the plan (see :mod:`tiletune.op.hotpath` for what is
+            checked). Set False if the plan reads anything besides the config, shapes, strides,
+            dtypes and int arguments.
+        strategy: how to search the space: ``"exhaustive"`` (every config, raced), ``"auto"`` (picks by
+            the space's size and type), ``"random"``, ``"evolutionary"``, ``"model"``, ``"local"``,
+            ``"surrogate"``, ``"hybrid"`` or any name added with
+            ``@tiletune.space.strategies.register(name)``; or a :class:`tiletune.space.strategies.Strategy`
+            subclass, or an instance of one (a template: each tuning gets a fresh copy built with
+            its keyword options). Anything else is refused here, listing the registered names.
+            ``None`` (the default): exhaustive for a space of at most 1024 valid configs, else ``"auto"``
+            with ``budget`` or, without one, 500 evaluations (:func:`tiletune.engine.search.default_search`).
+        budget: a :class:`tiletune.Budget` limiting evaluations and/or seconds (compile included). A
+            space too big to enumerate (over 2^16 combinations of values) needs one with an explicit
+            ``strategy``.
+        seed: seeds the strategy (same seed, same proposals).
+        strategy_options: keyword options of the strategy (e.g. ``{"population": 12}``).
+        isolation: ``"process"`` (default for the live cuTile backend, or ``TILETUNE_ISOLATION``):
+            candidates are compiled, checked and timed in a worker process, so a faulting or hanging
+            candidate fails alone and this process never launches an unverified config;
+            ``"none"``: in this process (the default for a ``backend=`` object).
+        buckets: a :class:`tiletune.Buckets` grouping keys by rounded-up dimensions (e.g. the token
+            count to the next power of two): the first call of a bucket tunes, every other shape of
+            the bucket reuses its winner at once (also from the database, in other processes). Every
+            config must be correct for every size of a bucket. Not combinable with ``key``.
+        tune_single: False: when the space holds exactly one valid config for the device's
+            architecture, a new key launches it at once, with no tuning session: no correctness
+            check, no timing, no database record, and no copies of the arguments. For ops whose one
+            config is tested elsewhere and whose arguments may be too large to copy (a KV-cache
+            append into tens of GiB of cache). Default True: a one-config space is still checked
+            once per key like any other.
+    """
+
+    if strategy is not None:
+        _check_strategy(strategy)  # fail at the decorator, not at the first call
+
+    def wrap(plan: Plan) -> TunedOp:
+        return TunedOp(
+            plan,
+            space,
+            reference=reference,
+            writes=writes,  # type: ignore[arg-type]
+            inplace=inplace,  # type: ignore[arg-type]
+            key=key,
+            name=name,
+            db=db,
+            backend=backend,
+            tolerance=tolerance,
+            options=options,
+            progress=progress,
+            cache_plan=cache_plan,
+            strategy=strategy,
+            budget=budget,
+            seed=seed,
+            strategy_options=strategy_options,
+            isolation=isolation,
+            buckets=buckets,
+            tune_single=tune_single,
+        )
+
+    return wrap
