@@ -1,6 +1,7 @@
-"""Every figure in README.md's tables is read from a committed result file (issue 21).
+"""Every figure in the tables of README.md and docs/HISTORY.md is read from a committed result file.
 
-The README's markdown tables are parsed; every number in a cell other than the first (the row's label:
+The markdown tables of both files are parsed (README.md is the user's guide with a short results
+section; docs/HISTORY.md keeps the measurement record); every number in a cell other than the first (the row's label:
 a benchmark, a space, an op, with its shapes) must appear in some JSON file under
 ``benchmarks/results/`` at the precision it is shown with: a figure shown with ``d`` decimals matches a
 value within half a unit of its last digit (so 88.3 matches 88.25 and 0.142 matches 0.1418); a
@@ -27,7 +28,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+HISTORY = ROOT / "docs" / "HISTORY.md"
+#: the files whose markdown tables this test checks
+DOCS = (README, HISTORY)
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+def docs_text() -> str:
+    """README.md and docs/HISTORY.md, one after the other (tables never span the join)."""
+    return "\n\n".join(p.read_text() for p in DOCS)
 
 
 def _load(rel: str):
@@ -39,9 +48,12 @@ def _strategy(space: str, strategy: str) -> dict:
                 if r["space"].startswith(space) and r["strategy"] == strategy)
 
 
-#: The result files each README table is read from, by the table's first header cell (the files its
+#: The result files each table is read from, by the table's first header cell (the files its
 #: caption names). A table not listed here is checked against every result file.
 TABLE_SOURCES: dict[str, list[str]] = {
+    "measured on one H200": ["h200/decoder_layer.json", "h200/kernels_compute_wt.json", "h200/kernels_memory.json",
+                             "h200/tuning_speed.json", "h200/fault_matrix.json", "h200/dispatch_overhead.json",
+                             "h200/first_call_linear.json", "h200/graphs_compile.json"],
     "benchmark": ["h200/tuning_speed.json", "h200/warm_start.json", "h200/dispatch_overhead.json",
                   "h200/determinism.json", "h200/fault_matrix.json", "h200/host_cost.json",
                   "h200/graphs_compile.json", "h200/first_call.json", "h200/ab.json",
@@ -144,9 +156,9 @@ def _held(stored: list[float], shown: str, percent: bool) -> bool:
 
 def table_figures(text: str | None = None) -> list[tuple[str, str, str, bool, str]]:
     """(row label, column header, figure, is a percentage, table's first header cell) of every figure
-    in README's tables (or in ``text``'s)."""
+    in the tables of README.md and docs/HISTORY.md (or in ``text``'s)."""
     out = []
-    for header, body in readme_tables(README.read_text() if text is None else text):
+    for header, body in readme_tables(docs_text() if text is None else text):
         for row in body:
             for col, cell in enumerate(row[1:], start=1):
                 name = header[col] if col < len(header) else f"column {col}"
@@ -159,19 +171,19 @@ def test_table_sources_exist():
     for files in TABLE_SOURCES.values():
         for f in files:
             assert (RESULTS / f).is_file(), f
-    heads = [h[0] for h, _ in readme_tables(README.read_text())]
-    for prefix in TABLE_SOURCES:  # every listed table is still in the README
+    heads = [h[0] for h, _ in readme_tables(docs_text())]
+    for prefix in TABLE_SOURCES:  # every listed table is still in README.md or docs/HISTORY.md
         assert any(h.startswith(prefix) for h in heads), prefix
 
 
 def test_readme_has_the_tables_this_test_checks():
-    tables = readme_tables(README.read_text())
+    tables = readme_tables(docs_text())
     assert len(tables) >= 4
     assert len(table_figures()) >= 80
 
 
 def unsourced_figures(text: str | None = None) -> list[str]:
-    """README table figures that no result file of their table holds."""
+    """Table figures (README.md, docs/HISTORY.md) that no result file of their table holds."""
     missing = []
     cache: dict[str, list[float]] = {}
     for label, column, shown, percent, head in table_figures(text):
@@ -190,7 +202,7 @@ def unsourced_figures(text: str | None = None) -> list[str]:
 
 def test_every_readme_table_figure_is_in_a_result_file():
     missing = unsourced_figures()
-    assert not missing, "README table figures found in no result file:\n" + "\n".join(missing)
+    assert not missing, "table figures found in no result file:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("old, new", [
@@ -202,13 +214,13 @@ def test_every_readme_table_figure_is_in_a_result_file():
     ("748 vs 752 TFLOP/s", "748 vs 762 TFLOP/s"),
 ])
 def test_a_hand_edited_table_figure_fails_the_check(old, new):
-    text = README.read_text()
-    assert old in text, "the README changed: pick another figure for this test"
+    text = docs_text()
+    assert old in text, "README.md / docs/HISTORY.md changed: pick another figure for this test"
     assert unsourced_figures(text.replace(old, new, 1))
 
 
 def test_prose_outside_tables_is_not_checked():
-    text = README.read_text() + "\n\nA new section quoting 12345.678 us and 99.99% of nothing.\n"
+    text = docs_text() + "\n\nA new section quoting 12345.678 us and 99.99% of nothing.\n"
     assert not unsourced_figures(text)
 
 
