@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 import tiletune as tt
-from tiletune.space.spaces import templates as lib
+from tiletune.space import templates as lib
 from tiletune.lab.catalogue import ARCHS, KINDS, MEASURED_ARCHS, TEMPLATES, template
 
 #: per template: argument sets to check besides the example
