@@ -22,7 +22,14 @@ holds a canary, so a write past the end lands in memory of the caller's (in the 
 copy), where it can be seen. Each config's status is compared with its expected verdict
 (:data:`EXPECTED`: good -> ok, illegal_read -> launch_error, endless_loop -> timeout, tail_wrong ->
 mismatch, write_past_end -> mismatch or launch_error). Writes fault_space.json (a file of its own,
-so the rows' environment and date in fault_matrix.json stay those of their run)::
+so the rows' environment and date in fault_matrix.json stay those of their run).
+
+As of this writing tiletune has no guard band for outputs: the worker copies an output's whole
+storage (``workers/shipping.own_copy``) and ``verify.Checker`` compares only the output's own
+elements (poisoned with NaN first, which catches unwritten elements, not extra ones), so a write
+past the end that does not fault lands unseen in the worker's copy of the canary. Expect
+``write_past_end`` configs to come back ``ok`` and ``verdicts_ok`` false until such a guard exists;
+``caller.canary_untouched`` shows whether a write_past_end config won and then hit the caller's memory::
 
     {"fault_space": {"configs", "wall_s", "restarts", "verdicts_ok", "verdicts": {label: {...}},
                      "caller_ok", "caller": {...}, "winner", ...}}
