@@ -1,51 +1,154 @@
-"""Cold tuning time: tiletune vs cuTile's exhaustive_search on the same space, same run.
+"""Cold tuning time: tiletune vs cuTile's ``exhaustive_search``, each side in a fresh process with empty caches.
 
-For the 32-config bf16 4096^3 matmul space and the 4-config RMSNorm space, each tuner runs in a
-fresh process with an empty cuTile disk cache (and tiletune with an empty database); only the
-tuning call is timed (imports and tensor set-up are not). tiletune runs isolated (candidates in a
-worker process, the default): the reported time waits for the worker tiletune starts in the
-background when the op is defined; ``tiletune_incl_worker_start_s`` starts it on the first call
-instead, and ``tiletune_in_process_s`` is ``TILETUNE_ISOLATION=none``. Then both winners are re-timed in one
-process, interleaved (A/B, cold L2), and the relative gap of their kernel times is reported.
+Kernels (``--kernels``, default all three):
 
-    python benchmarks/tuning_speed.py [--out DIR]
-Writes tuning_speed.json.
+* ``tilegym_matmul``: TileGym 1.5.1's ``_matmul_kernel`` (``tilegym.ops.cutile.matmul``, from the
+  ``tilegym`` wheel) over the catalogue's ``matmul`` template, 38 sm_90 configs (TM, TN, TK,
+  occupancy, num_worker_warps; the template's GROUP_M and LAT are single values the kernel does not
+  take), bf16 4096^3;
+* ``matmul``: the project's example matmul (``tiletune.lab.examples.matmul_kernels``), 32 configs, bf16 4096^3;
+* ``rmsnorm``: the example persistent RMSNorm (``tiletune.lab.examples.rmsnorm_kernels``), 4 configs
+  (occupancy), bf16 16384x4096.
+
+Every side of every repetition runs in its own fresh process with a fresh, empty
+``CUDA_TILE_CACHE_DIR`` (cuTile reads it at import; tiletune's front-end cubin cache lives in
+``<that folder>/tiletune-frontend``, so it starts empty too), a fresh ``TILETUNE_DB`` and
+``TILETUNE_CACHE_DIR``, tuning tables off (``TILETUNE_TABLES=0``) and no inherited ``TILETUNE_*``
+setting. The sides alternate: even repetitions run ``exhaustive_search`` first, odd ones tiletune
+first. Only the tuning call is timed (imports and tensor set-up are not); the process's whole wall
+time is reported beside it (``*_process_s``).
+
+* exhaustive side: ``cuda.tile.tune.exhaustive_search`` in-process over the same configs (the
+  space's candidates on sm_90, in the same order), the config's hints applied by ``hints_fn``;
+* tiletune side: the op is defined with ``tiletune.autotune`` in the child right before its first
+  call, and that call is timed. Isolation is tiletune's default (a worker process); the worker is
+  started when the op is defined, so its start-up is inside the timed call.
+
+Then, per kernel, every config either side picked in any repetition is re-timed in ONE process,
+interleaved round-robin (cold L2, ``tiletune.devices.measure.ColdL2Timer``), and each repetition's
+``pick_gap`` is (tiletune pick's time / exhaustive pick's time) - 1.
+
+    python benchmarks/tuning_speed.py [--out DIR] [--reps 3] [--quick] [--kernels a,b]
+
+Writes tuning_speed_cold.json::
+
+    {"rows": [{"kernel", "configs", "exhaustive_s", "tiletune_s", "ratio", "pick_gap",
+               "exhaustive_process_s", "tiletune_process_s", "reps": [...]}],
+     "breakdown": {kernel: {stat: median over repetitions}}, gpu, driver, versions, date, ...}
+
+``exhaustive_s``, ``tiletune_s``, ``pick_gap`` and the process times are medians over the
+repetitions; ``ratio`` = median tiletune_s / median exhaustive_s. ``breakdown`` holds tiletune's own
+``TuneResult.stats`` (numbers as they are, number lists as ``<name>_sum`` / ``<name>_n``), the
+measurements' compile seconds (``compile_s_sum``: summed over configs, which compile in parallel,
+so it can exceed the wall time) and ``outside_session_s`` (timed call minus the session clock).
+
+``--quick``: 1 repetition, kernels ``tilegym_matmul`` and ``rmsnorm`` (about 2 min on the H200;
+the full run about 6-7 min).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
 
-from _common import fresh_env, run_child, write_result
+from _common import ROOT, failure_fields, write_result
 
+SIDES = ("exhaustive", "tiletune")
+KERNELS = ("tilegym_matmul", "matmul", "rmsnorm")
+QUICK_KERNELS = ("tilegym_matmul", "rmsnorm")
+
+PROBLEMS = {
+    "tilegym_matmul": "TileGym 1.5.1 _matmul_kernel, bf16 4096^3, catalogue matmul template (38 sm_90 configs)",
+    "matmul": "tiletune.lab.examples matmul_kernel, bf16 4096^3, 32 configs (TM,TN in 64/128/256 not both 256, "
+              "TK 32/64, occupancy 1/2)",
+    "rmsnorm": "tiletune.lab.examples rmsnorm_kernel, bf16 16384x4096, occupancy 1/2/4/8",
+}
+
+# Each setup defines: NAME, SPACE (a tiletune Space), KERNEL, ARGS (the call's tensors), launch_of(cfg,
+# *args) -> (grid, kernel args) written in terms of its arguments (the tiletune worker calls the plan on
+# its own copies), hints_of(cfg) (cuTile hints), REFERENCE, TOLERANCE, WRITES.
 SETUP = {
-    "matmul": """
+    "tilegym_matmul": """
 import torch, cuda.tile as ct
-from tiletune.lab.examples.simple_matmul import MATMUL_SPACE, matmul_into
-from tiletune.lab.examples.matmul_kernels import matmul_kernel, MATMUL_GROUP_M
+from tilegym.ops.cutile.matmul import _matmul_kernel as KERNEL
+from tiletune.space.templates import matmul_space
+from tiletune.devices.verify import derived_tolerances
+try:
+    import tilegym; VERSION = getattr(tilegym, "__version__", None)
+except Exception:
+    VERSION = None
 torch.manual_seed(0)
 n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-SPACE, OP, ARGS, KERNEL = MATMUL_SPACE, matmul_into, (a, b, c), matmul_kernel
-def grid_fn(cfg): return (((n + cfg["TM"] - 1) // cfg["TM"]) * ((n + cfg["TN"] - 1) // cfg["TN"]),)
-def args_fn(cfg): return (a, b, c, cfg["TM"], cfg["TN"], cfg["TK"], MATMUL_GROUP_M)
+NAME, SPACE, ARGS, WRITES = "bench.tilegym_matmul", matmul_space(2), (a, b, c), ["c"]
+def launch_of(cfg, a, b, c):
+    tm, tn = cfg["TM"], cfg["TN"]
+    return (((a.shape[0] + tm - 1) // tm) * ((b.shape[1] + tn - 1) // tn), 1, 1), (a, b, c, tm, tn, cfg["TK"])
+def hints_of(cfg):
+    return {"occupancy": cfg["occupancy"], "num_worker_warps": cfg["num_worker_warps"]}
+def REFERENCE(a, b, c):
+    return (a.float() @ b.float()).to(c.dtype)
+def TOLERANCE(a, b, c):
+    return derived_tolerances(length=a.shape[1], atol_ulps=2.0)
+""",
+    "matmul": """
+import torch, cuda.tile as ct
+import tiletune as tt
+from tiletune.lab.examples.matmul_kernels import (matmul_kernel as KERNEL, MATMUL_GROUP_M, MATMUL_SPACE_PARAMS,
+                                              MATMUL_BASELINE, tile_fits)
+from tiletune.devices.verify import derived_tolerances
+VERSION = None
+torch.manual_seed(0)
+n = 4096
+a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+SPACE = tt.Space(**MATMUL_SPACE_PARAMS, constraints={"tile_fits": tile_fits}, baseline=MATMUL_BASELINE)
+NAME, ARGS, WRITES = "bench.matmul", (a, b, c), ["c"]
+def launch_of(cfg, a, b, c):
+    tm, tn = cfg["TM"], cfg["TN"]
+    return (((a.shape[0] + tm - 1) // tm) * ((b.shape[1] + tn - 1) // tn),), (a, b, c, tm, tn, cfg["TK"], MATMUL_GROUP_M)
+def hints_of(cfg):
+    return {"occupancy": cfg["occupancy"]}
+def REFERENCE(a, b, c):
+    return (a.float() @ b.float()).to(c.dtype)
+def TOLERANCE(a, b, c):
+    return derived_tolerances(length=a.shape[1], atol_ulps=2.0)
 """,
     "rmsnorm": """
 import torch, cuda.tile as ct
-from tiletune.lab.examples.rmsnorm import RMSNORM_SPACE, rms_norm_into, _sm_count
-from tiletune.lab.examples.rmsnorm_kernels import rmsnorm_kernel, next_power_of_2
+import tiletune as tt
+from tiletune.lab.examples.rmsnorm_kernels import (rmsnorm_kernel as KERNEL, next_power_of_2, RMSNORM_SPACE_PARAMS,
+                                               RMSNORM_BASELINE)
+from tiletune.devices.verify import derived_tolerances
+VERSION = None
 torch.manual_seed(0)
 m, k = 16384, 4096
 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(k, device="cuda", dtype=torch.bfloat16)
 y = torch.empty_like(x)
-SPACE, OP, ARGS, KERNEL = RMSNORM_SPACE, rms_norm_into, (x, w, y, 1e-6), rmsnorm_kernel
-def grid_fn(cfg): return (min(m, _sm_count(0) * cfg["occupancy"]),)
-def args_fn(cfg): return (x, w, y, 1e-6, next_power_of_2(k))
+SPACE = tt.Space(**RMSNORM_SPACE_PARAMS, baseline=RMSNORM_BASELINE)
+NAME, ARGS, WRITES = "bench.rmsnorm", (x, w, y, 1e-6), ["y"]
+def launch_of(cfg, x, w, y, eps):
+    sms = torch.cuda.get_device_properties(x.get_device()).multi_processor_count
+    return (max(1, min(x.shape[0], sms * cfg["occupancy"])),), (x, w, y, eps, next_power_of_2(x.shape[1]))
+def hints_of(cfg):
+    return {"occupancy": cfg["occupancy"]}
+def REFERENCE(x, w, y, eps):
+    xf = x.float()
+    return (xf * (xf.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt() * w.float()).to(y.dtype)
+def TOLERANCE(x, *_):
+    return derived_tolerances(length=x.shape[-1])
 """,
 }
 
@@ -55,99 +158,282 @@ from cuda.tile.tune import exhaustive_search
 space = [c.as_dict() for c in SPACE.candidates("sm_90")]
 torch.cuda.synchronize()
 t0 = time.perf_counter()
-res = exhaustive_search(space, torch.cuda.current_stream(), grid_fn, KERNEL, args_fn,
-                        lambda cfg: {"occupancy": cfg["occupancy"]}, quiet=True)
+res = exhaustive_search(space, torch.cuda.current_stream(), lambda cfg: launch_of(cfg, *ARGS)[0], KERNEL,
+                        lambda cfg: launch_of(cfg, *ARGS)[1], hints_of, quiet=True)
 torch.cuda.synchronize()
 wall = time.perf_counter() - t0
-print("RESULT " + json.dumps({"wall_s": wall, "winner": dict(res.best.config), "winner_us": res.best.mean_us,
-                              "ok": len(res.successes), "failed": len(res.failures)}))
+print("RESULT " + json.dumps({"wall_s": wall, "configs": len(space), "pick": dict(res.best.config),
+                              "pick_us": res.best.mean_us, "ok": len(res.successes), "failed": len(res.failures),
+                              "kernel_version": VERSION}))
 """
 
 TILETUNE = """
-import json, os, time
-from tiletune.devices.workers import wait_for_worker
-if os.environ.get("WAIT_WORKER") == "1":
-    wait_for_worker(timeout=300)  # started in the background when the op was defined (at import)
+import json, time
+import tiletune as tt
+
+def plan(cfg, *args):
+    grid, kargs = launch_of(cfg.as_dict(), *args)
+    return tt.Launch(KERNEL, grid, kargs)
+
 torch.cuda.synchronize()
 t0 = time.perf_counter()
-OP(*ARGS)
+op = tt.autotune(SPACE, reference=REFERENCE, writes=WRITES, name=NAME, tolerance=TOLERANCE, progress=False)(plan)
+op(*ARGS)
 torch.cuda.synchronize()
 wall = time.perf_counter() - t0
-(r,) = OP.results.values()
-print("RESULT " + json.dumps({"wall_s": wall, "winner": dict(r.winner), "winner_us": r.winner_median_us,
-                              "ok": len(r.successes), "failed": len(r.failures), "samples": r.stats.get("samples"),
-                              "parallel_compile": r.stats.get("parallel_compile"),
-                              "prefetch_hits": r.stats.get("prefetch_hits"),
-                              "max_first_launch_s": max(r.stats.get("first_launch_s") or [0]),
-                              "isolation": r.stats.get("isolation", "none"),
-                              "worker_wait_s": r.stats.get("worker_wait_s"),
-                              "arg_copy_s": r.stats.get("arg_copy_s"),
-                              "worker_restarts": r.stats.get("worker_restarts")}))
+(r,) = op.results.values()
+stats = {}
+for key, v in dict(r.stats).items():
+    if isinstance(v, bool):
+        stats[key] = v
+    elif isinstance(v, (int, float)):
+        stats[key] = v
+    elif isinstance(v, (list, tuple)) and v and all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in v):
+        stats[key + "_sum"] = float(sum(v))
+        stats[key + "_n"] = len(v)
+    elif key == "faults":
+        stats["faults_n"] = len(v)
+comp = [m.compile_s for m in r.measurements if m.compile_s]
+stats["compile_s_sum"] = float(sum(comp))
+stats["compile_s_max"] = float(max(comp)) if comp else 0.0
+stats["tune_wall_s"] = float(r.wall_s)
+if isinstance(stats.get("session_clock_s"), (int, float)):
+    stats["outside_session_s"] = wall - stats["session_clock_s"]
+print("RESULT " + json.dumps({"wall_s": wall, "configs": len(SPACE.candidates("sm_90")), "pick": dict(r.winner),
+                              "pick_us": r.winner_median_us, "ok": len(r.successes), "failed": len(r.failures),
+                              "isolation": r.stats.get("isolation", "none"), "stats": stats,
+                              "kernel_version": VERSION}))
 """
 
-AB = """
+RETIME = """
 import json
 from tiletune.devices.backends.cutile import HintedKernels
-from _common import interleaved_ab
+from tiletune.devices.measure import ColdL2Timer
+cfgs = json.loads(%r)
 h = HintedKernels()
 s = torch._C._cuda_getCurrentRawStream(0)
 def launcher(cfg):
-    k = h.get(KERNEL, {"occupancy": cfg["occupancy"]})
-    g, a = grid_fn(cfg), args_fn(cfg)
+    k = h.get(KERNEL, hints_of(cfg))
+    g, a = launch_of(cfg, *ARGS)
     return lambda: ct.launch(s, g, k, a)
-A, B = json.loads(%r)
-print("RESULT " + json.dumps(interleaved_ab(launcher(A), launcher(B))))
+fns = [launcher(c) for c in cfgs]
+timer = ColdL2Timer(0)
+for f in fns:
+    timer.time(f, 3)
+samples = [[] for _ in fns]
+for _ in range(%d):
+    for i, f in enumerate(fns):
+        samples[i] += timer.time(f, %d)
+med = [sorted(v)[len(v) // 2] for v in samples]
+print("RESULT " + json.dumps({"us": med, "samples_each": len(samples[0])}))
 """
 
 
-def measure(problem: str, repeats: int) -> dict:
-    # cuTile's search runs without tiletune's worker (none is started in its process)
-    ex = run_child(SETUP[problem] + EXHAUSTIVE, fresh_env(TILETUNE_WORKER_PRESTART="0"))
-    # tiletune, isolated (the default): the worker is started when the op is defined; timed once it
-    # is up, and once from a cold start of the worker on the first call
-    tts = [run_child(SETUP[problem] + TILETUNE, fresh_env(WAIT_WORKER="1")) for _ in range(repeats)]
-    cold = run_child(SETUP[problem] + TILETUNE, fresh_env(TILETUNE_WORKER_PRESTART="0"))
-    inproc = run_child(SETUP[problem] + TILETUNE, fresh_env(TILETUNE_ISOLATION="none"))
-    tt = tts[0]
-    ab = run_child(SETUP[problem] + AB % json.dumps([ex["winner"], tt["winner"]]), fresh_env())
-    return {
-        "exhaustive_s": ex["wall_s"],
-        "tiletune_s": tt["wall_s"],
-        "tiletune_s_all": [r["wall_s"] for r in tts],
-        "ratio": tt["wall_s"] / ex["wall_s"],
-        "isolation": tt["isolation"],
-        "tiletune_incl_worker_start_s": cold["wall_s"],
-        "ratio_incl_worker_start": cold["wall_s"] / ex["wall_s"],
-        "tiletune_in_process_s": inproc["wall_s"],
-        "ratio_in_process": inproc["wall_s"] / ex["wall_s"],
-        "exhaustive_winner": ex["winner"],
-        "tiletune_winner": tt["winner"],
-        "exhaustive_reported_us": ex["winner_us"],
-        "tiletune_reported_us": tt["winner_us"],
-        "ab_exhaustive_us": ab["a_us"],
-        "ab_tiletune_us": ab["b_us"],
-        "winner_gap": ab["gap"],
-        "ab_samples_each": ab["samples_each"],
-        "tiletune_detail": tts[0],
-        "exhaustive_detail": ex,
+# -- pure parts (CPU-tested) ------------------------------------------------------------------------
+
+def side_order(rep: int) -> tuple[str, str]:
+    """Which side runs first in repetition ``rep``: exhaustive on even repetitions, tiletune on odd."""
+    return SIDES if rep % 2 == 0 else (SIDES[1], SIDES[0])
+
+
+def config_key(cfg: dict[str, Any]) -> str:
+    return json.dumps(cfg, sort_keys=True)
+
+
+def distinct_picks(reps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every config either side picked in any repetition, once each, in first-seen order."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in reps:
+        for side in SIDES:
+            cfg = r.get(f"{side}_pick")
+            if cfg is not None:
+                seen.setdefault(config_key(cfg), cfg)
+    return list(seen.values())
+
+
+def pick_gap(tiletune_us: float, exhaustive_us: float) -> float:
+    """(tiletune pick's time / exhaustive pick's time) - 1: > 0 when tiletune's pick is slower."""
+    return tiletune_us / exhaustive_us - 1.0
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(kernel: str, configs: int | None, reps: list[dict[str, Any]],
+              retimed_us: dict[str, float] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row of ``kernel`` (medians over ``reps``) and its tiletune breakdown.
+
+    ``reps``: one dict per repetition with ``exhaustive_s``, ``tiletune_s``, ``exhaustive_process_s``,
+    ``tiletune_process_s``, ``exhaustive_pick``, ``tiletune_pick`` and ``tiletune_stats``.
+    ``retimed_us``: interleaved time of each picked config (by :func:`config_key`). Each repetition gets
+    its ``ratio`` and ``pick_gap`` (written into the rep dicts).
+    """
+    for r in reps:
+        ex, tt = r.get("exhaustive_s"), r.get("tiletune_s")
+        r["ratio"] = tt / ex if ex and tt is not None else None
+        r["pick_gap"] = None
+        if retimed_us and r.get("exhaustive_pick") is not None and r.get("tiletune_pick") is not None:
+            a = retimed_us.get(config_key(r["exhaustive_pick"]))
+            b = retimed_us.get(config_key(r["tiletune_pick"]))
+            if a and b is not None:
+                r["pick_gap"] = pick_gap(b, a)
+    ex_s = median([r.get("exhaustive_s") for r in reps])
+    tt_s = median([r.get("tiletune_s") for r in reps])
+    row = {
+        "kernel": kernel,
+        "problem": PROBLEMS.get(kernel, kernel),
+        "configs": configs,
+        "exhaustive_s": ex_s,
+        "tiletune_s": tt_s,
+        "ratio": tt_s / ex_s if ex_s and tt_s is not None else None,
+        "pick_gap": median([r.get("pick_gap") for r in reps]),
+        "exhaustive_process_s": median([r.get("exhaustive_process_s") for r in reps]),
+        "tiletune_process_s": median([r.get("tiletune_process_s") for r in reps]),
+        "reps": reps,
     }
+    names: list[str] = []
+    for r in reps:
+        for k in (r.get("tiletune_stats") or {}):
+            if k not in names:
+                names.append(k)
+    breakdown: dict[str, Any] = {}
+    for k in names:
+        vals = [r["tiletune_stats"].get(k) for r in reps if r.get("tiletune_stats")]
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if nums:
+            breakdown[k] = median(nums)
+        elif vals:
+            breakdown[k] = vals[0]
+    return row, breakdown
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--repeats", type=int, default=1, help="tiletune cold runs (the first is reported)")
-    args = ap.parse_args()
-    mm = measure("matmul", args.repeats)
-    rn = measure("rmsnorm", args.repeats)
-    write_result("tuning_speed", {
-        "problem": "bf16 matmul 4096^3, 32 configs (TM,TN in 64/128/256 not both 256, TK 32/64, occupancy 1/2)",
-        **{k: mm[k] for k in ("exhaustive_s", "tiletune_s", "ratio", "winner_gap")},
-        "isolation": mm["isolation"],
-        "ratio_incl_worker_start": mm["ratio_incl_worker_start"], "ratio_in_process": mm["ratio_in_process"],
-        "target_ratio": 0.15, "target_winner_gap": 0.02,
-        "matmul": mm,
-        "rmsnorm": {"problem": "bf16 RMSNorm 16384x4096, occupancy 1/2/4/8", **rn},
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="result folder (default benchmarks/results/h200)")
+    ap.add_argument("--reps", type=int, default=None, help="alternated repetitions per kernel (default 3; 1 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="1 repetition, kernels tilegym_matmul and rmsnorm")
+    ap.add_argument("--kernels", default=None, help="comma-separated subset of " + ",".join(KERNELS))
+    ap.add_argument("--rounds", type=int, default=30, help="interleaved re-timing rounds (10 samples per config each)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one child process may take")
+    args = ap.parse_args(argv)
+    if args.reps is None:
+        args.reps = 1 if args.quick else 3
+    if args.reps < 1:
+        ap.error("--reps must be at least 1")
+    if args.kernels:
+        ks = [k.strip() for k in args.kernels.split(",") if k.strip()]
+        unknown = [k for k in ks if k not in KERNELS]
+        if unknown:
+            ap.error(f"unknown kernel(s) {unknown}: choose from {list(KERNELS)}")
+        args.kernels = tuple(ks)
+    else:
+        args.kernels = QUICK_KERNELS if args.quick else KERNELS
+    return args
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+def cold_env(**extra: str) -> dict[str, str]:
+    """A child's environment: fresh empty cuTile cache (and so tiletune's front-end cache inside it),
+    fresh tiletune database and cache folder, tables off, no inherited TILETUNE_* setting."""
+    tmp = Path(tempfile.mkdtemp(prefix="tiletune-cold-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_") and k != "CUDA_TILE_CACHE_DIR"}
+    (tmp / "cutile-cache").mkdir()
+    env["CUDA_TILE_CACHE_DIR"] = str(tmp / "cutile-cache")
+    env["TILETUNE_DB"] = str(tmp / "tuning.db")
+    env["TILETUNE_CACHE_DIR"] = str(tmp / "tiletune-cache")
+    env["TILETUNE_TABLES"] = "0"
+    env["TILETUNE_PROGRESS"] = "0"
+    env["PYTHONPATH"] = f"{ROOT / 'src'}{os.pathsep}{ROOT / 'benchmarks'}{os.pathsep}" + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def run_timed(code: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run ``code`` in a fresh process; its ``RESULT`` dict plus ``process_s`` (the process's wall time)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    process_s = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            out = json.loads(line[len("RESULT "):])
+            out["process_s"] = process_s
+            return out
+    raise RuntimeError(f"child printed no RESULT line:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def run_side(kernel: str, side: str, timeout: float) -> dict[str, Any]:
+    if side == "exhaustive":  # no tiletune op is defined there: no worker starts
+        return run_timed(SETUP[kernel] + EXHAUSTIVE, cold_env(TILETUNE_WORKER_PRESTART="0"), timeout)
+    return run_timed(SETUP[kernel] + TILETUNE, cold_env(), timeout)
+
+
+def retime(kernel: str, picks: list[dict[str, Any]], rounds: int, timeout: float) -> dict[str, float]:
+    out = run_timed(SETUP[kernel] + RETIME % (json.dumps(picks), rounds, 10), cold_env(TILETUNE_WORKER_PRESTART="0"),
+                    timeout)
+    return {config_key(c): us for c, us in zip(picks, out["us"])}
+
+
+def measure_kernel(kernel: str, reps: int, rounds: int, timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    configs = None
+    version = None
+    for rep in range(reps):
+        r: dict[str, Any] = {"rep": rep, "first": side_order(rep)[0]}
+        for side in side_order(rep):
+            print(f"  {kernel} rep {rep}: {side} ...", flush=True)
+            try:
+                got = run_side(kernel, side, timeout)
+            except Exception as exc:  # noqa: BLE001 - one failing side must not lose the others
+                r[f"{side}_error"] = failure_fields(exc)["error"]
+                continue
+            configs = configs or got.get("configs")
+            version = version or got.get("kernel_version")
+            r[f"{side}_s"] = got["wall_s"]
+            r[f"{side}_process_s"] = got["process_s"]
+            r[f"{side}_pick"] = got["pick"]
+            r[f"{side}_pick_reported_us"] = got["pick_us"]
+            r[f"{side}_ok"], r[f"{side}_failed"] = got["ok"], got["failed"]
+            if side == "tiletune":
+                r["tiletune_stats"] = got.get("stats", {})
+                r["isolation"] = got.get("isolation")
+            print(f"    {got['wall_s']:.2f} s tuning, {got['process_s']:.2f} s process, pick {got['pick']}", flush=True)
+        rows.append(r)
+    picks = distinct_picks(rows)
+    retimed = None
+    if picks:
+        try:
+            retimed = retime(kernel, picks, rounds, timeout)
+        except Exception as exc:  # noqa: BLE001
+            print(f"  {kernel}: re-timing failed: {failure_fields(exc)['error'].splitlines()[0]}", flush=True)
+    row, breakdown = summarize(kernel, configs, rows, retimed)
+    row["picks_retimed_us"] = [{"config": c, "us": retimed.get(config_key(c))} for c in picks] if retimed else None
+    if version:
+        row["kernel_version"] = version
+    return row, breakdown
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    rows, breakdown = [], {}
+    for kernel in args.kernels:
+        print(f"[{time.perf_counter() - t0:6.1f} s] {kernel}", flush=True)
+        row, bd = measure_kernel(kernel, args.reps, args.rounds, args.timeout)
+        rows.append(row)
+        breakdown[kernel] = bd
+        print(f"  exhaustive {row['exhaustive_s']} s, tiletune {row['tiletune_s']} s, ratio {row['ratio']}, "
+              f"pick_gap {row['pick_gap']}", flush=True)
+    write_result("tuning_speed_cold", {
+        "method": "each side in a fresh process with an empty CUDA_TILE_CACHE_DIR (and tiletune's front-end cache "
+                  "inside it), fresh TILETUNE_DB, tables off; sides alternate (even reps exhaustive first); only "
+                  "the tuning call timed; medians of the repetitions; picks re-timed interleaved in one process",
+        "reps": args.reps, "quick": args.quick, "rows": rows, "breakdown": breakdown,
+        "wall_s": round(time.perf_counter() - t0, 1),
     }, args.out)
 
 

@@ -95,3 +95,74 @@ def make_fault_op(modes: tuple[int, ...] = tuple(FAULTS), db=False, name: str = 
 
 
 fault_op = make_fault_op(db=False)
+
+
+# -- the fault space (issue 41, item 4) -------------------------------------------------------------
+#
+# ONE kernel, ``fault_space_kernel``, over a 28-config space: ``T`` (tile) x ``occupancy`` x ``MODE``.
+# ``y = 2 * x`` over a float32 vector whose length is not a multiple of any ``T`` (so the last tile is
+# partial); ``MODE`` plants the fault:
+#
+# =====  ================  ==================================================================
+# MODE   fault             how
+# =====  ================  ==================================================================
+# 0      good              gather, scale, scatter (bounds-checked)
+# 1      illegal_read      ``ct.gather`` 2e9 elements past the end, bounds checks off
+# 2      endless_loop      two nested runtime loops of 2^30 iterations
+# 3      tail_wrong        ``y = 2x + 1`` on the last partial tile only (elements >= n_full)
+# 4      write_past_end    the store's bounds check off: the last tile writes up to T - 1 elements
+#                          (zeros, from the padded load) past the end of ``y``
+# =====  ================  ==================================================================
+#
+# Good configs: T in 64..2048 x occupancy 1/2 (12); each fault at occupancy 1, T in 128..1024 (4 each).
+
+SPACE_FAULTS = {0: "good", 1: "illegal_read", 2: "endless_loop", 3: "tail_wrong", 4: "write_past_end"}
+SPACE_T = [64, 128, 256, 512, 1024, 2048]
+SPACE_FAULT_T = (128, 1024)  # the T range (inclusive) of the faulty configs
+
+
+@ct.kernel
+def fault_space_kernel(X, Y, n_full, n_iter, MODE: ct.Constant[int], T: ct.Constant[int]):
+    bid = ct.bid(0)
+    offs = bid * T + ct.arange(T, dtype=ct.int32)
+    if MODE == 1:
+        x = ct.gather(X, offs + FAR, check_bounds=False)
+    else:
+        x = ct.gather(X, offs)
+    y = x * 2.0
+    if MODE == 2:
+        acc = x
+        for i in range(n_iter):
+            for j in range(n_iter):
+                acc = acc * 0.5 + x
+        y = acc
+    if MODE == 3:
+        y = ct.where(offs >= n_full, y + 1.0, y)
+    if MODE == 4:
+        ct.scatter(Y, offs, y, check_bounds=False)
+    else:
+        ct.scatter(Y, offs, y)
+
+
+def _fault_space_rule(c) -> bool:
+    return c.MODE == 0 or (c.occupancy == 1 and SPACE_FAULT_T[0] <= c.T <= SPACE_FAULT_T[1])
+
+
+def fault_space() -> tt.Space:
+    """The 28-config fault space: 12 good configs, 4 of each fault (see the table above)."""
+    return tt.Space(T=SPACE_T, occupancy=[1, 2], MODE=list(SPACE_FAULTS),
+                    constraints={"faults_at_occupancy_1": _fault_space_rule},
+                    baseline=dict(T=512, occupancy=1, MODE=0))
+
+
+def fault_space_plan(cfg, x, y):
+    n = x.shape[0]
+    n_full = (n // cfg.T) * cfg.T  # elements before the last, partial tile
+    n_iter = (1 << 30) if cfg.MODE == 2 else 1
+    return tt.Launch(fault_space_kernel, ((n + cfg.T - 1) // cfg.T,), (x, y, n_full, n_iter, cfg.MODE, cfg.T))
+
+
+def make_fault_space_op(db=False, name: str = "fault_space"):
+    """A tuned op over :func:`fault_space` (reference ``2 * x``, output ``y``)."""
+    return tt.autotune(fault_space(), reference=lambda x, y: x * 2, writes=["y"], db=db, name=name,
+                       progress=False)(fault_space_plan)
