@@ -111,7 +111,6 @@ import tiletune as tt
 from tiletune.lab.ab import ABCase, _tuned_launch
 from tiletune.lab.campaign import parse_campaign
 from tiletune.lab.fill import materialize, resolve_op
-from tiletune.resolve.tuning import PlanCache, make_identity
 
 spec = parse_campaign(json.load(open(sys.argv[1])))
 want = json.loads(sys.argv[2])  # digest -> the other run's pick
@@ -123,8 +122,7 @@ for task in spec.tasks:
     op, bargs = _tuned_launch(fn, ABCase(tuple(args), kwargs))
     dev = op.backend.arg_device(bargs)
     arch = op.backend.device_info(dev).arch
-    ident = make_identity(op, bargs, op._key(bargs), op.backend, dev, arch,
-                          PlanCache(lambda cfg: op._launch_spec(cfg, bargs)))
+    ident = op.problem(bargs, op.key_of(*bargs)).identity
     if ident.digest not in want or ident.digest in done:
         continue
     done.add(ident.digest)

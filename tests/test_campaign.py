@@ -19,7 +19,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 import tiletune as tt  # noqa: E402
 from tiletune.lab import campaign  # noqa: E402
-from tiletune.resolve import tuning
+from tiletune.resolve import chain as tuning
 from tiletune.devices.backends import FakeBackend  # noqa: E402
 from tiletune.lab.campaign import compare_picks, load_campaign, parse_campaign, run_campaign, worker_slots  # noqa: E402
 from tiletune.cli import _fill_optional_values, app  # noqa: E402

@@ -38,7 +38,7 @@ torch = pytest.importorskip("torch")
 
 import tiletune as tt  # noqa: E402
 import tiletune.store as _store  # noqa: E402
-from tiletune.resolve import tuning  # noqa: E402
+from tiletune.resolve import database  # noqa: E402
 from tiletune.devices.backends import FakeBackend  # noqa: E402
 from tiletune.errors import (  # noqa: E402
     DatabaseCorrupt,
@@ -179,9 +179,9 @@ _RESTORE: list[tuple[pathlib.Path, int]] = []
 @pytest.fixture(autouse=True)
 def _fresh_process_state() -> Iterator[None]:
     """Each test is a fresh process as far as warnings and dropped databases go; permissions restored."""
-    tuning._forget_database_problems()
+    database.forget_database_problems()
     yield
-    tuning._forget_database_problems()
+    database.forget_database_problems()
     while _RESTORE:
         path, mode = _RESTORE.pop()
         with contextlib.suppress(OSError):
@@ -713,7 +713,7 @@ def _real_read_only_scenarios(base: pathlib.Path) -> list[str]:
         before = fingerprint(path)
         os.chmod(base / mode_path, mode)
         try:
-            tuning._forget_database_problems()
+            database.forget_database_problems()
             with db_warnings() as got:
                 op = make_op(path)
                 run(op)

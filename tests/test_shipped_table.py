@@ -2,7 +2,7 @@
 
 A table entry answers a call only while the op's identity today (the kernel id hashed from the launch
 plan's and the kernels' sources, the space hash, the bucketed key) equals the one it was made with
-(:func:`tiletune.resolve.tuning.make_identity`, :func:`tiletune.resolve.tables.lookup`). Editing a library kernel, a
+(:attr:`tiletune.resolve.problem.Problem.identity`, :func:`tiletune.resolve.tables.lookup`). Editing a library kernel, a
 launch plan or a space therefore retires its shipped entries silently: the first call tunes for
 seconds to a minute instead of being answered at once. This test catches that in CI.
 
@@ -14,10 +14,10 @@ For every entry of every table in ``tiletune/data/tables/`` it
    does;
 2. finds the library op of the entry's name whose current space has the entry's space hash (a
    module-level ``autotune`` op of ``tiletune.kernels``, or the family's op of that regime);
-3. builds the op's identity with :func:`tiletune.resolve.tuning.make_identity` itself (same identity
+3. builds the op's identity with :attr:`tiletune.resolve.problem.Problem.identity` itself (same identity
    configs, plan, cuTile ``kernel_sources``), with the table's device and versions, and asks the
-   table (:meth:`TuningTable.lookup`) and :func:`tiletune.resolve.tuning._config_from_record` whether the
-   entry would serve that identity, exactly as :func:`tiletune.resolve.tuning._from_table` does on a GPU.
+   table (:meth:`TuningTable.lookup`) and :meth:`tiletune.resolve.problem.OpSpec.config_from` whether the
+   entry would serve that identity, exactly as :class:`tiletune.resolve.tables.TableSource` does on a GPU.
 
 Only the SM count is faked (the grid is not part of the identity).
 """
@@ -37,8 +37,8 @@ pytest.importorskip("cuda.tile")
 
 import tiletune.kernels as K  # noqa: E402
 from tiletune.resolve import tables  # noqa: E402
-from tiletune.resolve import tuning
 from tiletune.devices.backends.cutile import CutileBackend  # noqa: E402
+from tiletune.devices.plans import PlanCache  # noqa: E402
 from tiletune.op.tuned_op import TunedOp  # noqa: E402
 from tiletune.kernels import _membound  # noqa: E402
 from tiletune.kernels.library_op import LibraryOp  # noqa: E402
@@ -275,9 +275,9 @@ def _why_stale(entry: tables.TableEntry, table: tables.TuningTable, backend: Any
                 + ("; " + "; ".join(notes) if notes else ""))
     reasons = []
     for op, args in same_space:
-        plans = tuning.PlanCache(lambda cfg, op=op, args=args: op._launch_spec(cfg, args))
+        plans = PlanCache(lambda cfg, op=op, args=args: op.launch_spec(cfg, args))
         key = op.key_fn(*args) if op.key_fn is not None else None
-        ident = tuning.make_identity(op, args, key, backend, 0, arch, plans)
+        ident = op.problem(args, key, plans=plans, backend=backend, device=0, arch=arch).identity
         if ident.key != entry.key:
             reasons.append(f"the key of the rebuilt call is {ident.key} (the key format or the op's arguments "
                            "changed, or the key cannot be rebuilt)")
@@ -289,7 +289,7 @@ def _why_stale(entry: tables.TableEntry, table: tables.TuningTable, backend: Any
         if table.mismatch(ident) is not None or table.lookup(ident) != entry:
             reasons.append("the table does not answer the identity")  # same fields: should not happen
             continue
-        if tuning._config_from_record(op, entry.config, arch) is None:
+        if op.spec().config_from(entry.config, arch) is None:
             reasons.append(f"the config {entry.config} is not a valid config of the space on {arch}")
             continue
         return None

@@ -48,6 +48,8 @@ TILETUNE_DEBUG                   bool      false      The ``tiletune`` command s
                                                       as ``--debug``).
 TILETUNE_TABLES                  bool      true       Consult tuning tables (the user's, then those shipped
                                                       with tiletune) for keys the database does not hold.
+TILETUNE_BACKGROUND              bool      false      Tune keys answered provisionally (nearest neighbour,
+                                                      default config) in a background thread.
 TILETUNE_PINS                    path      unset      A pins file (tiletune.resolve.pins): fixed configs per op
                                                       and key, used before the database; never tuned.
 TILETUNE_COMPILE_WORKERS         count     unset      Compile (``tileiras``) processes per tuning session;
@@ -95,6 +97,7 @@ __all__ = [
     "worker_prestart",
     "worker_start_timeout_s",
     "tables_enabled",
+    "background",
     "pins_path",
     "compile_workers",
     "timer_backlog_us",
@@ -139,6 +142,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_WORKER_TRACE", "bool", False, "trace worker requests, keep worker logs"),
         Variable("TILETUNE_DEBUG", "bool", False, "full tracebacks from the command line"),
         Variable("TILETUNE_TABLES", "bool", True, "consult the user's and the shipped tuning tables"),
+        Variable("TILETUNE_BACKGROUND", "bool", False, "tune provisionally answered keys in a background thread"),
         Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.resolve.pins)"),
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
@@ -295,6 +299,11 @@ def tables_enabled() -> bool:
     return flag("TILETUNE_TABLES", True)
 
 
+def background() -> bool:
+    """``TILETUNE_BACKGROUND`` (default false): tune provisionally answered keys in a background thread."""
+    return flag("TILETUNE_BACKGROUND", False)
+
+
 def pins_path() -> str | None:
     """``TILETUNE_PINS``: the pins file (:mod:`tiletune.resolve.pins`), or None (unset or empty)."""
     return text("TILETUNE_PINS")
@@ -341,6 +350,7 @@ _CHECKS = {
     "TILETUNE_DEBUG": debug,
     "TILETUNE_IN_WORKER": in_worker,
     "TILETUNE_TABLES": tables_enabled,
+    "TILETUNE_BACKGROUND": background,
     "TILETUNE_PINS": pins_path,
     "TILETUNE_COMPILE_WORKERS": compile_workers,
     "TILETUNE_TIMER_BACKLOG_US": timer_backlog_us,

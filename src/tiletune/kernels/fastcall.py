@@ -39,6 +39,7 @@ import logging
 import threading
 from typing import Any, Callable
 
+from tiletune import events
 from tiletune.op import tuned_op as dispatch
 from tiletune.op.binding import positional_binder
 from tiletune.op.guards import GuardTable
@@ -78,7 +79,7 @@ def recipe_count() -> int:
     return sum(len(w.recipes) for w in _wrappers)
 
 
-dispatch._change_hooks.append(clear_recipes)
+events.subscribe("changed", lambda **_: clear_recipes())
 
 
 def _torch() -> Any:
@@ -130,7 +131,7 @@ class _FastOp:
         if (not self.learn or sig is None or self.attempts.get(sig, 0) >= MAX_ATTEMPTS
                 or len(self.recipes) >= MAX_RECIPES):
             return self.fn(*args)
-        if threading.get_ident() in dispatch._recorders:  # a library op inside another: only the outer one learns
+        if threading.get_ident() in dispatch.recorders:  # a library op inside another: only the outer one learns
             return self.fn(*args)
         result, rec = dispatch.record_launches(self.fn, *args)
         with self._lock:
@@ -190,7 +191,7 @@ def fast_op(route: Callable[..., Any] | None = None,
         recipes = fast.recipes
         guards = fast.guards
         bind = positional_binder(fast.signature)
-        recorders = dispatch._recorders
+        recorders = dispatch.recorders
 
         if not learn:
 
@@ -278,11 +279,12 @@ def _learn(args: tuple[Any, ...], result: Any, rec: list) -> Callable[[tuple[Any
         raise _Refused(f"{len(rec)} tuned-op launches (1 to {MAX_LAUNCHES} are replayed)")
     recorded = []
     for op, key, op_args in rec:
-        if key is None or key not in op._cache or key in op._pending:
+        cfg = None if key is None else op.settled(key)
+        if cfg is None:
             raise _Refused("a launch was not a cached choice (tuning, capture or first call)")
         if not op.cache_plan:
             raise _Refused("a tuned op's plan may read more than the key (cache_plan is off)")
-        recorded.append((op, op._configs[key], op_args))
+        recorded.append((op, cfg, op_args))
 
     inputs = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     in_ids = {id(a) for _, a in inputs}
@@ -325,7 +327,7 @@ def _learn(args: tuple[Any, ...], result: Any, rec: list) -> Callable[[tuple[Any
                 known.add(_storage(w)[0])
                 sources.append(("tmp", len(temps), w))
                 temps.append(w)
-        (launch, stream, hinted, dev), grid, kargs = op._resolved_launch(cfg, op_args)
+        (launch, stream, hinted, dev), grid, kargs = op.launch_parts(cfg, op_args)
         parts: list[tuple] = []
         for v in kargs:
             if isinstance(v, torch.Tensor):

@@ -103,7 +103,7 @@ class LibraryOp:
         """Every (regime, config) decided so far, for reports."""
         out = []
         for regime, op in self._ops.items():
-            for cfg in list(op._configs.values()):
+            for cfg in list(op.chosen().values()):
                 out.append({"regime": regime, "config": dict(cfg)})
         return out
 

@@ -188,7 +188,7 @@ def against_config(op: Any, against: Any, arch: str) -> tuple[Config, str]:
     if isinstance(against, str):
         if against != "baseline":
             raise ValueError(f"against={against!r}: give 'baseline', a Config or a mapping of parameter values")
-        return op._baseline(arch), "baseline"
+        return op.baseline(arch), "baseline"
     if isinstance(against, Config):
         return against, "config"
     if isinstance(against, Mapping):
@@ -238,7 +238,7 @@ def _tuned_launch(fn: Callable[..., Any], case: ABCase) -> tuple[Any, tuple[Any,
 
     from tiletune.op import tuned_op as dispatch
 
-    if threading.get_ident() in dispatch._recorders:
+    if threading.get_ident() in dispatch.recorders:
         raise TiletuneError("tt.ab cannot run inside another recorded call")
     _, rec = dispatch.record_launches(fn, *case.args, **dict(case.kwargs))
     ops = {id(op): op for op, _, _ in rec}
@@ -302,7 +302,7 @@ def ab(
     for i, case in enumerate(case_list):
         if isinstance(op, TunedOp):
             tuned = op
-            args = op._bind_arguments(case.args, case.kwargs) if case.kwargs else tuple(case.args)
+            args = op.bind_arguments(case.args, case.kwargs)
         elif callable(op):
             tuned, args = _tuned_launch(op, case)
         else:
@@ -319,16 +319,14 @@ def ab(
 
 def _ab_case(op: Any, args: tuple[Any, ...], against: Any, rounds: int, batch: int, band: float,
              label: str) -> ABRow:
-    from tiletune.devices.plans import PlanCache
-    from tiletune.resolve.tuning import open_session
+    from tiletune.resolve.tune import open_session
 
     backend = op.backend
     dev = backend.arg_device(args)
     arch = backend.device_info(dev).arch
     pick = op.config_for(*args)
     fixed, against_label = against_config(op, against, arch)
-    plans = PlanCache(lambda cfg: op._launch_spec(cfg, args))
-    session = open_session(op, backend, args, dev, plans)
+    session = open_session(op.problem(args, op.key_of(*args)))
     a = Candidate(pick, 0, is_baseline=False)
     b = Candidate(fixed, 1, is_baseline=True)
     try:

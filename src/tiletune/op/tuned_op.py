@@ -1,9 +1,9 @@
 """The ``@autotune`` decorator and the tuned op's hot path.
 
 A tuned op wraps a *launch plan*: ``plan(config, *args) -> Launch(kernel, grid, kernel_args)``.
-On a call with a new problem key the op asks :func:`tiletune.resolve.tuning.resolve` for its config (the
-tuning database, another process's session, or tuning, by default in a worker process); then it
-caches the winning config with a launcher that holds the hinted kernel object, so every later call
+On a call with a new problem key the op builds a :class:`~tiletune.resolve.problem.Problem` and asks
+the chain of sources (:mod:`tiletune.resolve.chain`: pins, the tuning database, tables, the nearest
+tuned neighbour, other ranks, tuning, by default in a worker process) for a choice; then it caches the winning config with a launcher that holds the hinted kernel object, so every later call
 with that key costs the key lookup, the plan and one ``ct.launch``.
 """
 
@@ -27,15 +27,19 @@ from tiletune.op.hotpath import Entry, bound_launcher, build_entry
 from tiletune.buckets import Buckets
 from tiletune.keys import _BY_VALUE, default_key
 from tiletune.engine.progress import configure_logging_from_env
-from tiletune import settings
+from tiletune import events, settings
 from tiletune.records import TuneResult
 from tiletune.space.spaces import Config, Space
 from tiletune.store import TuningDB
 from tiletune.space.strategies.base import Budget, StrategySpec
 from tiletune.engine.tuner import TunerOptions
 
-if TYPE_CHECKING:
-    from tiletune.devices.plans import PlanCache
+from tiletune.devices.plans import PlanCache
+from tiletune.resolve.chain import Attempt, default_chain
+from tiletune.resolve.database import DatabaseHandle, DatabaseSource
+from tiletune.resolve.pins import PinSource, verified_pin
+from tiletune.resolve.problem import ON_MISS, OpSpec, Problem
+from tiletune.resolve.tables import TableSource
 
 #: ``tolerance(*args) -> {dtype name: (rtol, atol)}``: a problem-dependent tolerance.
 ToleranceFn = Callable[..., Mapping[str, "tuple[float, float]"]]
@@ -89,8 +93,8 @@ def _no_outputs(args: tuple[Any, ...]) -> None:
 #: threads recording which tuned-op launches a call makes (see :mod:`tiletune.kernels.fastcall`); empty
 #: almost always, so the hot path pays one truthiness test
 _recorders: dict[int, list[tuple["TunedOp", Any, tuple[Any, ...]]]] = {}
-#: called whenever a tuned op's choice for a key changes (cache cleared, a pending key tuned)
-_change_hooks: list[Callable[[], None]] = []
+#: the same dict, for the fast paths that test it on every call (read only)
+recorders = _recorders
 
 
 def _note_launch(op: "TunedOp", key: Any, args: tuple[Any, ...]) -> None:
@@ -156,8 +160,8 @@ def first_launch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FirstLaun
 
 
 def _choices_changed() -> None:
-    for hook in list(_change_hooks):
-        hook()
+    """A tuned op's choice for a key changed (cache cleared, a pending key tuned): tell the listeners."""
+    events.emit("changed", op=None)
 
 
 def _stream_capturing(backend: Backend, dev: int) -> bool:
@@ -255,6 +259,8 @@ class TunedOp:
         isolation: str | None = None,
         buckets: Buckets | None = None,
         tune_single: bool = True,
+        on_miss: str = "tune",
+        background: bool | None = None,
     ) -> None:
         if not isinstance(space, Space):
             raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
@@ -281,10 +287,16 @@ class TunedOp:
         self._backend_given = backend is not None  # the live backend is created lazily into _backend
         self.isolation = _resolve_isolation(isolation, backend)
         self._isolated: Backend | None = None
-        self._warned_unshippable = False
-        self._db_arg = db
-        self._db: TuningDB | None = None
-        self._db_dropped = False  # the database could not be used: the op goes on without it
+        self._database = DatabaseHandle(db)  # opened at first use, dropped for good if it fails
+        if on_miss not in ON_MISS:
+            raise ValueError(f"on_miss={on_miss!r}: choose one of {', '.join(ON_MISS)}")
+        #: what a key nothing stored answers gets: "tune", "nearest" or "default" (:data:`ON_MISS`)
+        self.on_miss = on_miss
+        #: tune provisional keys in a background thread (None: ``TILETUNE_BACKGROUND``)
+        self.background = background
+        self._background_thread: threading.Thread | None = None
+        #: how another process can make this op again (set by the library's ops; see OpSpec.origin)
+        self.origin: Any = None
         sig = inspect.signature(plan)
         self._params = list(sig.parameters)[1:]
         self._binder = positional_binder(sig.replace(parameters=list(sig.parameters.values())[1:]))
@@ -307,8 +319,8 @@ class TunedOp:
         self.recipe_keys: set[Any] = set()  # keys whose entry replays a recorded plan output
         self._pending: dict[Any, _Pending] = {}  # keys met during CUDA graph capture, not tuned yet
         self.tune_single = bool(tune_single)
-        self._single: dict[str, Config | None] = {}  # arch -> the space's only valid config (tune_single=False)
         self._refine: dict[Any, _ArgTemplate] = {}  # keys a bucket answered, queued for exact tuning
+        self._provisional: dict[Any, _ArgTemplate] = {}  # keys a neighbour or the default answered
         outs = sorted(set(self.writes) | set(self.inplace))
         #: ``outputs(args)``: what a call returns: None, the one written argument, or a tuple of them
         self._outputs: Callable[[tuple[Any, ...]], Any] = itemgetter(*outs) if outs else _no_outputs
@@ -417,15 +429,22 @@ class TunedOp:
         """Keys first met during a CUDA graph capture and launched without tuning (see :meth:`tune_pending`)."""
         return list(self._pending)
 
-    def tune_pending(self) -> dict[Any, Config]:
-        """Tune every key that was first met during a CUDA graph capture (and launched there with the
-        database's record or the baseline config). Call it outside any capture.
+    @property
+    def provisional(self) -> list[Any]:
+        """Keys answered provisionally (a tuned neighbour's config under ``on_miss="nearest"``, the default
+        config under ``on_miss="default"``) and not tuned yet (see :meth:`tune_pending`)."""
+        return list(self._provisional)
 
-        The arguments of the capture-time call are used when they are still alive (the tuning session
-        saves and restores them like any call's); otherwise fresh tensors of the recorded shapes,
-        strides and dtypes (floats normal, integers zero). Graphs captured before keep the config they
-        captured: capture again to use the tuned one. Returns ``{key: tuned config}``; a key that cannot
-        be tuned stays pending (logged).
+    def tune_pending(self) -> dict[Any, Config]:
+        """Tune every pending key: those first met during a CUDA graph capture (launched there with a
+        stored answer or the baseline config) and those answered provisionally (:attr:`provisional`).
+        Call it outside any capture.
+
+        A capture-time key is tuned on the call's arguments when they are still alive (the tuning
+        session saves and restores them like any call's), a provisional key on fresh tensors of its
+        shapes, strides and dtypes (floats normal, integers zero), never on the caller's. Graphs
+        captured before keep the config they captured: capture again to use the tuned one. Returns
+        ``{key: tuned config}``; a key that cannot be tuned stays pending (logged).
         """
         done: dict[Any, Config] = {}
         for key in list(self._pending):
@@ -441,7 +460,40 @@ class TunedOp:
             self._miss(args, key, launch=False)
             if key in self._cache:
                 done[key] = self._configs[key]
+        for key in list(self._provisional):
+            template = self._provisional.get(key)
+            if template is None:
+                continue
+            try:
+                args = template.fresh_arguments()
+                self._miss(args, key, launch=False, policy="tune", force=True)
+            except Exception as exc:  # noqa: BLE001 - reported, the key keeps its provisional config
+                logger.warning("%s: tuning provisional key %r failed (%s: %s); it keeps its config", self.name, key,
+                               type(exc).__name__, exc)
+                continue
+            if key in self._cache and key not in self._provisional:
+                done[key] = self._configs[key]
         return done
+
+    def _background_enabled(self) -> bool:
+        return settings.background() if self.background is None else bool(self.background)
+
+    def _start_background(self) -> None:
+        """Tune the provisional keys in a daemon thread (one at a time per op); each tuned config replaces
+        the provisional one between calls (a call never waits for it)."""
+        thread = self._background_thread
+        if thread is not None and thread.is_alive():
+            return
+
+        def run() -> None:
+            while self._provisional:
+                before = set(self._provisional)
+                self.tune_pending()
+                if set(self._provisional) >= before:  # nothing could be tuned: stop
+                    return
+
+        self._background_thread = threading.Thread(target=run, name=f"tiletune-background-{self.name}", daemon=True)
+        self._background_thread.start()
 
     @property
     def refining(self) -> list[Any]:
@@ -463,8 +515,6 @@ class TunedOp:
             thread = threading.Thread(target=self.refine, name=f"tiletune-refine-{self.name}", daemon=True)
             thread.start()
             return thread
-        from tiletune.resolve.tuning import exact_keys, resolve
-
         done: dict[Any, Config] = {}
         for key in list(self._refine):
             template = self._refine.pop(key, None)
@@ -474,18 +524,23 @@ class TunedOp:
                 args = template.fresh_arguments()
                 backend = self.backend
                 dev = backend.arg_device(args)
-                arch = backend.device_info(dev).arch
-                with self._lock, exact_keys():
-                    res = resolve(self, args, key, backend, dev, arch)
-                    if res.result is not None:
-                        self.results[key] = res.result
-                    self._install(res.config, args, key, backend, dev)
+                with self._lock:
+                    problem = self.problem(args, key, exact=True, policy="tune")
+                    attempt = Attempt()
+                    try:
+                        choice = default_chain().resolve(problem, attempt)
+                    finally:
+                        if attempt.tuning_started:
+                            self.tuning_count += 1
+                    if choice.result is not None:
+                        self.results[key] = choice.result
+                    self._install(choice.config, args, key, backend, dev)
             except Exception as exc:  # noqa: BLE001 - the bucket's config stays; reported
                 logger.warning("%s: refining %r on its exact shape failed (%s: %s); it keeps its bucket's "
                                "config", self.name, key, type(exc).__name__, exc)
                 continue
-            done[key] = res.config
-            logger.info("%s: refined %r -> %s", self.name, key, res.config)
+            done[key] = choice.config
+            logger.info("%s: refined %r -> %s", self.name, key, choice.config)
         if done:
             _choices_changed()
         return done
@@ -494,18 +549,18 @@ class TunedOp:
         if self.buckets is not None and self.buckets.refine and key not in self._refine:
             self._refine[key] = _ArgTemplate(args)
 
-    def _exact_record(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str,
-                      plans: PlanCache) -> Config | None:
+    def _exact_record(self, args: tuple[Any, ...], key: Any, plans: PlanCache) -> Config | None:
         """The stored config of this exact key (a refined shape), or None; no tuning. ``plans``: the
         call's plan cache, shared with the bucket's resolution (one kernel id for both)."""
-        from tiletune.resolve.tuning import exact_keys, lookup
-
         try:
-            with exact_keys():
-                return lookup(self, args, key, backend, dev, arch, plans)
+            problem = self.problem(args, key, plans=plans, exact=True)
+            for source in (PinSource(), DatabaseSource(), TableSource()):
+                got = source.get(problem, Attempt())
+                if got is not None:
+                    return got.config
         except Exception as exc:  # noqa: BLE001 - the bucket answers without it
             logger.debug("%s: exact lookup failed: %s", self.name, exc)
-            return None
+        return None
 
     @property
     def db(self) -> TuningDB | None:
@@ -515,14 +570,9 @@ class TunedOp:
         open, or failed later (locked, disk full, ...); the op then tunes and launches without storing
         anything, after one :class:`~tiletune.errors.DatabaseWarning` per process and database path
         saying what is wrong and what to do. A read-only database (``db.read_only``) is kept: its
-        records are used, nothing is stored (see :func:`tiletune.resolve.tuning.open_database`).
+        records are used, nothing is stored (see :func:`tiletune.resolve.database.open_database`).
         """
-        if self._db is None and self._db_arg is not False and not self._db_dropped:
-            from tiletune.resolve.tuning import open_database
-
-            self._db = open_database(self._db_arg)
-            self._db_dropped = self._db is None
-        return self._db
+        return self._database.db
 
     @property
     def backend(self) -> Backend:
@@ -584,28 +634,55 @@ class TunedOp:
                             f"({', '.join(rest)}); make them positional")
         return bound
 
-    def _miss(self, args: tuple[Any, ...], key: Any, launch: bool = True) -> Any:
+    def spec(self) -> OpSpec:
+        """The op as the miss path sees it (frozen; made from the op's current settings)."""
+        return OpSpec(
+            name=self.name, plan=self.plan, space=self.space, reference=self.reference, writes=self.writes,
+            inplace=self.inplace, tolerance=self.tolerance, options=self.options, progress=self.progress,
+            strategy=self.strategy, budget=self.budget, seed=self.seed, strategy_options=dict(self.strategy_options),
+            user_key=self.key_fn is not None, buckets=self.buckets, tune_single=self.tune_single,
+            on_miss=self.on_miss, origin=self.origin,
+        )
+
+    def problem(self, args: tuple[Any, ...], key: Any, *, plans: PlanCache | None = None, exact: bool = False,
+                policy: str | None = None, capturing: bool = False, disabled: bool = False,
+                backend: Backend | None = None, device: int | None = None, arch: str | None = None) -> Problem:
+        """The :class:`~tiletune.resolve.problem.Problem` of a call with these arguments and key (on the op's
+        backend, or ``backend`` with ``device`` and ``arch`` given: e.g. an offline one)."""
+        backend = self.backend if backend is None else backend
+        dev = backend.arg_device(args) if device is None else device
+        arch = backend.device_info(dev).arch if arch is None else arch
+        if plans is None:
+            plans = PlanCache(lambda c: self._launch_spec(c, args))
+        return Problem(self.spec(), args, key, backend, dev, arch, plans, self._database,
+                       tuning=lambda: self._tuning_backend(backend), exact=exact, capturing=capturing,
+                       disabled=disabled, policy=policy or self.on_miss)
+
+    def _miss(self, args: tuple[Any, ...], key: Any, launch: bool = True, policy: str | None = None,
+              force: bool = False) -> Any:
         if _recorders:
             _note_launch(self, None, args)  # not a cached choice: nothing a recipe could replay
         with self._lock:
             entry = self._cache.get(key)
-            if entry is not None:  # another thread finished first
+            if entry is not None and not force:  # another thread finished first
                 if launch:
                     entry(args)
                 return self._outputs(args)
             configure_logging_from_env()
             backend = self.backend
             dev = backend.arg_device(args)
-            arch = backend.device_info(dev).arch
             disabled = settings.disabled()
+            capturing = not disabled and _stream_capturing(backend, dev)
             pend = self._pending.get(key)
-            bucket = self.buckets.key(args) if self.buckets is not None and not disabled else None
-            cfg = None
-            from tiletune.devices.plans import PlanCache
-
+            if pend is not None and capturing:  # met during this capture already: the same provisional launch
+                if launch:
+                    pend.entry(args)
+                return self._outputs(args)
+            bucket = self.buckets.key(args) if self.buckets is not None and not disabled and not force else None
             plans = PlanCache(lambda c: self._launch_spec(c, args))  # this call's plans, for every identity
+            cfg = None
             if bucket is not None and self.buckets.refine:  # a refined (exact) record wins over the bucket's
-                cfg = self._exact_record(args, key, backend, dev, arch, plans)
+                cfg = self._exact_record(args, key, plans)
                 if cfg is not None:
                     bucket = None
             if cfg is None and bucket is not None:
@@ -613,54 +690,116 @@ class TunedOp:
                 if cfg is not None:  # a tuned bucket answers at once, inside a graph capture too
                     logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
                     self._queue_refinement(key, args)
-            if cfg is None and not self.tune_single:
-                cfg = self._single_config(arch)  # one valid config: nothing to tune (tune_single=False)
-            if cfg is None and not disabled and _stream_capturing(backend, dev):
-                if pend is None:
-                    pend = self._pending_entry(args, key, backend, dev, arch)
-                if launch:
-                    pend.entry(args)
-                return self._outputs(args)
             launched = False
-            if disabled:
-                cfg = self._baseline(arch)
-            elif cfg is None:
-                from tiletune.resolve.tuning import resolve
-
-                res = resolve(self, args, key, backend, dev, arch, plans)
-                cfg, launched = res.config, res.launched
-                if res.result is not None:
-                    self.results[key] = res.result
-                if bucket is not None:
+            if cfg is None:
+                problem = self.problem(args, key, plans=plans, policy=policy, capturing=capturing, disabled=disabled)
+                attempt = Attempt()
+                try:
+                    choice = default_chain().resolve(problem, attempt)
+                finally:
+                    if attempt.tuning_started:
+                        self.tuning_count += 1
+                cfg, launched = choice.config, choice.launched
+                if choice.source == "capture":  # not installed: tuned at the next call outside capture
+                    entry, _ = self._entry(cfg, args, backend, dev)
+                    pend = _Pending(cfg, entry, _ArgTemplate(args))
+                    self._pending[key] = pend
+                    if launch:
+                        pend.entry(args)
+                    return self._outputs(args)
+                if choice.result is not None:
+                    self.results[key] = choice.result
+                if bucket is not None and choice.source not in ("disabled", "single"):
                     self._bucket_configs[bucket] = cfg
-                    if res.result is None:  # the bucket's stored winner, tuned on another shape
+                    if choice.result is None and not choice.provisional:  # the bucket's winner, tuned on another shape
                         self._queue_refinement(key, args)
+                if choice.provisional:
+                    self._provisional[key] = _ArgTemplate(args)
+                else:
+                    self._provisional.pop(key, None)
             entry = self._install(cfg, args, key, backend, dev)
             if pend is not None:
                 del self._pending[key]
                 _choices_changed()
+            elif force:
+                _choices_changed()
             if launch and not launched:
                 entry(args)
+            if self._provisional and self._background_enabled():
+                self._start_background()
             return self._outputs(args)
 
-    def _single_config(self, arch: str) -> Config | None:
-        """The space's only valid config for ``arch``, or None (several, none, or a space too big to list)."""
-        if arch not in self._single:
-            only = None
-            if not self.space.is_lazy(arch):
-                found = self.space.candidates(arch)
-                only = found[0] if len(found) == 1 else None
-            self._single[arch] = only
-        return self._single[arch]
+    def tune(self, *args: Any, **kwargs: Any) -> Config:
+        """Tune the key of these arguments now (``on_miss="tune"`` for this call), unless the database or a
+        table already holds its winner, and use the result from then on; a key answered provisionally
+        (a neighbour's or the default config) is tuned too. Launches nothing on the caller's arguments
+        beyond what a tuning session restores. Returns the config."""
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
+        key = self._key(args)
+        with self._lock:
+            if key not in self._cache or key in self._provisional or key in self._pending:
+                self._miss(args, key, launch=False, policy="tune", force=True)
+            return self._configs[key]
 
-    def _baseline(self, arch: str) -> Config:
-        """The config launched untuned: the space's baseline, else its first valid config."""
-        base = self.space.baseline(arch)
-        if base is not None:
-            return base
-        if self.space.is_lazy(arch):  # a space too big to list: its first valid config, streamed
-            return next(iter(self.space.lazy(arch)))
-        return self.space.candidates(arch)[0]
+    def key_of(self, *args: Any, **kwargs: Any) -> Any:
+        """The in-memory problem key of a call with these arguments."""
+        if kwargs:
+            args = self._bind_arguments(args, kwargs)
+        return self._key(args)
+
+    def bind_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """Keyword arguments bound to the plan's parameters: the positional tuple the plan is called with."""
+        return self._bind_arguments(args, kwargs) if kwargs else tuple(args)
+
+    def launch_spec(self, cfg: Config, args: tuple[Any, ...]) -> Launch:
+        """What the plan launches for ``cfg`` on these arguments (``Launch(kernel, grid, args)``)."""
+        return self._launch_spec(cfg, args)
+
+    def launch_parts(self, cfg: Config, args: tuple[Any, ...]) -> tuple[LaunchParts, tuple[int, ...], tuple[Any, ...]]:
+        """``cfg``'s launch on ``args`` ready to issue: ``(the backend's launch parts, grid, kernel arguments)``;
+        ``parts.launch(parts.stream(parts.dev), grid, parts.hinted, kargs)``."""
+        return self._resolved_launch(cfg, args)
+
+    def settled(self, key: Any) -> Config | None:
+        """The config installed for ``key`` for good (tuned, stored, or a tuned bucket's), or None: not
+        resolved in this process, or only provisionally during a CUDA graph capture."""
+        if key in self._pending:
+            return None
+        return self._configs.get(key)
+
+    def chosen(self) -> dict[Any, Config]:
+        """Every key resolved in this process and its config."""
+        return dict(self._configs)
+
+    def bucket_config(self, *args: Any) -> Config | None:
+        """The config a tuned bucket holds for these arguments' bucket (ops with buckets), or None."""
+        if self.buckets is None:
+            return None
+        return self._bucket_configs.get(self.buckets.key(args))
+
+    def stored_config(self, *args: Any) -> Config | None:
+        """The config a pin verified in this process, the database or a tuning table holds for these
+        arguments' key, or None; looks up only (no tuning, no lease, no wait, no check)."""
+        key = self._key(args)
+        try:
+            problem = self.problem(args, key)
+            cfg = verified_pin(problem)
+            if cfg is not None:
+                return cfg
+            for source in (DatabaseSource(), TableSource()):
+                got = source.get(problem, Attempt())
+                if got is not None:
+                    return got.config
+        except Exception as exc:  # noqa: BLE001 - a lookup that fails answers nothing
+            logger.debug("%s: stored lookup failed: %s", self.name, exc)
+        return None
+
+    def baseline(self, arch: str) -> Config:
+        """The config launched untuned on ``arch``: the space's baseline, else its first valid config."""
+        return self.spec().baseline(arch)
+
+    _baseline = baseline
 
     def _entry(self, cfg: Config, args: tuple[Any, ...], backend: Backend, dev: int) -> tuple[Entry, bool]:
         """The per-call launcher of ``cfg`` for this key, and whether it replays the plan's recipe."""
@@ -675,29 +814,6 @@ class TunedOp:
         if replays:
             self.recipe_keys.add(key)
         return entry
-
-    def _pending_entry(self, args: tuple[Any, ...], key: Any, backend: Backend, dev: int, arch: str) -> "_Pending":
-        """A key met during CUDA graph capture: no tuning, no lease, no waiting (any of them would break
-        or stall the capture). The database's record if there is one (installed for good), else the
-        baseline config, kept pending: tuned at the next call outside capture or by :meth:`tune_pending`."""
-        from tiletune.resolve.tuning import lookup
-
-        try:
-            cfg = lookup(self, args, key, backend, dev, arch)
-        except Exception as exc:  # noqa: BLE001 - the baseline is the answer without a database
-            logger.debug("%s: database lookup during capture failed: %s", self.name, exc)
-            cfg = None
-        if cfg is not None:
-            logger.info("%s: database hit during CUDA graph capture -> %s", self.name, cfg)
-            return _Pending(cfg, self._install(cfg, args, key, backend, dev), None)
-        cfg = self._baseline(arch)
-        entry, _ = self._entry(cfg, args, backend, dev)
-        pend = _Pending(cfg, entry, _ArgTemplate(args))
-        self._pending[key] = pend
-        logger.warning("tiletune: %s met a new problem key during CUDA graph capture; launching the baseline "
-                       "config %s untuned; it is tuned at the next call outside capture or by tune_pending()",
-                       self.name, cfg)
-        return pend
 
     def _tuning_backend(self, backend: Backend) -> Backend:
         """Where candidates run: a worker process (isolation "process") or this process."""
@@ -732,6 +848,8 @@ def autotune(
     isolation: str | None = None,
     buckets: Buckets | None = None,
     tune_single: bool = True,
+    on_miss: str = "tune",
+    background: bool | None = None,
 ) -> Callable[[Plan], TunedOp]:
     """Make a cuTile launch plan an autotuned op.
 
@@ -785,6 +903,15 @@ def autotune(
             config is tested elsewhere and whose arguments may be too large to copy (a KV-cache
             append into tens of GiB of cache). Default True: a one-config space is still checked
             once per key like any other.
+        on_miss: what a key that nothing stored (no pin, database record or table entry) answers gets:
+            ``"tune"`` (the default): it is tuned now; ``"nearest"``: the config of its nearest tuned
+            neighbour (same op, device and layout; see :mod:`tiletune.resolve.nearest`), checked once on
+            the call, launched at once and recorded as pending (no neighbour: tuned now);
+            ``"default"``: the baseline config, checked once, launched at once and recorded as pending.
+            Pending keys are tuned by :meth:`TunedOp.tune_pending`, ``tiletune tune --pending`` (from
+            the database's pending file) or in the background.
+        background: tune pending keys in a background thread and swap each tuned config in between
+            calls (None: the ``TILETUNE_BACKGROUND`` environment variable, off by default).
     """
 
     if strategy is not None:
@@ -812,6 +939,8 @@ def autotune(
             isolation=isolation,
             buckets=buckets,
             tune_single=tune_single,
+            on_miss=on_miss,
+            background=background,
         )
 
     return wrap

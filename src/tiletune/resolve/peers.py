@@ -4,11 +4,10 @@ Ranks tuning the same key on their own would each pick the winner of their own m
 near-tied configs (a different reduction order, a different tiling) give slightly different
 numerics: ranks of one model would no longer compute the same thing. So in a job whose default
 process group is initialised (``torch.distributed.init_process_group``, more than one rank), a
-tuned op that misses a key agrees on it with the other ranks (:func:`tiletune.resolve.tuning.resolve`):
+tuned op that misses a key and would tune it agrees on it with the other ranks (:class:`PeerSource`):
 
 * the first rank to miss the problem (kernel, space, key) claims it in the process group's
-  key-value store (an atomic ``add``) and resolves it as usual: its database, a tuning table, or
-  tuning; then it publishes the pick in the store as JSON (``{"config", "median_us", "tied",
+  key-value store (an atomic ``add``) and tunes it; then it publishes the pick in the store as JSON (``{"config", "median_us", "tied",
   "source", "rank"}``; JSON only, never a pickle);
 * every other rank that misses the same problem waits for that pick and uses it (and records it in
   its own database, without measurements, so a later job finds it there).
@@ -32,18 +31,17 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from tiletune.errors import DatabaseError, TiletuneError
+from tiletune.errors import TiletuneError
 from tiletune.records import TuningIdentity, stable_hash
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tiletune.op.tuned_op import TunedOp
-    from tiletune.resolve.tuning import Resolution
+    from tiletune.resolve.problem import Choice, Problem
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["Peers", "peers", "torch_distributed", "PREFIX", "WAIT_S"]
+__all__ = ["PeerSource", "Peers", "peers", "torch_distributed", "PREFIX", "WAIT_S"]
 
 #: Store keys of the picks: ``<PREFIX><problem hash>`` (the pick) and ``...:claim`` (the counter).
 PREFIX = "tiletune/pick/"
@@ -83,34 +81,33 @@ class Peers:
     rank: int
     world_size: int
 
-    def agree(self, op: "TunedOp", identity: TuningIdentity, arch: str,
-              resolve_here: Callable[[], "Resolution"]) -> "Resolution":
-        """The one pick of every rank for ``identity``: resolved here (``resolve_here()``) if this rank
-        claims it first, else the claiming rank's, waited for."""
-        key = problem_key(identity)
-        if int(self.store.add(key + ":claim", 1)) == 1:
-            try:
-                res = resolve_here()
-            except BaseException as exc:
-                self.store.set(key, json.dumps({"rank": self.rank, "error": f"{type(exc).__name__}: {exc}"}))
-                raise
-            self.store.set(key, json.dumps({
-                "rank": self.rank, "config": res.config.as_dict(), "source": res.source,
-                "median_us": res.median_us, "tied": [dict(t) for t in res.result.tied] if res.result else [],
-            }, allow_nan=False))
-            return res
-        return self._adopt(op, identity, arch, self._wait(op, identity, key))
+    def claim(self, identity: TuningIdentity) -> bool:
+        """Whether this rank is the first to claim ``identity`` (it then resolves and publishes it)."""
+        return int(self.store.add(problem_key(identity) + ":claim", 1)) == 1
 
-    def _wait(self, op: "TunedOp", identity: TuningIdentity, key: str) -> dict[str, Any]:
+    def publish(self, identity: TuningIdentity, choice: "Choice | None", error: BaseException | None = None) -> None:
+        """Publish this rank's pick for ``identity`` (or the error that ended its resolution)."""
+        key = problem_key(identity)
+        if choice is None:
+            self.store.set(key, json.dumps({"rank": self.rank, "error": f"{type(error).__name__}: {error}"}))
+            return
+        self.store.set(key, json.dumps({
+            "rank": self.rank, "config": choice.config.as_dict(), "source": choice.source,
+            "median_us": choice.median_us, "tied": [dict(t) for t in choice.result.tied] if choice.result else [],
+        }, allow_nan=False))
+
+    def wait(self, name: str, identity: TuningIdentity) -> dict[str, Any]:
+        """The pick another rank published for ``identity``, waited for."""
+        key = problem_key(identity)
         t0 = time.monotonic()
         pause = 0.001
         logged = False
         while not self.store.check([key]):
             if not logged and time.monotonic() - t0 > 1.0:
-                logger.info("%s: rank %d waits for another rank's pick for %s", op.name, self.rank, identity.key)
+                logger.info("%s: rank %d waits for another rank's pick for %s", name, self.rank, identity.key)
                 logged = True
             if time.monotonic() - t0 > WAIT_S:
-                raise TiletuneError(f"{op.name}: rank {self.rank} waited {WAIT_S:.0f} s for another rank's pick "
+                raise TiletuneError(f"{name}: rank {self.rank} waited {WAIT_S:.0f} s for another rank's pick "
                                     f"for {identity.key}; did the rank tuning it stop?")
             time.sleep(pause)
             pause = min(0.05, pause * 2)
@@ -120,31 +117,39 @@ class Peers:
             if not isinstance(doc, dict) or not isinstance(doc.get("rank"), int):
                 raise ValueError("not a pick")
         except ValueError as exc:
-            raise TiletuneError(f"{op.name}: the pick another rank published for {identity.key} is invalid "
+            raise TiletuneError(f"{name}: the pick another rank published for {identity.key} is invalid "
                                 f"({exc})") from None
         return doc
 
-    def _adopt(self, op: "TunedOp", identity: TuningIdentity, arch: str, doc: dict[str, Any]) -> "Resolution":
-        from tiletune.resolve.tuning import Resolution, _config_from_record, _writable
 
+class PeerSource:
+    """In a multi-rank ``torch.distributed`` job: the pick of the rank that claimed the key first. The
+    rank that claims it goes on to tune, and publishes whatever answers it (the chain calls
+    :meth:`Attempt.finish` hooks); outside such a job, nothing (one dictionary lookup)."""
+
+    name = "peer"
+
+    def get(self, problem: "Problem", attempt: Any) -> "Choice | None":
+        from tiletune.resolve.problem import Choice
+
+        group = peers()
+        if group is None:
+            return None
+        identity = problem.identity
+        if group.claim(identity):
+            attempt.on_finish(lambda choice, error: group.publish(identity, choice, error))
+            return None
+        doc = group.wait(problem.name, identity)
         if "error" in doc:
-            raise TiletuneError(f"{op.name}: rank {doc['rank']} failed to tune {identity.key}: {doc['error']}")
+            raise TiletuneError(f"{problem.name}: rank {doc['rank']} failed to tune {identity.key}: {doc['error']}")
         values = doc.get("config")
-        cfg = _config_from_record(op, values, arch) if isinstance(values, dict) else None
+        cfg = problem.config_from(values) if isinstance(values, dict) else None
         if cfg is None:
-            raise TiletuneError(f"{op.name}: rank {doc['rank']} picked {values!r} for {identity.key}, which is not a "
-                                f"valid config of this rank's space ({arch}); ranks must tune the same space")
-        logger.info("%s: %s -> %s (picked by rank %d)", op.name, identity.key, cfg, doc["rank"])
+            raise TiletuneError(f"{problem.name}: rank {doc['rank']} picked {values!r} for {identity.key}, which is "
+                                f"not a valid config of this rank's space ({problem.arch}); ranks must tune the same "
+                                "space")
+        logger.info("%s: %s -> %s (picked by rank %d)", problem.name, identity.key, cfg, doc["rank"])
         median = doc.get("median_us")
-        db = op.db
-        if isinstance(median, (int, float)) and median > 0 and _writable(op, db):
-            assert db is not None
-            tied = [t for t in doc.get("tied", []) if isinstance(t, dict)]
-            try:
-                if db.lookup(identity) is None:
-                    db.record_session(identity, [], cfg.as_dict(), float(median), tied)
-            except DatabaseError as exc:
-                from tiletune.resolve.tuning import database_failed
-
-                database_failed(op, db, exc)
-        return Resolution(cfg, launched=False, source="peer", median_us=float(median) if median else None)
+        tied = tuple(t for t in doc.get("tied", []) if isinstance(t, dict))
+        attempt.peer_tied = tied
+        return Choice(cfg, "peer", median_us=float(median) if isinstance(median, (int, float)) and median > 0 else None)

@@ -5,7 +5,7 @@ pinned key is never tuned: the first time a process meets it, the pinned config 
 checked against the op's reference once (in a tuning session, as tuning checks a candidate; the
 caller's arguments are restored afterwards), then launched like a database hit. The lookup order of
 a key a tuned op has not resolved yet is: **pins, then the user's tuning database, then tuning
-tables, then tuning** (:func:`tiletune.resolve.tuning.resolve`).
+tables, then tuning** (:mod:`tiletune.resolve.chain`).
 
 Where pins come from, in precedence order:
 
@@ -56,14 +56,13 @@ from tiletune.errors import SpaceError, TiletuneError
 from tiletune.records import TuningIdentity, canonical_json, config_hash
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tiletune.devices.backends.base import Backend
+    from tiletune.resolve.problem import Problem
     from tiletune.space.spaces import Config
     from tiletune.store import TuningDB
-    from tiletune.devices.plans import PlanCache
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["FORMAT", "Pin", "PinError", "PinFile", "active_pins", "clear_pins", "find_pin", "pin", "pinned_config",
+__all__ = ["FORMAT", "Pin", "PinError", "PinFile", "PinSource", "active_pins", "clear_pins", "find_pin", "pin", "pinned_config",
            "verified_pin"]
 
 FORMAT = "tiletune-pins"
@@ -307,77 +306,90 @@ def find_pin(name: str, identity: TuningIdentity) -> Pin | None:
     return None
 
 
-def _pinned_cfg(op: Any, p: Pin, identity: TuningIdentity, arch: str) -> "Config":
+def _pinned_cfg(spec: Any, p: Pin, arch: str) -> "Config":
     values = dict(p.config)
-    names = list(op.space.names)
+    names = list(spec.space.names)
     if set(values) != set(names):
         missing, extra = sorted(set(names) - set(values)), sorted(set(values) - set(names))
-        raise PinError(f"{p.describe()}: the config does not match {op.name}'s space"
+        raise PinError(f"{p.describe()}: the config does not match {spec.name}'s space"
                        + (f" (missing {', '.join(missing)})" if missing else "")
                        + (f" (unknown {', '.join(extra)})" if extra else ""))
     try:
-        cfg = op.space.config(arch, **{n: values[n] for n in names})
+        cfg = spec.space.config(arch, **{n: values[n] for n in names})
     except SpaceError as exc:
         raise PinError(f"{p.describe()}: {exc}") from None
-    if cfg not in set(op.space.candidates(arch)):
-        raise PinError(f"{p.describe()}: {cfg} is not a valid config of {op.name}'s space on {arch}")
+    if cfg not in set(spec.space.candidates(arch)):
+        raise PinError(f"{p.describe()}: {cfg} is not a valid config of {spec.name}'s space on {arch}")
     return cfg
 
 
-def verified_pin(op: Any, identity: TuningIdentity, arch: str) -> "Config | None":
-    """The pinned config for ``identity`` if a pin matches and it was verified in this process
-    (what a call during CUDA graph capture may use), else None."""
-    p = find_pin(op.name, identity)
+def verified_pin(problem: "Problem") -> "Config | None":
+    """The pinned config for the problem if a pin matches and it was verified in this process (what a
+    call during CUDA graph capture may use), else None."""
+    identity = problem.identity
+    p = find_pin(problem.name, identity)
     if p is None:
         return None
-    cfg = _pinned_cfg(op, p, identity, arch)
+    cfg = _pinned_cfg(problem.spec, p, problem.arch)
     with _lock:
         return cfg if (identity.digest, config_hash(cfg.as_dict())) in _verified else None
 
 
-def pinned_config(op: Any, args: tuple[Any, ...], identity: TuningIdentity, backend: "Backend", dev: int,
-                  arch: str, plans: "PlanCache") -> "Config | None":
+def pinned_config(problem: "Problem") -> "Config | None":
     """The pinned config of this key, verified (once per process and identity), or None without a pin.
 
     Raises :class:`PinError` when the pin's config is not in the space or fails its check.
     """
-    p = find_pin(op.name, identity)
+    identity = problem.identity
+    p = find_pin(problem.name, identity)
     if p is None:
         return None
-    cfg = _pinned_cfg(op, p, identity, arch)
+    cfg = _pinned_cfg(problem.spec, p, problem.arch)
     mark = (identity.digest, config_hash(cfg.as_dict()))
     with _lock:
         done = mark in _verified
     if not done:
-        _verify(op, p, cfg, args, backend, dev, plans)
+        _verify(problem, p, cfg)
         with _lock:
             _verified.add(mark)
-    logger.info("%s: %s -> %s", op.name, p.describe(), cfg)
+    logger.info("%s: %s -> %s", problem.name, p.describe(), cfg)
     return cfg
 
 
-def _verify(op: Any, p: Pin, cfg: "Config", args: tuple[Any, ...], backend: "Backend", dev: int,
-            plans: "PlanCache") -> None:
+class PinSource:
+    """A pin in force for the key (``tiletune.pin``, ``TILETUNE_PINS``): its config, verified once."""
+
+    name = "pin"
+
+    def get(self, problem: "Problem", attempt: Any) -> Any:
+        from tiletune.resolve.problem import Choice
+
+        cfg = pinned_config(problem)
+        return None if cfg is None else Choice(cfg, "pin")
+
+
+def _verify(problem: "Problem", p: Pin, cfg: "Config") -> None:
     """Compile and check ``cfg`` once in a tuning session (the caller's arguments are restored)."""
     from tiletune.devices.backends.base import Candidate
     from tiletune.records import Status
-    from tiletune.resolve.tuning import open_session
+    from tiletune.resolve.tune import open_session
 
+    name = problem.name
     t0 = time.perf_counter()
-    session = open_session(op, backend, args, dev, plans)
+    session = open_session(problem)
     cand = Candidate(cfg, 0, is_baseline=True)
     try:
         for outcome in session.compile([cand]):
             if outcome.status is not Status.OK:
-                raise PinError(f"{op.name}: {p.describe()}: {cfg} failed to compile: "
+                raise PinError(f"{name}: {p.describe()}: {cfg} failed to compile: "
                                f"{_first_line(outcome.reason) or outcome.status.value}")
         check = session.check(cand)
         if check.status is not Status.OK:
             what = "does not match the reference" if check.status is Status.MISMATCH else f"failed ({check.status.value})"
-            raise PinError(f"{op.name}: {p.describe()}: {cfg} {what}: {_first_line(check.reason)}")
+            raise PinError(f"{name}: {p.describe()}: {cfg} {what}: {_first_line(check.reason)}")
     finally:
         session.finish(None)
-    logger.info("%s: verified %s in %.2f s", op.name, p.describe(), time.perf_counter() - t0)
+    logger.info("%s: verified %s in %.2f s", name, p.describe(), time.perf_counter() - t0)
 
 
 def _first_line(text: str) -> str:

@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["FORMAT", "TableEntry", "TuningTable", "table_folders", "tables", "lookup", "install", "forget"]
+__all__ = ["FORMAT", "TableEntry", "TableSource", "TuningTable", "family", "table_folders", "tables", "lookup", "install",
+           "forget"]
 
 FORMAT = "tiletune-table"
 VERSION = 1
@@ -264,3 +265,39 @@ def install(path: str | os.PathLike) -> pathlib.Path:
     dest = table.save(folder / (name if name.endswith((".json", ".json.gz")) else name + ".json"))
     forget()
     return dest
+
+
+def family(identity: TuningIdentity) -> list[tuple[TableEntry, TuningTable]]:
+    """Every table entry of ``identity``'s kernel and space on its device and versions (any key):
+    the tuned neighbours :mod:`tiletune.resolve.nearest` chooses from."""
+    from tiletune import settings
+
+    if not settings.tables_enabled():
+        return []
+    out = []
+    for table in tables():
+        if table.mismatch(identity) is not None:
+            continue
+        for (kernel_id, space_hash, _key), entry in table.entries.items():
+            if kernel_id == identity.kernel_id and space_hash == identity.space_hash:
+                out.append((entry, table))
+    return out
+
+
+class TableSource:
+    """The tuning tables' entry for exactly this identity (user tables, then the shipped ones)."""
+
+    name = "table"
+
+    def get(self, problem: Any, attempt: Any) -> Any:
+        from tiletune.resolve.problem import Choice
+
+        hit = lookup(problem.identity)
+        if hit is None:
+            return None
+        entry, table = hit
+        cfg = problem.config_from(entry.config)
+        if cfg is None:
+            return None
+        logger.info("%s: tuning table %s -> %s", problem.name, table.source, cfg)
+        return Choice(cfg, "table", median_us=entry.median_us)

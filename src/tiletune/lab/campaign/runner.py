@@ -8,7 +8,7 @@ actor (:mod:`tiletune.lab.campaign.ray_pool`). It speaks JSON only: a task in, a
   skips it) and everything the runner tunes comes back to the caller as a database export (JSON,
   validated by :meth:`~tiletune.store.TuningDB.import_json`), whichever host it ran on.
 * **A task** is one call (:class:`~tiletune.lab.fill.Call`): its tensors are made on the runner's GPU,
-  the call is made inside :func:`~tiletune.resolve.tuning.miss_scope` with the task's strategy and budget,
+  the call is made inside :func:`~tiletune.resolve.chain.miss_scope` with the task's strategy and budget,
   and every key it resolved (tuned, or found) is reported with its identity.
 * **Compiles ahead.** With each task the caller names the next ones it reserved for this runner.
   Their tensors are allocated at once (no kernel runs), and a background thread finds the tuned op
@@ -58,7 +58,6 @@ def precompile(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any], *, worke
     "errors", "seconds"}``) or why it did nothing (``{"skipped": reason}``)."""
     from tiletune.devices.compile_pool import CompileJob, CompilePool
     from tiletune.op.tuned_op import first_launch
-    from tiletune.resolve.tuning import lookup
 
     t0 = time.perf_counter()
     hit = first_launch(fn, *args, **kwargs)
@@ -75,14 +74,14 @@ def precompile(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any], *, worke
         return {"skipped": "a strategy or budget other than exhaustive: its proposals are not known ahead"}
     dev = backend.arg_device(a)
     arch = backend.device_info(dev).arch
-    if op.buckets is not None and op._bucket_configs.get(op.buckets.key(a)) is not None:
+    if op.bucket_config(*a) is not None:
         return {"skipped": "a tuned bucket"}
-    if lookup(op, a, op._key(a), backend, dev, arch) is not None:
+    if op.stored_config(*a) is not None:
         return {"skipped": "stored"}
     jobs = []
     for i, cfg in enumerate(op.space.candidates(arch)):
         try:
-            spec = op._launch_spec(cfg, a)
+            spec = op.launch_spec(cfg, a)
             jobs.append(CompileJob(i, hinted.get(spec.kernel, cfg.hints), tuple(spec.args), arch))
         except Exception:  # noqa: BLE001 - the session reports a plan that rejects a config
             continue
@@ -182,7 +181,7 @@ class CampaignRunner:
     def run(self, task_json: Mapping[str, Any], upcoming: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """Run one task (after its ahead-of-time compile, if any); prepare ``upcoming`` (reserved
         for this runner next) and queue their compiles. Returns the JSON result."""
-        from tiletune.resolve.tuning import miss_scope
+        from tiletune.resolve.chain import miss_scope
 
         start = time.time()
         task = Task.from_json(task_json)
