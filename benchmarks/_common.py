@@ -56,6 +56,10 @@ def source_commit() -> dict[str, str]:
 
     out = {"tiletune_commit": os.environ.get("TILETUNE_COMMIT", "").strip() or "unknown", "tiletune_dirty": "unknown"}
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=20)
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != ROOT.resolve():
+            raise LookupError("this tree is not a git checkout of its own")
         if out["tiletune_commit"] == "unknown":
             got = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
             if got.returncode == 0 and got.stdout.strip():
@@ -80,12 +84,12 @@ def write_result(name: str, data: dict[str, Any], out_dir: str | os.PathLike | N
                  compress: bool = False, commit: bool = False) -> Path:
     """Write ``<out_dir>/<name>.json`` with the environment merged in; print it. With ``compress``:
     ``<name>.json.gz``, compact JSON (for per-config sweeps, which would weigh on the tracked tree). With
-    ``commit``: :func:`source_commit`'s fields added to ``versions``."""
+    ``commit``: torch's version and :func:`source_commit`'s fields added to ``versions``."""
     out = Path(out_dir or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": name, **environment(), **data}
     if commit:
-        doc["versions"] = {**doc.get("versions", {}), **source_commit()}
+        doc["versions"] = {"torch": doc.get("torch"), **doc.get("versions", {}), **source_commit()}
     if compress:
         import gzip
 

@@ -29,7 +29,7 @@ comparison, the eager and reduce-overhead steps): the top 15 CPU ops by self tim
 (``profile``), to show where the compiled route spends its host time.
 
     python benchmarks/compile_tax.py [--out DIR] [--quick] [--seed 0] [--per-phase 3] [--profile]
-        [--models llama3-8b,qwen2.5-7b] [--phases prefill,decode] [--budget-s 540] [--full-tuning]
+        [--models llama3-8b,qwen2.5-7b] [--phases prefill,decode] [--budget-s 450] [--full-tuning]
 
 ``--quick``: 1 shape per phase per model (4 rows). Writes ``compile_tax.json`` after every row.
 """
@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler: top 15 CPU ops by self time of the compiled decode step")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="start no new row after this many seconds (default 540; --quick 200; 0: no limit)")
+                    help="start no new row after this many seconds (default 450; --quick 200; 0: no limit)")
     ap.add_argument("--full-tuning", action="store_true",
                     help="the library's default tuning measurements (default: short ones; the configs matter "
                          "less here than what compiling does around them)")
@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.per_phase is None:
         args.per_phase = 1 if args.quick else 3
     if args.budget_s is None:
-        args.budget_s = 200.0 if args.quick else 540.0
+        args.budget_s = 200.0 if args.quick else 450.0
     args.models = [m for m in args.models.split(",") if m]
     args.phases = [p for p in args.phases.split(",") if p]
     from _layer import ROPE_BASES
