@@ -156,7 +156,8 @@ class Notes:
         for n in self.names:
             logging.getLogger(n).removeHandler(self.handler)
         for w in self._caught or []:
-            self.add(f"{w.category.__name__}: {w.message}")
+            if not issubclass(w.category, DeprecationWarning):  # torch's own deprecations: noise here
+                self.add(f"{w.category.__name__}: {w.message}")
         self._warn.__exit__(*exc)
 
 
