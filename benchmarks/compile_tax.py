@@ -56,11 +56,12 @@ NAME = "compile_tax"
 PHASES = ("prefill", "decode")
 ROW_KEYS = ("model", "phase", "shape", "eager_us", "graph_us", "compiled_us", "reduce_overhead_us",
             "compiled_vs_eager", "ro_vs_graph", "notes")
-#: loggers whose warnings a row keeps (artifact loggers do not propagate: each is named)
+#: loggers whose warnings a row keeps (artifact loggers do not propagate: each is named); tiletune's says when
+#: a key first met inside a capture launched a baseline config
 TORCH_LOGGERS = ("torch._inductor.cudagraph_trees", "torch._inductor.cudagraph_trees.__cudagraphs",
                  "torch._inductor.cudagraph_utils", "torch._inductor.cudagraph_utils.__cudagraphs",
                  "torch._inductor.compile_fx", "torch._inductor.compile_fx.__perf_hints", "torch._inductor",
-                 "torch._dynamo", "torch._functorch")
+                 "torch._dynamo", "torch._functorch", "tiletune")
 PROFILE_TOP = 15
 PROFILE_FORWARDS = 20
 
@@ -77,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler: top 15 CPU ops by self time of the compiled decode step")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="start no new row after this many seconds (default 450; --quick 200; 0: no limit)")
+                    help="start no new row after this many seconds (default 450; --quick 170; 0: no limit)")
     ap.add_argument("--full-tuning", action="store_true",
                     help="the library's default tuning measurements (default: short ones; the configs matter "
                          "less here than what compiling does around them)")
@@ -85,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.per_phase is None:
         args.per_phase = 1 if args.quick else 3
     if args.budget_s is None:
-        args.budget_s = 200.0 if args.quick else 450.0
+        args.budget_s = 170.0 if args.quick else 450.0
     args.models = [m for m in args.models.split(",") if m]
     args.phases = [p for p in args.phases.split(",") if p]
     from _layer import ROPE_BASES

@@ -325,7 +325,7 @@ def test_first_forward_budget_skips_shapes(tmp_path, monkeypatch):
 
 def test_compile_tax_args_and_plan():
     full, quick = compile_tax.parse_args([]), compile_tax.parse_args(["--quick"])
-    assert (full.per_phase, quick.per_phase, quick.budget_s) == (3, 1, 200.0)
+    assert (full.per_phase, quick.per_phase, quick.budget_s) == (3, 1, 170.0)
     p_full, p_quick = compile_tax.plan(full), compile_tax.plan(quick)
     assert len(p_full) == 12 and len(p_quick) == 4
     for model in full.models:
