@@ -27,7 +27,7 @@ layer's tuning (20-40 s on an H200), so it runs in the warm process of the first
 shapes of each model only (the value is put on both rows of the shape; null elsewhere).
 
     python benchmarks/first_forward.py [--out DIR] [--quick] [--seed 0] [--shapes 6] [--tuned-rows 2]
-        [--models llama3-8b,qwen2.5-7b] [--budget-s 450] [--child-timeout 300]
+        [--models llama3-8b,qwen2.5-7b] [--budget-s 450 (--quick 300)] [--child-timeout 300]
 
 ``--quick``: 2 shapes per model (one prefill, one decode: the first two of the full run's list), 1 tuned
 row per model. Writes ``first_forward.json`` after every shape (a run cut short keeps what it measured).
@@ -65,12 +65,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tuned-rows", type=int, default=None,
                     help="shapes per model (the first ones) that also measure served_vs_tuned (default 2; --quick 1)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated (default llama3-8b,qwen2.5-7b)")
-    ap.add_argument("--budget-s", type=float, default=450.0,
-                    help="start no new shape after this many seconds of the run (default 450; 0: no limit)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new shape after this many seconds of the run (default 450; --quick 300; "
+                         "0: no limit)")
     ap.add_argument("--child-timeout", type=float, default=300.0, help="seconds one fresh process may take")
     args = ap.parse_args(argv)
     if args.shapes is None:
         args.shapes = QUICK_SHAPES if args.quick else 6
+    if args.budget_s is None:
+        args.budget_s = 300.0 if args.quick else 450.0
     if args.tuned_rows is None:
         args.tuned_rows = QUICK_TUNED_ROWS if args.quick else 2
     args.models = [m for m in args.models.split(",") if m]

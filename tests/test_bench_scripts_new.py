@@ -227,7 +227,7 @@ def test_source_log_counts_log_lines():
 def test_first_forward_args_and_plan():
     full, quick = first_forward.parse_args([]), first_forward.parse_args(["--quick"])
     assert (full.shapes, full.tuned_rows, full.seed, full.models) == (6, 2, 0, ["llama3-8b", "qwen2.5-7b"])
-    assert (quick.shapes, quick.tuned_rows) == (2, 1)
+    assert (quick.shapes, quick.tuned_rows, quick.budget_s, full.budget_s) == (2, 1, 300.0, 450.0)
     p_full, p_quick = first_forward.plan(full), first_forward.plan(quick)
     assert len(p_full) == 12 and len(p_quick) == 4
     for model in full.models:
