@@ -78,7 +78,8 @@ def dims(model: str, **override: int) -> Dims:
     from tiletune.fill import MODEL_SHAPES
 
     if model not in MODEL_SHAPES or model not in ROPE_BASES:
-        raise ValueError(f"unknown model {model!r}; choose from {', '.join(sorted(set(MODEL_SHAPES) & set(ROPE_BASES)))}")
+        known = ", ".join(sorted(set(MODEL_SHAPES) & set(ROPE_BASES)))
+        raise ValueError(f"unknown model {model!r}; choose from {known}")
     m = MODEL_SHAPES[model]
     fields = dict(model=model, hidden=m["hidden"], heads=m["heads"], kv_heads=m["kv_heads"], head_dim=m["head_dim"],
                   ffn=m["intermediate"], rope_base=ROPE_BASES[model])

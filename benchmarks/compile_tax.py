@@ -250,7 +250,8 @@ def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: b
 
         for key, kwargs, calls, stem, first in (
                 ("compiled_us", {"fullgraph": True}, 1, "compiled", "compile_s"),
-                ("reduce_overhead_us", {"mode": "reduce-overhead"}, 3, "reduce_overhead", "reduce_overhead_first_calls_s")):
+                ("reduce_overhead_us", {"mode": "reduce-overhead"}, 3, "reduce_overhead",
+                 "reduce_overhead_first_calls_s")):
             s0, skips0 = L.tuning_sessions(), counters["cudagraph_skips"]
             with Notes() as caught:
                 try:

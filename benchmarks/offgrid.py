@@ -167,7 +167,8 @@ def draw_family(family: str, n: int, seed: int) -> tuple[list[dict[str, Any]], l
     return shapes, skipped
 
 
-def plan(families: list[str], n: int, seed: int, start_round: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def plan(families: list[str], n: int, seed: int,
+         start_round: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every row's shape, round-robin over the families (row i of each, then i + 1), from round
     ``start_round`` on; and the draws set aside (pure)."""
     drawn = {f: draw_family(f, n, seed) for f in families}
