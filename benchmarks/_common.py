@@ -42,16 +42,54 @@ def environment() -> dict[str, Any]:
 
     env["versions"]["tiletune"] = tiletune.__version__
     env["cpus"] = os.cpu_count()
+    env.setdefault("gpu", None)  # no CUDA device: the key is there, empty
     return env
 
 
+def source_commit() -> dict[str, str]:
+    """Which code ran: ``tiletune_commit`` (``$TILETUNE_COMMIT`` if set, else ``git rev-parse HEAD`` of this
+    checkout, else ``"unknown"``: a copy of the tree without ``.git``), ``tiletune_dirty`` (``git status``
+    shows changes under ``src/`` or ``benchmarks/``; ``"unknown"`` without git) and ``tiletune_src_sha256``
+    (first 16 hex digits of a SHA-256 over the paths and contents of ``src/tiletune``'s files: names
+    the code even where git is absent; the same tree gives the same value anywhere)."""
+    import hashlib
+
+    out = {"tiletune_commit": os.environ.get("TILETUNE_COMMIT", "").strip() or "unknown", "tiletune_dirty": "unknown"}
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=20)
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != ROOT.resolve():
+            raise LookupError("this tree is not a git checkout of its own")
+        if out["tiletune_commit"] == "unknown":
+            got = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
+            if got.returncode == 0 and got.stdout.strip():
+                out["tiletune_commit"] = got.stdout.strip()
+        st = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=20)
+        if st.returncode == 0:
+            out["tiletune_dirty"] = "yes" if st.stdout.strip() else "no"
+    except Exception:  # noqa: BLE001 - no git on this host: the source hash still names the code
+        pass
+    h = hashlib.sha256()
+    src = ROOT / "src" / "tiletune"
+    for f in sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                    and not p.name.endswith((".pyc", ".pyo"))):
+        h.update(f.relative_to(src).as_posix().encode() + b"\0")
+        h.update(f.read_bytes() + b"\0")
+    out["tiletune_src_sha256"] = h.hexdigest()[:16]
+    return out
+
+
 def write_result(name: str, data: dict[str, Any], out_dir: str | os.PathLike | None = None,
-                 compress: bool = False) -> Path:
+                 compress: bool = False, commit: bool = False) -> Path:
     """Write ``<out_dir>/<name>.json`` with the environment merged in; print it. With ``compress``:
-    ``<name>.json.gz``, compact JSON (for per-config sweeps, which would weigh on the tracked tree)."""
+    ``<name>.json.gz``, compact JSON (for per-config sweeps, which would weigh on the tracked tree). With
+    ``commit``: torch's version and :func:`source_commit`'s fields added to ``versions``."""
     out = Path(out_dir or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": name, **environment(), **data}
+    if commit:
+        doc["versions"] = {"torch": doc.get("torch"), **doc.get("versions", {}), **source_commit()}
     if compress:
         import gzip
 

@@ -1,0 +1,349 @@
+#!/usr/bin/env python
+"""What ``torch.compile`` and CUDA graphs cost or save on a tiletune decoder layer (issue 43).
+
+Llama-3-8B and Qwen2.5-7B layers built from ``tiletune.kernels`` as a user writes them (:mod:`_layer`,
+the same builder as ``first_forward.py``), prefill and decode, shapes drawn with ``--seed`` off every
+grid (:func:`_layer.draw_shapes`). Every key is tuned first, eagerly (a temporary empty database,
+the shipped tables on, short tuning measurements unless ``--full-tuning``; two eager forwards), so that
+no tuning happens inside a capture or a compile; the row records any that still did
+(``tuning_in_graph_capture``, ``tuning_in_compile``, ``tuning_in_reduce_overhead``).
+
+Per row (GPU time per forward, CUDA events around back-to-back forwards, in five interleaved rounds,
+the median round each: ``decoder_layer.interleaved_us``):
+
+* ``eager_us``: the module called eagerly;
+* ``graph_us``: one forward captured by hand in a ``torch.cuda.CUDAGraph`` (warmed on a side stream), replayed;
+* ``compiled_us``: ``torch.compile(layer, fullgraph=True, dynamic=False)``;
+* ``reduce_overhead_us``: ``torch.compile(layer, mode="reduce-overhead", dynamic=False)`` (three calls
+  before timing: warm-up, recording, replay);
+* ``compiled_vs_eager`` = compiled_us / eager_us (> 1: compiling costs), ``ro_vs_graph`` =
+  reduce_overhead_us / graph_us (> 1: reduce-overhead is slower than a hand-made graph);
+* ``notes``: warnings of dynamo / inductor / the CUDA-graph trees while compiling and on the first
+  calls (e.g. "skipping cudagraphs due to mutated inputs"), and ``cudagraph_skips`` (inductor's counter);
+* ``rel_err_vs_torch`` (eager layer vs the same layer in plain torch), ``compiled_rel_err``,
+  ``reduce_overhead_rel_err`` (vs the eager layer), ``compile_s``, ``reduce_overhead_first_calls_s``,
+  ``tune_s``, ``eager_host_us`` (host time of one eager forward's launches).
+
+``--profile``: for decode rows, ``torch.profiler`` over 20 forwards of the compiled step (and, for
+comparison, the eager and reduce-overhead steps): the top 15 CPU ops by self time, per forward
+(``profile``), to show where the compiled route spends its host time.
+
+    python benchmarks/compile_tax.py [--out DIR] [--quick] [--seed 0] [--per-phase 3] [--profile]
+        [--models llama3-8b,qwen2.5-7b] [--phases prefill,decode] [--budget-s 450] [--full-tuning]
+
+``--quick``: 1 shape per phase per model (4 rows). Writes ``compile_tax.json`` after every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _layer import MODELS, draw_shapes, shape_label  # noqa: E402
+
+NAME = "compile_tax"
+PHASES = ("prefill", "decode")
+ROW_KEYS = ("model", "phase", "shape", "eager_us", "graph_us", "compiled_us", "reduce_overhead_us",
+            "compiled_vs_eager", "ro_vs_graph", "notes")
+#: loggers whose warnings a row keeps (artifact loggers do not propagate: each is named); tiletune's says when
+#: a key first met inside a capture launched a baseline config
+TORCH_LOGGERS = ("torch._inductor.cudagraph_trees", "torch._inductor.cudagraph_trees.__cudagraphs",
+                 "torch._inductor.cudagraph_utils", "torch._inductor.cudagraph_utils.__cudagraphs",
+                 "torch._inductor.compile_fx", "torch._inductor.compile_fx.__perf_hints", "torch._inductor",
+                 "torch._dynamo", "torch._functorch", "tiletune")
+PROFILE_TOP = 15
+PROFILE_FORWARDS = 20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--out", default=os.environ.get("OUT") or None, help="output folder (default $OUT)")
+    ap.add_argument("--quick", action="store_true", help="1 shape per phase per model")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per-phase", type=int, default=None, help="shapes per phase per model (default 3; --quick 1)")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--profile", action="store_true",
+                    help="torch.profiler: top 15 CPU ops by self time of the compiled decode step")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new row after this many seconds (default 450; --quick 170; 0: no limit)")
+    ap.add_argument("--full-tuning", action="store_true",
+                    help="the library's default tuning measurements (default: short ones; the configs matter "
+                         "less here than what compiling does around them)")
+    args = ap.parse_args(argv)
+    if args.per_phase is None:
+        args.per_phase = 1 if args.quick else 3
+    if args.budget_s is None:
+        args.budget_s = 170.0 if args.quick else 450.0
+    args.models = [m for m in args.models.split(",") if m]
+    args.phases = [p for p in args.phases.split(",") if p]
+    from _layer import ROPE_BASES
+
+    if [m for m in args.models if m not in ROPE_BASES]:
+        ap.error(f"unknown model(s); choose from {sorted(ROPE_BASES)}")
+    if not args.phases or [p for p in args.phases if p not in PHASES]:
+        ap.error(f"--phases: choose from {', '.join(PHASES)}")
+    if args.per_phase < 1:
+        ap.error("--per-phase must be >= 1")
+    return args
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """``(model, shape)`` of every row, in order (pure): per model, the phases in turn."""
+    out = []
+    for model in args.models:
+        for shape in draw_shapes(model, args.per_phase * len(args.phases), args.seed, tuple(args.phases)):
+            out.append((model, shape))
+    return out
+
+
+def ratios(row: dict[str, Any]) -> dict[str, Any]:
+    """``compiled_vs_eager`` and ``ro_vs_graph`` of a row's timings (None where one side is missing)."""
+
+    def div(a: Any, b: Any) -> float | None:
+        return round(a / b, 4) if a and b else None
+
+    return {"compiled_vs_eager": div(row.get("compiled_us"), row.get("eager_us")),
+            "ro_vs_graph": div(row.get("reduce_overhead_us"), row.get("graph_us"))}
+
+
+class Notes:
+    """Warnings from torch's compile / CUDA-graph loggers and Python warnings, while active."""
+
+    def __init__(self, names: tuple[str, ...] = TORCH_LOGGERS) -> None:
+        self.names = names
+        self.lines: list[str] = []
+        outer = self
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                try:
+                    msg = record.getMessage()
+                except Exception:  # noqa: BLE001
+                    return
+                if record.levelno >= logging.WARNING or "cudagraph" in msg.lower() or "skipping" in msg.lower():
+                    outer.add(f"{record.name}: {msg}")
+
+        self.handler = Handler(level=logging.DEBUG)
+        self._warn: Any = None
+        self._caught: Any = None
+
+    def add(self, line: str) -> None:
+        line = " ".join(line.split())[:400]
+        if line and line not in self.lines:
+            self.lines.append(line)
+
+    def __enter__(self) -> "Notes":
+        for n in self.names:
+            logging.getLogger(n).addHandler(self.handler)
+        self._warn = warnings.catch_warnings(record=True)
+        self._caught = self._warn.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for n in self.names:
+            logging.getLogger(n).removeHandler(self.handler)
+        for w in self._caught or []:
+            if not issubclass(w.category, DeprecationWarning):  # torch's own deprecations: noise here
+                self.add(f"{w.category.__name__}: {w.message}")
+        self._warn.__exit__(*exc)
+
+
+def profile_top(fn: Any, forwards: int = PROFILE_FORWARDS, top: int = PROFILE_TOP) -> list[dict[str, Any]]:
+    """The ``top`` CPU ops by self time over ``forwards`` calls of ``fn`` (after 3 warm-up calls), per forward."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(forwards):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    return [{"op": e.key[:120], "self_cpu_us": round(e.self_cpu_time_total / forwards, 2),
+             "cpu_total_us": round(e.cpu_time_total / forwards, 2), "calls": e.count / forwards} for e in rows]
+
+
+def _set_dynamo_limits() -> None:
+    import torch._dynamo
+
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                 "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(256, int(getattr(torch._dynamo.config, name))))
+
+
+def capture(fn: Any) -> tuple[Any, Any]:
+    """``(graph, its static output)``: a ``torch.cuda.CUDAGraph`` of one ``fn()``, warmed on a side stream
+    first, as torch asks."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    torch.cuda.synchronize()
+    return g, out
+
+
+def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: bool) -> dict[str, Any]:
+    import torch
+    import torch._dynamo
+
+    import _layer as L
+    from decoder_layer import host_us, interleaved_us
+
+    d = L.dims(model)
+    inp = L.Inputs(d, shape, "cuda")
+    mod = L.tiletune_layer(d, w, shape["phase"], inp.caches())
+    args = inp.args()
+    row: dict[str, Any] = {"model": model, "phase": shape["phase"], "shape": dict(shape)}
+    notes: list[str] = []
+    counters = torch._dynamo.utils.counters["inductor"]
+    n_iter = max(5, min(200, int(2e5 // max(1, L.tokens(shape)))))
+    torch._dynamo.reset()  # one row's compiled code at a time (and the per-code cache limit never reached)
+    with torch.no_grad():
+        s0 = L.tuning_sessions()
+        t0 = time.perf_counter()
+        y = mod(*args)  # tunes every key of this shape
+        mod(*args)
+        torch.cuda.synchronize()
+        row["tune_s"] = round(time.perf_counter() - t0, 2)
+        row["tuning_sessions"] = L.tuning_sessions() - s0
+        ref = L.reference_forward(d, w, inp, inp.caches())
+        row["rel_err_vs_torch"] = L.rel_err(y, ref)
+        del ref
+
+        eager = (lambda: mod(*args))
+        timed: dict[str, Any] = {"eager_us": eager}
+        row["eager_host_us"] = round(host_us(eager, n_iter), 2)
+
+        s0 = L.tuning_sessions()
+        try:
+            g, g_out = capture(eager)
+            timed["graph_us"] = g.replay
+            g.replay()
+            torch.cuda.synchronize()
+            row["graph_rel_err"] = L.rel_err(g_out, y)
+        except Exception as exc:  # noqa: BLE001 - a failed capture is a result
+            row["graph_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        row["tuning_in_graph_capture"] = L.tuning_sessions() - s0
+
+        for key, kwargs, calls, stem, first in (
+                ("compiled_us", {"fullgraph": True}, 1, "compiled", "compile_s"),
+                ("reduce_overhead_us", {"mode": "reduce-overhead"}, 3, "reduce_overhead",
+                 "reduce_overhead_first_calls_s")):
+            s0, skips0 = L.tuning_sessions(), counters["cudagraph_skips"]
+            with Notes() as caught:
+                try:
+                    fn = torch.compile(mod, dynamic=False, **kwargs)
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        out = fn(*args)
+                        torch.cuda.synchronize()
+                    row[first] = round(time.perf_counter() - t0, 2)
+                    row[f"{stem}_rel_err"] = L.rel_err(out.clone(), y)
+                    timed[key] = (lambda f=fn: f(*args))
+                except Exception as exc:  # noqa: BLE001 - a compile failure is a result
+                    row[f"{stem}_error"] = f"{type(exc).__name__}: {exc}"[:800]
+            row["tuning_in_compile" if stem == "compiled" else "tuning_in_reduce_overhead"] = L.tuning_sessions() - s0
+            skipped = counters["cudagraph_skips"] - skips0
+            if stem == "reduce_overhead":
+                row["cudagraph_skips"] = skipped
+            notes += [f"[{stem}] {line}" for line in caught.lines]
+        row["notes"] = notes
+
+        row.update({k: round(v, 2) for k, v in interleaved_us(timed, n_iter).items()})
+        row.update(ratios(row))
+        if profile and shape["phase"] == "decode":
+            row["profile"] = {name: profile_top(timed[key]) for name, key in
+                              (("compiled", "compiled_us"), ("eager", "eager_us"),
+                               ("reduce_overhead", "reduce_overhead_us")) if key in timed}
+    del timed, mod, inp
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def document(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list[Any], wall_s: float,
+             complete: bool, tuner: str) -> dict[str, Any]:
+    from _layer import dims
+
+    return {"quick": args.quick, "seed": args.seed, "complete": complete, "wall_s": round(wall_s, 1),
+            "profile": args.profile, "tuner": tuner,
+            "timer": "CUDA events around back-to-back forwards, 5 interleaved rounds, median round",
+            "compile": "torch.compile(layer, fullgraph=True, dynamic=False) and (layer, mode='reduce-overhead', "
+                       "dynamic=False); torch._dynamo.reset() before each row",
+            "layers": {m: dims(m).as_dict() for m in args.models},
+            "skipped_for_budget": skipped, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="tiletune-compile-tax-"))
+    os.environ["TILETUNE_DB"] = str(tmp / "tuning.db")
+    os.environ.setdefault("CUDA_TILE_CACHE_DIR", str(tmp / "cutile-cache"))
+    import torch
+
+    import tiletune as tt
+    import _layer as L
+    from _common import failure_fields, write_result
+
+    _set_dynamo_limits()
+    options = None if args.full_tuning else tt.TunerOptions(
+        stopping=tt.StoppingRule(min_samples=3, max_samples=10, max_seconds=0.05), showdown_rounds=1)
+    L.use_fresh_database(str(tmp / "tuning.db"), tables=True, **({"options": options} if options else {}))
+    tuner = "library defaults" if args.full_tuning else "short measurements (min 3, max 10 samples, 0.05 s)"
+
+    rows: list[dict[str, Any]] = []
+    skipped: list[Any] = []
+    weights: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for model, shape in plan(args):
+        spent = time.perf_counter() - t0
+        if args.budget_s and spent > args.budget_s:
+            skipped.append({"model": model, "shape": shape})
+            continue
+        print(f"[{spent:6.1f} s] {model} {shape_label(shape)}", flush=True)
+        if model not in weights:
+            weights.clear()
+            gc.collect()
+            torch.cuda.empty_cache()
+            weights[model] = L.make_weights(L.dims(model), "cuda", seed=0)
+        try:
+            r = measure_row(model, shape, weights[model], args.profile)
+        except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
+            r = {"model": model, "phase": shape["phase"], "shape": shape, **failure_fields(exc)}
+            torch.cuda.empty_cache()
+        rows.append(r)
+        print("    " + json.dumps({k: r.get(k) for k in ROW_KEYS[3:9]} | {"tune_s": r.get("tune_s"),
+                                                                         "error": r.get("error")}), flush=True)
+        for line in r.get("notes", [])[:5]:
+            print("    note: " + line[:200], flush=True)
+        write_result(NAME, document(args, rows, skipped, time.perf_counter() - t0, False, tuner), args.out,
+                     commit=True)
+    write_result(NAME, document(args, rows, skipped, time.perf_counter() - t0, True, tuner), args.out, commit=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
