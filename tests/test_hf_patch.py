@@ -24,6 +24,9 @@ import tiletune.kernels as K  # noqa: E402
 import tiletune.kernels.hf as hf  # noqa: E402
 
 VOCAB = 128
+HIDDEN = 256  # 4 heads of 64 (a head dim the attention op takes), 2 key-value heads
+#: transformers >= 4.53 has the attention mask interface the attention patch needs (older: patch skipped)
+ATTN = hf._register_attention()
 MODELS = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, hf.apply_tiletune_to_llama),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, hf.apply_tiletune_to_qwen2),
@@ -95,8 +98,8 @@ def _no_leftover_patches():
 
 def build(kind: str, seed: int = 0, layers: int = 2):
     config_cls, model_cls, _ = MODELS[kind]
-    cfg = config_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
+    cfg = config_cls(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=layers,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
@@ -155,8 +158,9 @@ def test_prefill_and_decode_match_unpatched(kind, ops):
     model = copy.deepcopy(ref)
     report = MODELS[kind][2](model)
     try:
-        assert set(report.patched) == {"rms_norm", "rope", "swiglu", "attention"} and not report.skipped
-        assert report.target == "model" and model.config._attn_implementation == hf.ATTN_IMPLEMENTATION
+        assert set(report.patched) | set(report.skipped) == {"rms_norm", "rope", "swiglu", "attention"}
+        assert ("attention" in report.patched) == ATTN and report.target == "model"
+        assert model.config._attn_implementation == (hf.ATTN_IMPLEMENTATION if ATTN else "sdpa")
         ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
 
         want, ref_cache = ref_step(ref, ids)
@@ -165,14 +169,15 @@ def test_prefill_and_decode_match_unpatched(kind, ops):
         layers = model.config.num_hidden_layers
         assert ops.count("rms_norm") == 2 * layers + 1
         assert ops.count("apply_rope_") == layers and ops.count("swiglu") == layers
-        assert ops.count("attention") == layers
-        (shapes, flags), *_ = ops.of("attention")
-        assert shapes == ((2, 4, 9, 64), (2, 2, 9, 64)) and flags["causal"] is True
-        assert flags["scale"] == pytest.approx(64 ** -0.5)
+        assert ops.count("attention") == (layers if ATTN else 0)
+        if ATTN:
+            (shapes, flags), *_ = ops.of("attention")
+            assert shapes == ((2, 4, 9, 64), (2, 2, 9, 64)) and flags["causal"] is True
+            assert flags["scale"] == pytest.approx(64 ** -0.5)
         (shapes, flags), *_ = ops.of("apply_rope_")
         assert shapes == ((2, 4, 9, 64), (2, 2, 9, 64), (1, 9, 64)) and flags["layout"] == "bhsd"
         assert ops.of("swiglu")[0][0] == ((2, 9, 192),)  # gate and up as one (2I) GEMM output
-        assert ops.of("rms_norm")[0][0] == ((2, 9, 64),)
+        assert ops.of("rms_norm")[0][0] == ((2, 9, HIDDEN),)
 
         # two decode steps over each model's own cache (the rotated keys the patched model cached)
         nxt = want[:, -1].argmax(-1, keepdim=True)
@@ -181,8 +186,9 @@ def test_prefill_and_decode_match_unpatched(kind, ops):
             want, ref_cache = ref_step(ref, nxt, ref_cache)
             got, cache = step(model, nxt, cache)
             close(got, want)
-            (shapes, flags), *_ = ops.of("attention")
-            assert shapes == ((2, 4, 1, 64), (2, 2, 10 + t, 64)) and flags["causal"] is False
+            if ATTN:
+                (shapes, flags), *_ = ops.of("attention")
+                assert shapes == ((2, 4, 1, 64), (2, 2, 10 + t, 64)) and flags["causal"] is False
             assert ops.count("apply_rope_") == layers
             nxt = want[:, -1].argmax(-1, keepdim=True)
     finally:
@@ -201,7 +207,7 @@ def test_generate_matches_unpatched(kind, ops):
             want = ref.generate(ids, **kw)
         got = model.generate(ids, **kw)
         assert torch.equal(got, want)
-        assert ops.count("attention") == 2 * 5  # prefill + 4 decode steps, 2 layers
+        assert ops.count("attention") == (2 * 5 if ATTN else 0)  # prefill + 4 decode steps, 2 layers
     finally:
         report.revert()
 
@@ -287,10 +293,11 @@ def test_class_level_patch_reaches_models_built_later(ops, tmp_path):
     try:
         assert report.target == "classes"
         model = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
-        assert model.config._attn_implementation == hf.ATTN_IMPLEMENTATION
+        assert model.config._attn_implementation == (hf.ATTN_IMPLEMENTATION if ATTN else "sdpa")
         ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
         got, _ = step(model, ids)
-        assert ops.count("rms_norm") == 5 and ops.count("attention") == 2 and ops.count("swiglu") == 2
+        assert ops.count("rms_norm") == 5 and ops.count("swiglu") == 2
+        assert ops.count("attention") == (2 if ATTN else 0)
         close(got, ref_step(ref, ids)[0])
         # an instance patch on top of the class patch, then both reverted in turn
         inner = hf.apply_tiletune(model)

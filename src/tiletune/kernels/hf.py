@@ -59,6 +59,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+import tiletune.kernels as K  # the package only: each op loads (with cuda.tile) at its first use
+
 __all__ = ["ATTN_IMPLEMENTATION", "PatchReport", "SUPPORTED_MODEL_TYPES", "apply_tiletune",
            "apply_tiletune_to_llama", "apply_tiletune_to_qwen2"]
 
@@ -72,12 +74,6 @@ _ATTN_DTYPES: tuple[Any, ...] = (torch.bfloat16, torch.float16)
 _ATTN_HEAD_DIMS: tuple[int, ...] = (64, 128)
 
 _MARK = "_tiletune_original"  # attribute of every replacement function: the function it replaced
-
-
-def _ops() -> Any:
-    import tiletune.kernels as K  # looked up at each call: the ops load lazily (cuda.tile)
-
-    return K
 
 
 def _on_device(t: Any) -> bool:
@@ -105,7 +101,7 @@ def _make_rms_forward(original: Callable[..., Any]) -> Callable[..., Any]:
             eps = getattr(self, "variance_epsilon", None)
             if eps is None:
                 eps = getattr(self, "eps", 1e-6)
-            return _ops().rms_norm(hidden_states, w, eps)
+            return K.rms_norm(hidden_states, w, eps)
         return original(self, hidden_states)
 
     setattr(forward, _MARK, original)
@@ -151,7 +147,7 @@ def _make_rope(original: Callable[..., Any]) -> Callable[..., Any]:
         if layout is None:
             return original(q, k, cos, sin, *args, **kwargs)
         # q and k are the projections' fresh outputs (not yet in the cache): rotating them in place is safe
-        _ops().apply_rope_(q, k, cos, sin, layout=layout)
+        K.apply_rope_(q, k, cos, sin, layout=layout)
         return q, k
 
     setattr(apply_rotary_pos_emb, _MARK, original)
@@ -223,7 +219,7 @@ def _make_mlp_forward(original: Callable[..., Any]) -> Callable[..., Any]:
         w = _gate_up_weight(self, x)
         if w is None:
             return original(self, x)
-        return self.down_proj(_ops().swiglu(F.linear(x, w)))
+        return self.down_proj(K.swiglu(F.linear(x, w)))
 
     setattr(forward, _MARK, original)
     forward.__name__ = "tiletune_mlp_forward"
@@ -235,10 +231,7 @@ def _make_mlp_forward(original: Callable[..., Any]) -> Callable[..., Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _sdpa_forward() -> Callable[..., Any]:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward
+_SDPA: list[Callable[..., Any]] = []  # transformers' sdpa_attention_forward, set when the attention is registered
 
 
 def _attention_covers(module: Any, q: Any, k: Any, v: Any, mask: Any, dropout: float, scaling: Any,
@@ -277,14 +270,14 @@ def tiletune_attention_forward(module: Any, query: Any, key: Any, value: Any, at
     past ``Sq`` are dropped as SDPA's path does).
     """
     if not _attention_covers(module, query, key, value, attention_mask, dropout, scaling, kwargs):
-        return _sdpa_forward()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        return _SDPA[0](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                is_causal=is_causal, **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     sq, sk = query.shape[2], key.shape[2]
     causal = bool(causal) and sq > 1
     if causal and sk > sq:  # prefill into an empty static cache (the only maskless case with Sk > Sq > 1)
         key, value = key[:, :, :sq], value[:, :, :sq]
-    out = _ops().attention(query, key, value, causal=causal, scale=scaling)
+    out = K.attention(query, key, value, causal=causal, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -293,8 +286,10 @@ def _register_attention() -> bool:
     try:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
         from transformers.modeling_utils import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
     except ImportError:
         return False
+    _SDPA[:] = [sdpa_attention_forward]
     AttentionInterface.register(ATTN_IMPLEMENTATION, tiletune_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
     return True
