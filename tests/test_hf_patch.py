@@ -274,6 +274,23 @@ def test_revert_restores_the_model(ops):
         assert torch.equal(p, q), n
 
 
+def test_fused_weights_stay_ordinary_tensors_under_inference_mode(ops):
+    ref = build("llama")
+    model = copy.deepcopy(ref)
+    report = hf.apply_tiletune(model)
+    ids = torch.randint(0, VOCAB, (1, 4), generator=torch.Generator().manual_seed(9))
+    try:
+        with torch.inference_mode():
+            model(ids)
+        mlp = model.model.layers[1].mlp
+        assert hf._FUSED in mlp.__dict__ and not mlp.gate_proj.weight.is_inference()
+        loss = model(ids).logits.sum()  # a training-style call (gradients needed) still works
+        loss.backward()
+        assert mlp.gate_proj.weight.grad is not None
+    finally:
+        report.revert()
+
+
 def test_selected_parts_only(ops):
     model = build("llama")
     report = hf.apply_tiletune_to_llama(model, rope=False, attention=False)

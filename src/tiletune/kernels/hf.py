@@ -177,7 +177,7 @@ def _views_of(w: Any, g: Any, u: Any) -> bool:
 def _fuse_gate_up(mlp: Any) -> Any:
     """Move ``gate_proj.weight`` and ``up_proj.weight`` into one ``(2I, H)`` tensor (their data become views)."""
     g, u = mlp.gate_proj.weight, mlp.up_proj.weight
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():  # ordinary tensors even in an inference-mode call
         w = torch.cat([g.detach(), u.detach()], 0)
         g.data = w[: g.shape[0]]
         u.data = w[g.shape[0]:]
@@ -190,7 +190,7 @@ def _unfuse_gate_up(mlp: Any) -> None:
     if w is None:
         return
     g, u = mlp.gate_proj.weight, mlp.up_proj.weight
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():
         if _views_of(w, g, u):
             g.data = g.detach().clone()
             u.data = u.detach().clone()
