@@ -355,3 +355,25 @@ def test_core_does_not_import_transformers():
     env = {**os.environ, "PYTHONPATH": str(Path(hf.__file__).resolve().parents[2])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"
+
+
+def test_patched_forwards_trace_under_torch_compile(ops):
+    ref = build("llama")
+    model = copy.deepcopy(ref)
+    report = hf.apply_tiletune(model)
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(10))
+    try:
+        step(model, ids)  # eager first: fuses gate/up, as a compiled graph never re-lays weights
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="eager")
+        ops.log.clear()
+        with torch.no_grad():
+            got = compiled(ids, use_cache=True).logits  # with a cache (as generate): no packed-sequence mask
+        close(got, ref_step(ref, ids)[0])
+        print({k: ops.count(k) for k in ("rms_norm", "apply_rope_", "swiglu", "attention")})
+        # the stand-in ops' logging is a side effect dynamo replays: each patched part ran in the graph
+        assert ops.count("rms_norm") == 5 and ops.count("apply_rope_") == 2 and ops.count("swiglu") == 2
+        assert ops.count("attention") == (2 if ATTN else 0)
+    finally:
+        torch._dynamo.reset()
+        report.revert()

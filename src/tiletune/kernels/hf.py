@@ -41,7 +41,9 @@ Every patched call decides, cheaply and per call, whether the op covers it, and 
 original code (attention: torch's SDPA path): tensors not on a CUDA device, autograd needing
 gradients (the ops are forward only: run under ``torch.no_grad()`` / ``torch.inference_mode()``, as
 ``generate`` does), dtypes the op does not take, attention masks (padding, static caches in decode,
-sliding windows that bite), dropout, head dims other than 64 and 128, ``output_attentions``.
+sliding windows that bite), dropout, head dims other than 64 and 128, ``output_attentions``. Two
+cases where ``transformers`` itself builds a mask: decode with a ``StaticCache``, and a compiled forward
+without a cache (its packed-sequence check); with a ``DynamicCache`` (``generate``'s default) neither.
 
 The first call with a new shape tunes the op (see :func:`tiletune.autotune`); warm the shapes you serve
 (or use ``tiletune tune --model``) before timing.
@@ -289,9 +291,25 @@ def _register_attention() -> bool:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
     except ImportError:
         return False
+    from transformers.masking_utils import causal_mask_function
+
+    def tiletune_mask(*args: Any, **kw: Any) -> Any:
+        """SDPA's mask function, except that a plain causal mask with no padding is left out (None) where that is
+        exact (one query, or as many queries as keys) without reading any tensor, so also while compiling
+        (transformers' own check gives up under ``torch.compile`` in some versions)."""
+        if (not args and kw.get("attention_mask") is None and kw.get("allow_is_causal_skip", True)
+                and kw.get("mask_function", causal_mask_function) is causal_mask_function
+                and kw.get("local_size") is None and isinstance(kw.get("kv_length"), int)):
+            q_len = kw.get("q_length")
+            if q_len is None and kw.get("cache_position") is not None:
+                q_len = kw["cache_position"].shape[0]
+            if isinstance(q_len, int) and (q_len == 1 or q_len == kw["kv_length"]):
+                return None
+        return sdpa_mask(*args, **kw)
+
     _SDPA[:] = [sdpa_attention_forward]
     AttentionInterface.register(ATTN_IMPLEMENTATION, tiletune_attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, tiletune_mask)
     return True
 
 
