@@ -1,0 +1,248 @@
+#!/usr/bin/env python
+"""Hugging Face Llama and Qwen2 patched with ``tiletune.kernels.hf`` vs the same model unpatched (GPU only).
+
+Models built from a config with full 8B layer dimensions (Llama-3-8B: hidden 4096, 32/8 heads of 128,
+MLP 14336; Qwen2.5-7B: 3584, 28/4, 128, 18944), ``--layers`` decoder layers (default 2), a
+``--vocab``-token head (default 32000), random weights, bfloat16, on the GPU; attention ``"sdpa"``
+unpatched. Per row:
+
+* **prefill** ``(batch, seq)``: one forward over ``seq`` new tokens into a new ``DynamicCache``.
+* **decode** ``(batch, seq)``: one new token per sequence over a ``DynamicCache`` holding ``seq``
+  positions (prefilled by the unpatched model; every timed call is followed by a ``cache.crop`` back to ``seq``, on
+  both sides).
+
+``unpatched_eager_ms``, ``unpatched_compile_ms`` (``torch.compile(model)``, default mode),
+``patched_ms`` (after ``apply_tiletune(model)``), ``patched_compile_ms``: median of
+``triton.testing.do_bench`` after warm-up calls (the first patched call of a shape tunes the ops into a
+tuning database at a temporary path, before any timing; compiles happen in the warm-up too);
+``logits_rel_err`` = ``||patched - unpatched|| / ||unpatched||`` of the eager logits (decode: the same
+cache on both sides). A compile that fails leaves its column None and the error in ``errors``.
+``--budget-s`` bounds the run: past 60% of it the compiled columns are skipped, past it the rows.
+
+Usage (writes ``hf_patch.json`` under ``--out``, default ``$OUT`` or ``benchmarks/results/h200``)::
+
+    python benchmarks/hf_patch.py            # 2 prefill + 2 decode shapes per model
+    python benchmarks/hf_patch.py --quick    # 1 + 1 per model
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: model -> (config class name, model class name, layer dimensions)
+MODELS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM",
+              dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                   rope_theta=500000.0, rms_norm_eps=1e-5)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
+                   rope_theta=1000000.0, rms_norm_eps=1e-6)),
+}
+#: (phase, batch, seq); the first of each phase is the --quick set
+SHAPES = [("prefill", 1, 1024), ("decode", 8, 1024), ("prefill", 4, 2048), ("decode", 32, 2048)]
+QUICK = SHAPES[:2]
+
+
+def build(name: str, layers: int, vocab: int) -> Any:
+    import torch
+    import transformers
+
+    cfg_name, model_name, dims = MODELS[name]
+    cfg = getattr(transformers, cfg_name)(vocab_size=vocab, num_hidden_layers=layers, max_position_embeddings=8192,
+                                         **dims)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = getattr(transformers, model_name)(cfg)
+    model = model.to(torch.bfloat16).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def cache_kw(model: Any) -> str:
+    """The forward's cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def out_cache(out: Any) -> Any:
+    c = out.__dict__.get("cache")
+    return c if c is not None else out.past_key_values
+
+
+def bench_ms(fn: Callable[[], Any], warmup_calls: int = 3) -> float:
+    import torch
+    from triton.testing import do_bench
+
+    for _ in range(warmup_calls):  # compiles / recompiles happen here, not in do_bench's estimate
+        fn()
+    torch.cuda.synchronize()
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def rel_err(got: Any, want: Any) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+class Row:
+    """One (model, phase, batch, seq): the forward to time for a given callable model."""
+
+    def __init__(self, model: Any, phase: str, bsz: int, seq: int, vocab: int) -> None:
+        import torch
+
+        self.phase, self.seq, self.kw = phase, seq, cache_kw(model)
+        gen = torch.Generator("cuda").manual_seed(1)
+        if phase == "prefill":
+            self.ids = torch.randint(0, vocab, (bsz, seq), device="cuda", generator=gen)
+            self.cache = None
+        else:
+            prompt = torch.randint(0, vocab, (bsz, seq), device="cuda", generator=gen)
+            self.ids = torch.randint(0, vocab, (bsz, 1), device="cuda", generator=gen)
+            params = inspect.signature(type(model).forward).parameters
+            keep = {k: 1 for k in ("logits_to_keep", "num_logits_to_keep") if k in params}  # no (B, S, V) logits
+            out = model(prompt, use_cache=True, **keep)
+            self.cache = out_cache(out)
+            del out
+            self.forward_with(model)()  # one step + crop: the cache now has the layout every timed call sees
+
+    def forward_with(self, fwd: Any) -> Callable[[], Any]:
+        if self.phase == "prefill":
+            # with a (fresh) cache, as generate's prefill: without one, a compiled forward gets an explicit mask
+            # from transformers' packed-sequence check, which sends attention to SDPA
+            return lambda: fwd(input_ids=self.ids, use_cache=True).logits
+
+        def step() -> Any:
+            logits = fwd(input_ids=self.ids, use_cache=True, **{self.kw: self.cache}).logits
+            drop = self.cache.get_seq_length() - self.seq
+            if drop > 0:
+                self.cache.crop(-drop)  # negative: remove that many (transformers 5.2x refuses a positive length)
+            return logits
+
+        return step
+
+
+def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0: float) -> dict[str, Any]:
+    import torch
+
+    import tiletune.kernels.hf as tthf
+
+    row: dict[str, Any] = {"model": name, "phase": phase, "batch": bsz, "seq": seq, "unpatched_eager_ms": None,
+                           "unpatched_compile_ms": None, "patched_ms": None, "patched_compile_ms": None,
+                           "logits_rel_err": None, "errors": {}}
+    do_compile = not args.no_compile
+
+    def compiled(col: str) -> None:
+        if not do_compile:
+            return
+        if time.perf_counter() - t0 > 0.6 * args.budget_s:
+            row["errors"][col] = "skipped: time budget"
+            return
+        torch._dynamo.reset()
+        try:
+            row[col] = bench_ms(r.forward_with(torch.compile(model)))
+        except Exception as exc:  # record and go on: the other columns still stand
+            row["errors"][col] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        torch._dynamo.reset()
+
+    with torch.inference_mode():
+        r = Row(model, phase, bsz, seq, args.vocab)
+        want = r.forward_with(model)().float()
+        row["unpatched_eager_ms"] = bench_ms(r.forward_with(model))
+        compiled("unpatched_compile_ms")
+        report = tthf.apply_tiletune(model)
+        try:
+            t_first = time.perf_counter()
+            got = r.forward_with(model)().float()  # the first patched call of this shape: tunes
+            torch.cuda.synchronize()
+            row["first_patched_call_s"] = round(time.perf_counter() - t_first, 3)
+            row["logits_rel_err"] = rel_err(got, want)
+            row["patched_ms"] = bench_ms(r.forward_with(model))
+            compiled("patched_compile_ms")
+        finally:
+            report.revert()
+        del r, want
+    gc.collect()
+    torch.cuda.empty_cache()
+    if not row["errors"]:
+        del row["errors"]
+    return row
+
+
+def environment() -> dict[str, Any]:
+    try:
+        from _common import environment as env
+
+        out = env()
+    except Exception as exc:  # the shared helper moved or failed: the essentials by hand
+        import torch
+
+        out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+               "driver": "unknown", "versions": {"torch": torch.__version__}, "environment_error": str(exc)}
+    import transformers
+
+    out.setdefault("versions", {})["transformers"] = transformers.__version__
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="one prefill and one decode shape per model")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    p.add_argument("--vocab", type=int, default=32000, help="vocabulary of the head (default 32000)")
+    p.add_argument("--models", default="llama,qwen2", help="comma-separated: llama, qwen2")
+    p.add_argument("--no-compile", action="store_true", help="leave the torch.compile columns out")
+    p.add_argument("--budget-s", type=float, default=230.0,
+                   help="past 60%% of this the compiled columns are skipped, past it the remaining rows")
+    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results" / "h200"))
+    args = p.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("hf_patch.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TILETUNE_DB", str(Path(tempfile.mkdtemp(prefix="tiletune-hf-")) / "tuning.db"))
+    cache_limit = 64  # patched and unpatched graphs of several shapes share the models' forward code objects
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                 "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), cache_limit))
+
+    t0 = time.perf_counter()
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    shapes = QUICK if args.quick else SHAPES
+    models = {n: build(n, args.layers, args.vocab) for n in names}
+    rows = []
+    for phase, bsz, seq in shapes:  # shape-major: with a tight budget every model keeps its first rows
+        for name in names:
+            if time.perf_counter() - t0 > args.budget_s:
+                rows.append({"model": name, "phase": phase, "batch": bsz, "seq": seq, "skipped": "time budget"})
+                continue
+            row = measure(models[name], name, phase, bsz, seq, args, t0)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    doc = {"benchmark": "hf_patch", **environment(), "layers": args.layers, "vocab": args.vocab,
+           "quick": args.quick, "tuning_db": os.environ["TILETUNE_DB"], "wall_s": round(time.perf_counter() - t0, 1),
+           "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "hf_patch.json"
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"wrote {path} ({doc['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
