@@ -32,7 +32,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-#: RoPE base by model; the other dimensions are :data:`tiletune.fill.MODEL_SHAPES`'
+#: RoPE base by model; the other dimensions are :data:`tiletune.lab.fill.MODEL_SHAPES`'
 ROPE_BASES = {"llama3-8b": 500000.0, "qwen2.5-7b": 1000000.0, "mistral-7b": 1000000.0}
 #: the models these benchmarks run by default
 MODELS = ("llama3-8b", "qwen2.5-7b")
@@ -73,9 +73,9 @@ class Dims:
 
 
 def dims(model: str, **override: int) -> Dims:
-    """The layer dimensions of ``model`` (``tiletune.fill.MODEL_SHAPES`` + its RoPE base); keyword
+    """The layer dimensions of ``model`` (``tiletune.lab.fill.MODEL_SHAPES`` + its RoPE base); keyword
     overrides for tests (tiny layers on CPU)."""
-    from tiletune.fill import MODEL_SHAPES
+    from tiletune.lab.fill import MODEL_SHAPES
 
     if model not in MODEL_SHAPES or model not in ROPE_BASES:
         known = ", ".join(sorted(set(MODEL_SHAPES) & set(ROPE_BASES)))
