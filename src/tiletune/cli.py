@@ -376,10 +376,27 @@ def tune_cmd(
     dtype: str = typer.Option("bfloat16", help="Dtype of the library ops' tensors."),
     device: str = typer.Option("cuda", help="Where tensors are made."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-call report as JSON here."),
+    pending: bool = typer.Option(False, "--pending", help="Tune the keys the library ops answered provisionally "
+                                 "(nearest neighbour or default config), recorded beside the tuning database."),
 ) -> None:
     """Tune many calls in one go (warm a machine before serving); re-running skips what is stored."""
     from tiletune.lab.fill import LLM_OPS, load_spec, run_calls
 
+    if pending:
+        if spec is not None or ops:
+            _fail("--pending tunes the recorded keys: give no ops and no --spec with it")
+        if json_out is not None:
+            _check_out_file(json_out, "--json")
+        from tiletune.lab.fill import tune_pending
+
+        report = tune_pending(device=device, on_row=lambda r: console.print(safe(
+            f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))
+        if json_out is not None:
+            json_out.write_text(json.dumps(report.as_dict(), indent=1, allow_nan=False) + "\n")
+        console.print(safe(f"{len(report.rows) - report.failed} of {len(report.rows)} pending key(s) tuned"))
+        if report.failed:
+            _fail(f"{report.failed} pending key(s) failed (listed above)", code=1)
+        return
     if spec is not None and ops:
         _fail("give library ops or --spec, not both")
     if spec is None and not ops:

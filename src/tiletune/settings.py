@@ -50,6 +50,8 @@ TILETUNE_TABLES                  bool      true       Consult tuning tables (the
                                                       with tiletune) for keys the database does not hold.
 TILETUNE_BACKGROUND              bool      false      Tune keys answered provisionally (nearest neighbour,
                                                       default config) in a background thread.
+TILETUNE_ON_MISS                 choice    unset      tune, nearest or default: what every op does with a
+                                                      key nothing stored answers (unset: each op's own).
 TILETUNE_PINS                    path      unset      A pins file (tiletune.resolve.pins): fixed configs per op
                                                       and key, used before the database; never tuned.
 TILETUNE_COMPILE_WORKERS         count     unset      Compile (``tileiras``) processes per tuning session;
@@ -98,6 +100,7 @@ __all__ = [
     "worker_start_timeout_s",
     "tables_enabled",
     "background",
+    "on_miss",
     "pins_path",
     "compile_workers",
     "timer_backlog_us",
@@ -143,6 +146,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_DEBUG", "bool", False, "full tracebacks from the command line"),
         Variable("TILETUNE_TABLES", "bool", True, "consult the user's and the shipped tuning tables"),
         Variable("TILETUNE_BACKGROUND", "bool", False, "tune provisionally answered keys in a background thread"),
+        Variable("TILETUNE_ON_MISS", "choice", None, "what every op does with a key nothing stored answers"),
         Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.resolve.pins)"),
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
@@ -304,6 +308,20 @@ def background() -> bool:
     return flag("TILETUNE_BACKGROUND", False)
 
 
+ON_MISS_CHOICES = ("tune", "nearest", "default")
+
+
+def on_miss() -> str | None:
+    """``TILETUNE_ON_MISS``: ``tune``, ``nearest`` or ``default`` for every op, or None (unset: each op's own)."""
+    value = text("TILETUNE_ON_MISS")
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value not in ON_MISS_CHOICES:
+        raise ValueError(f"TILETUNE_ON_MISS={value!r}: choose one of {', '.join(ON_MISS_CHOICES)} (or unset it)")
+    return value
+
+
 def pins_path() -> str | None:
     """``TILETUNE_PINS``: the pins file (:mod:`tiletune.resolve.pins`), or None (unset or empty)."""
     return text("TILETUNE_PINS")
@@ -351,6 +369,7 @@ _CHECKS = {
     "TILETUNE_IN_WORKER": in_worker,
     "TILETUNE_TABLES": tables_enabled,
     "TILETUNE_BACKGROUND": background,
+    "TILETUNE_ON_MISS": on_miss,
     "TILETUNE_PINS": pins_path,
     "TILETUNE_COMPILE_WORKERS": compile_workers,
     "TILETUNE_TIMER_BACKLOG_US": timer_backlog_us,

@@ -34,6 +34,9 @@ class LibraryOp:
             of a cold key. A ``budget=`` or ``strategy=`` of :meth:`configure` takes precedence.
         tune_single: as for :func:`tiletune.autotune` (False: a regime whose space holds one config
             launches it without a tuning session).
+        on_miss: as for :func:`tiletune.autotune`; the library's ops default to ``"nearest"``: a shape
+            nobody tuned is served at once by its nearest tuned neighbour's config (checked once) and
+            recorded as pending. ``configure(on_miss=...)`` overrides it for every library op.
     """
 
     _overrides: dict[str, Any] = {}  # autotune keywords shared by every library op: see configure
@@ -52,9 +55,11 @@ class LibraryOp:
         buckets: Any = None,
         budget: Budget | None = None,
         tune_single: bool = True,
+        on_miss: str = "nearest",
     ) -> None:
         self.name = name
         self.tune_single = bool(tune_single)
+        self.on_miss = on_miss
         self.buckets = buckets
         self.budget = budget
         self.space_for = space_for
@@ -77,6 +82,7 @@ class LibraryOp:
                     kwargs: dict[str, Any] = dict(LibraryOp._overrides)
                     if self.budget is not None and "budget" not in kwargs and "strategy" not in kwargs:
                         kwargs["budget"] = self.budget
+                    kwargs.setdefault("on_miss", self.on_miss)
                     token = defer_worker_start.set(True)  # made on a call: its worker starts if it tunes
                     try:
                         op = autotune(
@@ -92,6 +98,7 @@ class LibraryOp:
                         )(self.plan)
                     finally:
                         defer_worker_start.reset(token)
+                    op.origin = {"library": self.name, "regime": _regime_json(regime)}
                     self._ops[regime] = op
         return op
 
@@ -107,6 +114,18 @@ class LibraryOp:
                 out.append({"regime": regime, "config": dict(cfg)})
         return out
 
+    def op_for_origin(self, regime_json: Any) -> TunedOp:
+        """The tuned op of a regime given in its JSON form (:attr:`TunedOp.origin`)."""
+        return self.op(_regime_from_json(regime_json))
+
+    @classmethod
+    def named(cls, name: str) -> "LibraryOp | None":
+        """The library op of this name among those constructed so far, or None."""
+        for lib in cls._instances:
+            if lib.name == name:
+                return lib
+        return None
+
     @classmethod
     def instances(cls) -> list["LibraryOp"]:
         """Every library op constructed so far (those of the modules imported), in construction order."""
@@ -118,7 +137,7 @@ class LibraryOp:
         library op made from now on (``configure()`` with no arguments restores the defaults), and
         forget the ops made so far: they are re-made with the new settings on their next use. For
         tests, tools and benchmarks."""
-        allowed = {"db", "options", "progress", "backend", "strategy", "budget"}
+        allowed = {"db", "options", "progress", "backend", "strategy", "budget", "on_miss", "background"}
         bad = set(autotune_kwargs) - allowed
         if bad:
             raise TypeError(f"LibraryOp.configure: unknown setting(s) {sorted(bad)}; allowed: {sorted(allowed)}")
@@ -129,3 +148,20 @@ class LibraryOp:
         from tiletune.kernels.fastcall import clear_recipes
 
         clear_recipes()  # recipes hold the old ops' choices
+
+
+def _regime_json(regime: Any) -> Any:
+    """A regime (a small hashable of ints, strings, bools, None and tuples of them) as JSON."""
+    if isinstance(regime, tuple):
+        return {"tuple": [_regime_json(r) for r in regime]}
+    if regime is None or isinstance(regime, (bool, int, float, str)):
+        return regime
+    return {"repr": repr(regime)}
+
+
+def _regime_from_json(doc: Any) -> Any:
+    if isinstance(doc, dict) and "tuple" in doc:
+        return tuple(_regime_from_json(r) for r in doc["tuple"])
+    if isinstance(doc, dict):
+        raise ValueError(f"a regime that cannot be rebuilt from JSON: {doc}")
+    return doc

@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-__all__ = ["Call", "load_spec", "llm_calls", "LLM_OPS", "resolve_op", "materialize", "run_calls", "FillReport", "tune_calls"]
+__all__ = ["Call", "load_spec", "llm_calls", "LLM_OPS", "resolve_op", "materialize", "run_calls", "FillReport", "tune_calls",
+           "tune_pending"]
 
 
 @dataclass(frozen=True)
@@ -303,14 +304,17 @@ class FillReport:
 
 def run_calls(calls: Sequence[Call], *, device: str = "cuda", seed: int = 0, progress: bool | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None) -> FillReport:
-    """Make every call once (tuning each new key); a failing call is reported and the fill goes on."""
+    """Make every call once (tuning each new key exactly: no neighbour's config answers a fill); a failing call
+    is reported and the fill goes on."""
     import torch
 
     from tiletune.engine.progress import tuning_progress
 
+    from tiletune.resolve.chain import miss_scope
+
     gen = torch.Generator(device=device).manual_seed(seed) if device != "meta" else None
     report = FillReport()
-    with tuning_progress("fill", len(calls), progress) as bar:
+    with tuning_progress("fill", len(calls), progress) as bar, miss_scope(on_miss="tune"):  # every key exactly
         for i, call in enumerate(calls):
             t0 = time.perf_counter()
             row: dict[str, Any] = {"call": call.describe()}
@@ -344,4 +348,61 @@ def tune_calls(calls: Sequence[Call], *, device: str = "cuda", seed: int = 0,
     report = run_calls(mine, device=device, seed=seed, progress=progress)
     if dist is not None:
         dist.barrier()
+    return report
+
+
+def tune_pending(*, device: str = "cuda", db_path: str | None = None,
+                 on_row: Callable[[dict[str, Any]], None] | None = None) -> FillReport:
+    """Tune the keys recorded in the tuning database's pending file (keys answered provisionally, see
+    :mod:`tiletune.resolve.pending`), each on fresh tensors of its recorded shapes; a tuned key is taken
+    off the file. Keys of ops that are not library ops cannot be rebuilt in another process: they are
+    reported (tune them with ``op.tune_pending()`` in the program that made them)."""
+    import importlib
+
+    import torch
+
+    from tiletune.kernels.library_op import LibraryOp
+    from tiletune.resolve import pending
+    from tiletune.resolve.database import open_database
+
+    import tiletune.kernels as kernels
+
+    for name in kernels.__all__ + ["decode_attention", "kv_cache_append", "matmul_swiglu"]:
+        getattr(kernels, name)  # every library op constructed (their modules import lazily)
+    importlib.import_module("tiletune.kernels.gemm")
+    db = open_database(db_path)
+    path = pending.pending_path(db)
+    report = FillReport()
+    done: list[tuple[str, str, str]] = []
+    for entry in pending.read(path):
+        t0 = time.perf_counter()
+        row: dict[str, Any] = {"call": f"{entry['name']} {entry['key'][:120]}"}
+        try:
+            origin = entry.get("origin")
+            if not isinstance(origin, dict) or "library" not in origin:
+                raise ValueError("not a library op: tune it with op.tune_pending() in the program that met it")
+            lib = LibraryOp.named(origin["library"])
+            if lib is None:
+                raise ValueError(f"no library op named {origin['library']!r}")
+            if entry.get("args") is None:
+                raise ValueError("its arguments were not recorded")
+            op = lib.op_for_origin(origin.get("regime"))
+            if db is not None and op.db is not None and op.db.where != db.where:
+                raise ValueError(f"the library ops use {op.db.where}, not {db.where}")
+            args = pending.materialize(entry["args"], device)
+            key_json = op.problem(args, op.key_of(*args)).identity.key
+            if key_json != entry["key"]:
+                raise ValueError(f"the rebuilt call's key {key_json} differs from the recorded {entry['key']}")
+            cfg = op.tune(*args)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            done.append(pending.identity_of(entry))
+            row.update(ok=True, seconds=round(time.perf_counter() - t0, 3), config=cfg.as_dict())
+        except Exception as exc:  # noqa: BLE001 - one failing key must not stop the rest
+            row.update(ok=False, seconds=round(time.perf_counter() - t0, 3), error=f"{type(exc).__name__}: {exc}")
+        report.rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    if done:
+        pending.remove(path, done)
     return report

@@ -35,7 +35,7 @@ from tiletune.space.strategies.base import Budget, StrategySpec
 from tiletune.engine.tuner import TunerOptions
 
 from tiletune.devices.plans import PlanCache
-from tiletune.resolve.chain import Attempt, default_chain
+from tiletune.resolve.chain import Attempt, current_scope, default_chain
 from tiletune.resolve.database import DatabaseHandle, DatabaseSource
 from tiletune.resolve.pins import PinSource, verified_pin
 from tiletune.resolve.problem import ON_MISS, OpSpec, Problem
@@ -654,9 +654,12 @@ class TunedOp:
         arch = backend.device_info(dev).arch if arch is None else arch
         if plans is None:
             plans = PlanCache(lambda c: self._launch_spec(c, args))
+        if policy is None:
+            scope = current_scope()
+            policy = (scope.on_miss if scope is not None else None) or settings.on_miss() or self.on_miss
         return Problem(self.spec(), args, key, backend, dev, arch, plans, self._database,
                        tuning=lambda: self._tuning_backend(backend), exact=exact, capturing=capturing,
-                       disabled=disabled, policy=policy or self.on_miss)
+                       disabled=disabled, policy=policy)
 
     def _miss(self, args: tuple[Any, ...], key: Any, launch: bool = True, policy: str | None = None,
               force: bool = False) -> Any:

@@ -103,6 +103,7 @@ class MissScope:
     budget: "Budget | None" = None
     seed: int | None = None
     strategy_options: Mapping[str, Any] | None = None
+    on_miss: str | None = None
     resolved: list[Resolved] = field(default_factory=list)
 
 
@@ -111,10 +112,11 @@ _scopes = threading.local()
 
 @contextlib.contextmanager
 def miss_scope(*, strategy: Any = None, budget: "Budget | None" = None, seed: int | None = None,
-               strategy_options: Mapping[str, Any] | None = None) -> Iterator[MissScope]:
+               strategy_options: Mapping[str, Any] | None = None, on_miss: str | None = None) -> Iterator[MissScope]:
     """Within this block (this thread), every key a tuned op resolves is listed in the scope's
     ``resolved``, and tunings use ``strategy`` / ``budget`` / ``seed`` / ``strategy_options`` where
-    given instead of the op's. A campaign runs each of its calls in one: the library ops are
+    given instead of the op's, and ``on_miss`` (``"tune"`` for a fill: every key tuned exactly) instead of
+    the op's policy. A campaign runs each of its calls in one: the library ops are
     wrappers, so the tuned ops a call reaches are known only once it has reached them.
 
     Read only on a miss (the hot path never looks at it)."""
@@ -126,7 +128,11 @@ def miss_scope(*, strategy: Any = None, budget: "Budget | None" = None, seed: in
         resolve_strategy(strategy)  # a bad name fails here, not in the middle of a call
     if budget is not None and not isinstance(budget, Budget):
         raise TypeError(f"budget must be a tiletune.Budget, got {type(budget).__name__}")
-    scope = MissScope(strategy, budget, seed, dict(strategy_options) if strategy_options else None)
+    from tiletune.resolve.problem import ON_MISS
+
+    if on_miss is not None and on_miss not in ON_MISS:
+        raise ValueError(f"on_miss={on_miss!r}: choose one of {', '.join(ON_MISS)}")
+    scope = MissScope(strategy, budget, seed, dict(strategy_options) if strategy_options else None, on_miss)
     outer = getattr(_scopes, "current", None)
     _scopes.current = scope
     try:

@@ -197,7 +197,7 @@ class CampaignRunner:
                 prep.done.wait()
                 result["precompile"] = dict(prep.stats)
             self._fill(prep)
-            with miss_scope(strategy=task.strategy, budget=task.budget, seed=task.seed,
+            with miss_scope(strategy=task.strategy, budget=task.budget, seed=task.seed, on_miss="tune",
                             strategy_options=task.strategy_options or None) as scope:
                 try:
                     prep.fn(*prep.args, **prep.kwargs)

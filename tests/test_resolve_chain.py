@@ -1,0 +1,262 @@
+"""The miss path as values (tiletune.resolve): the chain asks its sources in order and stores once per
+tuned key; nearest-neighbour serving answers an unseen shape of a known family with a tuned neighbour's
+config, records it as pending, and tune_pending / `tiletune tune --pending` tune it; on_miss policies."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tiletune as tt
+from tiletune import events
+from tiletune.devices.backends import FakeBackend, SimulatedCandidate
+from tiletune.resolve import pending
+from tiletune.resolve.chain import Attempt, Chain, default_sources
+from tiletune.resolve.nearest import distance, key_features, neighbours
+from tiletune.resolve.problem import SOURCES, Choice
+from tiletune.store import TuningDB
+
+SPACE = tt.Space(K=list(range(6)), baseline=dict(K=0))
+
+
+def _kernel(x, y):
+    y.copy_(x * 2)
+
+
+def _op(db, *, on_miss="tune", truth=None, failures=None, **kw):
+    truth = truth or (lambda c: 10.0 + c.K)
+    return tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=db,
+                       backend=FakeBackend(truth, failures=failures),
+                       progress=False, on_miss=on_miss, **kw)(lambda cfg, x, y: tt.Launch(_kernel, (1,), (x, y)))
+
+
+class Spy:
+    def __init__(self, inner, log):
+        self.inner, self.log, self.name = inner, log, inner.name
+
+    def get(self, problem, attempt):
+        self.log.append(self.name)
+        return self.inner.get(problem, attempt)
+
+
+# ---------------------------------------------------------------------- the chain
+
+
+def test_the_chain_visits_its_sources_in_order_and_stores_once_per_tuned_key(tmp_path, monkeypatch):
+    db = TuningDB(tmp_path / "t.db")
+    stored = []
+    real = TuningDB.record_session
+    monkeypatch.setattr(TuningDB, "record_session", lambda self, *a, **k: (stored.append(a[0].key), real(self, *a, **k))[1])
+    op = _op(db)
+    x, y = torch.randn(8), torch.empty(8)
+    key = op.key_of(x, y)
+    log: list[str] = []
+    chain = Chain([Spy(s, log) for s in default_sources()])
+    assert chain.names == ("capture", "disabled", "single", "pin", "database", "table", "nearest", "peer", "tuned")
+    attempt = Attempt()
+    choice = chain.resolve(op.problem((x, y), key), attempt)
+    assert log == list(chain.names)  # nothing answered before the tune source
+    assert attempt.visited == list(chain.names)
+    assert choice.source == "tuned" and choice.config["K"] == 0 and choice.result is not None
+    assert len(stored) == 1 and attempt.stored == 1
+    # the same key again: the database answers, nothing after it is asked, nothing is stored
+    log.clear()
+    again = chain.resolve(op.problem((x, y), key))
+    assert again.source == "database" and again.config == choice.config
+    assert log == ["capture", "disabled", "single", "pin", "database"]
+    assert len(stored) == 1
+
+
+def test_a_tuned_op_stores_each_key_once_and_emits_its_choices(tmp_path, monkeypatch):
+    seen = []
+    listener = events.subscribe("choice", lambda op, problem, choice: seen.append((op, choice.source)))
+    try:
+        stored = []
+        real = TuningDB.record_session
+        monkeypatch.setattr(TuningDB, "record_session",
+                            lambda self, *a, **k: (stored.append(a[0].key), real(self, *a, **k))[1])
+        op = _op(tmp_path / "t.db", name="chain.op")
+        for n in (8, 8, 16, 16, 8):
+            op(torch.randn(n), torch.empty(n))
+        assert len(stored) == 2 and len(set(stored)) == 2 and op.tuning_count == 2
+        assert seen == [("chain.op", "tuned"), ("chain.op", "tuned")]
+    finally:
+        events.unsubscribe("choice", listener)
+
+
+def test_a_choice_names_a_known_source():
+    cfg = SPACE.candidates("sm_90")[0]
+    assert Choice(cfg, "tuned").source == "tuned"
+    with pytest.raises(ValueError, match="unknown source"):
+        Choice(cfg, "guess")
+    assert SOURCES.index("nearest") < SOURCES.index("peer") < SOURCES.index("tuned")
+
+
+def test_on_miss_is_checked_at_the_decorator_and_by_the_environment(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match="on_miss='sometimes'"):
+        _op(False, on_miss="sometimes")
+    monkeypatch.setenv("TILETUNE_ON_MISS", "often")
+    from tiletune import settings
+
+    with pytest.raises(ValueError, match="TILETUNE_ON_MISS"):
+        settings.on_miss()
+
+
+# ---------------------------------------------------------------------- nearest: the distance
+
+
+def test_key_features_line_up_sizes_and_keep_everything_else_in_the_signature():
+    a = json.dumps([{"shape": [300, 4096], "dtype": "bfloat16", "contiguous": True}, True, {"type": "float"}])
+    b = json.dumps([{"shape": [512, 4096], "dtype": "bfloat16", "contiguous": True}, True, {"type": "float"}])
+    c = json.dumps([{"shape": [512, 4096], "dtype": "float16", "contiguous": True}, True, {"type": "float"}])
+    d = json.dumps([{"shape": [512, 4096], "dtype": "bfloat16", "contiguous": True}, False, {"type": "float"}])
+    fa, fb, fc, fd = (key_features(k) for k in (a, b, c, d))
+    assert fa[0] == fb[0] and fa[1] == (300.0, 4096.0)
+    assert fc[0] != fa[0] and fd[0] != fa[0]  # another dtype, another flag: another family
+    assert distance(fa[1], fb[1]) == pytest.approx(abs(__import__("math").log2(301 / 513)))
+    assert key_features("not json") is None
+
+
+def test_strided_views_are_their_own_layout():
+    contiguous = json.dumps([{"shape": [4, 8], "dtype": "bfloat16", "contiguous": True}])
+    row_major = json.dumps([{"shape": [4, 8], "dtype": "bfloat16", "contiguous": False, "strides": [16, 1]}])
+    col_major = json.dumps([{"shape": [4, 8], "dtype": "bfloat16", "contiguous": False, "strides": [1, 4]}])
+    sigs = {key_features(k)[0] for k in (contiguous, row_major, col_major)}
+    assert len(sigs) == 3
+
+
+def test_neighbours_are_ordered_nearest_first_ties_to_the_larger():
+    def key(m):
+        return json.dumps([{"shape": [m, 64], "dtype": "bfloat16", "contiguous": True}])
+
+    stored = [(key(64), {"K": 1}, 5.0, "db"), (key(256), {"K": 2}, 9.0, "db"), (key(1024), {"K": 3}, 30.0, "db"),
+              (json.dumps([{"shape": [128, 64], "dtype": "float32", "contiguous": True}]), {"K": 4}, 1.0, "db")]
+    got = neighbours(key(127), stored)
+    assert [n.config["K"] for n in got] == [1, 2, 3]  # float32 is another family
+    # log2(1 + 3) = 2 lies one unit from log2(1 + 1) and from log2(1 + 7): a tie goes to the larger
+    tie = neighbours(key(3), [(key(1), {"K": 1}, 1.0, "db"), (key(7), {"K": 2}, 1.0, "db")])
+    assert tie[0].config["K"] == 2 and tie[0].larger
+    assert neighbours(key(64), [(key(64), {"K": 1}, 5.0, "db")]) == []  # the key itself is no neighbour
+
+
+# ---------------------------------------------------------------------- nearest: serving
+
+
+def test_an_unseen_shape_is_served_by_its_nearest_tuned_neighbour_and_recorded_as_pending(tmp_path):
+    path = tmp_path / "t.db"
+    tuner = _op(path, name="nn.op", truth=lambda c: 10.0 + abs(c.K - 3))  # K=3 wins
+    tuner(torch.randn(64), torch.empty(64))
+    tuner(torch.randn(4096), torch.empty(4096))
+    assert tuner.tuning_count == 2
+    seen = []
+    listener = events.subscribe("choice", lambda op, problem, choice: seen.append(choice))
+    try:
+        server = _op(path, name="nn.op", on_miss="nearest", truth=lambda c: 10.0 + abs(c.K - 5))
+        x = torch.randn(100)
+        y = torch.empty(100)
+        server(x, y)
+    finally:
+        events.unsubscribe("choice", listener)
+    assert server.tuning_count == 0  # answered at once
+    (choice,) = seen
+    assert choice.source == "nearest" and choice.provisional and choice.config["K"] == 3
+    assert '"shape":[64]' in choice.neighbour  # 100 is nearer 64 than 4096
+    assert torch.equal(y, x * 2)
+    key = server.key_of(x, y)
+    assert server.provisional == [key]
+    entries = pending.read(pending.pending_path(server.db))
+    assert len(entries) == 1 and entries[0]["name"] == "nn.op" and entries[0]["source"] == "nearest"
+    assert entries[0]["args"][0]["tensor"]["shape"] == [100]
+    # tuned later, on fresh tensors of the recorded shape: the pending entry is gone, the config swapped in
+    done = server.tune_pending()
+    assert done == {key: server.config_for(x, y)} and done[key]["K"] == 5
+    assert server.provisional == [] and server.tuning_count == 1
+    assert pending.read(pending.pending_path(server.db)) == []
+
+
+def test_a_neighbour_that_fails_its_check_is_passed_over(tmp_path):
+    path = tmp_path / "t.db"
+    _op(path, name="nn.bad", truth=lambda c: 10.0 + abs(c.K - 2))(torch.randn(64), torch.empty(64))  # K=2
+    _op(path, name="nn.bad", truth=lambda c: 10.0 + abs(c.K - 4))(torch.randn(8192), torch.empty(8192))  # K=4
+
+    def failures(c):  # on this process's backend K=2 is wrong: the nearer neighbour fails its check
+        return SimulatedCandidate(tt.Status.MISMATCH) if c.K == 2 else None
+
+    server = _op(path, name="nn.bad", on_miss="nearest", failures=failures)
+    server(torch.randn(100), torch.empty(100))
+    assert server.config_for(torch.randn(100), torch.empty(100))["K"] == 4 and server.tuning_count == 0
+
+
+def test_without_a_neighbour_nearest_tunes(tmp_path):
+    server = _op(tmp_path / "t.db", name="nn.none", on_miss="nearest")
+    server(torch.randn(100), torch.empty(100))
+    assert server.tuning_count == 1 and server.provisional == []
+
+
+def test_on_miss_default_serves_the_baseline_at_once(tmp_path):
+    op = _op(tmp_path / "t.db", name="nn.default", on_miss="default", truth=lambda c: 10.0 + abs(c.K - 5))
+    x, y = torch.randn(32), torch.empty(32)
+    op(x, y)
+    assert op.tuning_count == 0 and op.config_for(x, y)["K"] == 0 and len(op.provisional) == 1
+    assert op.tune(x, y)["K"] == 5 and op.provisional == [] and op.tuning_count == 1
+
+
+def test_a_fill_tunes_exactly_even_for_nearest_ops(tmp_path):
+    from tiletune.resolve.chain import miss_scope
+
+    path = tmp_path / "t.db"
+    _op(path, name="nn.fill")(torch.randn(64), torch.empty(64))
+    op = _op(path, name="nn.fill", on_miss="nearest")
+    with miss_scope(on_miss="tune"):
+        op(torch.randn(100), torch.empty(100))
+    assert op.tuning_count == 1 and op.provisional == []
+
+
+def test_the_environment_overrides_an_ops_policy(tmp_path, monkeypatch):
+    path = tmp_path / "t.db"
+    _op(path, name="nn.env")(torch.randn(64), torch.empty(64))
+    monkeypatch.setenv("TILETUNE_ON_MISS", "tune")
+    op = _op(path, name="nn.env", on_miss="nearest")
+    op(torch.randn(100), torch.empty(100))
+    assert op.tuning_count == 1
+
+
+# ---------------------------------------------------------------------- the layout
+
+
+SRC = pathlib.Path(__file__).resolve().parent.parent / "src" / "tiletune"
+
+
+def test_at_most_fifteen_top_level_modules():
+    modules = sorted(p.name for p in SRC.glob("*.py"))
+    assert len(modules) <= 15, modules
+
+
+def test_no_private_access_to_a_tuned_op_outside_op():
+    pattern = re.compile(r"\bop\._[a-z]")
+    offenders = []
+    for p in SRC.rglob("*.py"):
+        if p.relative_to(SRC).parts[0] == "op":
+            continue
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{p.relative_to(SRC)}:{i}: {line.strip()}")
+    assert offenders == []
+
+
+def test_the_import_contracts_hold():
+    lint = pathlib.Path(sys.executable).parent / "lint-imports"
+    if not lint.exists():
+        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+    root = SRC.parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+    r = subprocess.run([str(lint)], cwd=root, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
