@@ -243,6 +243,14 @@ def _gpu_available() -> bool:
         return False
 
 
+def _need_gpu(device: str, command: str) -> None:
+    """Refuse, before any work, a command that would make CUDA tensors on a machine torch sees no GPU on."""
+    if device.strip().lower().split(":")[0] == "cuda" and not _gpu_available():
+        _fail(f"tiletune {command}: needs an NVIDIA GPU with CUDA (torch.cuda.is_available() is False)",
+              hint="run it on a machine with a CUDA GPU" + (" (or --device cpu for calls of your own ops in --spec)"
+                                                             if command == "tune" else ""))
+
+
 def _check_strategy(spec: str) -> None:
     from tiletune.space.strategies import resolve_strategy
 
@@ -398,6 +406,7 @@ def tune_cmd(
             _fail(f"--model {model!r}: unknown model", hint=f"choose from {', '.join(MODEL_SHAPES)}")
         calls = _library_calls(ops or [], tokens, dtype=dtype, projections=projections,
                                linear_weights=linear_weights, **dims)
+    _need_gpu(device, "tune")
     report = run_calls(calls, device=device, on_row=lambda r: console.print(safe(
         f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))
     if json_out is not None:
@@ -610,6 +619,7 @@ def ab_cmd(
         if not isinstance(fixed, dict):
             _fail(f"--against {against!r}: expected 'baseline' or a JSON object of parameter values")
     calls = load_spec(spec) if spec is not None else _library_calls(ops or [], tokens)
+    _need_gpu(device, "ab")
     import torch
 
     gen = torch.Generator(device=device).manual_seed(0)
