@@ -21,8 +21,10 @@ TILETUNE_DB                      path      unset      The tuning database file (
 TILETUNE_CACHE_DIR               path      unset      Folder of the default database (<dir>/tuning.db);
                                                       unset: $XDG_CACHE_HOME/tiletune or
                                                       ~/.cache/tiletune.
-TILETUNE_LOG                     bool      false      Log a line per candidate and a summary of each
-                                                      tuning to stderr (the ``tiletune`` logger).
+TILETUNE_LOG                     level     false      Log a line per candidate and a summary of each
+                                                      tuning to stderr (the ``tiletune`` logger): a
+                                                      boolean (true = ``info``) or a level, ``debug``,
+                                                      ``info``, ``warning`` or ``error``.
 TILETUNE_PROGRESS                bool      true       Progress bar while tuning (interactive terminals
                                                       only).
 TILETUNE_DISABLE                 bool      false      Never tune: every op launches its baseline config
@@ -88,6 +90,8 @@ __all__ = [
     "db_path",
     "cache_dir",
     "log_enabled",
+    "log_level",
+    "LOG_LEVELS",
     "progress_enabled",
     "disabled",
     "isolation",
@@ -117,7 +121,7 @@ class Variable:
     """One documented environment variable."""
 
     name: str
-    type: str  # "bool", "seconds", "factor", "count", "path", "choice", "text"
+    type: str  # "bool", "level", "seconds", "factor", "count", "path", "choice", "text"
     default: object
     meaning: str
 
@@ -127,7 +131,7 @@ VARIABLES: dict[str, Variable] = {
     for v in (
         Variable("TILETUNE_DB", "path", None, "the tuning database file"),
         Variable("TILETUNE_CACHE_DIR", "path", None, "folder of the default tuning database"),
-        Variable("TILETUNE_LOG", "bool", False, "log tuning to stderr"),
+        Variable("TILETUNE_LOG", "level", False, "log tuning to stderr (a boolean or debug/info/warning/error)"),
         Variable("TILETUNE_PROGRESS", "bool", True, "progress bar on interactive terminals"),
         Variable("TILETUNE_DISABLE", "bool", False, "never tune: launch the baseline config"),
         Variable("TILETUNE_ISOLATION", "choice", None, "default isolation of the live backend"),
@@ -218,9 +222,33 @@ def cache_dir() -> str | None:
     return text("TILETUNE_CACHE_DIR")
 
 
+LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}  # the values of logging.DEBUG, ...
+
+
+def log_level() -> int | None:
+    """``TILETUNE_LOG`` as a :mod:`logging` level, or None for off (the default).
+
+    A level name (``debug``, ``info``, ``warning``, ``error``; case-insensitive) or a boolean: true
+    (``1/true/yes/on``) is ``info``, false (``0/false/no/off``, empty) is off. Anything else raises
+    :class:`ValueError` naming the variable and the accepted values.
+    """
+    raw = os.environ.get("TILETUNE_LOG")
+    if raw is None:
+        return None
+    word = raw.strip().lower()
+    if word in LOG_LEVELS:
+        return LOG_LEVELS[word]
+    if word in TRUE_WORDS:
+        return LOG_LEVELS["info"]
+    if word in FALSE_WORDS:
+        return None
+    raise ValueError(f"TILETUNE_LOG={raw!r} is not a log level; use debug/info/warning/error, "
+                     f"1/true/yes/on (info) or 0/false/no/off (or empty)")
+
+
 def log_enabled() -> bool:
-    """``TILETUNE_LOG`` (default false)."""
-    return flag("TILETUNE_LOG", False)
+    """``TILETUNE_LOG`` (default false): true for a true boolean or any level (:func:`log_level`)."""
+    return log_level() is not None
 
 
 def progress_enabled() -> bool:
