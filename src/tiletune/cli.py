@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sqlite3
 import sys
 import tempfile
@@ -729,6 +730,11 @@ def recording_import(
     """Convert a public recorded space to a tiletune recording (replayable, searchable)."""
     from tiletune.lab.recordings import import_recording
 
+    if arch != "unknown" and not re.fullmatch(r"sm_\d+[a-z]?", arch):
+        _fail(f"--arch {arch!r} is not an architecture", hint="give it as sm_XX, e.g. sm_90 (H100/H200), "
+                                                              "sm_100 (B200), sm_80 (A100), or leave it out")
+    if not dest.name.endswith((".json", ".json.gz")):
+        _fail(f"DEST {dest}: a recording is written as .json or .json.gz", hint=f"e.g. {dest.with_suffix('.json')}")
     _check_out_file(dest, "DEST")
     # checks the destination (never the source, also through a link), validates the whole source and
     # that it makes a space, keeps its date, then writes atomically
@@ -890,6 +896,13 @@ def doctor() -> None:
     except Exception as exc:
         rows.append(("database", f"unknown ({exc})"))
     problems = settings.check_all()
+    try:
+        db = default_db_path()
+        if db.is_dir():
+            via = "TILETUNE_DB" if settings.db_path() else "the default database path"
+            problems.append(f"{via} names {db}, a directory: give the database file (e.g. {db / 'tuning.db'})")
+    except Exception:  # already in problems (an invalid variable) or in the database row
+        pass
     rows.append(("environment", "; ".join(problems) if problems else "ok"))
     table = Table(show_header=False)
     for k, v in rows:

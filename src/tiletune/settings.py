@@ -86,6 +86,7 @@ __all__ = [
     "seconds",
     "count",
     "text",
+    "path",
     "check_all",
     "db_path",
     "cache_dir",
@@ -209,17 +210,28 @@ def text(name: str) -> str | None:
     return raw.strip()
 
 
+def path(name: str) -> str | None:
+    """The path variable ``name`` (as :func:`text`); ValueError when its ``~`` or ``~user`` names no
+    home directory (the path could not be expanded)."""
+    value = text(name)
+    if value is not None and value.startswith("~") and os.path.expanduser(value).startswith("~"):
+        head = value.split("/", 1)[0].split(os.sep, 1)[0]
+        raise ValueError(f"{name}={os.environ[name]!r}: cannot expand {head!r}, no such user or home directory; "
+                         "give the full path")
+    return value
+
+
 # ---------------------------------------------------------------------------------- accessors
 
 
 def db_path() -> str | None:
     """``TILETUNE_DB``: the tuning database file, or None (unset or empty)."""
-    return text("TILETUNE_DB")
+    return path("TILETUNE_DB")
 
 
 def cache_dir() -> str | None:
     """``TILETUNE_CACHE_DIR``: folder of the default database, or None (unset or empty)."""
-    return text("TILETUNE_CACHE_DIR")
+    return path("TILETUNE_CACHE_DIR")
 
 
 LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}  # the values of logging.DEBUG, ...
@@ -325,7 +337,7 @@ def tables_enabled() -> bool:
 
 def pins_path() -> str | None:
     """``TILETUNE_PINS``: the pins file (:mod:`tiletune.resolve.pins`), or None (unset or empty)."""
-    return text("TILETUNE_PINS")
+    return path("TILETUNE_PINS")
 
 
 def compile_workers() -> int | None:
