@@ -144,6 +144,7 @@ def test_cli_tune_model_and_projections(monkeypatch):
         return fill_mod.FillReport(rows=[])
 
     monkeypatch.setattr(fill_mod, "run_calls", fake_run)
+    monkeypatch.setattr("tiletune.cli._gpu_available", lambda: True)  # run_calls is faked: no GPU needed
     r = CliRunner().invoke(app, ["tune", "matmul", "rms_norm", "--model", "qwen2.5-7b", "--projections",
                                  "--tokens", "4", "--hidden", "3584"])
     assert r.exit_code == 0, r.output

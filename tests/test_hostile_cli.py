@@ -439,8 +439,15 @@ def test_safe_escapes_markup_too():
 
 
 def test_invalid_boolean_variable_refused(db_file):
-    one_error(run("db", "list", "--path", str(db_file), env={"TILETUNE_LOG": "maybe"}), 2,
-              "TILETUNE_LOG='maybe' is not a boolean; use 1/true/yes/on or 0/false/no/off (or empty)",
+    one_error(run("db", "list", "--path", str(db_file), env={"TILETUNE_PROGRESS": "maybe"}), 2,
+              "TILETUNE_PROGRESS='maybe' is not a boolean; use 1/true/yes/on or 0/false/no/off (or empty)",
+              "fix or unset the variable; 'tiletune doctor' lists them")
+
+
+def test_invalid_log_variable_refused(db_file):
+    one_error(run("db", "list", "--path", str(db_file), env={"TILETUNE_LOG": "verbose"}), 2,
+              "TILETUNE_LOG='verbose' is not a log level; use debug/info/warning/error, 1/true/yes/on (info) or "
+              "0/false/no/off (or empty)",
               "fix or unset the variable; 'tiletune doctor' lists them")
 
 

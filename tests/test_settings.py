@@ -13,6 +13,8 @@ from tiletune.engine import progress
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tiletune"
 BOOL_ERROR = "{name}={raw!r} is not a boolean; use 1/true/yes/on or 0/false/no/off (or empty)"
+LOG_ERROR = ("{name}={raw!r} is not a log level; use debug/info/warning/error, 1/true/yes/on (info) or "
+             "0/false/no/off (or empty)")
 BOOLEANS = {
     "TILETUNE_LOG": (settings.log_enabled, False),
     "TILETUNE_PROGRESS": (settings.progress_enabled, True),
@@ -62,7 +64,8 @@ def test_booleans_garbage_is_an_error(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ValueError) as err:
         BOOLEANS[name][0]()
-    assert str(err.value) == BOOL_ERROR.format(name=name, raw=raw)
+    expected = LOG_ERROR if name == "TILETUNE_LOG" else BOOL_ERROR  # TILETUNE_LOG also takes levels
+    assert str(err.value) == expected.format(name=name, raw=raw)
 
 
 @pytest.mark.parametrize("name", sorted(NUMBERS))
@@ -154,8 +157,27 @@ def test_log_true_turns_logging_on(monkeypatch, fresh_logging):
 
 def test_log_garbage_is_an_error(monkeypatch, fresh_logging):
     monkeypatch.setenv("TILETUNE_LOG", "maybe")
-    with pytest.raises(ValueError, match=re.escape(BOOL_ERROR.format(name="TILETUNE_LOG", raw="maybe"))):
+    with pytest.raises(ValueError, match=re.escape(LOG_ERROR.format(name="TILETUNE_LOG", raw="maybe"))):
         progress.configure_logging_from_env()
+    assert settings.check_all() == [LOG_ERROR.format(name="TILETUNE_LOG", raw="maybe")]
+
+
+@pytest.mark.parametrize("raw, level", [("debug", logging.DEBUG), ("INFO", logging.INFO), (" Warning ", logging.WARNING),
+                                        ("error", logging.ERROR), ("1", logging.INFO), ("on", logging.INFO)])
+def test_log_levels(monkeypatch, fresh_logging, raw, level):
+    fresh_logging.handlers[:] = []
+    monkeypatch.setenv("TILETUNE_LOG", raw)
+    assert settings.log_level() == level and settings.log_enabled() is True
+    progress.configure_logging_from_env()  # TILETUNE_LOG=info used to raise ValueError at the first miss
+    assert progress._log_configured is True and fresh_logging.level == level
+    assert len(fresh_logging.handlers) == 1
+    assert settings.check_all() == []
+
+
+@pytest.mark.parametrize("raw", ["off", "", "0"])
+def test_log_level_off(monkeypatch, raw):
+    monkeypatch.setenv("TILETUNE_LOG", raw)
+    assert settings.log_level() is None and settings.log_enabled() is False
 
 
 def test_progress_is_read_at_call_time(monkeypatch):

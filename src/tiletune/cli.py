@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sqlite3
 import sys
 import tempfile
@@ -243,6 +244,14 @@ def _gpu_available() -> bool:
         return False
 
 
+def _need_gpu(device: str, command: str) -> None:
+    """Refuse, before any work, a command that would make CUDA tensors on a machine torch sees no GPU on."""
+    if device.strip().lower().split(":")[0] == "cuda" and not _gpu_available():
+        _fail(f"tiletune {command}: needs an NVIDIA GPU with CUDA (torch.cuda.is_available() is False)",
+              hint="run it on a machine with a CUDA GPU" + (" (or --device cpu for calls of your own ops in --spec)"
+                                                             if command == "tune" else ""))
+
+
 def _check_strategy(spec: str) -> None:
     from tiletune.space.strategies import resolve_strategy
 
@@ -415,6 +424,7 @@ def tune_cmd(
             _fail(f"--model {model!r}: unknown model", hint=f"choose from {', '.join(MODEL_SHAPES)}")
         calls = _library_calls(ops or [], tokens, dtype=dtype, projections=projections,
                                linear_weights=linear_weights, **dims)
+    _need_gpu(device, "tune")
     report = run_calls(calls, device=device, on_row=lambda r: console.print(safe(
         f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))
     if json_out is not None:
@@ -627,6 +637,7 @@ def ab_cmd(
         if not isinstance(fixed, dict):
             _fail(f"--against {against!r}: expected 'baseline' or a JSON object of parameter values")
     calls = load_spec(spec) if spec is not None else _library_calls(ops or [], tokens)
+    _need_gpu(device, "ab")
     import torch
 
     gen = torch.Generator(device=device).manual_seed(0)
@@ -736,6 +747,11 @@ def recording_import(
     """Convert a public recorded space to a tiletune recording (replayable, searchable)."""
     from tiletune.lab.recordings import import_recording
 
+    if arch != "unknown" and not re.fullmatch(r"sm_\d+[a-z]?", arch):
+        _fail(f"--arch {arch!r} is not an architecture", hint="give it as sm_XX, e.g. sm_90 (H100/H200), "
+                                                              "sm_100 (B200), sm_80 (A100), or leave it out")
+    if not dest.name.endswith((".json", ".json.gz")):
+        _fail(f"DEST {dest}: a recording is written as .json or .json.gz", hint=f"e.g. {dest.with_suffix('.json')}")
     _check_out_file(dest, "DEST")
     # checks the destination (never the source, also through a link), validates the whole source and
     # that it makes a space, keeps its date, then writes atomically
@@ -897,6 +913,13 @@ def doctor() -> None:
     except Exception as exc:
         rows.append(("database", f"unknown ({exc})"))
     problems = settings.check_all()
+    try:
+        db = default_db_path()
+        if db.is_dir():
+            via = "TILETUNE_DB" if settings.db_path() else "the default database path"
+            problems.append(f"{via} names {db}, a directory: give the database file (e.g. {db / 'tuning.db'})")
+    except Exception:  # already in problems (an invalid variable) or in the database row
+        pass
     rows.append(("environment", "; ".join(problems) if problems else "ok"))
     table = Table(show_header=False)
     for k, v in rows:

@@ -27,10 +27,38 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def _register_torch() -> None:
+_torch: Any = None  # torch once it is imported in full (cached: the hot path reads it for free)
+
+
+def imported_torch() -> Any:
+    """The ``torch`` module if some thread imported it, else None; never a half-imported one.
+
+    A module enters ``sys.modules`` before its code has run: while another thread (the worker
+    prestart, the cuTile prewarm) is still importing torch, ``sys.modules["torch"]`` has no
+    ``dtype`` yet. Then ``import torch`` waits on the import lock until that thread is done.
+    Does not import torch when nobody has.
+    """
+    global _torch
+    if _torch is not None:
+        return _torch
     import sys
 
-    torch = sys.modules.get("torch")
+    mod = sys.modules.get("torch")
+    if mod is None:
+        return None
+    if getattr(getattr(mod, "__spec__", None), "_initializing", False):
+        try:
+            import torch as mod  # blocks until the importing thread finishes
+        except ImportError:  # that thread's import failed
+            return None
+        if getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            return None  # this very thread is importing torch (re-entered): not usable yet
+    _torch = mod
+    return mod
+
+
+def _register_torch() -> None:
+    torch = imported_torch()
     if torch is not None:
         _BY_VALUE.add(torch.dtype)
 

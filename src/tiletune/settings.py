@@ -21,8 +21,10 @@ TILETUNE_DB                      path      unset      The tuning database file (
 TILETUNE_CACHE_DIR               path      unset      Folder of the default database (<dir>/tuning.db);
                                                       unset: $XDG_CACHE_HOME/tiletune or
                                                       ~/.cache/tiletune.
-TILETUNE_LOG                     bool      false      Log a line per candidate and a summary of each
-                                                      tuning to stderr (the ``tiletune`` logger).
+TILETUNE_LOG                     level     false      Log a line per candidate and a summary of each
+                                                      tuning to stderr (the ``tiletune`` logger): a
+                                                      boolean (true = ``info``) or a level, ``debug``,
+                                                      ``info``, ``warning`` or ``error``.
 TILETUNE_PROGRESS                bool      true       Progress bar while tuning (interactive terminals
                                                       only).
 TILETUNE_DISABLE                 bool      false      Never tune: every op launches its baseline config
@@ -88,10 +90,13 @@ __all__ = [
     "seconds",
     "count",
     "text",
+    "path",
     "check_all",
     "db_path",
     "cache_dir",
     "log_enabled",
+    "log_level",
+    "LOG_LEVELS",
     "progress_enabled",
     "disabled",
     "isolation",
@@ -123,7 +128,7 @@ class Variable:
     """One documented environment variable."""
 
     name: str
-    type: str  # "bool", "seconds", "factor", "count", "path", "choice", "text"
+    type: str  # "bool", "level", "seconds", "factor", "count", "path", "choice", "text"
     default: object
     meaning: str
 
@@ -133,7 +138,7 @@ VARIABLES: dict[str, Variable] = {
     for v in (
         Variable("TILETUNE_DB", "path", None, "the tuning database file"),
         Variable("TILETUNE_CACHE_DIR", "path", None, "folder of the default tuning database"),
-        Variable("TILETUNE_LOG", "bool", False, "log tuning to stderr"),
+        Variable("TILETUNE_LOG", "level", False, "log tuning to stderr (a boolean or debug/info/warning/error)"),
         Variable("TILETUNE_PROGRESS", "bool", True, "progress bar on interactive terminals"),
         Variable("TILETUNE_DISABLE", "bool", False, "never tune: launch the baseline config"),
         Variable("TILETUNE_ISOLATION", "choice", None, "default isolation of the live backend"),
@@ -213,22 +218,57 @@ def text(name: str) -> str | None:
     return raw.strip()
 
 
+def path(name: str) -> str | None:
+    """The path variable ``name`` (as :func:`text`); ValueError when its ``~`` or ``~user`` names no
+    home directory (the path could not be expanded)."""
+    value = text(name)
+    if value is not None and value.startswith("~") and os.path.expanduser(value).startswith("~"):
+        head = value.split("/", 1)[0].split(os.sep, 1)[0]
+        raise ValueError(f"{name}={os.environ[name]!r}: cannot expand {head!r}, no such user or home directory; "
+                         "give the full path")
+    return value
+
+
 # ---------------------------------------------------------------------------------- accessors
 
 
 def db_path() -> str | None:
     """``TILETUNE_DB``: the tuning database file, or None (unset or empty)."""
-    return text("TILETUNE_DB")
+    return path("TILETUNE_DB")
 
 
 def cache_dir() -> str | None:
     """``TILETUNE_CACHE_DIR``: folder of the default database, or None (unset or empty)."""
-    return text("TILETUNE_CACHE_DIR")
+    return path("TILETUNE_CACHE_DIR")
+
+
+LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}  # the values of logging.DEBUG, ...
+
+
+def log_level() -> int | None:
+    """``TILETUNE_LOG`` as a :mod:`logging` level, or None for off (the default).
+
+    A level name (``debug``, ``info``, ``warning``, ``error``; case-insensitive) or a boolean: true
+    (``1/true/yes/on``) is ``info``, false (``0/false/no/off``, empty) is off. Anything else raises
+    :class:`ValueError` naming the variable and the accepted values.
+    """
+    raw = os.environ.get("TILETUNE_LOG")
+    if raw is None:
+        return None
+    word = raw.strip().lower()
+    if word in LOG_LEVELS:
+        return LOG_LEVELS[word]
+    if word in TRUE_WORDS:
+        return LOG_LEVELS["info"]
+    if word in FALSE_WORDS:
+        return None
+    raise ValueError(f"TILETUNE_LOG={raw!r} is not a log level; use debug/info/warning/error, "
+                     f"1/true/yes/on (info) or 0/false/no/off (or empty)")
 
 
 def log_enabled() -> bool:
-    """``TILETUNE_LOG`` (default false)."""
-    return flag("TILETUNE_LOG", False)
+    """``TILETUNE_LOG`` (default false): true for a true boolean or any level (:func:`log_level`)."""
+    return log_level() is not None
 
 
 def progress_enabled() -> bool:
@@ -324,7 +364,7 @@ def on_miss() -> str | None:
 
 def pins_path() -> str | None:
     """``TILETUNE_PINS``: the pins file (:mod:`tiletune.resolve.pins`), or None (unset or empty)."""
-    return text("TILETUNE_PINS")
+    return path("TILETUNE_PINS")
 
 
 def compile_workers() -> int | None:

@@ -221,9 +221,13 @@ def default_db_path() -> pathlib.Path:
     if cache:
         return pathlib.Path(cache).expanduser() / "tuning.db"
     env = os.environ
-    if env.get("XDG_CACHE_HOME"):
-        return pathlib.Path(env["XDG_CACHE_HOME"]).expanduser() / "tiletune" / "tuning.db"
-    return pathlib.Path.home() / ".cache" / "tiletune" / "tuning.db"
+    try:
+        if env.get("XDG_CACHE_HOME"):
+            return pathlib.Path(env["XDG_CACHE_HOME"]).expanduser() / "tiletune" / "tuning.db"
+        return pathlib.Path.home() / ".cache" / "tiletune" / "tuning.db"
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        raise ValueError("cannot find a home directory for the default tuning database; set TILETUNE_DB "
+                         "(the database file) or TILETUNE_CACHE_DIR (its folder)") from None
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,15 @@ _log_configured = False
 
 
 def configure_logging_from_env() -> None:
-    """With ``TILETUNE_LOG`` true (``1/true/yes/on``), send the ``tiletune`` logger's INFO lines to
-    stderr (once). False, empty or unset: nothing. Any other value: ValueError naming the variable."""
+    """With ``TILETUNE_LOG`` on, send the ``tiletune`` logger's lines to stderr (once): a true
+    boolean (``1/true/yes/on``) logs INFO, a level name (``debug``, ``info``, ``warning``,
+    ``error``) that level. False, empty or unset: nothing. Any other value: ValueError naming the
+    variable (:func:`tiletune.settings.log_level`)."""
     global _log_configured
-    if _log_configured or not settings.log_enabled():
+    if _log_configured:
+        return
+    level = settings.log_level()
+    if level is None:
         return
     _log_configured = True
     log = logging.getLogger("tiletune")
@@ -25,7 +30,7 @@ def configure_logging_from_env() -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("[tiletune] %(message)s"))
         log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    log.setLevel(level)
 
 
 def _interactive() -> bool:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tiletune.errors import TiletuneError
+from tiletune.keys import imported_torch
 from tiletune.records import TuningIdentity, stable_hash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,7 +52,8 @@ WAIT_S = 3600.0
 
 def torch_distributed() -> Any:
     """``torch.distributed`` when torch is imported and a multi-rank default group is up, else None."""
-    dist = sys.modules.get("torch.distributed")
+    torch = imported_torch()  # never a torch another thread is still importing
+    dist = None if torch is None else sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     return dist if dist.get_world_size() > 1 else None

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, Union
 
 from tiletune.errors import SpaceError
+from tiletune.jsonio import INT_MAX, INT_MIN
 from tiletune.records import stable_hash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,7 +55,7 @@ Scalar = Union[int, float, str, bool, None]
 """A JSON scalar: the only kind of value a parameter may take."""
 
 Constraint = Callable[["Config"], Any]
-"""A predicate over a :class:`Config`; a truthy result keeps the configuration."""
+"""A predicate over a :class:`Config`: True keeps the configuration, False drops it (bools only)."""
 
 _ARCH_RE = re.compile(r"sm_\d+")
 #: The most combinations :meth:`Space.configs` (and everything that lists the space) goes through;
@@ -78,7 +79,11 @@ def _scalar(value: Any, where: str) -> Scalar:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, numbers.Integral):
-        return int(value)
+        i = int(value)
+        if not INT_MIN <= i <= INT_MAX:  # what the database and its JSON import hold
+            raise SpaceError(f"{where}: integer {i} is out of range: it must fit in 64 bits "
+                             f"({INT_MIN} .. {INT_MAX}), as the tuning database stores it")
+        return i
     if isinstance(value, numbers.Real):
         f = float(value)
         if not math.isfinite(f):
@@ -583,7 +588,8 @@ class Space:
       enumeration order (the last parameter varies fastest).
     * ``constraints``: a list of callables (named by ``__name__``, lambdas ``"constraint #i"``
       with ``i`` the 0-based list position) or a dict ``name -> callable``. Each receives a
-      :class:`Config` and returns truthy to keep it.
+      :class:`Config` and returns True to keep it, False to drop it (a bool or numpy bool; any
+      other result is a SpaceError naming the constraint).
     * ``baseline``: a dict giving every parameter's value (or a :class:`PerArch` of such dicts),
       measured first by the tuner. Checked against the values and constraints when the space is
       defined.
@@ -738,8 +744,30 @@ class Space:
         return list(self._enumerate(_arch(arch)).configs)
 
     def size(self, arch: str | None = None) -> int:
-        """The number of valid configurations on ``arch``."""
-        return len(self._enumerate(_arch(arch)).configs)
+        """The number of valid configurations on ``arch``.
+
+        Counted without listing the space: without constraints it is the product of the value counts;
+        with constraints, a space of at most :data:`tiletune.space.lazy.LAZY_THRESHOLD` combinations is
+        enumerated (and cached, as :meth:`configs` does) and a bigger one is streamed through the
+        constraints one config at a time (memory stays flat; up to 2^24 combinations, as listing).
+        Raises SpaceError like :meth:`configs` when nothing remains.
+        """
+        from tiletune.space.lazy import LAZY_THRESHOLD
+
+        arch = _arch(arch)
+        en = self._cache.get(arch)
+        if en is not None:
+            return len(en.configs)
+        if not self._constraints:
+            return self.product_size(arch)
+        if self.product_size(arch) <= LAZY_THRESHOLD:
+            return len(self._enumerate(arch).configs)
+        values, total = self._product_values(arch)
+        removed = [0] * len(self._constraints)
+        n = sum(1 for _ in self._survivors(values, removed))
+        if not n:
+            raise self._empty_error(arch, total, removed)
+        return n
 
     def product_size(self, arch: str | None = None) -> int:
         """The number of combinations of the parameters' values on ``arch``, before the constraints
@@ -903,6 +931,17 @@ class Space:
         en = self._cache.get(arch)
         if en is not None:
             return en
+        values, total = self._product_values(arch)
+        removed = [0] * len(self._constraints)
+        kept = list(self._survivors(values, removed))
+        if not kept:
+            raise self._empty_error(arch, total, removed)
+        en = _Enumeration(values, tuple(kept))
+        self._cache[arch] = en
+        return en
+
+    def _product_values(self, arch: str | None) -> tuple[dict[str, tuple[Scalar, ...]], int]:
+        """Each parameter's values on ``arch`` and the size of their product (SpaceError above 2^24)."""
         values = {n: self._resolve_one(n, arch) for n in self._names}
         total = math.prod(len(vs) for vs in values.values())
         if total > _MAX_ENUMERATED:
@@ -911,11 +950,12 @@ class Space:
                 f"(at most {_MAX_ENUMERATED}); search it with a strategy and a budget (strategies see it "
                 "through Space.lazy, which never enumerates it)"
             )
-        # one config at a time through the constraints (memory grows with the valid configs only);
-        # a config stops at the first constraint that rejects it, as when each constraint filtered the
-        # survivors of the previous ones
-        removed = [0] * len(self._constraints)
-        kept: list[Config] = []
+        return values, total
+
+    def _survivors(self, values: dict[str, tuple[Scalar, ...]], removed: list[int]) -> Iterator[Config]:
+        """The valid configs of the product of ``values``, one at a time, in space order; ``removed[k]``
+        counts the configs constraint ``k`` rejected. A config stops at the first constraint that
+        rejects it, as when each constraint filtered the survivors of the previous ones."""
         call = self._call
         for t in itertools.product(*values.values()):
             c = self._make(t)
@@ -924,27 +964,34 @@ class Space:
                     removed[k] += 1
                     break
             else:
-                kept.append(c)
+                yield c
+
+    def _empty_error(self, arch: str | None, total: int, removed: list[int]) -> SpaceError:
         if not total:
-            raise SpaceError(f"the space is empty {_on(arch)}: the product of the parameter values is empty")
-        if not kept:
-            last = max(k for k, r in enumerate(removed) if r)
-            before = sum(removed[:last])
-            raise SpaceError(
-                f"the space is empty {_on(arch)}: constraint {self._constraints[last][0]!r} removed all "
-                f"{total - before} remaining configurations ({total} in the product, "
-                f"{before} removed by earlier constraints)"
-            )
-        en = _Enumeration(values, tuple(kept))
-        self._cache[arch] = en
-        return en
+            return SpaceError(f"the space is empty {_on(arch)}: the product of the parameter values is empty")
+        last = max(k for k, r in enumerate(removed) if r)
+        before = sum(removed[:last])
+        return SpaceError(
+            f"the space is empty {_on(arch)}: constraint {self._constraints[last][0]!r} removed all "
+            f"{total - before} remaining configurations ({total} in the product, "
+            f"{before} removed by earlier constraints)"
+        )
 
     @staticmethod
     def _call(cname: str, fn: Constraint, cfg: Config) -> bool:
         try:
-            return bool(fn(cfg))
+            verdict = fn(cfg)
         except Exception as e:
             raise SpaceError(f"constraint {cname!r} raised {type(e).__name__}: {e} for {cfg!r}") from e
+        if verdict is True or verdict is False:
+            return verdict
+        t = type(verdict)
+        if t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"):  # numpy's bool scalar
+            return bool(verdict)
+        shown = repr(verdict)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise SpaceError(f"constraint {cname!r} returned {shown} ({t.__name__}) for {cfg!r}: "
+                         "a constraint must return True (keep) or False (drop)")
 
     def _first_failure(self, cfg: Config) -> str | None:
         for cname, fn in self._constraints:

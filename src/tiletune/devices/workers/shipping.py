@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from tiletune.errors import TiletuneError
+from tiletune.keys import imported_torch
 
 __all__ = ["IsolationUnavailable", "Unshippable", "dumps", "loads", "own_copy"]
 
@@ -141,7 +142,7 @@ def _pickler_class() -> type:
                 bound = _module_binding(obj)
                 if bound is not None and getattr(bound[2], "plan", None) is obj:  # a plan under @autotune
                     return _import_plan, bound[:2]
-            torch = sys.modules.get("torch")
+            torch = imported_torch()  # never a torch another thread is still importing
             if torch is not None and isinstance(obj, torch.Tensor):
                 if obj.is_cuda:
                     from torch.multiprocessing.reductions import reduce_tensor
