@@ -22,6 +22,7 @@ each at its first launch (serially), which is slower but correct.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import tempfile
@@ -31,6 +32,31 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Hashable, Iterator, Sequence
+
+
+_compiling = 0  # compiles running on a launch path in this process (see compiling())
+_compiling_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[None]:
+    """Mark a compile that runs on a launch path (a candidate's first launch compiling it again).
+
+    A tuning worker sends heartbeats while one runs, so the caller's watchdog does not count compile
+    time as kernel time (:func:`compiling_now`)."""
+    global _compiling
+    with _compiling_lock:
+        _compiling += 1
+    try:
+        yield
+    finally:
+        with _compiling_lock:
+            _compiling -= 1
+
+
+def compiling_now() -> bool:
+    """Whether a compile marked with :func:`compiling` is running in this process."""
+    return _compiling > 0
 
 
 def cpu_count() -> int:
