@@ -87,6 +87,9 @@ class CompileResult:
     timed_out: bool = False
     cached: bool = False  # the cubin was already in cuTile's disk cache
     deferred: bool = False  # nothing was compiled ahead; the first launch will compile
+    #: CPU seconds: the front end's (thread CPU time) plus the assembler's run time (tileiras is one
+    #: single-threaded, CPU-bound subprocess per job, so its wall time stands for its CPU time)
+    cpu_s: float | None = None
 
 
 class _Internals:
@@ -180,17 +183,20 @@ class CompilePool:
         assert ints is not None
         for job in jobs:
             t0 = time.perf_counter()
+            c0 = time.thread_time()
             try:
                 sig, key, bytecode = self._bytecode(ints, job)
             except Exception as exc:  # front-end errors: bad tile shapes, type errors, ...
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc)))
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc),
+                                      cpu_s=time.thread_time() - c0))
                 continue
             cubin = ints.cache.cache_lookup(ints.cache_dir, key) if ints.cache_dir else None
+            front_cpu = time.thread_time() - c0
             if cubin is not None:
                 job.kernel.offer(sig, cubin, job.arch)
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True))
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
                 continue
-            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, to_disk)
+            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, to_disk, front_cpu)
 
     def _bytecode(self, ints: _Internals, job: CompileJob) -> tuple[Any, str, bytes]:
         kernel = job.kernel
@@ -219,7 +225,9 @@ class CompilePool:
         t0: float,
         out: "queue.Queue[CompileResult]",
         to_disk: "queue.Queue[tuple[str, bytes, float] | None]",
+        front_cpu: float = 0.0,
     ) -> None:
+        t_asm = time.perf_counter()
         try:
             tmp_dir = ints.context.config.temp_dir
             with tempfile.TemporaryDirectory(dir=tmp_dir, prefix="tiletune-") as d:
@@ -234,10 +242,11 @@ class CompilePool:
             job.kernel.offer(sig, cubin, job.arch)
             if ints.cache_dir:
                 to_disk.put((key, cubin, asm_s))
-            out.put(CompileResult(job.tag, time.perf_counter() - t0))
+            out.put(CompileResult(job.tag, time.perf_counter() - t0, cpu_s=front_cpu + asm_s))
         except Exception as exc:
             timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
-            out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out))
+            out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out,
+                                  cpu_s=front_cpu + time.perf_counter() - t_asm))
 
     @staticmethod
     def _write_disk(to_disk: "queue.Queue[tuple[str, bytes, float] | None]") -> None:

@@ -525,6 +525,7 @@ def tune(op: "TunedOp", args: tuple[Any, ...], identity: TuningIdentity, backend
         "space_size": n_valid,
         "plan_calls": plans.calls,
         "resumed": len(prior),
+        "phases": dict(loop.phases),  # where the time went (tiletune.engine.tuner.PhaseTimer)
         **getattr(session, "stats", {}),
         "launched_winner": bool(getattr(session, "launches_winner", True)),
     }

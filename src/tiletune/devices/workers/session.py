@@ -297,7 +297,7 @@ class WorkerSession:
             if ev.status is Status.OK and gen == self.worker.generation:
                 self._compiled.add(ev.order)
                 self._compile_s[ev.order] = float(ev.seconds or 0.0)
-            yield CompileOutcome(c, ev.status, ev.seconds, ev.reason)
+            yield CompileOutcome(c, ev.status, ev.seconds, ev.reason, cpu_s=ev.cpu_s)
             if serial and not any(o in pending for o in in_flight):
                 need_send = True  # the next one
 
