@@ -155,6 +155,10 @@ class TuneResult:
     tied: tuple[Mapping[str, Any], ...] = ()  # configs inside the winner's noise band
     wall_s: float = 0.0
     from_database: bool = False
+    #: Counters of the session: samples, strategy, evaluations, ...; ``phases``: where the time went
+    #: (``wall_s`` = ``worker_start_s + compile_s + check_s + timing_s + idle_s``, with
+    #: ``compile_wall_s`` and ``compile_cpu_s`` besides; see ``tiletune.engine.tuner.PhaseTimer``);
+    #: a worker session adds ``worker_restarts``, ``spares_used``, ``faults`` (each with ``waited_s``).
     stats: Mapping[str, Any] = field(default_factory=dict)
 
     @property

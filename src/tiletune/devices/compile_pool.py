@@ -22,6 +22,7 @@ each at its first launch (serially), which is slower but correct.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import tempfile
@@ -31,6 +32,31 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Hashable, Iterator, Sequence
+
+
+_compiling = 0  # compiles running on a launch path in this process (see compiling())
+_compiling_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[None]:
+    """Mark a compile that runs on a launch path (a candidate's first launch compiling it again).
+
+    A tuning worker sends heartbeats while one runs, so the caller's watchdog does not count compile
+    time as kernel time (:func:`compiling_now`)."""
+    global _compiling
+    with _compiling_lock:
+        _compiling += 1
+    try:
+        yield
+    finally:
+        with _compiling_lock:
+            _compiling -= 1
+
+
+def compiling_now() -> bool:
+    """Whether a compile marked with :func:`compiling` is running in this process."""
+    return _compiling > 0
 
 
 def cpu_count() -> int:
@@ -61,6 +87,9 @@ class CompileResult:
     timed_out: bool = False
     cached: bool = False  # the cubin was already in cuTile's disk cache
     deferred: bool = False  # nothing was compiled ahead; the first launch will compile
+    #: CPU seconds: the front end's (thread CPU time) plus the assembler's run time (tileiras is one
+    #: single-threaded, CPU-bound subprocess per job, so its wall time stands for its CPU time)
+    cpu_s: float | None = None
 
 
 class _Internals:
@@ -154,17 +183,20 @@ class CompilePool:
         assert ints is not None
         for job in jobs:
             t0 = time.perf_counter()
+            c0 = time.thread_time()
             try:
                 sig, key, bytecode = self._bytecode(ints, job)
             except Exception as exc:  # front-end errors: bad tile shapes, type errors, ...
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc)))
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc),
+                                      cpu_s=time.thread_time() - c0))
                 continue
             cubin = ints.cache.cache_lookup(ints.cache_dir, key) if ints.cache_dir else None
+            front_cpu = time.thread_time() - c0
             if cubin is not None:
                 job.kernel.offer(sig, cubin, job.arch)
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True))
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
                 continue
-            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, to_disk)
+            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, to_disk, front_cpu)
 
     def _bytecode(self, ints: _Internals, job: CompileJob) -> tuple[Any, str, bytes]:
         kernel = job.kernel
@@ -193,7 +225,9 @@ class CompilePool:
         t0: float,
         out: "queue.Queue[CompileResult]",
         to_disk: "queue.Queue[tuple[str, bytes, float] | None]",
+        front_cpu: float = 0.0,
     ) -> None:
+        t_asm = time.perf_counter()
         try:
             tmp_dir = ints.context.config.temp_dir
             with tempfile.TemporaryDirectory(dir=tmp_dir, prefix="tiletune-") as d:
@@ -208,10 +242,11 @@ class CompilePool:
             job.kernel.offer(sig, cubin, job.arch)
             if ints.cache_dir:
                 to_disk.put((key, cubin, asm_s))
-            out.put(CompileResult(job.tag, time.perf_counter() - t0))
+            out.put(CompileResult(job.tag, time.perf_counter() - t0, cpu_s=front_cpu + asm_s))
         except Exception as exc:
             timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
-            out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out))
+            out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out,
+                                  cpu_s=front_cpu + time.perf_counter() - t_asm))
 
     @staticmethod
     def _write_disk(to_disk: "queue.Queue[tuple[str, bytes, float] | None]") -> None:

@@ -76,7 +76,10 @@ class PrefetchKernel(ct.kernel):
         if cached is not None:
             self.frontend_hits += 1
             return cached[0], cached[1], None, ()
-        result = super()._compile(signature, context, compute_capability)
+        from tiletune.devices.compile_pool import compiling
+
+        with compiling():  # a tuning worker's watchdog does not count this (see compile_pool.compiling)
+            result = super()._compile(signature, context, compute_capability)
         cubin, symbol, extra, providers = result
         # a plain cubin (no library lifecycle to replay) that a caller launches, not a tuning worker's
         # candidate: the cache holds what later processes will launch, not every config ever tried

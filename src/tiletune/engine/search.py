@@ -29,7 +29,7 @@ from tiletune.records import Measurement, Status
 from tiletune.space.spaces import Config, Space
 from tiletune.stats import Entry, SampleSummary, rank, summarize
 from tiletune.space.strategies.base import Budget, Strategy
-from tiletune.engine.tuner import LoopResult, ProgressFn, TunerOptions, run_loop, showdown
+from tiletune.engine.tuner import LoopResult, PhaseTimer, ProgressFn, TunerOptions, log_phases, run_loop, showdown
 
 logger = logging.getLogger("tiletune")
 
@@ -102,6 +102,7 @@ class SearchResult:
             strategy proposed the whole space), ``"strategy_done"`` or ``"stop_when"``.
         strategy: the strategy's name.
         batches: how many batches were measured.
+        phases: where the session's time went (see :class:`tiletune.engine.tuner.PhaseTimer`).
     """
 
     measurements: tuple[Measurement, ...]
@@ -114,6 +115,7 @@ class SearchResult:
     stopped: str
     strategy: str
     batches: int
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _batch_size(session: TuningSession, batch: int | None) -> int:
@@ -163,6 +165,8 @@ def run_search(
             is within 1% of a recorded optimum).
         prior / on_result: resuming an interrupted session, see :func:`tiletune.engine.tuner.run_loop`.
     """
+    timer = session if isinstance(session, PhaseTimer) else PhaseTimer(session)
+    session = timer  # type: ignore[assignment]
     size = _batch_size(session, batch)
     limits = [s for s in (options.max_seconds, budget.max_seconds) if s is not None]
     loop_options = dataclasses.replace(options, max_seconds=min(limits)) if limits else options
@@ -256,6 +260,8 @@ def run_search(
         winner = candidates[ranking.winner.ident]
         winner_median = ranking.winner.summary.median
         tied = tuple(candidates[e.ident] for e in ranking.tied)
+    phases = timer.phases()
+    log_phases(name, phases)
     return SearchResult(
         measurements=tuple(measurements),
         winner=winner,
@@ -267,5 +273,6 @@ def run_search(
         stopped=stopped,
         strategy=strategy.name,
         batches=batches,
+        phases=phases,
     )
 

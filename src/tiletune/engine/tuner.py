@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from tiletune.devices.backends.base import Candidate, TuningSession
+from tiletune.devices.backends.base import Candidate, CheckOutcome, CompileOutcome, TuningSession
 from tiletune.records import Measurement, Status, config_hash
 from tiletune.stats import Entry, SampleSummary, StoppingRule, hopeless, raced_out, rank, summarize
 
@@ -87,6 +87,109 @@ class LoopResult:
 
 
 ProgressFn = Callable[[str, int, int], None]  # (message, done, total)
+
+
+#: The phases of :class:`PhaseTimer`, in the order of its log line. The first five are disjoint and
+#: add up to ``wall_s``; ``compile_wall_s`` and ``compile_cpu_s`` overlap the others.
+PHASES = ("worker_start_s", "compile_s", "check_s", "timing_s", "idle_s")
+
+
+class PhaseTimer:
+    """A session seen through a stopwatch: where a tuning session's time goes.
+
+    Wraps a :class:`~tiletune.devices.backends.base.TuningSession` and adds up, on the session's own
+    clock (wall time live, the simulated clock for fake and replay sessions), the time the search
+    spent blocked in each primitive:
+
+    * ``compile_s``: waiting for the next compile result (compiles running while candidates are
+      checked and timed cost nothing here: that is the overlap);
+    * ``check_s``: correctness runs (a first launch that compiles again counts here);
+    * ``timing_s``: GPU measurement (samples, showdown included);
+    * ``worker_start_s``: waiting for the tuning worker to be ready (the session's ``worker_wait_s``);
+    * ``idle_s``: the rest of ``wall_s`` (opening the session, shipping arguments, the strategy, the loop).
+
+    Besides: ``compile_wall_s`` (from each compile request to its last result, summed over batches)
+    and ``compile_cpu_s`` (CPU seconds summed over every compile, across processes and threads).
+    Everything else is forwarded to the wrapped session.
+    """
+
+    def __init__(self, session: TuningSession) -> None:
+        self.session = session
+        self.compile_s = self.check_s = self.timing_s = 0.0
+        self.compile_wall_s = self.compile_cpu_s = 0.0
+        self.compiled = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+    def clock(self) -> float:
+        return self.session.clock()
+
+    def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+        it = iter(self.session.compile(candidates))
+        start = last = self.clock()
+        try:
+            while True:
+                t = self.clock()
+                try:
+                    outcome = next(it)
+                except StopIteration:
+                    self.compile_s += self.clock() - t
+                    return
+                last = self.clock()
+                self.compile_s += last - t
+                self.compiled += 1
+                cpu = getattr(outcome, "cpu_s", None)
+                self.compile_cpu_s += float(cpu if cpu is not None else (outcome.seconds or 0.0))
+                yield outcome
+        finally:
+            self.compile_wall_s += max(0.0, last - start)
+
+    def check(self, candidate: Candidate) -> CheckOutcome:
+        t = self.clock()
+        try:
+            return self.session.check(candidate)
+        finally:
+            self.check_s += self.clock() - t
+
+    def sample(self, candidate: Candidate, n: int) -> list[float]:
+        t = self.clock()
+        try:
+            return self.session.sample(candidate, n)
+        finally:
+            self.timing_s += self.clock() - t
+
+    def finish(self, winner: Candidate | None) -> None:
+        self.session.finish(winner)
+
+    def phases(self) -> dict[str, float]:
+        """Seconds per phase so far (see the class docstring); ``wall_s`` is the session clock."""
+        wall = float(self.clock())
+        stats = getattr(self.session, "stats", None)
+        start = stats.get("worker_wait_s", 0.0) if isinstance(stats, Mapping) else 0.0
+        start = float(start) if isinstance(start, (int, float)) and not isinstance(start, bool) else 0.0
+        busy = start + self.compile_s + self.check_s + self.timing_s
+        return {
+            "wall_s": round(wall, 4),
+            "worker_start_s": round(start, 4),
+            "compile_s": round(self.compile_s, 4),
+            "check_s": round(self.check_s, 4),
+            "timing_s": round(self.timing_s, 4),
+            "idle_s": round(max(0.0, wall - busy), 4),
+            "compile_wall_s": round(self.compile_wall_s, 4),
+            "compile_cpu_s": round(self.compile_cpu_s, 4),
+            "compiled": self.compiled,
+        }
+
+
+def log_phases(name: str, phases: Mapping[str, float]) -> None:
+    """The one INFO line per tuning session that says where its time went."""
+    logger.info(
+        "%s: %.2f s: worker start %.2f, compile wait %.2f (compiling %.2f s wall, %.2f CPU-s over %d), "
+        "checks %.2f, timing %.2f, idle %.2f",
+        name, phases["wall_s"], phases["worker_start_s"], phases["compile_s"], phases["compile_wall_s"],
+        phases["compile_cpu_s"], phases["compiled"], phases["check_s"], phases["timing_s"], phases["idle_s"],
+    )
 
 
 def run_loop(

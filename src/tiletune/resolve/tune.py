@@ -138,6 +138,7 @@ def tune(problem: "Problem", *, resume: bool = False, on_result: Callable[[Measu
         "space_size": n_valid,
         "plan_calls": problem.plans.calls,
         "resumed": len(prior),
+        "phases": dict(loop.phases),  # where the time went (tiletune.engine.tuner.PhaseTimer)
         **getattr(session, "stats", {}),
         "launched_winner": bool(getattr(session, "launches_winner", True)),
     }

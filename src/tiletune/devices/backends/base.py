@@ -33,6 +33,7 @@ class CompileOutcome:
     status: Status
     seconds: float
     reason: str = ""
+    cpu_s: float | None = None  # CPU seconds the compile used (front end + assembler), None if unknown
 
 
 @dataclass(frozen=True)

@@ -187,9 +187,10 @@ class CutileSession:
         for r in self.pool.compile_all(jobs):
             c = by_order[r.tag]  # type: ignore[index]
             if r.error is None:
-                yield CompileOutcome(c, Status.OK, r.seconds)
+                yield CompileOutcome(c, Status.OK, r.seconds, cpu_s=r.cpu_s)
             else:
-                yield CompileOutcome(c, Status.TIMEOUT if r.timed_out else Status.COMPILE_ERROR, r.seconds, r.error)
+                yield CompileOutcome(c, Status.TIMEOUT if r.timed_out else Status.COMPILE_ERROR, r.seconds, r.error,
+                                     cpu_s=r.cpu_s)
 
     def check(self, candidate: Candidate) -> CheckOutcome:
         fn = self._launcher(candidate)

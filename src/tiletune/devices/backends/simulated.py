@@ -108,7 +108,7 @@ class SimulatedSession:
         for end, _, c, d in done:
             self._clock = max(self._clock, end)
             status = d.status if d.status in (Status.COMPILE_ERROR, Status.TIMEOUT) else Status.OK
-            yield CompileOutcome(c, status, d.compile_s, d.reason if status is not Status.OK else "")
+            yield CompileOutcome(c, status, d.compile_s, d.reason if status is not Status.OK else "", cpu_s=d.compile_s)
 
     def check(self, candidate: Candidate) -> CheckOutcome:
         self._clock += self.check_overhead_s

@@ -3,7 +3,13 @@
 A :class:`WorkerProcess` is one ``python -m tiletune.devices.workers.worker_main`` child connected over a
 Unix socket. Every request waits for its reply under a deadline; a worker that dies (EOF on the
 socket, any signal), exceeds a deadline (a kernel that never finishes) or sends an invalid reply is
-killed and reported as a :class:`WorkerFault`; the next request starts a fresh worker.
+killed and reported as a :class:`WorkerFault`; the next request goes to the warm spare when one is
+kept (:meth:`WorkerProcess.keep_spare`: a second child started ahead in the background, so a fault
+costs no cold start), else to a fresh worker.
+
+A worker is ended politely (:meth:`WorkerProcess.close`: the ``exit`` request, a short wait, then
+SIGTERM, then SIGKILL) on close and at interpreter exit; SIGKILL at once only after a fault (a kernel
+stuck on the GPU ends with its context).
 
 :func:`worker_for` keeps one worker per (backend, GPU) for the life of the caller and
 :func:`prestart` starts the default one in the background when the first op is defined, so its start-up
@@ -28,7 +34,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from typing import Any, Callable, Deque
 
 from tiletune import settings
-from tiletune.devices.workers.protocol import CompiledEvent, ProtocolError, Reply, decode_reply
+from tiletune.devices.workers.protocol import BusyEvent, CompiledEvent, ProtocolError, Reply, decode_reply
 from tiletune.devices.workers.shipping import dumps
 
 logger = logging.getLogger("tiletune")
@@ -49,6 +55,30 @@ def _keep_logs() -> bool:
 
 def _start_timeout_s() -> float:
     return START_TIMEOUT_S if START_TIMEOUT_S is not None else settings.worker_start_timeout_s()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:  # gone already (the directory was removed with a killed worker)
+        pass
+
+
+def _listen(address: str, authkey: bytes) -> Listener:
+    """A Unix-socket listener whose socket file this module removes itself.
+
+    multiprocessing registers an unlink finalizer that runs at interpreter exit; when a worker
+    started in the background had not connected yet, :meth:`WorkerProcess.kill` has removed the
+    socket's directory by then and that finalizer printed a ``FileNotFoundError`` traceback. The
+    finalizer is cancelled here; :meth:`WorkerProcess._start` unlinks the socket once it is done with it.
+    """
+    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    inner = getattr(listener, "_listener", None)
+    fin = getattr(inner, "_unlink", None)
+    if fin is not None:
+        fin.cancel()
+        inner._unlink = None  # type: ignore[union-attr]
+    return listener
 
 
 def in_worker() -> bool:
@@ -72,6 +102,9 @@ class WorkerProcess:
 
     def __init__(self, backend_spec: Any = "cutile", device_index: int = 0,
                  command: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        #: counters: ``starts`` (child processes this object served from, spares included),
+        #: ``spares_used`` (faults answered by the warm spare, no cold start), ``graceful_exits``
+        #: (children that left on the ``exit`` request).
         self.backend_spec = backend_spec
         self.device_index = device_index
         self.command = command or [sys.executable, "-m", "tiletune.devices.workers.worker_main"]
@@ -90,6 +123,11 @@ class WorkerProcess:
         self._ready = threading.Event()
         self._starting = False
         self._start_lock = threading.Lock()
+        self._proc_lock = threading.Lock()  # spawning vs. a final close (no child born after shutdown)
+        self._closed = False  # closed for good (interpreter exit): nothing starts any more
+        self._spare: WorkerProcess | None = None
+        self.spares_used = 0
+        self.graceful_exits = 0
 
     # -- life cycle ------------------------------------------------------------------------
     @property
@@ -110,28 +148,40 @@ class WorkerProcess:
         self.kill()
         t0 = time.perf_counter()
         start_timeout = _start_timeout_s()  # an invalid TILETUNE_WORKER_START_TIMEOUT fails before anything starts
+        if self._closed:
+            raise WorkerFault("died", "the worker pool was shut down")
         tmp = self._tmp_dir = tempfile.mkdtemp(prefix="tiletune-worker-")
         address = os.path.join(tmp, "sock")
         authkey = secrets.token_bytes(32)
-        listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        listener = _listen(address, authkey)
         env = dict(os.environ)
         env.update(self.extra_env)
         env["TILETUNE_WORKER_ADDRESS"] = address
         env["TILETUNE_WORKER_AUTHKEY"] = authkey.hex()
         env["TILETUNE_IN_WORKER"] = "1"
         env["TILETUNE_WORKER_SYSPATH"] = json.dumps([p for p in sys.path if p])
+        # the worker imports the very tiletune this process runs (a source tree on sys.path, e.g. a
+        # checkout under test, would otherwise lose to an installed copy found first in the child)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(settings.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env.setdefault("PYTHONUNBUFFERED", "1")
         self._log_path = os.path.join(tmp, "worker.log")
         log = open(self._log_path, "wb")
         try:
-            self.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+            with self._proc_lock:
+                if self._closed:
+                    listener.close()
+                    _unlink_quietly(address)
+                    raise WorkerFault("died", "the worker pool was shut down")
+                self.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
         finally:
             log.close()
         try:
             self.conn = self._accept(listener, start_timeout)
         finally:
             listener.close()
+            _unlink_quietly(address)
         self.generation += 1
         self.starts += 1
         self.events.clear()
@@ -167,9 +217,116 @@ class WorkerProcess:
         return result[0]
 
     def ensure(self) -> None:
-        """Start the worker if it is not running."""
-        if not self.alive:
+        """Start the worker if it is not running (taking over the warm spare when there is one)."""
+        if not self.alive and not self._take_spare():
             self.start()
+
+    # -- the warm spare --------------------------------------------------------------------
+    def keep_spare(self) -> None:
+        """Keep a second worker started ahead (in the background) to replace this one at once after a
+        fault: a dead worker then costs the spare's session set-up, not a cold start (importing torch
+        and cuda.tile, creating a CUDA context: seconds). Started now unless one runs or is starting."""
+        if self._closed:
+            return
+        with self._start_lock:
+            sp = self._spare
+            if sp is not None and (sp.alive or sp._starting):
+                return
+            if sp is not None:
+                sp.kill()
+            sp = self._spare = WorkerProcess(self.backend_spec, self.device_index, self.command, self.extra_env)
+        sp.start_in_background()
+
+    @property
+    def spare(self) -> "WorkerProcess | None":
+        return self._spare
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until a start (in the background or not) has finished; True when the worker answered
+        ``hello`` and runs (``alive`` alone turns true as soon as the child connects)."""
+        t0 = time.monotonic()
+        while self._starting or not self._ready.is_set():
+            left = None if timeout is None else timeout - (time.monotonic() - t0)
+            if left is not None and left <= 0:
+                return False
+            self._ready.wait(0.05 if left is None else min(0.05, left))
+        return self.alive
+
+    def _take_spare(self) -> bool:
+        """Become the spare's child process (True) and start the next spare; False without a usable spare."""
+        with self._start_lock:
+            sp, self._spare = self._spare, None
+        if sp is None:
+            return False
+        t0 = time.perf_counter()
+        sp.wait_ready(_start_timeout_s())  # it has been starting for a while already
+        if not sp.alive:
+            sp.kill()
+            return False
+        self.kill()  # the dead one's remains
+        self.proc, self.conn, self.info = sp.proc, sp.conn, dict(sp.info)
+        self._tmp_dir, self._log_path = sp._tmp_dir, sp._log_path
+        sp.proc, sp.conn, sp._tmp_dir = None, None, ""
+        self.events.clear()
+        self.generation += 1
+        self.starts += 1
+        self.spares_used += 1
+        self.start_s.append(time.perf_counter() - t0)
+        logger.debug("tiletune worker: the spare pid %s took over (waited %.3f s)", self.info.get("pid"),
+                     self.start_s[-1])
+        self.keep_spare()
+        return True
+
+    def close(self, timeout: float = 2.0, final: bool = False) -> int | None:
+        """End the worker (and its spare) gracefully: the ``exit`` request, up to ``timeout`` s for the
+        child to leave, then SIGTERM, then SIGKILL. Returns the child's exit code (None without one).
+
+        ``final`` (interpreter exit): no worker starts on this object afterwards, so a start in the
+        background cannot leave a child behind."""
+        if final:
+            with self._proc_lock:
+                self._closed = True
+        with self._start_lock:
+            sp, self._spare = self._spare, None
+        closer = None
+        if sp is not None:  # in parallel: each may take up to `timeout`
+            closer = threading.Thread(target=sp.close, args=(timeout, final), daemon=True)
+            closer.start()
+        proc = self.proc
+        asked = False
+        if proc is not None and proc.poll() is None and self.conn is not None:
+            if self.lock.acquire(timeout=min(timeout, 0.5)):  # not in the middle of someone's session
+                try:
+                    asked = self.request({"op": "exit"}, timeout).ok
+                except (WorkerFault, OSError, ValueError):
+                    pass
+                finally:
+                    self.lock.release()
+        code = None
+        if proc is not None:
+            code = self._wait_or_signal(proc, timeout if asked else 0.0)
+            if code == 0:
+                self.graceful_exits += 1
+        self.kill()  # whatever is left; removes the socket directory
+        if closer is not None:
+            closer.join(timeout + 3.0)
+        return code if code is not None else (proc.poll() if proc is not None else None)
+
+    @staticmethod
+    def _wait_or_signal(proc: subprocess.Popen, timeout: float) -> int | None:
+        for sig, wait_s in ((None, timeout), (signal.SIGTERM, 1.0)):
+            if sig is None and wait_s <= 0:
+                continue
+            if sig is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    proc.terminate()
+            try:
+                return proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        return None
 
     def kill(self) -> None:
         """Kill the child (SIGKILL: a kernel stuck on the GPU ends with its context)."""
@@ -221,8 +378,12 @@ class WorkerProcess:
         return ("\n  worker output: " + "\n  ".join(text)) if text else ""
 
     # -- requests --------------------------------------------------------------------------
-    def request(self, msg: dict, timeout: float | None) -> Reply:
+    def request(self, msg: dict, timeout: float | None, compile_allowance: float = 0.0) -> Reply:
         """Send one request and wait for its reply; compile events met meanwhile are queued.
+
+        ``timeout`` is the watchdog of the work itself: each ``busy`` heartbeat of the worker (the
+        request is compiling) restarts it, for at most ``compile_allowance`` seconds in all, so a
+        compile is not taken for a hung kernel and a hung kernel is still caught after ``timeout``.
 
         Raises :class:`WorkerFault` (the worker is killed first) on death, deadline, a fatal CUDA
         error reported by the worker, or an invalid reply.
@@ -237,11 +398,17 @@ class WorkerProcess:
             self.conn.send_bytes(data)
         except (OSError, EOFError) as exc:
             self._fault("died", f"sending to the worker failed ({exc})")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        t_sent = time.monotonic()
+        deadline = None if timeout is None else t_sent + timeout
         while True:
             got = self._receive(deadline, timeout)
             if isinstance(got, CompiledEvent):
                 self.events.append(got)
+                continue
+            if isinstance(got, BusyEvent):
+                if deadline is not None and timeout is not None:
+                    now = time.monotonic()
+                    deadline = max(deadline, min(now + timeout, t_sent + timeout + compile_allowance))
                 continue
             if got.id != rid:
                 self._fault("protocol", f"reply to request {got.id} while waiting for {rid}")
@@ -260,9 +427,11 @@ class WorkerProcess:
             got = self._receive(deadline, timeout)
             if isinstance(got, CompiledEvent):
                 return got
+            if isinstance(got, BusyEvent):
+                continue
             self._fault("protocol", f"unexpected reply {got.id} while waiting for compile results")
 
-    def _receive(self, deadline: float | None, timeout: float | None) -> Reply | CompiledEvent:
+    def _receive(self, deadline: float | None, timeout: float | None) -> Reply | CompiledEvent | BusyEvent:
         conn = self.conn
         if conn is None:
             raise WorkerFault("died", "the worker is not running")
@@ -376,16 +545,27 @@ def wait_for_worker(device_index: int | None = None, timeout: float | None = Non
     return w.alive
 
 
-def shutdown_all() -> None:
-    """Stop every worker of this process (registered with :mod:`atexit`)."""
+def shutdown_all(final: bool = True) -> None:
+    """Stop every worker of this process and its spare, gracefully and in parallel (see
+    :meth:`WorkerProcess.close`); registered with :mod:`atexit`."""
     with _workers_lock:
         ws = list(_workers.values())
         _workers.clear()
-    for w in ws:
+
+    def close(w: WorkerProcess) -> None:
         try:
-            w.kill()
+            w.close(final=final)
         except Exception:
-            pass
+            try:
+                w.kill()
+            except Exception:
+                pass
+
+    threads = [threading.Thread(target=close, args=(w,), daemon=True) for w in ws]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10.0)
 
 
 atexit.register(shutdown_all)

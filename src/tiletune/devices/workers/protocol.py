@@ -6,7 +6,9 @@ anything a misbehaving worker sent; every reply is validated here before use, an
 not fit (garbage, wrong id, wrong types) is a protocol fault that ends that worker.
 
 Replies: ``{"id": n, "ok": true, ...}`` or ``{"id": n, "ok": false, "error": str, "fatal": bool}``.
-Asynchronous events (compile results) carry ``"event"`` instead of ``"id"``.
+Asynchronous events carry ``"event"`` instead of ``"id"``: ``compiled`` (a compile result) and
+``busy`` (a heartbeat while the request in flight is compiling, e.g. a candidate's first launch that
+compiles it again: the caller's watchdog does not count that time).
 ``fatal`` means the worker's CUDA context is unusable (a sticky error) and the worker is exiting.
 """
 
@@ -19,7 +21,7 @@ from typing import Any, Mapping
 
 from tiletune.records import Status
 
-__all__ = ["ProtocolError", "encode_reply", "decode_reply", "Reply", "CompiledEvent", "candidate_wire"]
+__all__ = ["ProtocolError", "encode_reply", "decode_reply", "Reply", "CompiledEvent", "BusyEvent", "candidate_wire"]
 
 #: Statuses a worker may report for one candidate.
 _STATUSES = {s.value: s for s in Status}
@@ -54,6 +56,14 @@ class CompiledEvent:
     status: Status
     seconds: float
     reason: str
+    cpu_s: float = 0.0  # CPU seconds the compile used (front end and assembler), 0 when unknown
+
+
+@dataclass(frozen=True)
+class BusyEvent:
+    """A heartbeat: the request in flight is compiling (the watchdog restarts its count)."""
+
+    what: str = "compiling"
 
 
 def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
@@ -65,7 +75,7 @@ def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
     return v
 
 
-def decode_reply(raw: bytes) -> Reply | CompiledEvent:
+def decode_reply(raw: bytes) -> Reply | CompiledEvent | BusyEvent:
     """Caller side: parse and validate one message (raises :class:`ProtocolError`)."""
     try:
         d = json.loads(raw.decode("utf-8"))
@@ -74,6 +84,8 @@ def decode_reply(raw: bytes) -> Reply | CompiledEvent:
     if not isinstance(d, dict):
         raise ProtocolError(f"reply is not an object: {str(d)[:200]}")
     if "event" in d:
+        if d["event"] == "busy":
+            return BusyEvent(str(d.get("what", "compiling")))
         if d["event"] != "compiled":
             raise ProtocolError(f"unknown event {d['event']!r}")
         status = _STATUSES.get(_need(d, "status", str))
@@ -88,12 +100,19 @@ def decode_reply(raw: bytes) -> Reply | CompiledEvent:
             status=status,
             seconds=seconds,
             reason=str(d.get("reason", "")),
+            cpu_s=_cpu_s(d.get("cpu_s", 0.0)),
         )
     rid = _need(d, "id", int)
     ok = _need(d, "ok", bool)
     if ok:
         return Reply(rid, True, d)
     return Reply(rid, False, d, error=str(d.get("error", "unknown worker error")), fatal=bool(d.get("fatal", False)))
+
+
+def _cpu_s(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ProtocolError(f"bad compile cpu seconds {v!r}")
+    return float(v)
 
 
 def samples_from(reply: Reply, n: int) -> list[float]:

@@ -8,15 +8,19 @@ worker. Every fault is turned into a failed candidate:
 
 * the worker dies (a signal, ``os._exit``, out of memory, a compiler crash), or reports that its CUDA
   context is lost (illegal or misaligned address, a trap): the candidate in flight fails with the
-  message and the worker's last output, and a new worker takes over the rest of the session;
+  message and the worker's last output, and the warm spare (started in the background when the
+  session opens, :attr:`IsolationOptions.spare`) takes over the rest of the session at once;
 * a request outlives its watchdog (a kernel that never finishes): the worker is killed, the
   candidate fails with ``timeout``;
 * an invalid reply: the worker is killed, the candidate fails.
 
-Watchdog: a sample request may take ``watchdog_floor_s + watchdog_factor x`` the expected time of its
-launches, where the expected time is the best median measured so far in the session (plus the cache
-flush per sample); before anything is measured, ``first_watchdog_s``. A check (a candidate's first
-launch, which may compile it in the worker once more) gets twice the candidate's compile time (at least 3 s) more.
+Watchdog (adapts to the kernel): a sample request may take ``max(watchdog_floor_s, watchdog_factor x``
+the expected time of its launches), where the expected time is the fastest median measured so far in
+the session (plus the cache flush per sample); before anything is measured, ``first_watchdog_s``. A
+check (a candidate's first launch) gets ``check_slack_s`` more for poisoning, comparing and checking
+the inputs. Compile time is not counted: while a first launch compiles its candidate in the worker
+again, the worker sends heartbeats that restart the count (up to the compile limit), so a hung
+kernel costs about the watchdog, not the compile allowance.
 """
 
 from __future__ import annotations
@@ -59,17 +63,20 @@ class IsolationOptions:
     """Deadlines of the worker watchdog (seconds).
 
     ``first_watchdog_s`` (``TILETUNE_WATCHDOG_S``) bounds a check before anything of the session
-    has been timed; afterwards a request may take ``watchdog_floor_s + watchdog_factor x`` the
-    expected time of its launches (``TILETUNE_WATCHDOG_FACTOR``).
+    has been timed; afterwards a request may take ``max(watchdog_floor_s, watchdog_factor x`` the
+    expected time of its launches) (``TILETUNE_WATCHDOG_FACTOR``), a check ``check_slack_s`` more.
+    ``spare``: keep a second worker started ahead, so a fault costs no cold start.
     """
 
     watchdog_factor: float = field(default_factory=lambda: settings.watchdog_factor())
-    watchdog_floor_s: float = 2.0
+    watchdog_floor_s: float = 0.5
+    check_slack_s: float = 0.5
     first_watchdog_s: float = field(default_factory=lambda: settings.watchdog_s())
     flush_us: float = 60.0  # cache flush and event pair per sample
     compile_timeout_s: float = 300.0  # the assembler's own limit; the worker gets this plus slack
     compile_slack_s: float = 60.0  # no compile result for this long past the assembler's limit: hung
     open_timeout_s: float = 120.0
+    spare: bool = True
 
 
 class IsolatedBackend:
@@ -132,7 +139,7 @@ class IsolatedBackend:
             "device_index": device_index,
             "name": name,
         }
-        dumps(payload)  # fail here, before any worker is involved, when something cannot be shipped
+        dumps(payload, probe=True)  # fail here, before any worker is involved, when something cannot be shipped
         try:
             return WorkerSession(self.worker(device_index), payload, self.options)
         except WorkerFault as fault:
@@ -165,6 +172,9 @@ class WorkerSession:
             t = time.perf_counter()
             worker.ensure()
             self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
+            if options.spare:
+                worker.keep_spare()
+            self._spares_used0 = worker.spares_used
             self._open()
         except BaseException:
             worker.lock.release()
@@ -186,24 +196,33 @@ class WorkerSession:
         self._compiled.clear()
         self.stats.setdefault("arg_copy_s", []).append(round(float(reply.body.get("copy_s", 0.0)), 4))
 
-    def _restarted(self, fault: WorkerFault, order: int | None) -> None:
+    def _restarted(self, fault: WorkerFault, order: int | None, since: float | None = None) -> None:
+        """Record a fault; ``since``: perf_counter when the failed request was sent (the fault's
+        ``waited_s`` is what the watchdog or the death cost)."""
         self.stats["worker_restarts"] += 1
-        self.stats["faults"].append({"order": order, "kind": fault.kind, "message": str(fault)[:500]})
+        entry: dict[str, Any] = {"order": order, "kind": fault.kind, "message": str(fault)[:500]}
+        if since is not None:
+            entry["waited_s"] = round(time.perf_counter() - since, 4)
+        self.stats["faults"].append(entry)
         logger.info("tiletune worker fault (%s) on candidate %s: %s", fault.kind, order, str(fault).splitlines()[0])
 
     def _deadline(self, launches: int) -> float:
         o = self.options
         if self._best_us is None:
             return o.first_watchdog_s
-        return o.watchdog_floor_s + o.watchdog_factor * launches * (self._best_us + o.flush_us) * 1e-6
+        return max(o.watchdog_floor_s, o.watchdog_factor * launches * (self._best_us + o.flush_us) * 1e-6)
 
     def _check_deadline(self, order: int) -> float:
         """A check is the candidate's first launch in the worker, which may compile it there once more
-        (cuTile's own path, when no cubin compiled ahead matches the launch): on top of a sample's
-        deadline it gets twice the candidate's compile time in the worker (at least 3 s), so a slow first launch is
-        not taken for a hung kernel while a hung one is still caught within seconds."""
-        extra = max(2.0 * self._compile_s.get(order, 0.0), 3.0) if self._best_us is not None else 0.0
-        return self._deadline(1) + extra
+        (cuTile's own path, when no cubin compiled ahead matches the launch): that compile is covered
+        by the worker's heartbeats (see :meth:`_compile_allowance`), so the deadline itself only adds
+        ``check_slack_s`` to a sample's, and a hung kernel is caught within about a second."""
+        if self._best_us is None:
+            return self.options.first_watchdog_s
+        return self._deadline(1) + self.options.check_slack_s
+
+    def _compile_allowance(self) -> float:
+        return self.options.compile_timeout_s + self.options.compile_slack_s
 
     def _wire(self, cand: Candidate) -> tuple:
         return candidate_wire(cand.order, cand.config, cand.is_baseline)
@@ -278,16 +297,19 @@ class WorkerSession:
             if ev.status is Status.OK and gen == self.worker.generation:
                 self._compiled.add(ev.order)
                 self._compile_s[ev.order] = float(ev.seconds or 0.0)
-            yield CompileOutcome(c, ev.status, ev.seconds, ev.reason)
+            yield CompileOutcome(c, ev.status, ev.seconds, ev.reason, cpu_s=ev.cpu_s)
             if serial and not any(o in pending for o in in_flight):
                 need_send = True  # the next one
 
     def check(self, candidate: Candidate) -> CheckOutcome:
+        since = None
         try:
             self._ensure_compiled(candidate)
+            since = time.perf_counter()
             reply = self.worker.request(
                 {"op": "check", "session": self.sid, "candidate": self._wire(candidate)},
                 self._check_deadline(candidate.order),
+                compile_allowance=self._compile_allowance(),
             )
             if not reply.ok:
                 return CheckOutcome(Status.LAUNCH_ERROR, reply.error)
@@ -296,7 +318,7 @@ class WorkerSession:
             status, reason = status_from(reply)
             return CheckOutcome(status, reason)
         except WorkerFault as fault:
-            self._restarted(fault, candidate.order)
+            self._restarted(fault, candidate.order, since)
             return CheckOutcome(self._fault_status(fault), f"worker {fault.kind}: {fault}")
         except CandidateFault as fault:
             return CheckOutcome(fault.status, str(fault))
@@ -306,8 +328,10 @@ class WorkerSession:
             return CheckOutcome(Status.LAUNCH_ERROR, f"worker protocol: {exc}")
 
     def sample(self, candidate: Candidate, n: int) -> list[float]:
+        since = None
         try:
             self._ensure_compiled(candidate)
+            since = time.perf_counter()
             reply = self.worker.request(
                 {"op": "sample", "session": self.sid, "candidate": self._wire(candidate), "n": n},
                 self._deadline(n + 2),
@@ -316,7 +340,7 @@ class WorkerSession:
                 raise CandidateFault(Status.LAUNCH_ERROR, reply.error)
             samples = samples_from(reply, n)
         except WorkerFault as fault:
-            self._restarted(fault, candidate.order)
+            self._restarted(fault, candidate.order, since)
             raise CandidateFault(self._fault_status(fault), f"worker {fault.kind}: {fault}") from None
         except ProtocolError as exc:
             self.worker.kill()
@@ -342,4 +366,5 @@ class WorkerSession:
                     self._restarted(fault, None)
         finally:
             self.stats["worker_starts"] = self.worker.starts
+            self.stats["spares_used"] = self.worker.spares_used - self._spares_used0
             self.worker.lock.release()

@@ -127,6 +127,8 @@ def _pickler_class() -> type:
         dispatch_table = collections.ChainMap(
             {types.CodeType: _code_reduce_keeping_filename}, cloudpickle.CloudPickler.dispatch_table
         )
+        probe = False  # set on a probe's instance: see dumps(probe=True)
+
         def reducer_override(self, obj: Any) -> Any:
             kernel_cls = _cutile_kernel_class()
             if kernel_cls is not None and isinstance(obj, kernel_cls):
@@ -145,6 +147,8 @@ def _pickler_class() -> type:
             torch = imported_torch()  # never a torch another thread is still importing
             if torch is not None and isinstance(obj, torch.Tensor):
                 if obj.is_cuda:
+                    if self.probe:  # a dry run: no CUDA IPC handle (it would wait for a release forever)
+                        return _tensor_placeholder, (tuple(obj.shape), str(obj.dtype))
                     from torch.multiprocessing.reductions import reduce_tensor
 
                     return reduce_tensor(obj)
@@ -166,14 +170,28 @@ def _cutile_kernel_class() -> type | None:
     return getattr(mod, "kernel", None) if mod is not None else None
 
 
-def dumps(obj: Any) -> bytes:
-    """Serialise ``obj`` for a worker; raises :class:`Unshippable` with the reason when it cannot."""
+def _tensor_placeholder(shape: tuple, dtype: str) -> None:
+    """What a probe writes for a CUDA tensor (never loaded: a probe's bytes are not sent)."""
+    raise Unshippable("a shipping probe's placeholder was loaded")
+
+
+def dumps(obj: Any, probe: bool = False) -> bytes:
+    """Serialise ``obj`` for a worker; raises :class:`Unshippable` with the reason when it cannot.
+
+    ``probe=True`` checks that ``obj`` can be shipped without shipping it: CUDA tensors are written
+    as placeholders instead of being shared. A real share creates a CUDA IPC handle whose memory
+    stays pinned in this process until a consumer releases it, i.e. for the life of the process
+    when the bytes are never sent; it also makes PyTorch warn at exit ("Producer process has been
+    terminated before all shared CUDA tensors released").
+    """
     global _PICKLER
     if _PICKLER is None:
         _PICKLER = _pickler_class()
     buf = io.BytesIO()
     try:
-        _PICKLER(buf, protocol=5).dump(obj)
+        pickler = _PICKLER(buf, protocol=5)
+        pickler.probe = probe
+        pickler.dump(obj)
     except Unshippable:
         raise
     except Exception as exc:

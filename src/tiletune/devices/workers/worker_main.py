@@ -233,7 +233,7 @@ class Worker:
                 for outcome in served.session.compile(cands):
                     self.send({"event": "compiled", "session": sid, "order": outcome.candidate.order,
                                "status": outcome.status.value, "seconds": float(outcome.seconds or 0.0),
-                               "reason": outcome.reason})
+                               "reason": outcome.reason, "cpu_s": float(getattr(outcome, "cpu_s", None) or 0.0)})
             except Exception as exc:  # the compile machinery itself broke: fail what is left
                 sys.stderr.write(traceback.format_exc())
                 for c in cands:
@@ -265,11 +265,34 @@ class Worker:
             dead = "sticky CUDA error (the context cannot be trusted after it)"
         return dead
 
+    def _heartbeat(self, sid: int) -> Any:
+        """While a request runs: a ``busy`` event every 0.2 s in which a compile is running here (a first
+        launch compiling its candidate again), so the caller's watchdog counts kernel time only.
+        Returns the stop event."""
+        from tiletune.devices.compile_pool import compiling_now
+
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(0.2):
+                if compiling_now():
+                    try:
+                        self.send({"event": "busy", "session": sid, "what": "compiling"})
+                    except Exception:  # the caller is gone
+                        return
+
+        threading.Thread(target=beat, name="tiletune-worker-heartbeat", daemon=True).start()
+        return stop
+
     def op_check(self, msg: dict) -> dict:
         served = self.sessions[int(msg["session"])]
         cand = self._candidates(served, [msg["candidate"]])[0]
         t0 = time.perf_counter()
-        outcome = served.session.check(cand)
+        stop = self._heartbeat(int(msg["session"]))
+        try:
+            outcome = served.session.check(cand)
+        finally:
+            stop.set()
         reply: dict = {"ok": True, "status": outcome.status.value, "reason": outcome.reason,
                        "seconds": round(time.perf_counter() - t0, 4)}
         if outcome.status.value == "launch_error":
