@@ -988,15 +988,17 @@ def _reference_decode(q, cache_k, cache_v, lengths=None, causal=True, scale=None
 
 
 @pytest.mark.parametrize("kind", ["int-int", "tensor-tensor", "tensor-int"])
-def test_decode_step_runs_under_inductor_on_cpu(kind, monkeypatch):
+def test_decode_step_runs_under_inductor_on_cpu(kind, request):
     """Inductor on CPU: the append's real implementation runs (the eager op's torch path on CPU tensors)
     and writes the caches in place (inductor re-inplaces it: no copy of the caches), then the attention,
-    whose CUDA-only eager function is replaced by a torch reference here, reads the written caches."""
+    whose CUDA-only eager function is replaced by a torch reference here (:func:`torch_ops.bind`), reads
+    the written caches."""
     K = decode_functions()
     from torch._dynamo.utils import ReinplaceCounters
 
     dec = importlib.import_module("tiletune.kernels.decode_attention_op")
-    monkeypatch.setattr(dec, "decode_attention", _reference_decode)  # what the custom op's real impl calls
+    before = torch_ops.bind("decode_attention", _reference_decode)  # what the custom op's real impl calls
+    request.addfinalizer(lambda: torch_ops.bind("decode_attention", before))
     g = torch.Generator().manual_seed(0)
     q, ck, cv, k, v = (torch.randn(t.shape, generator=g).to(BF16) for t in decode_inputs(device="cpu", t=2))
     start, lengths = STEP_ARGS[kind]("cpu")
