@@ -4,8 +4,8 @@
 strides, may tune, and launches through cuTile), so under compilation each public op of
 :mod:`tiletune.kernels` becomes one opaque node of the graph: a custom op whose fake (meta)
 implementation gives the output's shape, dtype and strides without running anything, and whose
-real implementation calls the eager public function (which is not compiling at run time, so it
-launches the tuned kernel as usual).
+real implementation calls the eager public function's fast path (not compiling at run time, so it
+launches the tuned kernel as usual: the learnt recipe of :mod:`tiletune.kernels.fastcall`).
 
 Registered ops (``torch.ops.tiletune.<name>``; every output is a new tensor)::
 
@@ -50,8 +50,37 @@ route to it while compiling, first thing, before any check that reads data point
         ...
 
 Importing this module imports torch only (no cuda.tile); the ops are registered once per process
-at import (:func:`register` is idempotent). The ops have no autograd formula (forward only, like
-the public functions).
+at import (:func:`register` is idempotent).
+
+**Registration (issue 43, docs/COMPILE-TAX.md).** The ops are defined the lean way, not with
+``torch.library.custom_op``: ``Library.define`` with the schema above (the text ``custom_op`` inferred
+before), the real implementation on the ``CUDA`` and ``CPU`` dispatch keys, the fake with
+``torch.library.register_fake``, tagged ``pt2_compliant_tag``. ``custom_op`` adds Python autograd and
+ADInplaceOrView kernels and output-aliasing checks to every call: 10-16 us per call on a CPU, 24-39 us
+for an op that mutates, against 1.6-3.4 us for the lean op (``benchmarks/compile_tax.py``); a compiled
+graph pays that on every node. Consequences:
+
+* **No autograd.** The ops are forward only, like the public functions: there is no backward formula,
+  and a backward through one gets torch's autograd-fallback warning ("an autograd kernel was not
+  registered"), not a gradient. Do not compile training graphs that need gradients through them.
+* **No version-counter bump** for the tensors ``apply_rope_`` and ``kv_cache_append`` write (the kernels
+  write through data pointers, as the eager functions always did); the schemas declare the writes, so
+  ``torch.compile`` functionalizes and re-inplaces them as before.
+* Each real implementation reads a slot bound on its first call to the public function's positional
+  fast path (``fastcall``'s ``direct``: the call guard and the recipe, else the function); no import
+  and no ``is_compiling`` or keyword handling per call. :func:`bind` swaps a target (tests, tools).
+* Outputs are allocated by the eager path exactly as the fakes say (shape, dtype, strides); Inductor
+  asserts the strides of every custom-op output against the fake.
+
+**KV caches and CUDA graphs (``mode="reduce-overhead"``).** ``kv_cache_append`` (and ``apply_rope_``)
+mutate graph inputs. CUDA graph trees accept a graph that mutates an input only if the input is
+*static*: a parameter or buffer of the compiled ``nn.Module`` (or a plain tensor attribute of it), or a
+tensor marked with ``torch._dynamo.mark_static_address`` (:func:`mark_static_caches`), or an output of an
+earlier CUDA graph of the same tree (``torch._inductor.config.triton.cudagraph_support_input_mutation``,
+on by default); otherwise the whole graph runs without CUDA graphs ("skipping cudagraphs due to mutated
+inputs", ``torch/_inductor/cudagraph_utils.py``, the same rule in torch 2.11 and 2.13). So: keep the
+caches as module buffers, or call ``mark_static_caches(cache_k, cache_v)`` once before the first
+compiled call and keep their addresses fixed (tests/test_torch_ops.py checks all three cases).
 """
 
 import threading
@@ -60,7 +89,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["NAMESPACE", "OP_NAMES", "PUBLIC_OPS", "compiled_call", "register"]
+__all__ = ["NAMESPACE", "OP_NAMES", "PUBLIC_OPS", "SCHEMAS", "TARGETS", "bind", "compiled_call", "mark_static_caches",
+           "register"]
 
 #: The ``torch.library`` namespace of the ops.
 NAMESPACE = "tiletune"
@@ -654,6 +684,20 @@ def compiled_call(name: str, *args: Any, **kwargs: Any) -> Any:
     if route is None:
         raise ValueError(f"compiled_call: unknown op {name!r}; one of {', '.join(PUBLIC_OPS)}")
     return route(*args, **kwargs)
+
+
+def mark_static_caches(*caches: Tensor) -> Tuple[Tensor, ...]:
+    """Mark KV caches (or any tensor a tiletune op mutates) as static inputs of ``torch.compile``; returns them.
+
+    ``torch._dynamo.mark_static_address`` on each: CUDA graph trees (``mode="reduce-overhead"``) then
+    accept the graph that mutates them in place (``kv_cache_append``, ``apply_rope_`` on a persistent
+    tensor) instead of skipping it for "mutated inputs". Call it once, before the first compiled call, on
+    caches passed to the compiled function as arguments; caches held as buffers (or plain tensor
+    attributes) of the compiled ``nn.Module`` are static already. The addresses must stay the same
+    from call to call (a cache that moves is re-recorded)."""
+    for c in caches:
+        torch._dynamo.mark_static_address(c)
+    return caches
 
 
 register()
