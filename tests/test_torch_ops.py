@@ -1057,8 +1057,12 @@ class _CudagraphVerdict:
 
 @pytest.fixture
 def append_on_cpu(request):
+    """The append's stand-in bound, and no compile cache (a cached graph skips ``inner_compile``)."""
     before = torch_ops.bind("kv_cache_append", _append_stand_in)
     request.addfinalizer(lambda: torch_ops.bind("kv_cache_append", before))
+    with torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
 
 
 def _append_step(cache_k, cache_v, k, v):
