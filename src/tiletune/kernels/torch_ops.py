@@ -78,7 +78,7 @@ mutate graph inputs. CUDA graph trees accept a graph that mutates an input only 
 tensor marked with ``torch._dynamo.mark_static_address`` (:func:`mark_static_caches`), or an output of an
 earlier CUDA graph of the same tree (``torch._inductor.config.triton.cudagraph_support_input_mutation``,
 on by default); otherwise the whole graph runs without CUDA graphs ("skipping cudagraphs due to mutated
-inputs", ``torch/_inductor/cudagraph_utils.py``, the same rule in torch 2.11 and 2.13). So: keep the
+inputs", ``torch/_inductor/cudagraph_utils.py``; read in torch 2.13). So: keep the
 caches as module buffers, or call ``mark_static_caches(cache_k, cache_v)`` once before the first
 compiled call and keep their addresses fixed (tests/test_torch_ops.py checks all three cases).
 """
