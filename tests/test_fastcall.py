@@ -560,3 +560,34 @@ def test_library_ops_leave_the_worker_unstarted_until_a_call_tunes(monkeypatch):
         assert len(started) == 1
     finally:
         LibraryOp._instances.remove(fam)
+
+
+def test_direct_entry_replays_the_recipe_through_the_guard(monkeypatch):
+    """``fastcall.direct`` (what a custom op's implementation calls) is the op's hot path on positional
+    arguments: it learns and replays the same recipes as the op, and a warm call is answered by the call
+    guard, without building the signature, also from inside a ``torch.library`` op (the guard's
+    dispatch-key check holds there: no autograd layer changes the dispatch state)."""
+    be = FakeBackend(model, noise=0.0)
+    scale, plan, calls = make_library(be)
+    direct = scale.fastcall.direct
+    w = torch.randn(8)
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(direct(x, w, 0.5), x * w * 0.5)
+    assert calls["slow"] == 2 and len(scale.fastcall.recipes) == 1
+    scale(torch.randn(4, 8), w, 0.5)  # the public call finds the recipe direct learnt
+    assert calls["slow"] == 2
+
+    lib = torch.library.Library("tt_fastcall_test", "FRAGMENT")
+    lib.define("scale(Tensor x, Tensor w, float eps) -> Tensor")
+    lib.impl("scale", direct, "CPU")
+    op = torch.ops.tt_fastcall_test.scale.default
+    op(torch.randn(4, 8), w, 0.5)  # the guard is remembered from here
+    built = []
+    real = fastcall._call_signature
+    monkeypatch.setattr(fastcall, "_call_signature", lambda *a: built.append(1) or real(*a))
+    for _ in range(5):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(op(x, w, 0.5), x * w * 0.5)
+        torch.testing.assert_close(direct(x, w, 0.5), x * w * 0.5)
+    assert built == [] and calls["slow"] == 2

@@ -988,15 +988,17 @@ def _reference_decode(q, cache_k, cache_v, lengths=None, causal=True, scale=None
 
 
 @pytest.mark.parametrize("kind", ["int-int", "tensor-tensor", "tensor-int"])
-def test_decode_step_runs_under_inductor_on_cpu(kind, monkeypatch):
+def test_decode_step_runs_under_inductor_on_cpu(kind, request):
     """Inductor on CPU: the append's real implementation runs (the eager op's torch path on CPU tensors)
     and writes the caches in place (inductor re-inplaces it: no copy of the caches), then the attention,
-    whose CUDA-only eager function is replaced by a torch reference here, reads the written caches."""
+    whose CUDA-only eager function is replaced by a torch reference here (:func:`torch_ops.bind`), reads
+    the written caches."""
     K = decode_functions()
     from torch._dynamo.utils import ReinplaceCounters
 
     dec = importlib.import_module("tiletune.kernels.decode_attention_op")
-    monkeypatch.setattr(dec, "decode_attention", _reference_decode)  # what the custom op's real impl calls
+    before = torch_ops.bind("decode_attention", _reference_decode)  # what the custom op's real impl calls
+    request.addfinalizer(lambda: torch_ops.bind("decode_attention", before))
     g = torch.Generator().manual_seed(0)
     q, ck, cv, k, v = (torch.randn(t.shape, generator=g).to(BF16) for t in decode_inputs(device="cpu", t=2))
     start, lengths = STEP_ARGS[kind]("cpu")
@@ -1014,3 +1016,233 @@ def test_decode_step_runs_under_inductor_on_cpu(kind, monkeypatch):
     assert not torch.equal(got_k, ck)
     assert torch.equal(got, want)
     assert ReinplaceCounters.get_total_missed() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# KV caches under torch.compile(mode="reduce-overhead"): CUDA graph trees and mutated inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _append_stand_in(cache_k, cache_v, k, v, start):
+    """kv_cache_append's writes in torch (an int start), for the real implementation on CPU."""
+    t = k.shape[2]
+    cache_k[:, :, start:start + t].copy_(k)
+    cache_v[:, :, start:start + t].copy_(v)
+    return cache_k, cache_v
+
+
+class _CudagraphVerdict:
+    """An Inductor backend (CPU) that records, per compiled graph, what CUDA graph trees decide on
+    mutated inputs: ``check_for_mutation_ignore_cuda_graph_managed_tensor`` over the graph's mutated
+    input indices and its static input indices (parameters, buffers, ``mark_static_address``).
+    None: accepted; a string: "skipping cudagraphs due to mutated inputs" and where."""
+
+    def __init__(self):
+        self.verdicts = []
+
+    def __call__(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+        from torch._inductor.cudagraph_utils import check_for_mutation_ignore_cuda_graph_managed_tensor
+
+        def inner(gm, example_inputs, **kwargs):
+            out = compile_fx_inner(gm, example_inputs, **kwargs)
+            static = kwargs.get("static_input_idxs", ())
+            with torch._inductor.config.patch({"triton.cudagraph_trees": True}):
+                self.verdicts.append(check_for_mutation_ignore_cuda_graph_managed_tensor(
+                    gm, out.mutated_inputs, out.mutated_input_idxs, static))
+            return out
+
+        return compile_fx(gm, example_inputs, inner_compile=inner)
+
+
+@pytest.fixture
+def append_on_cpu(request):
+    """The append's stand-in bound, and no compile cache (a cached graph skips ``inner_compile``)."""
+    before = torch_ops.bind("kv_cache_append", _append_stand_in)
+    request.addfinalizer(lambda: torch_ops.bind("kv_cache_append", before))
+    with torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
+def _append_step(cache_k, cache_v, k, v):
+    compiled_call("kv_cache_append", cache_k, cache_v, k, v, 3)
+    return k * 2
+
+
+def test_kv_caches_passed_as_plain_arguments_keep_cuda_graphs_away(append_on_cpu):
+    """The rule's negative half: caches that are ordinary graph inputs are mutated non-static inputs, and
+    CUDA graph trees skip the graph ("skipping cudagraphs due to mutated inputs")."""
+    _, ck, cv, k, v = (torch.zeros(t.shape) for t in decode_inputs(device=META, dtype=F32))
+    backend = _CudagraphVerdict()
+    torch.compile(_append_step, fullgraph=True, backend=backend)(ck, cv, torch.ones_like(k), torch.ones_like(v))
+    assert ck[:, :, 3].eq(1).all()  # written in place
+    (verdict,) = backend.verdicts
+    assert verdict is not None and "mutated inputs" in verdict
+
+
+def test_kv_caches_marked_static_are_accepted_by_cuda_graph_trees(append_on_cpu):
+    """``mark_static_caches`` (``torch._dynamo.mark_static_address``) before the first compiled call: the
+    append's mutation of the caches no longer keeps CUDA graph trees away."""
+    _, ck, cv, k, v = (torch.zeros(t.shape) for t in decode_inputs(device=META, dtype=F32))
+    assert torch_ops.mark_static_caches(ck, cv) == (ck, cv)
+    backend = _CudagraphVerdict()
+    torch.compile(_append_step, fullgraph=True, backend=backend)(ck, cv, torch.ones_like(k), torch.ones_like(v))
+    assert ck[:, :, 3].eq(1).all() and cv[:, :, 3].eq(1).all()
+    assert backend.verdicts == [None]
+
+
+def test_kv_caches_as_module_buffers_are_accepted_by_cuda_graph_trees(append_on_cpu):
+    """Caches held as buffers of the compiled module are static inputs: accepted, nothing to mark."""
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            _, ck, cv, _, _ = decode_inputs(device=META, dtype=F32)
+            self.register_buffer("cache_k", torch.zeros(ck.shape))
+            self.register_buffer("cache_v", torch.zeros(cv.shape))
+
+        def forward(self, k, v):
+            return _append_step(self.cache_k, self.cache_v, k, v)
+
+    step = Step()
+    _, _, _, k, v = decode_inputs(device=META, dtype=F32)
+    backend = _CudagraphVerdict()
+    torch.compile(step, fullgraph=True, backend=backend)(torch.ones(k.shape), torch.ones(v.shape))
+    assert step.cache_k[:, :, 3].eq(1).all()
+    assert backend.verdicts == [None]
+
+
+# ---------------------------------------------------------------------------------------------
+# the lean registration: what a call goes through (issue 43 item 1, docs/COMPILE-TAX.md)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_ops_are_registered_without_python_autograd_layers(name):
+    """The real implementation sits on the CUDA and CPU keys and the fake on Meta; no Autograd,
+    ADInplaceOrView or CompositeExplicitAutograd kernel (the layers ``torch.library.custom_op`` adds,
+    10-40 us per call in Python), and the op is no ``CustomOpDef``."""
+    from torch._library.custom_ops import OPDEFS
+
+    qual = f"tiletune::{name}"
+    has = lambda key: torch._C._dispatch_has_kernel_for_dispatch_key(qual, key)  # noqa: E731
+    assert has("CUDA") and has("CPU") and has("Meta")
+    assert not any(has(k) for k in ("Autograd", "AutogradCUDA", "AutogradCPU", "ADInplaceOrView",
+                                    "CompositeExplicitAutograd", "CompositeImplicitAutograd"))
+    assert qual not in OPDEFS
+    assert torch.Tag.pt2_compliant_tag in getattr(torch.ops.tiletune, name).default.tags
+
+
+def _trivial_rms_norm(outs):
+    def rms_norm(x, weight=None, eps=1e-6):
+        return outs[1] if x is outs[0] else outs[0]
+
+    return rms_norm
+
+
+@pytest.fixture
+def stub_rms_norm(request):
+    outs = (torch.empty(4, 8), torch.empty(4, 8))
+    before = torch_ops.bind("rms_norm", _trivial_rms_norm(outs))
+    request.addfinalizer(lambda: torch_ops.bind("rms_norm", before))
+    return outs
+
+
+def test_a_call_imports_nothing(stub_rms_norm):
+    """The implementation reads its bound target: no ``import`` statement runs per call."""
+    import builtins
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    op = torch.ops.tiletune.rms_norm.default
+    op(x, w, 1e-6)
+    seen = []
+    real = builtins.__import__
+    builtins.__import__ = lambda *a, **k: seen.append(a[0]) or real(*a, **k)
+    try:
+        for _ in range(100):
+            op(x, w, 1e-6)
+    finally:
+        builtins.__import__ = real
+    assert seen == []
+
+
+def test_lean_call_costs_less_than_a_custom_op_call(stub_rms_norm):
+    """Same schema, same trivial body: the registered op against a ``torch.library.custom_op`` made here
+    (best of 5 batches each, interleaved; measured 6x apart on the CPU, see docs/COMPILE-TAX.md)."""
+    import time
+
+    body = _trivial_rms_norm(stub_rms_norm)
+
+    @torch.library.custom_op("tiletune_test::rms_norm_custom_op", mutates_args=())
+    def old_style(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        return body(x, weight, eps)
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    ops = {"lean": torch.ops.tiletune.rms_norm.default, "custom_op": torch.ops.tiletune_test.rms_norm_custom_op.default}
+    best = {k: float("inf") for k in ops}
+    for _ in range(5):
+        for name, op in ops.items():
+            t0 = time.perf_counter()
+            for _ in range(300):
+                op(x, w, 1e-6)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    assert best["lean"] < best["custom_op"], best
+
+
+def test_implementations_bind_to_the_public_fast_path():
+    """The default target of an op is its public function's positional fast path (``fastcall.direct``),
+    resolved once: the function behind a ``fast_op`` wrapper, never the wrapper (which would check
+    ``is_compiling`` and keywords again)."""
+    pytest.importorskip("cuda.tile")
+    norms = importlib.import_module("tiletune.kernels.norms")
+    dec = importlib.import_module("tiletune.kernels.decode_attention_op")
+    assert torch_ops._resolve("rms_norm") is norms.rms_norm.fastcall.direct
+    assert torch_ops._resolve("softmax") is importlib.import_module("tiletune.kernels.softmax_op").softmax.fastcall.direct
+    assert torch_ops._resolve("matmul_scaled") is importlib.import_module("tiletune.kernels.gemm").matmul
+    append = torch_ops._resolve("kv_cache_append")  # a start tensor: the one-launch op's fast path
+    assert dec.kv_cache_append.fastcall.direct in [c.cell_contents for c in append.__closure__]
+    with pytest.raises(ValueError, match="unknown target"):
+        torch_ops.bind("gelu", lambda x: x)
+
+
+STAND_INS = {
+    "rms_norm": lambda x, weight=None, eps=1e-6: F.rms_norm(x, (x.shape[-1],), weight, eps),
+    # as the eager op allocates it (Inductor asserts the fake's strides on every output)
+    "softmax": lambda x, dim=-1: torch.softmax(x.movedim(dim, -1).contiguous(), -1).movedim(-1, dim),
+    "swiglu": lambda x: F.silu(x[..., : x.shape[-1] // 2]) * x[..., x.shape[-1] // 2:],
+    "apply_rope_": lambda q, k, cos, sin, layout="bshd": (q.mul_(2), k.mul_(3)),
+}
+
+
+@pytest.fixture
+def stand_ins(request):
+    for name, fn in STAND_INS.items():
+        before = torch_ops.bind(name, fn)
+        request.addfinalizer(lambda name=name, before=before: torch_ops.bind(name, before))
+
+
+def cpu_block(x, w, q, k, cos, sin):
+    h = compiled_call("rms_norm", x, w)
+    g = compiled_call("swiglu", torch.cat([h, h], dim=-1))
+    q, k = compiled_call("apply_rope_", q, k, cos, sin)
+    return compiled_call("softmax", g, dim=0), q.sum() + k.sum()
+
+
+def test_fullgraph_inductor_on_cpu_tensors_runs_the_bound_implementations(stand_ins):
+    """``torch.compile(fullgraph=True)`` with Inductor over CPU tensors: one graph, no break, the four
+    custom-op nodes, and the compiled results equal the eager ones (the stand-ins are the real
+    implementations here; the in-place op is re-inplaced, its inputs written)."""
+    g = torch.Generator().manual_seed(0)
+    args = lambda: (torch.randn(4, 8, generator=g), torch.randn(8, generator=g), torch.randn(1, 2, 2, 4, generator=g),  # noqa: E731
+                    torch.randn(1, 2, 1, 4, generator=g), torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g))
+    a = args()
+    want = cpu_block(*(t.clone() for t in a))
+    explanation = torch._dynamo.explain(cpu_block)(*(t.clone() for t in a))
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    assert tiletune_ops_in(explanation.graphs[0]) == collections.Counter(
+        {"rms_norm": 1, "swiglu": 1, "apply_rope_": 1, "softmax": 1})
+    q0, k0 = a[2].clone(), a[3].clone()
+    got = torch.compile(cpu_block, fullgraph=True, backend="inductor")(*a)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(a[2], q0 * 2) and torch.equal(a[3], k0 * 3)  # the caller's q and k, written in place

@@ -109,6 +109,8 @@ class _FastOp:
         self.route = route
         self.precheck = precheck
         self.learn = True
+        #: the op on positional arguments without the ``torch.compile`` route (set by :func:`fast_op`)
+        self.direct: Callable[..., Any] = fn
         self.name = fn.__name__
         self.signature = inspect.signature(fn)
         self.recipes: dict[tuple, Callable[[tuple[Any, ...]], Any]] = {}
@@ -202,7 +204,35 @@ def fast_op(route: Callable[..., Any] | None = None,
                 return fn(*args, **kwargs)
 
             routed.fastcall = fast  # type: ignore[attr-defined]
+            fast.direct = fn
             return routed
+
+        # ``direct`` and ``op`` share their hot path line for line (one Python frame less per eager call
+        # than ``op`` calling ``direct``); tests/test_fastcall.py checks both replay the same recipes
+        def direct(*args: Any) -> Any:
+            """The op on positional arguments, never routed: a custom op's implementation (a compiled
+            graph's call, which is not tracing) goes straight to the guard and the recipe."""
+            if not recorders:
+                try:
+                    row = guards.rows[args[0].shape]
+                except Exception:  # noqa: BLE001 - no arguments, no shape, or a shape not seen
+                    row = ()
+                for check, recipe in row:
+                    if check(args):
+                        if precheck is None or precheck(*args):
+                            return recipe(args)
+                        break
+            try:
+                sig = _call_signature(args, tensor_type)
+                recipe = recipes.get(sig)
+            except TypeError:  # an unhashable argument: no recipe
+                return fn(*args)
+            if recipe is not None and not recorders and (precheck is None or precheck(*args)):
+                fast.remember(sig, args, recipe)
+                return recipe(args)
+            return fast.slow(args, sig)
+
+        fast.direct = direct
 
         @functools.wraps(fn)
         def op(*args: Any, **kwargs: Any) -> Any:

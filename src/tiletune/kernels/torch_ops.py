@@ -4,8 +4,8 @@
 strides, may tune, and launches through cuTile), so under compilation each public op of
 :mod:`tiletune.kernels` becomes one opaque node of the graph: a custom op whose fake (meta)
 implementation gives the output's shape, dtype and strides without running anything, and whose
-real implementation calls the eager public function (which is not compiling at run time, so it
-launches the tuned kernel as usual).
+real implementation calls the eager public function's fast path (not compiling at run time, so it
+launches the tuned kernel as usual: the learnt recipe of :mod:`tiletune.kernels.fastcall`).
 
 Registered ops (``torch.ops.tiletune.<name>``; every output is a new tensor)::
 
@@ -50,8 +50,37 @@ route to it while compiling, first thing, before any check that reads data point
         ...
 
 Importing this module imports torch only (no cuda.tile); the ops are registered once per process
-at import (:func:`register` is idempotent). The ops have no autograd formula (forward only, like
-the public functions).
+at import (:func:`register` is idempotent).
+
+**Registration (issue 43, docs/COMPILE-TAX.md).** The ops are defined the lean way, not with
+``torch.library.custom_op``: ``Library.define`` with the schema above (the text ``custom_op`` inferred
+before), the real implementation on the ``CUDA`` and ``CPU`` dispatch keys, the fake with
+``torch.library.register_fake``, tagged ``pt2_compliant_tag``. ``custom_op`` adds Python autograd and
+ADInplaceOrView kernels and output-aliasing checks to every call: 10-16 us per call on a CPU, 24-39 us
+for an op that mutates, against 1.6-3.4 us for the lean op (``benchmarks/compile_tax.py``); a compiled
+graph pays that on every node. Consequences:
+
+* **No autograd.** The ops are forward only, like the public functions: there is no backward formula,
+  and a backward through one gets torch's autograd-fallback warning ("an autograd kernel was not
+  registered"), not a gradient. Do not compile training graphs that need gradients through them.
+* **No version-counter bump** for the tensors ``apply_rope_`` and ``kv_cache_append`` write (the kernels
+  write through data pointers, as the eager functions always did); the schemas declare the writes, so
+  ``torch.compile`` functionalizes and re-inplaces them as before.
+* Each real implementation reads a slot bound on its first call to the public function's positional
+  fast path (``fastcall``'s ``direct``: the call guard and the recipe, else the function); no import
+  and no ``is_compiling`` or keyword handling per call. :func:`bind` swaps a target (tests, tools).
+* Outputs are allocated by the eager path exactly as the fakes say (shape, dtype, strides); Inductor
+  asserts the strides of every custom-op output against the fake.
+
+**KV caches and CUDA graphs (``mode="reduce-overhead"``).** ``kv_cache_append`` (and ``apply_rope_``)
+mutate graph inputs. CUDA graph trees accept a graph that mutates an input only if the input is
+*static*: a parameter or buffer of the compiled ``nn.Module`` (or a plain tensor attribute of it), or a
+tensor marked with ``torch._dynamo.mark_static_address`` (:func:`mark_static_caches`), or an output of an
+earlier CUDA graph of the same tree (``torch._inductor.config.triton.cudagraph_support_input_mutation``,
+on by default); otherwise the whole graph runs without CUDA graphs ("skipping cudagraphs due to mutated
+inputs", ``torch/_inductor/cudagraph_utils.py``; read in torch 2.13). So: keep the
+caches as module buffers, or call ``mark_static_caches(cache_k, cache_v)`` once before the first
+compiled call and keep their addresses fixed (tests/test_torch_ops.py checks all three cases).
 """
 
 import threading
@@ -60,7 +89,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["NAMESPACE", "OP_NAMES", "PUBLIC_OPS", "compiled_call", "register"]
+__all__ = ["NAMESPACE", "OP_NAMES", "PUBLIC_OPS", "SCHEMAS", "TARGETS", "bind", "compiled_call", "mark_static_caches",
+           "register"]
 
 #: The ``torch.library`` namespace of the ops.
 NAMESPACE = "tiletune"
@@ -91,85 +121,87 @@ _FP8 = getattr(torch, "float8_e4m3fn", None)
 
 
 # ---------------------------------------------------------------------------------------------
-# Real implementations: the eager public functions (imported lazily: they need cuda.tile)
+# Real implementations: the eager fast path of the public functions, bound on first use
 # ---------------------------------------------------------------------------------------------
 
-
-def _rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
-    from tiletune.kernels.norms import rms_norm
-
-    return rms_norm(x, weight, eps)
-
-
-def _rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
-    from tiletune.kernels.norms import rms_norm_residual
-
-    y, h = rms_norm_residual(x, residual, weight, eps)
-    return y, h
-
-
-def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
-    from tiletune.kernels.norms import layer_norm
-
-    return layer_norm(x, weight, bias, eps)
+#: public op -> module of :mod:`tiletune.kernels` that defines it (imported on the first real call:
+#: the modules need cuda.tile, this one must not)
+_MODULES = {
+    "rms_norm": "norms", "rms_norm_residual": "norms", "layer_norm": "norms", "softmax": "softmax_op",
+    "swiglu": "glu", "geglu": "glu", "apply_rope_": "rope", "cross_entropy": "cross_entropy_op",
+    "matmul": "gemm", "attention": "attention_op", "matmul_swiglu": "gemm_glu",
+    "decode_attention": "decode_attention_op", "kv_cache_append": "decode_attention_op",
+}
+#: targets an op's implementation calls: every public op, plus ``matmul_scaled`` (matmul's keyword-only
+#: scales and out_dtype go to the public function itself)
+TARGETS = (*_MODULES, "matmul_scaled")
 
 
-def _softmax(x: Tensor, dim: int) -> Tensor:
-    from tiletune.kernels.softmax_op import softmax
+def _public(name: str) -> Callable[..., Any]:
+    import importlib
 
-    return softmax(x, dim)
-
-
-def _swiglu(x: Tensor) -> Tensor:
-    from tiletune.kernels.glu import swiglu
-
-    return swiglu(x)
+    return getattr(importlib.import_module(f"tiletune.kernels.{_MODULES[name]}"), name)
 
 
-def _geglu(x: Tensor, approximate: str) -> Tensor:
-    from tiletune.kernels.glu import geglu
-
-    return geglu(x, approximate)
-
-
-def _apply_rope_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str) -> None:
-    from tiletune.kernels.rope import apply_rope_
-
-    apply_rope_(q, k, cos, sin, layout)
+def _direct(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A public function's fast path on positional arguments (:attr:`fastcall._FastOp.direct`: the guard,
+    the recipe, else the function), or the function itself."""
+    return getattr(getattr(fn, "fastcall", None), "direct", None) or fn
 
 
-def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
-    from tiletune.kernels.cross_entropy_op import cross_entropy
+def _resolve(name: str) -> Callable[..., Any]:
+    """The target ``name`` (:data:`TARGETS`): called with the public function's positional arguments."""
+    if name == "matmul_scaled":
+        return _public("matmul")
+    fn = _public(name)
+    if name == "kv_cache_append":
+        tensor_start = _direct(fn)  # a start tensor: the one-launch op's recipe
 
-    return cross_entropy(logits, target, False, ignore_index)
+        def append(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor, start: Any,
+                   _tensor: type = torch.Tensor) -> Any:
+            if isinstance(start, _tensor):
+                return tensor_start(cache_k, cache_v, k, v, start)
+            return fn(cache_k, cache_v, k, v, start)
 
-
-def _cross_entropy_grad(logits: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
-    from tiletune.kernels.cross_entropy_op import cross_entropy
-
-    loss, grad = cross_entropy(logits, target, True, ignore_index)
-    return loss, grad
-
-
-def _matmul(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
-            out_dtype: Optional[torch.dtype]) -> Tensor:
-    from tiletune.kernels.gemm import matmul
-
-    if scale_a is None and scale_b is None and out_dtype is None:
-        return matmul(a, b)  # positional only: the op's per-signature fast path applies
-    return matmul(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+        return append
+    return _direct(fn)
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float]) -> Tensor:
-    from tiletune.kernels.attention_op import attention
+class _Slot:
+    """Where an op's implementation finds its target: ``fn`` resolves it on the first call, then is it."""
 
-    return attention(q, k, v, causal, scale)
+    __slots__ = ("name", "fn")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.fn: Callable[..., Any] = self._first
+
+    def _first(self, *args: Any) -> Any:
+        self.fn = _resolve(self.name)
+        return self.fn(*args)
 
 
-def _matmul_swiglu(x: Tensor, w_gate_up: Tensor) -> Tensor:
-    from tiletune.kernels.gemm_glu import matmul_swiglu
+# kept over importlib.reload (which re-runs this file in the same namespace): the registered kernels of
+# the first copy read these slots and keep these libraries alive
+_SLOTS: Dict[str, _Slot] = globals().get("_SLOTS") or {name: _Slot(name) for name in TARGETS}
+_LIBS: list = globals().get("_LIBS") or []
 
-    return matmul_swiglu(x, w_gate_up)
+
+def bind(name: str, fn: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
+    """Set what the real implementation of op ``name`` calls; returns what it called before.
+
+    ``fn`` takes the public function's positional arguments (``decode_attention(q, cache_k, cache_v,
+    lengths, causal, scale)``, ``kv_cache_append(cache_k, cache_v, k, v, start)`` ...); None goes back to
+    the default, resolved on the next call: the public function's fast path
+    (:func:`tiletune.kernels.fastcall.fast_op`). ``matmul_scaled`` is matmul with scales or an
+    ``out_dtype`` (called with them as keywords). For tests and tools (a stand-in on a machine without
+    the kernel); the ops themselves bind their defaults lazily, on the first real call."""
+    slot = _SLOTS.get(name)
+    if slot is None:
+        raise ValueError(f"bind: unknown target {name!r}; one of {', '.join(TARGETS)}")
+    before = slot.fn
+    slot.fn = slot._first if fn is None else fn
+    return before
 
 
 def _one_of(op: str, name: str, as_tensor: Optional[Tensor], as_int: Optional[int]) -> Any:
@@ -179,19 +211,72 @@ def _one_of(op: str, name: str, as_tensor: Optional[Tensor], as_int: Optional[in
     return as_tensor if as_tensor is not None else as_int
 
 
-def _decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths: Optional[Tensor],
-                      lengths_int: Optional[int], causal: bool, scale: Optional[float]) -> Tensor:
-    from tiletune.kernels.decode_attention_op import decode_attention
+def _kernels(slots: Dict[str, _Slot]) -> Dict[str, Callable[..., Any]]:
+    """Each op's real implementation: the custom op's arguments to its target's, the target's result to
+    the schema's returns (nothing for the in-place ops, a tuple for two outputs). No import, no check,
+    no lookup beyond the slot: the target (the eager fast path) checks."""
+    s = {name: slots[name] for name in TARGETS}
+    rms, rms_res, ln, sm = s["rms_norm"], s["rms_norm_residual"], s["layer_norm"], s["softmax"]
+    sw, ge, rope, ce = s["swiglu"], s["geglu"], s["apply_rope_"], s["cross_entropy"]
+    mm, mm_scaled, attn, mm_sw = s["matmul"], s["matmul_scaled"], s["attention"], s["matmul_swiglu"]
+    dec, app = s["decode_attention"], s["kv_cache_append"]
 
-    lens = _one_of("decode_attention()", "lengths", lengths, lengths_int)
-    return decode_attention(q, cache_k, cache_v, lens, causal, scale)
+    def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+        return rms.fn(x, weight, eps)
 
+    def rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
+        y, h = rms_res.fn(x, residual, weight, eps)
+        return y, h
 
-def _kv_cache_append(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor, start: Optional[Tensor],
-                     start_int: Optional[int]) -> None:
-    from tiletune.kernels.decode_attention_op import kv_cache_append
+    def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+        return ln.fn(x, weight, bias, eps)
 
-    kv_cache_append(cache_k, cache_v, k, v, _one_of("kv_cache_append()", "start", start, start_int))
+    def softmax(x: Tensor, dim: int) -> Tensor:
+        return sm.fn(x, dim)
+
+    def swiglu(x: Tensor) -> Tensor:
+        return sw.fn(x)
+
+    def geglu(x: Tensor, approximate: str) -> Tensor:
+        return ge.fn(x, approximate)
+
+    def apply_rope_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str) -> None:
+        rope.fn(q, k, cos, sin, layout)
+
+    def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
+        return ce.fn(logits, target, False, ignore_index)
+
+    def cross_entropy_grad(logits: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
+        loss, grad = ce.fn(logits, target, True, ignore_index)
+        return loss, grad
+
+    def matmul(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
+               out_dtype: Optional[torch.dtype]) -> Tensor:
+        if scale_a is None and scale_b is None and out_dtype is None:
+            return mm.fn(a, b)  # positional only: the op's per-signature fast path applies
+        return mm_scaled.fn(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+    def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float]) -> Tensor:
+        return attn.fn(q, k, v, causal, scale)
+
+    def matmul_swiglu(x: Tensor, w_gate_up: Tensor) -> Tensor:
+        return mm_sw.fn(x, w_gate_up)
+
+    def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, lengths: Optional[Tensor],
+                         lengths_int: Optional[int], causal: bool, scale: Optional[float]) -> Tensor:
+        if lengths is None:
+            return dec.fn(q, cache_k, cache_v, lengths_int, causal, scale)
+        return dec.fn(q, cache_k, cache_v, _one_of("decode_attention()", "lengths", lengths, lengths_int),
+                      causal, scale)
+
+    def kv_cache_append(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor, start: Optional[Tensor],
+                        start_int: Optional[int]) -> None:
+        if start is None:
+            app.fn(cache_k, cache_v, k, v, start_int)
+        else:
+            app.fn(cache_k, cache_v, k, v, _one_of("kv_cache_append()", "start", start, start_int))
+
+    return {name: fn for name, fn in locals().items() if name in OP_NAMES}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,23 +468,48 @@ def _kv_cache_append_fake(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor
 # Registration
 # ---------------------------------------------------------------------------------------------
 
-#: name -> (real implementation, fake implementation, mutated arguments)
-_DEFS: Dict[str, Tuple[Callable[..., Any], Callable[..., Any], Tuple[str, ...]]] = {
-    "rms_norm": (_rms_norm, _rms_norm_fake, ()),
-    "rms_norm_residual": (_rms_norm_residual, _rms_norm_residual_fake, ()),
-    "layer_norm": (_layer_norm, _layer_norm_fake, ()),
-    "softmax": (_softmax, _softmax_fake, ()),
-    "swiglu": (_swiglu, _swiglu_fake, ()),
-    "geglu": (_geglu, _geglu_fake, ()),
-    "apply_rope_": (_apply_rope_, _apply_rope_fake, ("q", "k")),
-    "cross_entropy": (_cross_entropy, _cross_entropy_fake, ()),
-    "cross_entropy_grad": (_cross_entropy_grad, _cross_entropy_grad_fake, ()),
-    "matmul": (_matmul, _matmul_fake, ()),
-    "attention": (_attention, _attention_fake, ()),
-    "matmul_swiglu": (_matmul_swiglu, _matmul_swiglu_fake, ()),
-    "decode_attention": (_decode_attention, _decode_attention_fake, ()),
-    "kv_cache_append": (_kv_cache_append, _kv_cache_append_fake, ("cache_k", "cache_v")),
+#: name -> schema (after ``tiletune::<name>``): the schemas ``torch.library.custom_op`` inferred when the
+#: ops were registered that way (same argument names, ``SymInt`` ints, ``a0``/``a1`` alias sets)
+SCHEMAS: Dict[str, str] = {
+    "rms_norm": "(Tensor x, Tensor? weight, float eps) -> Tensor",
+    "rms_norm_residual": "(Tensor x, Tensor residual, Tensor? weight, float eps) -> (Tensor, Tensor)",
+    "layer_norm": "(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor",
+    "softmax": "(Tensor x, SymInt dim) -> Tensor",
+    "swiglu": "(Tensor x) -> Tensor",
+    "geglu": "(Tensor x, str approximate) -> Tensor",
+    "apply_rope_": "(Tensor(a0!) q, Tensor(a1!) k, Tensor cos, Tensor sin, str layout) -> ()",
+    "cross_entropy": "(Tensor logits, Tensor target, SymInt ignore_index) -> Tensor",
+    "cross_entropy_grad": "(Tensor logits, Tensor target, SymInt ignore_index) -> (Tensor, Tensor)",
+    "matmul": "(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor",
+    "attention": "(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor",
+    "matmul_swiglu": "(Tensor x, Tensor w_gate_up) -> Tensor",
+    "decode_attention": "(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? lengths, SymInt? lengths_int, "
+                        "bool causal, float? scale) -> Tensor",
+    "kv_cache_append": "(Tensor(a0!) cache_k, Tensor(a1!) cache_v, Tensor k, Tensor v, Tensor? start, "
+                       "SymInt? start_int) -> ()",
 }
+
+#: name -> fake (meta) implementation
+_FAKES: Dict[str, Callable[..., Any]] = {
+    "rms_norm": _rms_norm_fake,
+    "rms_norm_residual": _rms_norm_residual_fake,
+    "layer_norm": _layer_norm_fake,
+    "softmax": _softmax_fake,
+    "swiglu": _swiglu_fake,
+    "geglu": _geglu_fake,
+    "apply_rope_": _apply_rope_fake,
+    "cross_entropy": _cross_entropy_fake,
+    "cross_entropy_grad": _cross_entropy_grad_fake,
+    "matmul": _matmul_fake,
+    "attention": _attention_fake,
+    "matmul_swiglu": _matmul_swiglu_fake,
+    "decode_attention": _decode_attention_fake,
+    "kv_cache_append": _kv_cache_append_fake,
+}
+
+#: dispatch keys the real implementations are registered for (CPU: the stand-ins of the CPU tests, and
+#: kv_cache_append's torch path; the other public functions refuse CPU tensors themselves)
+BACKEND_KEYS = ("CUDA", "CPU")
 
 
 def _exists(name: str) -> bool:
@@ -410,8 +520,10 @@ def _exists(name: str) -> bool:
 def register() -> None:
     """Define every op of :data:`OP_NAMES` with its real and fake implementation (once per process).
 
-    Idempotent and thread-safe; an op already defined under ``tiletune::`` (a reloaded copy of this
-    module defined it) is left as it is.
+    The lean registration: ``Library.define`` with the schema, the real implementation for the
+    :data:`BACKEND_KEYS`, the fake with ``torch.library.register_fake``; no Python autograd or
+    ADInplaceOrView kernel (see the module docstring). Idempotent and thread-safe; an op already
+    defined under ``tiletune::`` (a reloaded copy of this module defined it) is left as it is.
     """
     global _REGISTERED
     if _REGISTERED:
@@ -419,15 +531,19 @@ def register() -> None:
     with _LOCK:
         if _REGISTERED:
             return
+        kernels = _kernels(_SLOTS)
+        lib = None
         for name in OP_NAMES:
             if _exists(name):
                 continue
-            impl, fake, mutates = _DEFS[name]
-            op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=mutates)(impl)
-            op.register_fake(fake)
+            if lib is None:
+                lib = torch.library.Library(NAMESPACE, "FRAGMENT")  # FRAGMENT: a reload may add to it
+                _LIBS.append(lib)  # a Library's registrations live as long as the object
+            lib.define(name + SCHEMAS[name], tags=(torch.Tag.pt2_compliant_tag,))
+            for key in BACKEND_KEYS:
+                lib.impl(name, kernels[name], key)
+            torch.library.register_fake(f"{NAMESPACE}::{name}", _FAKES[name], lib=lib)
         _REGISTERED = True
-
-
 # ---------------------------------------------------------------------------------------------
 # compiled_call: the public signatures over the custom ops
 # ---------------------------------------------------------------------------------------------
@@ -568,6 +684,20 @@ def compiled_call(name: str, *args: Any, **kwargs: Any) -> Any:
     if route is None:
         raise ValueError(f"compiled_call: unknown op {name!r}; one of {', '.join(PUBLIC_OPS)}")
     return route(*args, **kwargs)
+
+
+def mark_static_caches(*caches: Tensor) -> Tuple[Tensor, ...]:
+    """Mark KV caches (or any tensor a tiletune op mutates) as static inputs of ``torch.compile``; returns them.
+
+    ``torch._dynamo.mark_static_address`` on each: CUDA graph trees (``mode="reduce-overhead"``) then
+    accept the graph that mutates them in place (``kv_cache_append``, ``apply_rope_`` on a persistent
+    tensor) instead of skipping it for "mutated inputs". Call it once, before the first compiled call, on
+    caches passed to the compiled function as arguments; caches held as buffers (or plain tensor
+    attributes) of the compiled ``nn.Module`` are static already. The addresses must stay the same
+    from call to call (a cache that moves is re-recorded)."""
+    for c in caches:
+        torch._dynamo.mark_static_address(c)
+    return caches
 
 
 register()
