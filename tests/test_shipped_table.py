@@ -114,6 +114,8 @@ def args_from_key(key: str) -> tuple[Any, ...]:
     parts = json.loads(key)
     if parts and parts[0] == {"bucketed": True}:
         parts = parts[1:]
+    if len(parts) == 1 and isinstance(parts[0], dict) and "problem" in parts[0]:
+        return args_from_problem(parts[0])
     out: list[Any] = []
     for p in parts:
         if isinstance(p, dict) and "shape" in p:
@@ -125,6 +127,34 @@ def args_from_key(key: str) -> tuple[Any, ...]:
         else:
             out.append(p)
     return tuple(out)
+
+
+def _meta(*shape: int, dtype: str = "bfloat16") -> Any:
+    return torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
+
+
+def args_from_problem(p: dict[str, Any]) -> tuple[Any, ...]:
+    """Plan arguments of a named problem key (:mod:`tiletune.kernels._keys`), contiguous meta tensors of the
+    problem's (bucket-top) sizes."""
+    kind = p["problem"]
+    if kind == "gemm":
+        b, m, n, k = p["batch"], p["M"], p["N"], p["K"]
+        ta, tb = p["layout"][0] == "t", p["layout"][1] == "t"
+        a = _meta(b, k, m, dtype=p["dtype"]) if ta else _meta(b, m, k, dtype=p["dtype"])
+        w = _meta(b, n, k, dtype=p["dtype"]) if tb else _meta(b, k, n, dtype=p["dtype"])
+        one = _meta(1, dtype="float32")
+        return (a, w, _meta(b, m, n, dtype=p["out_dtype"]), one, one, ta, tb, p["scaled"])
+    if kind == "rope":
+        t, h = p["tokens"], p["rotary"] // 2
+        q, k = _meta(1, t, p["q_heads"], 2 * h, dtype=p["dtype"]), _meta(1, t, p["kv_heads"], 2 * h, dtype=p["dtype"])
+        c = _meta(1, t, 2 * h, dtype=p["trig_dtype"])
+        return (q[..., :h], q[..., h:], k[..., :h], k[..., h:], c[..., :h], c[..., h:], c[..., :h], c[..., h:])
+    if kind == "attention":
+        bh, d = p["batch_heads"], p["head_dim"]
+        q = _meta(1, bh, p["q_len"], d, dtype=p["dtype"])
+        kv = _meta(1, bh // p["group"], p["kv_len"], d, dtype=p["dtype"])
+        return (q, kv, kv, _meta(1, bh, p["q_len"], d, dtype=p["dtype"]), p["causal"], 1e-6)
+    raise ValueError(f"cannot rebuild a problem {p!r}")
 
 
 def _whole(view: Any, last: int) -> Any:
@@ -145,9 +175,12 @@ def _rope(q1, q2, k1, k2, c1, c2, s1, s2) -> Any:
 
 class _SplitK:  # GEMM_SPLITK has no prepare_*: its regime as tiletune.kernels.gemm.matmul computes it
     @staticmethod
-    def prepare(a, b, c, sa, sb, trans_a, trans_b, scaled, ws, sem) -> Any:
+    def prepare(a, b, c, sa, sb, trans_a, trans_b, scaled, ws=None, sem=None) -> Any:
         k = a.shape[1] if trans_a else a.shape[2]
         regime = splitk_regime(c.shape[1], c.shape[2], k, a.element_size(), c.shape[0])
+        if ws is None:  # a named key: the scratch's shapes follow from the problem (they are not in the key)
+            shape, nsem = gemm_mod.splitk_scratch_shapes(c.shape[1], c.shape[2], c.shape[0], regime[3])
+            ws, sem = _meta(*shape, dtype="float32"), _meta(nsem, dtype="int32")
         return _membound.Prepared(gemm_mod.GEMM_SPLITK, regime, (a, b, c, sa, sb, trans_a, trans_b, scaled, ws, sem),
                                   None)
 
@@ -348,7 +381,10 @@ def test_the_matcher_reports_a_changed_entry(fake_sms):
     good = next(e for e in sorted(table.entries.values(), key=lambda e: (e.name, e.key))
                 if _mark(e) not in fresh and e.name in PREPARE)
     key = json.loads(good.key)
-    key[1]["dtype"] = "float16" if key[1]["dtype"] != "float16" else "float32"
+    if "problem" in key[1]:  # a named key: a dtype the op's checks refuse (attention) or route elsewhere
+        key[1]["dtype"] = "float32"
+    else:
+        key[1]["dtype"] = "float16" if key[1]["dtype"] != "float16" else "float32"
     bad = {
         "kernel_id": dataclasses.replace(good, kernel_id="0" * 24),
         "space_hash": dataclasses.replace(good, space_hash="0" * 32),

@@ -360,6 +360,26 @@ def _library_calls(ops: List[str], tokens: str, **dims: Any) -> list:
     return llm_calls(names, counts, **dims)
 
 
+def _model_calls(model: str, phase: str, batch: str, seq: str, cache: str, dtype: str, **given: Any) -> list:
+    """The calls of ``model``'s decoder layer over the ranges (``tiletune tune --model M``); bad values end the
+    command with one line."""
+    from tiletune.lab.fill import MODEL_SHAPES, PHASES, layer_calls, model_dims, parse_range
+
+    try:
+        dims = model_dims(model, **given)
+    except ValueError:
+        _fail(f"--model {model!r}: unknown model", hint=f"choose from {', '.join(MODEL_SHAPES)}")
+    phases = [p.strip() for p in phase.split(",") if p.strip()]
+    if not phases or any(p not in PHASES for p in phases):
+        _fail(f"--phase {phase!r}: expected prefill, decode or both (comma-separated)")
+    try:
+        b = parse_range(batch, "--batch")
+        lengths = {"prefill": parse_range(seq, "--seq"), "decode": parse_range(cache, "--cache")}
+    except ValueError as exc:
+        _fail(str(exc))
+    return [c for p in phases for c in layer_calls(dims, p, b, lengths[p], dtype=dtype)]
+
+
 @app.command("tune")
 def tune_cmd(
     ops: Optional[List[str]] = typer.Argument(None, help="Library ops to tune over LLM shapes (rms_norm, matmul, "
@@ -387,8 +407,19 @@ def tune_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-call report as JSON here."),
     pending: bool = typer.Option(False, "--pending", help="Tune the keys the library ops answered provisionally "
                                  "(nearest neighbour or default config), recorded beside the tuning database."),
+    phase: str = typer.Option("prefill,decode", help="--model without ops: the phases of the model's decoder "
+                              "layer to warm (prefill, decode or both)."),
+    batch: str = typer.Option("1", help="--model without ops: sequences per call, N or LO-HI (every bucket of "
+                              "the range is warmed)."),
+    seq: str = typer.Option("1-2048", help="--model without ops: prefill tokens per sequence, N or LO-HI."),
+    cache: str = typer.Option("1-8192", help="--model without ops: decode KV-cache length (capacity), N or LO-HI."),
 ) -> None:
-    """Tune many calls in one go (warm a machine before serving); re-running skips what is stored."""
+    """Tune many calls in one go (warm a machine before serving); re-running skips what is stored.
+
+    With --model and no ops: the calls of the model's decoder layer built from the library ops (fused qkv
+    and gate-up as x @ w.t(), RoPE on views of the qkv output, GQA attention; decode: kv_cache_append and
+    decode_attention over the cache), for every key the --batch x --seq (prefill) and --batch x --cache
+    (decode) ranges meet."""
     from tiletune.lab.fill import LLM_OPS, load_spec, run_calls
 
     if pending:
@@ -408,12 +439,15 @@ def tune_cmd(
         return
     if spec is not None and ops:
         _fail("give library ops or --spec, not both")
-    if spec is None and not ops:
-        _fail("nothing to tune", hint=f"name library ops ({', '.join(LLM_OPS)} or all) or pass --spec FILE")
+    if spec is None and not ops and model is None:
+        _fail("nothing to tune", hint=f"name library ops ({', '.join(LLM_OPS)} or all), pass --spec FILE or --model M")
     if json_out is not None:
         _check_out_file(json_out, "--json")
     if spec is not None:
         calls = load_spec(spec)
+    elif not ops:
+        calls = _model_calls(model, phase, batch, seq, cache, dtype, hidden=hidden, intermediate=intermediate,
+                             heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     else:
         from tiletune.lab.fill import MODEL_SHAPES, model_dims
 

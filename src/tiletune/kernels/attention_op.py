@@ -29,6 +29,8 @@ from tiletune.kernels._attention_checks import (
 from tiletune.kernels.decode_attention_kernels import DECODE_MAX_Q
 from tiletune.kernels.decode_attention_op import prepare_decode
 from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._membound import Prepared
+from tiletune.kernels._keys import ProblemKey, attention_problem_dict, dtype_name
 from tiletune.kernels.attention_kernels import (
     ATTENTION_BASELINE,
     ATTENTION_CONSTRAINTS,
@@ -44,7 +46,8 @@ from tiletune.kernels.attention_kernels import (
 )
 
 __all__ = ["ATTENTION", "ATTENTION_FULL_SPACE", "ATTENTION_SMALL_HEAD_SPACE", "ATTENTION_SPACE", "SMALL_HEAD",
-           "attention", "attention_op_for", "attention_plan", "attention_regime"]
+           "attention", "attention_op_for", "attention_plan", "attention_problem", "attention_regime",
+           "prepare_attention"]
 
 #: The 330-config space recorded on the H200 (``benchmarks/spaces/h200_attention_*.json.gz``):
 #: BLOCK_M x BLOCK_N (score tile <= 128*256) x KV_LATENCY x occupancy x num_worker_warps.
@@ -101,10 +104,26 @@ def _space_for(regime: str | None) -> Space:
     return ATTENTION_SMALL_HEAD_SPACE if regime == SMALL_HEAD else ATTENTION_SPACE
 
 
+def attention_problem(args: Any) -> dict[str, Any]:
+    """The named problem of an attention launch (:func:`attention_plan`'s arguments): batch x query heads
+    (the grid's second axis, bucketed to a power of two), the group size (query heads per kv head), the
+    query and key lengths (each bucketed to a power of two: the kernel masks ragged tiles), the head
+    dimension, the mask and the dtype. Strides do not enter: views of a fused qkv output (token-major) and
+    contiguous ``(B, H, S, D)`` tensors run the same kernel code through their strides; the softmax scale
+    is a run-time value."""
+    q, k = args[0], args[1]
+    b, h, sq, d = (int(x) for x in q.shape)
+    p = attention_problem_dict(b, h, int(k.shape[1]), sq, int(k.shape[2]), d, bool(args[4]), dtype_name(q.dtype))
+    del p["problem"]
+    return p
+
+
 #: The FlashAttention-style kernel as a library op: one plan, a space per head-size regime
-#: (:func:`attention_regime`).
+#: (:func:`attention_regime`), keys of :func:`attention_problem`.
 ATTENTION = LibraryOp("tiletune.attention", _space_for, attention_plan, reference=_reference, writes=["o"],
-                      tolerance=_tolerance)
+                      tolerance=_tolerance,
+                      buckets=ProblemKey("attention", attention_problem,
+                                         {"batch_heads": "pow2", "q_len": "pow2", "kv_len": "pow2"}))
 
 
 def attention_op_for(head_dim: int) -> Any:
@@ -153,17 +172,28 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     if sq < 1 or sk < 1:
         raise ValueError(f"attention: empty sequence (Sq={sq}, Sk={sk})")
     scale = softmax_scale("attention", scale, d)
+    if bsz == 0 or h == 0:
+        return torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
+    return prepare_attention(q, k, v, causal, scale).run()
+
+
+def prepare_attention(q: Any, k: Any, v: Any, causal: bool, scale: float, sms: int | None = None) -> Any:
+    """What :func:`attention` launches (no checks, no launch): a
+    :class:`~tiletune.kernels._membound.Prepared` of :data:`ATTENTION` or, for short queries, the
+    :class:`~tiletune.kernels.decode_attention_op.DecodeCall` (``sms``: as for ``prepare_decode``);
+    ``run()`` launches it and returns the output. Works on meta tensors (keys without a GPU)."""
+    import torch
+
+    bsz, h, sq, d = q.shape
+    sk = k.shape[2]
     if _routes_to_decode(sq, sk):
         # few queries, many keys: the split-KV decode kernel. Top-left causal: query i sees keys
         # 0..i, so only the first Sq keys matter, where top-left and bottom-right alignment agree.
         if causal:
             k, v = k[:, :, :sq], v[:, :, :sq]
         lens = torch.full((bsz,), k.shape[2], dtype=torch.int32, device=q.device)
-        return prepare_decode(q, k, v, lens, bool(causal), scale).run()
+        return prepare_decode(q, k, v, lens, bool(causal), scale, sms=sms)
     q, k, v = aligned_operand(q), aligned_operand(k), aligned_operand(v)
     o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)
-    if bsz == 0 or h == 0:
-        return o
-    attention_op_for(d)(q, k, v, o, bool(causal), scale * LOG2E)
-    return o
+    return Prepared(ATTENTION, attention_regime(d), (q, k, v, o, bool(causal), scale * LOG2E), o)
 

@@ -35,7 +35,7 @@ import functools
 from typing import Any
 
 from tiletune.devices.backends.base import Launch
-from tiletune.buckets import Buckets
+from tiletune.buckets import Buckets, bucket_size
 from tiletune.space.spaces import Space
 from tiletune.space.templates import next_power_of_2
 from tiletune.devices.verify import Tolerance, derived_tolerance, derived_tolerances, eps
@@ -53,6 +53,7 @@ from tiletune.kernels.fastcall import custom_op_route, fast_op
 from tiletune.kernels._membound import Prepared, int64_twin, needs_int64, sm_count
 from tiletune.kernels.kv_cache_kernels import KV_APPEND_CHUNK, kv_append_kernel, kv_append_kernel_fn
 from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._keys import KV_LEN_GRID, ProblemKey, dtype_name, pow2
 from tiletune.kernels.decode_attention_kernels import (
     DECODE_BASELINE,
     DECODE_HEAD_DIMS,
@@ -286,11 +287,27 @@ def _rows_bucketed(**dims: int) -> Buckets:
     return Buckets({name: {dim: "pow2"} for name, dim in dims.items()})
 
 
+def decode_problem(args: Any) -> dict[str, Any]:
+    """The named problem of a partial or direct decode launch (``q5, k, v, lens, ...``, the plans'
+    arguments): the batch (bucketed to a power of two), kv heads, group size (query heads per kv head),
+    query tokens, head dimension, the cache length bucketed on the coarse grid :data:`~._keys.KV_LEN_GRID`
+    (the attended lengths are on the device; the capacity bounds them), the mask and the dtype. Not the
+    caches' strides or their exact capacity, and no second batch size: the caches' batch is the queries'."""
+    q5, k = args[0], args[1]
+    b, hkv, g, sq, d = (int(x) for x in q5.shape)
+    return {"batch": pow2(b), "kv_heads": hkv, "group": g, "q_len": sq, "head_dim": d,
+            "kv_len": bucket_size(int(k.shape[2]), KV_LEN_GRID), "causal": bool(args[-2]),
+            "dtype": dtype_name(q5.dtype)}
+
+
+#: The key of the partial and direct kernels (:func:`decode_problem`).
+DECODE_KEY = ProblemKey("decode_attention", decode_problem, {"batch": "pow2", "kv_len": list(KV_LEN_GRID)})
+
 #: The partial kernel's library op (:data:`DECODE_SPACE`, one regime: ``DECODE_PARTIAL.op(None)``; writes
 #: ``po`` and ``pl``).
 DECODE_PARTIAL = LibraryOp(
     "tiletune.decode_attention", lambda regime: DECODE_SPACE, decode_partial_plan, reference=decode_partial_reference,
-    writes=["po", "pl"], tolerance=_partial_tolerance, buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, po=0, pl=0),
+    writes=["po", "pl"], tolerance=_partial_tolerance, buckets=DECODE_KEY,
 )
 
 #: The direct kernels' library op (one split; ``G % GB == 0`` with the output, any ``G`` with its grouped
@@ -298,8 +315,7 @@ DECODE_PARTIAL = LibraryOp(
 #: :func:`tiletune.kernels.fastcall.fast_op`).
 DECODE_DIRECT = LibraryOp(
     "tiletune.decode_attention_direct", lambda regime: DECODE_SPACE, decode_direct_plan,
-    reference=decode_direct_reference, writes=["o"], tolerance=_direct_tolerance,
-    buckets=_rows_bucketed(q5=0, k=2, v=2, lens=0, o=0),
+    reference=decode_direct_reference, writes=["o"], tolerance=_direct_tolerance, buckets=DECODE_KEY,
 )
 
 #: The combine kernel's library op (:data:`DECODE_COMBINE_SPACE`, one regime; writes ``o``). One config:
@@ -564,6 +580,16 @@ def kv_append_reference(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) 
     return cache_k, cache_v
 
 
+def _append_problem(args: Any) -> dict[str, Any]:
+    """The named problem of an append launch (``cache_k, cache_v, k, v, start``): batch, new tokens and
+    capacity bucketed to powers of two, kv heads, head dimension, element type, the start's type. The
+    rows' strides (views of a fused qkv output or contiguous tensors) do not enter: the kernel reads them."""
+    cache_k, k, start = args[0], args[2], args[4]
+    b, hkv, t, d = (int(x) for x in k.shape)
+    return {"batch": pow2(b), "kv_heads": hkv, "tokens": pow2(t), "head_dim": d,
+            "capacity": pow2(int(cache_k.shape[2])), "bits": dtype_name(k.dtype), "start": dtype_name(start.dtype)}
+
+
 #: The append's library op (:data:`KV_APPEND_SPACE`, one regime: ``KV_APPEND.op(None)``; reads and writes
 #: the caches). Its arguments are integer views of the caches and rows (:func:`prepare_kv_cache_append`).
 #: Its space holds one config, so a new bucket of shapes launches it without a tuning session
@@ -573,9 +599,9 @@ def kv_append_reference(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) 
 #: bit by ``tests/test_gpu_kv_cache.py``; ``tiletune.autotune``'s default would check it per bucket.
 KV_APPEND = LibraryOp(
     "tiletune.kv_cache_append", lambda regime: KV_APPEND_SPACE, kv_append_plan, reference=kv_append_reference,
-    inplace=["cache_k", "cache_v"], tune_single=False,
-    buckets=Buckets({"cache_k": {0: "pow2", 2: "pow2"}, "cache_v": {0: "pow2", 2: "pow2"},
-                     "k": {0: "pow2", 2: "pow2"}, "v": {0: "pow2", 2: "pow2"}, "start": {0: "pow2"}}),
+    inplace=["cache_k", "cache_v"], tune_single=False, buckets=ProblemKey("kv_cache_append", _append_problem,
+                                                                          {"batch": "pow2", "tokens": "pow2",
+                                                                           "capacity": "pow2"}),
 )
 
 

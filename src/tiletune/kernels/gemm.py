@@ -26,7 +26,6 @@ import threading
 from typing import Any
 
 from tiletune.devices.backends.base import Launch
-from tiletune.buckets import Buckets
 from tiletune.kernels.fastcall import constant_tensor, custom_op_route, fast_op
 from tiletune.kernels._scratch import current_raw_stream, keepable, placeholder
 from tiletune.space.spaces import Space
@@ -34,6 +33,7 @@ from tiletune.space.strategies.base import Budget
 from tiletune.space.templates import matmul_space
 from tiletune.devices.verify import SCRATCH, Tolerance, derived_tolerance, eps
 from tiletune.kernels.library_op import LibraryOp
+from tiletune.kernels._keys import ProblemKey, dtype_name, layout_name, pow2
 from tiletune.kernels.gemm_kernels import (
     GEMM_BASELINE,
     GEMM_CONSTRAINTS,
@@ -63,6 +63,7 @@ __all__ = [
     "GEMM_TF32_SPACE",
     "gemm",
     "matmul",
+    "prepare_matmul",
     "splitk_scratch_shapes",
     "splitk_workspace",
     "uses_scratch",
@@ -158,9 +159,23 @@ def _fp8_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: 
     return out
 
 
-#: M (dimension 1 of the 3-D operand ``a`` and of ``c``) is bucketed to a power of two: a new token count
-#: inside a tuned bucket reuses its winner
-GEMM_BUCKETS = Buckets({"a": {1: "pow2"}, "c": {1: "pow2"}})
+def gemm_problem(args: Any) -> dict[str, Any]:
+    """The named problem of a GEMM launch ``(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled, ...)``:
+    ``M`` (the rows of ``c``: every leading dimension of a ``(..., M, K) @ (K, N)`` call folded in,
+    bucketed to a power of two), ``N``, ``K``, the batch of a batched product, the operands' named layout
+    (:func:`~._keys.layout_name`: ``"nt"`` for ``x @ w.t()``), dtypes and whether scales apply. Strides
+    do not enter: the kernel reads both operands through their strides whatever they are."""
+    a, _, c = args[0], args[1], args[2]
+    trans_a, trans_b, scaled = bool(args[5]), bool(args[6]), bool(args[7])
+    batch, m, n = (int(x) for x in c.shape)
+    return {"batch": batch, "M": pow2(m), "N": n, "K": int(a.shape[1] if trans_a else a.shape[2]),
+            "layout": layout_name(trans_a, trans_b), "dtype": dtype_name(a.dtype), "out_dtype": dtype_name(c.dtype),
+            "scaled": scaled}
+
+
+#: The GEMM ops' key (:func:`gemm_problem`): a new token count inside a tuned power-of-two bucket of
+#: ``M`` reuses its winner, whatever leading dimensions the call folded into ``M``.
+GEMM_BUCKETS = ProblemKey("gemm", gemm_problem, {"M": "pow2"})
 #: The bfloat16 / float16 GEMM (:data:`GEMM_SPACE`, one regime: ``GEMM.op(None)``), launch plan :func:`_plan`,
 #: arguments ``(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled)``.
 GEMM = LibraryOp("tiletune.gemm", lambda regime: GEMM_SPACE, _plan, reference=_reference, writes=["c"],
@@ -456,13 +471,43 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     if a2.shape[-1] != b2.shape[-2]:
         raise ValueError(f"matmul: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
-    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     batch = broadcast_batch(tuple(a2.shape[:-2]), tuple(b2.shape[:-2]))
     if batch is None:
         raise ValueError(f"matmul: batch dimensions do not broadcast: {tuple(a.shape)} @ {tuple(b.shape)}")
     if not (a.is_cuda and b.is_cuda) or a.device != b.device:
         raise ValueError(f"matmul expects both tensors on one CUDA device, got {a.device} and {b.device}")
-    out_shape = (*batch, m, n)
+    k = a2.shape[-1]
+    out_shape = (*batch, a2.shape[-2], b2.shape[-1])
+    if fp8:
+        sa, sb = _scale_tensor(scale_a, "scale_a", a.device), _scale_tensor(scale_b, "scale_b", a.device)
+    else:
+        sa = sb = _unit_scale(a.device)
+    lib_op, regime, args = prepare_matmul(a2, b2, out_dtype, sa, sb, fp8)
+    c = args[2]
+    if c.numel() == 0:
+        return _finish(c, out_shape, a, b)
+    if k == 0:
+        return _finish(c.zero_(), out_shape, a, b)
+    if lib_op is GEMM_SPLITK:
+        op = GEMM_SPLITK.op(regime)
+        ws, sem = _splitk_scratch(op, a.device, args, c.shape[1], c.shape[2], c.shape[0], regime[3])
+        op(*args, ws, sem)
+    else:
+        lib_op.op(regime)(*args)
+    return _finish(c, out_shape, a, b)
+
+
+def prepare_matmul(a2: Any, b2: Any, out_dtype: Any, scale_a: Any, scale_b: Any,
+                   scaled: bool = False) -> tuple[LibraryOp, Any, tuple[Any, ...]]:
+    """``(library op, regime, launch arguments)`` of :func:`matmul` for operands of two or more dimensions
+    (1-D ones unsqueezed), no checks, no launch; the split-K op's workspace is not among the arguments
+    (:func:`splitk_workspace`). ``(..., M, K) @ (K, N)`` folds the leading dimensions into ``M`` (a view
+    when ``a``'s rows allow it); a transposed view (``w.t()``) is read in transposed order. Works on meta
+    tensors (keys without a GPU)."""
+    import torch
+
+    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    batch = broadcast_batch(tuple(a2.shape[:-2]), tuple(b2.shape[:-2])) or ()
     if b2.dim() == 2 and a2.dim() > 2:
         # (..., M, K) @ (K, N): fold the leading dims into M (a view when a's rows allow it)
         a3, b3 = a2.reshape(1, -1, k), b2.unsqueeze(0)
@@ -470,29 +515,17 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
         nb = math.prod(batch)
         a3 = a2.expand(*batch, m, k).reshape(nb, m, k)
         b3 = b2.expand(*batch, k, n).reshape(nb, k, n)
-    c = torch.empty((a3.shape[0], a3.shape[1], n), dtype=out_dtype, device=a.device)
-    if c.numel() == 0:
-        return _finish(c, out_shape, a, b)
-    if k == 0:
-        return _finish(c.zero_(), out_shape, a, b)
+    c = torch.empty((a3.shape[0], a3.shape[1], n), dtype=out_dtype, device=a2.device)
     a_arg, trans_a = _as_kernel_operand(a3)
     b_arg, trans_b = _as_kernel_operand(b3)
-    if fp8:
-        sa, sb = _scale_tensor(scale_a, "scale_a", a.device), _scale_tensor(scale_b, "scale_b", a.device)
-        GEMM_FP8.op(None)(a_arg, b_arg, c, sa, sb, trans_a, trans_b, True)
-    else:
-        one = _unit_scale(a.device)
-        regime = None if a.dtype == torch.float32 or not ROUTE_SMALL_M_TO_SPLITK else \
-            splitk_regime(c.shape[1], n, k, 2, c.shape[0])
-        if regime is not None:
-            op = GEMM_SPLITK.op(regime)
-            ws, sem = _splitk_scratch(op, a.device, (a_arg, b_arg, c, one, one, trans_a, trans_b, False),
-                                      c.shape[1], n, c.shape[0], regime[3])
-            op(a_arg, b_arg, c, one, one, trans_a, trans_b, False, ws, sem)
-        else:
-            lib_op = GEMM_TF32 if a.dtype == torch.float32 else GEMM
-            lib_op.op(None)(a_arg, b_arg, c, one, one, trans_a, trans_b, False)
-    return _finish(c, out_shape, a, b)
+    args = (a_arg, b_arg, c, scale_a, scale_b, trans_a, trans_b, bool(scaled))
+    if scaled:
+        return GEMM_FP8, None, args
+    regime = None if a2.dtype == torch.float32 or not ROUTE_SMALL_M_TO_SPLITK else \
+        splitk_regime(c.shape[1], n, k, 2, c.shape[0])
+    if regime is not None:
+        return GEMM_SPLITK, regime, args
+    return (GEMM_TF32 if a2.dtype == torch.float32 else GEMM), None, args
 
 
 def _finish(c: Any, out_shape: tuple[int, ...], a: Any, b: Any) -> Any:

@@ -39,7 +39,7 @@ from tiletune.space.templates import next_power_of_2, rope_space
 from tiletune.devices.verify import derived_tolerances
 from tiletune.kernels.library_op import LibraryOp
 from tiletune.kernels._membound import Prepared, check_device, check_float, int64_twin, needs_int64, persistent_grid
-from tiletune.kernels._membound import rows_bucketed
+from tiletune.kernels._keys import ProblemKey, dtype_name, rope_problem_dict
 
 __all__ = ["ROPE", "apply_rope_", "prepare_rope", "rope_plan", "rope_reference"]
 
@@ -125,9 +125,21 @@ def rope_tolerance(*_: Any) -> dict:
     return derived_tolerances(atol_ulps=2.0)
 
 
+def rope_problem(args: Any) -> dict[str, Any]:
+    """The named problem of a RoPE launch (:func:`rope_plan`'s arguments): the tokens ``B * S`` (bucketed to
+    a power of two), not how they split into batch and sequence; the heads of q and k, the rotary
+    dimension, the dtypes, and whether cos/sin hold a row per batch entry (a kernel constant). The views'
+    strides do not enter: half views of a fused qkv output and of separate q, k are read alike."""
+    q1, k1, c1 = args[0], args[2], args[4]
+    b, s, hq, half = (int(x) for x in q1.shape)
+    p = rope_problem_dict(b * s, hq, int(k1.shape[2]), half, dtype_name(q1.dtype), dtype_name(c1.dtype),
+                          int(c1.shape[0]) > 1)
+    del p["problem"]
+    return p
+
+
 ROPE = LibraryOp("tiletune.rope", _space_for, rope_plan, reference=rope_reference, tolerance=rope_tolerance,
-                 inplace=["q1", "q2", "k1", "k2"],
-                 buckets=rows_bucketed("q1", "q2", "k1", "k2", "c1", "c2", "s1", "s2", dim=1))
+                 inplace=["q1", "q2", "k1", "k2"], buckets=ProblemKey("rope", rope_problem, {"tokens": "pow2"}))
 
 
 def _distinct(q: Any, k: Any, *_: Any) -> bool:
@@ -174,6 +186,26 @@ def apply_rope_(q: Any, k: Any, cos: Any, sin: Any, layout: str = "bshd") -> tup
     return prepare_rope(q, k, cos, sin, layout).run()
 
 
+def _foldable(t: Any) -> bool:
+    """Whether ``(B, S, ...)`` ``t`` is a ``(1, B * S, ...)`` view (batch stride = S x position stride)."""
+    b, s = t.shape[0], t.shape[1]
+    return b == 1 or s == 1 or t.stride(0) == s * t.stride(1)
+
+
+def _fold_tokens(q4: Any, k4: Any, c3: Any, s3: Any) -> tuple[Any, Any, Any, Any]:
+    """``(B, S, H, D)`` q, k and ``(Bc, S, R)`` cos/sin as one sequence of ``B * S`` tokens where that is a
+    view of each (a batch of one; one position per batch entry with cos/sin per entry, as in decoding; views
+    of a ``(B, S, ...)`` projection output, fused qkv included), so the kernel walks the tokens as the key
+    counts them; otherwise as they are (cos/sin shared by the batch)."""
+    b, s = q4.shape[0], q4.shape[1]
+    if b == 1 or not (_foldable(q4) and _foldable(k4)):
+        return q4, k4, c3, s3
+    if c3.shape[0] != b or not (_foldable(c3) and _foldable(s3)):
+        return q4, k4, c3, s3  # cos/sin shared by the batch: no per-token view of them
+    return (q4.reshape(1, b * s, *q4.shape[2:]), k4.reshape(1, b * s, *k4.shape[2:]),
+            c3.reshape(1, b * s, c3.shape[-1]), s3.reshape(1, b * s, s3.shape[-1]))
+
+
 def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str = "bshd") -> Prepared:
     """Half views and regime of :func:`apply_rope_` (no checks, no launch); ``result`` is ``(q, k)``."""
     q4, k4 = (q, k) if layout == "bshd" else (q.transpose(1, 2), k.transpose(1, 2))
@@ -184,6 +216,7 @@ def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str = "bshd") -> Pr
         c3 = c3.contiguous()
     if s3.stride(-1) != 1:
         s3 = s3.contiguous()
+    q4, k4, c3, s3 = _fold_tokens(q4, k4, c3, s3)
     h = r // 2
     args = (q4[..., :h], q4[..., h:r], k4[..., :h], k4[..., h:r],
             c3[..., :h], c3[..., h:], s3[..., :h], s3[..., h:])

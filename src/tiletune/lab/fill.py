@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = ["Call", "load_spec", "llm_calls", "LLM_OPS", "resolve_op", "materialize", "run_calls", "FillReport", "tune_calls",
-           "tune_pending"]
+           "tune_pending", "decoder_layer", "layer_inputs", "layer_keys", "layer_calls", "KeyRecorder", "PHASES",
+           "parse_range"]
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,290 @@ def llm_calls(ops: Iterable[str], tokens: Iterable[int], *, hidden: int = 4096, 
             args, kwargs = _llm_args(op, int(m), hidden, intermediate, heads, kv_heads, head_dim, vocab, dtype,
                                      linear_weights)
             out.append(Call(f"tiletune.kernels:{op}", args, kwargs))
+    return out
+
+
+# ------------------------------------------------------------------------------------ a model's layer
+
+#: The phases of a decoder layer :func:`layer_calls` knows.
+PHASES = ("prefill", "decode")
+
+
+def decoder_layer(K: Any, p: Mapping[str, Any], x: Any, cos: Any, sin: Any, *, cache: Any = None, start: Any = None,
+                  lengths: Any = None, eps: float = 1e-5) -> Any:
+    """One decoder layer (Llama / Mistral / Qwen2.5 shape) written with the library ops ``K`` the way a user
+    writes it: ``K`` is :mod:`tiletune.kernels` (or :class:`KeyRecorder`, which computes the same ops'
+    keys on meta tensors). ``x``: ``(B, T, hidden)``; ``p``: ``nn.Linear`` weights ``[N, K]`` (passed as
+    ``w.t()``), fused ``w_qkv`` and ``w_gate_up``, ``w_o``, ``w_down``, norms ``norm1``/``norm2`` and
+    ``heads``/``kv_heads``/``head_dim``; RoPE in place on views of the fused qkv output (``cos``/``sin``:
+    ``(T, D)`` or ``(B, T, D)``). Prefill (``cache`` None): causal attention over the ``T`` tokens (GQA).
+    Decode: ``K.kv_cache_append`` at ``start`` and ``K.decode_attention`` over ``lengths`` positions of the
+    ``cache = (cache_k, cache_v)``, each ``(B, kv_heads, capacity, head_dim)``."""
+    b, t, hidden = x.shape
+    hq, hk, d = int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"])
+    h = K.rms_norm(x, p["norm1"], eps)
+    qkv = K.matmul(h, p["w_qkv"].t())
+    q = qkv[..., :hq * d].unflatten(-1, (hq, d))
+    k = qkv[..., hq * d:(hq + hk) * d].unflatten(-1, (hk, d))
+    v = qkv[..., (hq + hk) * d:].unflatten(-1, (hk, d))
+    K.apply_rope_(q, k, cos, sin)
+    if cache is None:
+        o = K.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    else:
+        cache_k, cache_v = cache
+        K.kv_cache_append(cache_k, cache_v, k.transpose(1, 2), v.transpose(1, 2), start)
+        o = K.decode_attention(q.transpose(1, 2), cache_k, cache_v, lengths, causal=True)
+    x = x + K.matmul(o.transpose(1, 2).reshape(b, t, hq * d), p["w_o"].t())
+    h = K.rms_norm(x, p["norm2"], eps)
+    return x + K.matmul(K.swiglu(K.matmul(h, p["w_gate_up"].t())), p["w_down"].t())
+
+
+def layer_inputs(dims: Mapping[str, int], phase: str, batch: int, length: int, *, device: str = "cuda",
+                 dtype: str = "bfloat16", seed: int = 0) -> tuple[dict[str, Any], tuple[Any, ...], dict[str, Any]]:
+    """``(p, args, kwargs)`` of :func:`decoder_layer` for a model's dims: prefill ``batch`` sequences of
+    ``length`` tokens (cos/sin ``(T, D)``); decode one token for each of ``batch`` sequences over a cache of
+    capacity ``length`` (positions ``length - 1``, cos/sin ``(B, 1, D)``, start and lengths as device
+    tensors). Random values off the meta device."""
+    import torch
+
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    dt = getattr(torch, dtype)
+    hidden, inter = dims["hidden"], dims["intermediate"]
+    hq, hk, d = dims["heads"], dims["kv_heads"], dims["head_dim"]
+    gen = torch.Generator(device=device).manual_seed(seed) if device != "meta" else None
+
+    def rand(*shape: int, scale: float = 1.0) -> Any:
+        t = torch.empty(shape, dtype=torch.float32, device=device)
+        if device != "meta":
+            t.normal_(generator=gen).mul_(scale)
+        return t.to(dt)
+
+    p: dict[str, Any] = dict(heads=hq, kv_heads=hk, head_dim=d,
+                             w_qkv=rand((hq + 2 * hk) * d, hidden, scale=hidden ** -0.5),
+                             w_o=rand(hidden, hq * d, scale=(hq * d) ** -0.5),
+                             w_gate_up=rand(2 * inter, hidden, scale=hidden ** -0.5),
+                             w_down=rand(hidden, inter, scale=inter ** -0.5),
+                             norm1=rand(hidden, scale=0.1) + 1 if device != "meta" else rand(hidden),
+                             norm2=rand(hidden, scale=0.1) + 1 if device != "meta" else rand(hidden))
+    t = length if phase == "prefill" else 1
+    x = rand(batch, t, hidden)
+    pos = torch.arange(length, device=device, dtype=torch.float32)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+    ang = torch.outer(pos, inv)
+    emb = torch.cat((ang, ang), dim=-1)
+    cos, sin = emb.cos().to(dt), emb.sin().to(dt)
+    if phase == "prefill":
+        return p, (x, cos, sin), {}
+    cos = cos[-1:].expand(batch, 1, d).contiguous()
+    sin = sin[-1:].expand(batch, 1, d).contiguous()
+    cache = (rand(batch, hk, length, d), rand(batch, hk, length, d))
+    start = torch.full((batch,), length - 1, dtype=torch.int32, device=device)
+    lengths = torch.full((batch,), length, dtype=torch.int32, device=device)
+    return p, (x, cos, sin), dict(cache=cache, start=start, lengths=lengths)
+
+
+class KeyRecorder:
+    """The library ops of :func:`decoder_layer` on meta tensors: each call builds the launch arguments its
+    op would (the ops' ``prepare_*`` functions, no checks, no device), records the tuned ops' stored keys
+    (``keys``: ``(op name, regime, canonical key JSON)``) and the call itself (``calls``:
+    ``(op, args, kwargs, keys)``), and returns a meta output of the right shape. Keys only: no GPU."""
+
+    def __init__(self, sms: int = 132) -> None:
+        self.sms = sms
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any], list[tuple[str, Any, str]]]] = []
+
+    @property
+    def keys(self) -> list[tuple[str, Any, str]]:
+        return [k for *_, ks in self.calls for k in ks]
+
+    @staticmethod
+    def key_of(lib_op: Any, regime: Any, args: Sequence[Any]) -> tuple[str, Any, str]:
+        """``(op name, regime, stored key)`` of one tuned-op launch, as the op's identity computes it."""
+        import inspect
+
+        from tiletune.records import canonical_json
+        from tiletune.keys import args_key_json
+
+        if lib_op.buckets is None:
+            key = args_key_json(args)
+        else:
+            params = list(inspect.signature(lib_op.plan).parameters)[1:]
+            key = lib_op.buckets.resolve(params).key_json(args)
+        return lib_op.name, regime, canonical_json(key)
+
+    def _note(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], launches: Sequence[Any]) -> None:
+        self.calls.append((op, args, kwargs, [self.key_of(f, r, a) for f, r, a in launches]))
+
+    def rms_norm(self, x: Any, weight: Any = None, eps: float = 1e-6) -> Any:
+        from tiletune.kernels.norms import prepare_rms_norm
+
+        pr = prepare_rms_norm(x, weight, eps)
+        self._note("rms_norm", (x, weight, eps), {}, [pr[:3]])
+        return pr.result
+
+    def swiglu(self, x: Any) -> Any:
+        from tiletune.kernels.glu import ACT_SILU, prepare_glu
+
+        pr = prepare_glu(x, ACT_SILU)
+        self._note("swiglu", (x,), {}, [pr[:3]])
+        return pr.result
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        import torch
+
+        from tiletune.kernels.gemm import broadcast_batch, prepare_matmul
+
+        one = torch.empty(1, dtype=torch.float32, device=a.device)
+        lib_op, regime, args = prepare_matmul(a, b, a.dtype, one, one)
+        self._note("matmul", (a, b), {}, [(lib_op, regime, args)])
+        batch = broadcast_batch(tuple(a.shape[:-2]), tuple(b.shape[:-2])) or ()
+        return args[2].reshape(*batch, a.shape[-2], b.shape[-1])
+
+    def apply_rope_(self, q: Any, k: Any, cos: Any, sin: Any, layout: str = "bshd") -> tuple[Any, Any]:
+        from tiletune.kernels.rope import prepare_rope
+
+        pr = prepare_rope(q, k, cos, sin, layout)
+        self._note("apply_rope_", (q, k, cos, sin), {}, [pr[:3]])
+        return q, k
+
+    def _decode(self, call: Any) -> list[Any]:
+        from tiletune.kernels.decode_attention_op import DECODE_COMBINE, DECODE_DIRECT, DECODE_PARTIAL
+
+        if call.direct:
+            return [(DECODE_DIRECT, None, call.direct_args)]
+        return [(DECODE_PARTIAL, None, call.partial_args), (DECODE_COMBINE, None, call.combine_args)]
+
+    def attention(self, q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
+        from tiletune.kernels.attention_op import prepare_attention
+
+        pr = prepare_attention(q, k, v, causal, scale or q.shape[-1] ** -0.5, sms=self.sms)
+        launches = [pr[:3]] if hasattr(pr, "family") else self._decode(pr)
+        self._note("attention", (q, k, v), {"causal": causal}, launches)
+        return pr.result if hasattr(pr, "family") else pr.out
+
+    def kv_cache_append(self, cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) -> tuple[Any, Any]:
+        from tiletune.kernels.decode_attention_op import prepare_kv_cache_append
+
+        pr = prepare_kv_cache_append(cache_k, cache_v, k, v, start)
+        self._note("kv_cache_append", (cache_k, cache_v, k, v, start), {}, [pr[:3]])
+        return cache_k, cache_v
+
+    def decode_attention(self, q: Any, cache_k: Any, cache_v: Any, lengths: Any = None, causal: bool = True,
+                         scale: float | None = None) -> Any:
+        import torch
+
+        from tiletune.kernels.decode_attention_op import prepare_decode
+
+        bsz = q.shape[0]
+        lens = lengths if isinstance(lengths, torch.Tensor) else torch.empty(bsz, dtype=torch.int32, device=q.device)
+        call = prepare_decode(q, cache_k, cache_v, lens.to(torch.int32), causal, scale or q.shape[-1] ** -0.5,
+                              sms=self.sms)
+        self._note("decode_attention", (q, cache_k, cache_v, lengths), {"causal": causal}, self._decode(call))
+        return call.out
+
+
+def _spec_of(value: Any, dtype_fill: Mapping[str, str]) -> Any:
+    """A recorded argument as a fill spec: a tensor by shape and dtype (``transposed`` for the transpose
+    of a contiguous tensor, as ``w.t()``; other views as a contiguous tensor of the same shape: the ops'
+    keys do not depend on those strides), anything else as it is."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    dtype = str(value.dtype).replace("torch.", "")
+    shape = list(value.shape)
+    transposed = value.dim() >= 2 and value.transpose(-1, -2).is_contiguous() and not value.is_contiguous()
+    return _t(shape, dtype, dtype_fill.get(dtype, "normal"), transposed=transposed)
+
+
+def _layer_recording(dims: Mapping[str, int], phase: str, batch: int, length: int, dtype: str,
+                     sms: int) -> KeyRecorder:
+    rec = KeyRecorder(sms)
+    p, args, kwargs = layer_inputs(dims, phase, batch, length, device="meta", dtype=dtype)
+    decoder_layer(rec, p, *args, **kwargs)
+    return rec
+
+
+def layer_keys(model: str | Mapping[str, int], phase: str, batch: int, length: int, *, dtype: str = "bfloat16",
+               sms: int = 132) -> list[tuple[str, Any, str]]:
+    """The stored keys (``(op name, regime, key JSON)``, in launch order) of the tuned-op launches of one
+    forward of :func:`decoder_layer` (``phase``, ``batch`` sequences, ``length`` tokens per sequence in
+    prefill, the cache capacity in decode) for ``model`` (a :data:`MODEL_SHAPES` name or its dims),
+    computed on meta tensors (``sms``: the GPU's SM count, which picks decode attention's splits; 132 for
+    the H200)."""
+    dims = model_dims(model) if isinstance(model, str) else dict(model)
+    return _layer_recording(dims, phase, batch, length, dtype, sms).keys
+
+
+def _layer_call(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], length: int) -> Call:
+    """A recorded public call as a fill call: tensors as specs; the start of an append as zeros and the
+    lengths of decode attention as the int ``length`` (the keys do not read their values)."""
+    fills = {"int32": "zeros", "int64": "zeros"}
+    specs = [_spec_of(a, fills) for a in args]
+    if op == "decode_attention":
+        specs[3] = length
+    return Call(f"tiletune.kernels:{op}", tuple(specs), {k: _spec_of(v, fills) for k, v in kwargs.items()})
+
+
+def parse_range(text: str, what: str) -> tuple[int, int]:
+    """``"N"`` or ``"LO-HI"`` (inclusive, >= 1) as ``(lo, hi)``; ValueError names ``what``."""
+    parts = str(text).split("-")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, -1)
+    except ValueError:
+        lo, hi = 0, -1
+    if lo < 1 or hi < lo:
+        raise ValueError(f"{what} {text!r}: expected N or LO-HI with 1 <= LO <= HI")
+    return lo, hi
+
+
+def _candidates(lo: int, hi: int, extra: Iterable[int] = ()) -> list[int]:
+    """Sizes of ``[lo, hi]`` that meet every bucket a power-of-two or grid rule makes of the range (both
+    ends of each bucket), largest first."""
+    from tiletune.kernels._keys import KV_LEN_GRID
+
+    out = {lo, hi}
+    edges = [1 << i for i in range(0, max(hi, 1).bit_length() + 1)] + list(KV_LEN_GRID) + list(extra)
+    for e in edges:
+        out.update(x for x in (e, e + 1) if lo <= x <= hi)
+    return sorted(out, reverse=True)
+
+
+def layer_calls(model: str | Mapping[str, int], phase: str, batch: int | tuple[int, int],
+                length: int | tuple[int, int], *, dtype: str = "bfloat16", sms: int = 132) -> list[Call]:
+    """The library calls that warm every key one forward of :func:`decoder_layer` makes for ``model`` over
+    a range of shapes: ``batch`` sequences (an int or an inclusive ``(lo, hi)``) and ``length`` (prefill:
+    tokens per sequence; decode: the KV cache's capacity, attended whole), also an int or a range.
+
+    The layer is recorded on meta tensors at sizes that meet every bucket of the range (both ends of each
+    power-of-two bucket, the decode length grid, and the batch where decode attention stops splitting the
+    cache), largest first; a recorded call is kept when one of its keys is new. Each kept call is a fill
+    call on fresh tensors (:func:`_layer_call`) whose keys equal the layer's (the tests check it), so
+    ``run_calls`` tunes exactly the keys the layer meets anywhere in the range."""
+    dims = model_dims(model) if isinstance(model, str) else dict(model)
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    b_lo, b_hi = (batch, batch) if isinstance(batch, int) else batch
+    l_lo, l_hi = (length, length) if isinstance(length, int) else length
+    extra_b: list[int] = []
+    extra_l: list[int] = []
+    if phase == "decode":  # decode attention takes one split (the direct kernel) once B * Hkv * blocks > sms / 2
+        from tiletune.kernels.decode_attention_kernels import GRANULE, decode_rows
+
+        per = dims["kv_heads"] * decode_rows(dims["heads"] // dims["kv_heads"], 1)[2]
+        extra_b = [sms // 2 // per, sms // 2 // per + 1]
+        extra_l = [GRANULE]
+    seen: set[tuple[str, Any, str]] = set()
+    out: list[Call] = []
+    for b in _candidates(b_lo, b_hi, extra_b):
+        for n in _candidates(l_lo, l_hi, extra_l):
+            rec = _layer_recording(dims, phase, b, n, dtype, sms)
+            for op, args, kwargs, keys in rec.calls:
+                new = [k for k in keys if k not in seen]
+                if new:
+                    seen.update(keys)
+                    out.append(_layer_call(op, args, kwargs, n))
     return out
 
 
