@@ -142,7 +142,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("tune"):
         y_served = y_served.clone()
         log.reset()
-        L.use_fresh_database(str(Path(tempfile.mkdtemp(prefix="tiletune-ff-tuned-")) / "tuning.db"), tables=False)
+        L.use_fresh_database(str(Path(tempfile.mkdtemp(prefix="tiletune-ff-tuned-")) / "tuning.db"), tables=False,
+                             on_miss="tune")  # every key exactly: no neighbour answers
         with torch.no_grad():
             t0 = time.perf_counter()
             y_tuned = layer(*args)

@@ -195,8 +195,17 @@ def test_a_neighbour_that_fails_its_check_is_passed_over(tmp_path):
     assert server.config_for(torch.randn(100), torch.empty(100))["K"] == 4 and server.tuning_count == 0
 
 
-def test_without_a_neighbour_nearest_tunes(tmp_path):
+def test_without_a_neighbour_nearest_serves_the_default_config(tmp_path):
     server = _op(tmp_path / "t.db", name="nn.none", on_miss="nearest")
+    x, y = torch.randn(100), torch.empty(100)
+    server(x, y)
+    assert server.tuning_count == 0 and server.config_for(x, y)["K"] == 0 and len(server.provisional) == 1
+    assert torch.equal(y, x * 2)
+
+
+def test_a_default_config_that_fails_its_check_is_tuned(tmp_path):
+    server = _op(tmp_path / "t.db", name="nn.nodefault", on_miss="nearest",
+                 failures=lambda c: SimulatedCandidate(tt.Status.MISMATCH) if c.K == 0 else None)
     server(torch.randn(100), torch.empty(100))
     assert server.tuning_count == 1 and server.provisional == []
 

@@ -618,7 +618,7 @@ class TunedOp:
     def _resolved_launch(self, cfg: Config,
                          args: tuple[Any, ...]) -> tuple[LaunchParts, tuple[int, ...], tuple[Any, ...]]:
         """``cfg``'s launch on ``args`` ready to issue: ``(the backend's launch parts for the plan's kernel,
-        grid, kernel arguments)``; ``parts.launch(parts.stream(parts.dev), grid, parts.hinted, kargs)``."""
+        grid, kernel arguments)``; ``launch, stream, kernel, device = parts; launch(stream(device), grid, kernel, kargs)``."""
         kernel, grid, kargs = self._launch_spec(cfg, args)
         return self.backend.launch_parts(cfg, kernel, self.backend.arg_device(args)), tuple(grid), tuple(kargs)
 
@@ -761,7 +761,7 @@ class TunedOp:
 
     def launch_parts(self, cfg: Config, args: tuple[Any, ...]) -> tuple[LaunchParts, tuple[int, ...], tuple[Any, ...]]:
         """``cfg``'s launch on ``args`` ready to issue: ``(the backend's launch parts, grid, kernel arguments)``;
-        ``parts.launch(parts.stream(parts.dev), grid, parts.hinted, kargs)``."""
+        ``launch, stream, kernel, device = parts; launch(stream(device), grid, kernel, kargs)``."""
         return self._resolved_launch(cfg, args)
 
     def settled(self, key: Any) -> Config | None:
@@ -909,7 +909,7 @@ def autotune(
         on_miss: what a key that nothing stored (no pin, database record or table entry) answers gets:
             ``"tune"`` (the default): it is tuned now; ``"nearest"``: the config of its nearest tuned
             neighbour (same op, device and layout; see :mod:`tiletune.resolve.nearest`), checked once on
-            the call, launched at once and recorded as pending (no neighbour: tuned now);
+            the call, launched at once and recorded as pending (no neighbour: the baseline, likewise);
             ``"default"``: the baseline config, checked once, launched at once and recorded as pending.
             Pending keys are tuned by :meth:`TunedOp.tune_pending`, ``tiletune tune --pending`` (from
             the database's pending file) or in the background.

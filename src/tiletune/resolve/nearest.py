@@ -16,7 +16,9 @@ the answer is worth); one that fails its check is passed over for the next neare
 provisional: the key is recorded as pending (:mod:`tiletune.resolve.pending`) and tuned later
 (``tiletune tune --pending``, :meth:`tiletune.TunedOp.tune_pending`, or in the background).
 
-``on_miss="default"`` answers the same way with the space's baseline config instead of a neighbour's.
+``on_miss="default"`` answers the same way with the space's baseline config instead of a neighbour's, and
+so does ``"nearest"`` when no neighbour of the family is known (yet) or none passes its check: a miss
+never stalls the call. Only a default config that fails its check is tuned at once.
 """
 
 from __future__ import annotations
@@ -180,8 +182,9 @@ def check_once(problem: "Problem", cfg: "Config") -> str | None:
 
 
 class NearestSource:
-    """``on_miss="nearest"``: the nearest stored neighbour's config, checked once; ``on_miss="default"``:
-    the baseline config, checked once. Both are provisional (the key is recorded as pending)."""
+    """``on_miss="nearest"``: the nearest stored neighbour's config, checked once (none: as ``"default"``);
+    ``on_miss="default"``: the baseline config, checked once. Both are provisional (the key is recorded as
+    pending)."""
 
     name = "nearest"
 
@@ -189,13 +192,7 @@ class NearestSource:
         from tiletune.resolve.problem import Choice
 
         if problem.policy == "default":
-            cfg = problem.spec.baseline(problem.arch)
-            why = check_once(problem, cfg)
-            if why is not None:
-                logger.info("%s: the default config %s failed its check on %s (%s); tuning", problem.name, cfg,
-                            problem.identity.key, why)
-                return None
-            return Choice(cfg, "default", provisional=True)
+            return self._default(problem)
         if problem.policy != "nearest":
             return None
         t0 = time.perf_counter()
@@ -213,4 +210,18 @@ class NearestSource:
             logger.info("%s: the config %s of neighbour %s failed its check (%s)", problem.name, cfg, n.key, why)
             if tried >= MAX_TRIED:
                 break
-        return None
+        return self._default(problem)  # no tuned neighbour of this family (yet): the default config
+
+    @staticmethod
+    def _default(problem: "Problem") -> "Choice | None":
+        from tiletune.resolve.problem import Choice
+
+        cfg = problem.spec.baseline(problem.arch)
+        why = check_once(problem, cfg)
+        if why is not None:
+            logger.info("%s: the default config %s failed its check on %s (%s); tuning", problem.name, cfg,
+                        problem.identity.key, why)
+            return None
+        logger.info("%s: no tuned neighbour of %s; the default config %s, provisionally", problem.name,
+                    problem.identity.key, cfg)
+        return Choice(cfg, "default", provisional=True)

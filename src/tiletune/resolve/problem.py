@@ -31,8 +31,8 @@ __all__ = ["ON_MISS", "OpSpec", "Problem", "Choice", "SOURCES", "IDENTITY_SAMPLE
 
 #: What an op does with a key that nothing stored answers: ``"tune"`` it now (the default of
 #: ``autotune``), serve the config of its ``"nearest"`` tuned neighbour at once and record the key
-#: as pending (the default of the library ops; no neighbour: tune), or launch the space's
-#: ``"default"`` (baseline) config at once and record the key as pending.
+#: as pending (the default of the library ops; no neighbour: the default config), or launch the
+#: space's ``"default"`` (baseline) config at once and record the key as pending.
 ON_MISS = ("tune", "nearest", "default")
 
 #: Every source a choice can come from, in the order the chain asks them.
