@@ -90,7 +90,7 @@ n = 4096
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-NAME, SPACE, ARGS, WRITES = "bench.tilegym_matmul", matmul_space(2), (a, b, c), ["c"]
+NAME, SPACE, ARGS, WRITES = "bench.tilegym_matmul", matmul_space(2), (a, b, c), [2]
 def launch_of(cfg, a, b, c):
     tm, tn = cfg["TM"], cfg["TN"]
     return (((a.shape[0] + tm - 1) // tm) * ((b.shape[1] + tn - 1) // tn), 1, 1), (a, b, c, tm, tn, cfg["TK"])
@@ -114,7 +114,7 @@ a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
 SPACE = tt.Space(**MATMUL_SPACE_PARAMS, constraints={"tile_fits": tile_fits}, baseline=MATMUL_BASELINE)
-NAME, ARGS, WRITES = "bench.matmul", (a, b, c), ["c"]
+NAME, ARGS, WRITES = "bench.matmul", (a, b, c), [2]
 def launch_of(cfg, a, b, c):
     tm, tn = cfg["TM"], cfg["TN"]
     return (((a.shape[0] + tm - 1) // tm) * ((b.shape[1] + tn - 1) // tn),), (a, b, c, tm, tn, cfg["TK"], MATMUL_GROUP_M)
@@ -138,7 +138,7 @@ x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(k, device="cuda", dtype=torch.bfloat16)
 y = torch.empty_like(x)
 SPACE = tt.Space(**RMSNORM_SPACE_PARAMS, baseline=RMSNORM_BASELINE)
-NAME, ARGS, WRITES = "bench.rmsnorm", (x, w, y, 1e-6), ["y"]
+NAME, ARGS, WRITES = "bench.rmsnorm", (x, w, y, 1e-6), [2]
 def launch_of(cfg, x, w, y, eps):
     sms = torch.cuda.get_device_properties(x.get_device()).multi_processor_count
     return (max(1, min(x.shape[0], sms * cfg["occupancy"])),), (x, w, y, eps, next_power_of_2(x.shape[1]))

@@ -1246,3 +1246,16 @@ def test_fullgraph_inductor_on_cpu_tensors_runs_the_bound_implementations(stand_
     got = torch.compile(cpu_block, fullgraph=True, backend="inductor")(*a)
     torch.testing.assert_close(got, want)
     assert torch.equal(a[2], q0 * 2) and torch.equal(a[3], k0 * 3)  # the caller's q and k, written in place
+
+
+def test_a_slot_resolved_on_its_first_call_passes_keywords(monkeypatch):
+    """The first call through a slot resolves the target and passes keywords on (matmul with scales calls
+    its target with ``scale_a=`` / ``scale_b=`` / ``out_dtype=``; a fresh process's first scaled call failed
+    with an unexpected keyword on the H200 before)."""
+    from tiletune.kernels import torch_ops
+
+    seen = []
+    monkeypatch.setattr(torch_ops, "_resolve", lambda name: lambda *a, **k: seen.append((name, a, k)) or "done")
+    slot = torch_ops._Slot("matmul_scaled")
+    assert slot.fn(1, 2, scale_a=0.5, out_dtype=None) == "done"
+    assert seen == [("matmul_scaled", (1, 2), {"scale_a": 0.5, "out_dtype": None})]

@@ -176,9 +176,9 @@ class _Slot:
         self.name = name
         self.fn: Callable[..., Any] = self._first
 
-    def _first(self, *args: Any) -> Any:
+    def _first(self, *args: Any, **kwargs: Any) -> Any:
         self.fn = _resolve(self.name)
-        return self.fn(*args)
+        return self.fn(*args, **kwargs)
 
 
 # kept over importlib.reload (which re-runs this file in the same namespace): the registered kernels of

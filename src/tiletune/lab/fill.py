@@ -652,9 +652,11 @@ def tune_pending(*, device: str = "cuda", db_path: str | None = None,
 
     import tiletune.kernels as kernels
 
-    for name in kernels.__all__ + ["decode_attention", "kv_cache_append", "matmul_swiglu"]:
-        getattr(kernels, name)  # every library op constructed (their modules import lazily)
-    importlib.import_module("tiletune.kernels.gemm")
+    import pkgutil
+
+    for info in pkgutil.iter_modules(kernels.__path__):  # every library op constructed (modules import lazily)
+        if not info.name.startswith("_") and info.name != "hf":
+            importlib.import_module(f"{kernels.__name__}.{info.name}")
     db = open_database(db_path)
     path = pending.pending_path(db)
     report = FillReport()
