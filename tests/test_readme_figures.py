@@ -53,7 +53,8 @@ def _strategy(space: str, strategy: str) -> dict:
 TABLE_SOURCES: dict[str, list[str]] = {
     "measured on one H200": ["h200/decoder_layer.json", "h200/kernels_compute_wt.json", "h200/kernels_memory.json",
                              "h200/tuning_speed.json", "h200/fault_matrix.json", "h200/dispatch_overhead.json",
-                             "h200/first_call_linear.json", "h200/graphs_compile.json"],
+                             "h200/first_call_linear.json", "h200/graphs_compile.json", "h200/first_forward.json",
+                             "h200/nearest_quality.json", "h200/compile_tax.json", "h200/fault_space.json"],
     "benchmark": ["h200/tuning_speed.json", "h200/warm_start.json", "h200/dispatch_overhead.json",
                   "h200/determinism.json", "h200/fault_matrix.json", "h200/host_cost.json",
                   "h200/graphs_compile.json", "h200/first_call.json", "h200/ab.json",
