@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--profile", action="store_true",
-                    help="torch.profiler: top 15 CPU ops by self time of the compiled decode step")
+                    help="torch.profiler: top 15 CPU ops and GPU kernels by self time of each decode step")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no new row after this many seconds (default 450; --quick 170; 0: no limit)")
     ap.add_argument("--full-tuning", action="store_true",
@@ -163,20 +163,30 @@ class Notes:
 
 
 def profile_top(fn: Any, forwards: int = PROFILE_FORWARDS, top: int = PROFILE_TOP) -> list[dict[str, Any]]:
-    """The ``top`` CPU ops by self time over ``forwards`` calls of ``fn`` (after 3 warm-up calls), per forward."""
+    """The ``top`` CPU ops by self time, then the ``top`` device kernels by self device time, over ``forwards``
+    calls of ``fn`` (after 3 warm-up calls), per forward."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(forwards):
             fn()
         torch.cuda.synchronize()
-    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
-    return [{"op": e.key[:120], "self_cpu_us": round(e.self_cpu_time_total / forwards, 2),
-             "cpu_total_us": round(e.cpu_time_total / forwards, 2), "calls": e.count / forwards} for e in rows]
+    events = prof.key_averages()
+
+    def device_us(e: Any) -> float:
+        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+    rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    out = [{"op": e.key[:120], "self_cpu_us": round(e.self_cpu_time_total / forwards, 2),
+            "cpu_total_us": round(e.cpu_time_total / forwards, 2), "calls": e.count / forwards} for e in rows]
+    gpu = sorted((e for e in events if device_us(e) > 0), key=lambda e: -device_us(e))[:top]
+    out += [{"gpu_op": e.key[:120], "self_device_us": round(device_us(e) / forwards, 2), "calls": e.count / forwards}
+            for e in gpu]
+    return out
 
 
 def _set_dynamo_limits() -> None:
