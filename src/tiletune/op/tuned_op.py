@@ -17,7 +17,7 @@ import threading
 import weakref
 from contextvars import ContextVar
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tiletune.devices.backends.base import Backend, Launch, LaunchParts
 from tiletune.op.binding import positional_binder

@@ -24,7 +24,7 @@ from tiletune.errors import DatabaseError, DatabaseWarning
 from tiletune.store import TuningDB
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tiletune.resolve.chain import Attempt
+    from tiletune.resolve.attempt import Attempt
     from tiletune.resolve.problem import Choice, Problem
 
 logger = logging.getLogger("tiletune")

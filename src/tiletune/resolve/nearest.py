@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from tiletune.errors import DatabaseError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tiletune.resolve.chain import Attempt
+    from tiletune.resolve.attempt import Attempt
     from tiletune.resolve.problem import Choice, Problem
     from tiletune.space.spaces import Config
 

@@ -26,7 +26,7 @@ from tiletune.errors import AllCandidatesFailed, DatabaseError, SpaceError
 from tiletune.records import Measurement, TuneResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tiletune.resolve.chain import Attempt
+    from tiletune.resolve.attempt import Attempt
     from tiletune.resolve.problem import Choice, Problem
 
 logger = logging.getLogger("tiletune")
@@ -87,7 +87,7 @@ def tune(problem: "Problem", *, resume: bool = False, on_result: Callable[[Measu
     holds the results another (killed) process recorded for this identity."""
     from tiletune.engine.progress import tuning_progress
     from tiletune.engine.search import DEFAULT_SEARCH_EVALS, default_search, run_search
-    from tiletune.resolve.chain import current_scope, MissScope
+    from tiletune.resolve.attempt import MissScope, current_scope
     from tiletune.space.strategies.base import Budget, make_strategy
 
     spec, arch, identity = problem.spec, problem.arch, problem.identity
@@ -163,7 +163,7 @@ class TuneSource:
     name = "tuned"
 
     def get(self, problem: "Problem", attempt: "Attempt") -> "Choice | None":
-        from tiletune.resolve.leases import acquire_lease, lease_holder, progress, record_progress, wait_for_winner
+        from tiletune.resolve.leases import acquire_lease, lease_holder, progress, wait_for_winner
         from tiletune.resolve.problem import Choice
 
         handle = problem.database
