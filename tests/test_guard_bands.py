@@ -224,3 +224,30 @@ def test_in_a_worker_a_write_past_the_end_fails_its_check_and_never_wins():
     x, buf, y = _caller_tensors()
     _assert_past_end_fails(op, be, x, buf, y)
     assert [c.as_dict() for c, _, _ in be.launches] == [{"K": 1}]  # only the winner ran in the caller
+
+
+@pytest.mark.parametrize("dtype,offset", [(torch.float16, 1), (torch.int8, 3), (torch.float32, 1),
+                                          (torch.float64, 0)])
+def test_one_element_either_side_of_a_dense_view_is_caught_at_any_offset(dtype, offset):
+    y = torch.zeros(40, dtype=dtype)[offset:offset + 13]
+    band = GuardBand(y)
+    assert band.dense
+    for where, word in ((13, "past its end"), (-1, "before its start")):
+        v = band.arm()
+        v.copy_(torch.ones(13, dtype=dtype))
+        assert band.damage() is None
+        torch.as_strided(v, (1,), (1,), v.storage_offset() + where).fill_(1)
+        assert word in band.damage()
+
+
+def test_bands_that_cannot_be_made_are_given_up(monkeypatch):
+    import tiletune.devices.verify as verify
+
+    def no_memory(self, t):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(verify.GuardBand, "__init__", no_memory)
+    x, y = torch.randn(4), torch.zeros(4)
+    guard = ArgGuard((x, y), outputs=(1,))
+    assert guard.checked_kernel_args((x, y)) is None
+    assert guard.banded == () and "out of memory" in guard.band_error

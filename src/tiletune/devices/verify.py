@@ -266,6 +266,14 @@ def guard_pad_bytes(span: int) -> int:
     return -(-pad // GUARD_ALIGN) * GUARD_ALIGN
 
 
+def _edge_bytes(buf: Any, a0: int, a1: int, b0: int, b1: int) -> Any:
+    """``buf[a0:a1]`` and ``buf[b0:b1]`` as one tensor, None when both are empty."""
+    import torch
+
+    parts = [p for p in (buf[a0:a1], buf[b0:b1]) if p.numel()]
+    return torch.cat(parts) if parts else None
+
+
 class GuardBand:
     """A twin of one written tensor inside a sentinel-filled buffer, for a checked run.
 
@@ -273,8 +281,10 @@ class GuardBand:
     offset modulo :data:`GUARD_ALIGN` (alignment as seen by the kernel unchanged); before it lie
     :func:`guard_pad_bytes` bytes of band, after its last element as many. :meth:`arm` fills the whole
     buffer with :data:`GUARD_BYTE` (the caller then writes the elements); :meth:`damage` (after the
-    launch, and after the result was copied out of :attr:`view`) puts the sentinel into the elements too
-    and says which bytes of the buffer are no longer the sentinel. The buffer is made once and reused.
+    launch, and after the result was copied out of :attr:`view`) says which bytes outside the elements
+    are no longer the sentinel: only the two bands for a dense tensor; for a view with gaps it puts the
+    sentinel into the elements first and compares the whole buffer. The comparison runs on 8-byte words
+    (no byte-wide temporary); the buffer is made once and reused by every checked run.
     """
 
     def __init__(self, t: Any) -> None:
@@ -291,7 +301,11 @@ class GuardBand:
         lead += -lead % self.itemsize
         self.lead = lead
         total = lead + self.span + self.pad
+        total += -total % 8  # whole 8-byte words (the after-band grows by a few bytes)
         self.buf = torch.empty(total, dtype=torch.uint8, device=t.device)
+        self._words = self.buf.view(torch.int64)
+        self._word = int.from_bytes(bytes([GUARD_BYTE]) * 8, "little", signed=True)
+        self.dense = t.numel() * self.itemsize == self.span
         self.view = torch.empty(0, dtype=t.dtype, device=t.device).set_(
             self.buf.untyped_storage(), lead // self.itemsize, self.shape, self.strides)
         name = _SAME_SIZE_INT.get(self.itemsize)
@@ -310,15 +324,26 @@ class GuardBand:
     def damage(self) -> str | None:
         """None when every byte outside the elements still holds the sentinel, else which bytes changed
         (before the start, past the end, between the elements). Overwrites the elements (copy them first)."""
-        if isinstance(self._fill, int):
-            self._elements.fill_(self._fill)
-        else:
-            self._elements.copy_(self._fill.expand(self.shape))
-        bad = self.buf != GUARD_BYTE
-        if not bool(bad.any()):
-            return None
-        idx = bad.nonzero().flatten()
         end = self.lead + self.span
+        if self.dense:  # no gaps: the bands alone (the words around the elements)
+            lo, hi = self.lead // 8, -(-end // 8)
+            clean = not bool((self._words[:lo] != self._word).any()) and \
+                not bool((self._words[hi:] != self._word).any())
+            if clean:  # the words the elements share with a band at either edge: check those bytes
+                edge = _edge_bytes(self.buf, lo * 8, self.lead, end, hi * 8)
+                clean = edge is None or not bool((edge != GUARD_BYTE).any())
+        else:
+            if isinstance(self._fill, int):
+                self._elements.fill_(self._fill)
+            else:
+                self._elements.copy_(self._fill.expand(self.shape))
+            clean = not bool((self._words != self._word).any())
+        if clean:
+            return None
+        bad = self.buf != GUARD_BYTE
+        if self.dense:
+            bad[self.lead:end] = False
+        idx = bad.nonzero().flatten()
         parts = []
         before = idx[idx < self.lead]
         after = idx[idx >= end]
@@ -356,6 +381,7 @@ class ArgGuard:
         self.inplace = tuple(inplace)
         self.saved = {i: self.args[i].clone() for i in (*self.outputs, *self.inplace)}
         self.banded = self._bandable() if bands else ()
+        self.band_error: str | None = None  # why the bands were given up (their buffers could not be made)
         self._bands: dict[int, GuardBand] = {}
 
     def _bandable(self) -> tuple[int, ...]:
@@ -429,9 +455,14 @@ class ArgGuard:
             return None
         import torch
 
-        for i in self.banded:
-            if i not in self._bands:
-                self._bands[i] = GuardBand(self.args[i])
+        try:
+            for i in self.banded:
+                if i not in self._bands:
+                    self._bands[i] = GuardBand(self.args[i])
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory: no bands for this session
+            self.band_error = f"{type(exc).__name__}: {exc}"[:300]
+            self.banded, self._bands = (), {}
+            return None
         owners = {}
         for i in self.banded:
             st = self.args[i].untyped_storage()

@@ -199,12 +199,10 @@ class CutileSession:
         if self.guard is None or not self.guard.banded:
             return None
         spec = self.plan(cand.config, *self.args)
-        try:
-            kargs = self.guard.checked_kernel_args(spec.args)
-        except Exception as exc:  # noqa: BLE001 - no twins (out of memory): run in place as before
-            self.stats["guard_bands_off"] = f"{type(exc).__name__}: {exc}"[:300]
-            return None
+        kargs = self.guard.checked_kernel_args(spec.args)
         if kargs is None:
+            if self.guard.band_error:  # the twins could not be made (out of memory): in place from now on
+                self.stats["guard_bands_off"] = self.guard.band_error
             return None
         kernel = self.backend.hinted.get(spec.kernel, cand.config.hints)
         stream, launch, dev, grid = self.backend._raw_stream, self.backend.ct.launch, self.dev, tuple(spec.grid)
