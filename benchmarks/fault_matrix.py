@@ -24,12 +24,11 @@ copy), where it can be seen. Each config's status is compared with its expected 
 mismatch, write_past_end -> mismatch or launch_error). Writes fault_space.json (a file of its own,
 so the rows' environment and date in fault_matrix.json stay those of their run).
 
-As of this writing tiletune has no guard band for outputs: the worker copies an output's whole
-storage (``workers/shipping.own_copy``) and ``verify.Checker`` compares only the output's own
-elements (poisoned with NaN first, which catches unwritten elements, not extra ones), so a write
-past the end that does not fault lands unseen in the worker's copy of the canary. Expect
-``write_past_end`` configs to come back ``ok`` and ``verdicts_ok`` false until such a guard exists;
-``caller.canary_untouched`` shows whether a write_past_end config won and then hit the caller's memory::
+The checked run of each candidate writes into guard-banded twins of the written arguments
+(``verify.GuardBand``: sentinel bytes before and after the output's elements), so a write past the end
+that does not fault changes a band and comes back ``mismatch`` ("wrote outside argument 1: N bytes past
+its end"); such a config is never timed and never wins. ``caller.canary_untouched`` shows that no
+write_past_end config won and then hit the caller's memory (before the bands, one did)::
 
     {"fault_space": {"configs", "wall_s", "restarts", "verdicts_ok", "verdicts": {label: {...}},
                      "caller_ok", "caller": {...}, "winner", ...}}

@@ -7,6 +7,14 @@
   (or an integer sentinel) before the candidate runs, so an element the kernel forgot to write fails.
   A reference answers :data:`SCRATCH` for a written argument that is scratch (its contents after the
   launch depend on the config): it is saved and restored like the others, its values never compared.
+* :class:`GuardBand`: the checked run does not write into the arguments themselves but into twins of
+  the written (and in-place) tensors, each laid out like the original (shape, strides, dtype, data
+  pointer modulo 256) inside a larger buffer filled with a sentinel byte: guard bands before and after
+  the elements, and the gaps between the elements of a strided view. A kernel that writes past the end of
+  an output (a tile's stores not masked at the edge) or between its rows changes sentinel bytes and fails
+  its check ("wrote outside argument 1: 12 bytes past its end") instead of winning and then overwriting
+  the caller's memory next to its output. The results are copied back into the arguments for the
+  :class:`Checker`; timing runs use the arguments as they are (a candidate that failed is never timed).
 
 The rule (:func:`compare_tensors`), for a candidate's output ``g`` and the reference ``w``
 ----------------------------------------------------------------------------------------------
@@ -240,18 +248,165 @@ def poison(t: Any) -> None:
         t.fill_(INT_SENTINEL)
 
 
+#: the byte guard bands and gaps are filled with: a normal (finite, non-zero) value in every float
+#: dtype (0xA5A5A5A5 is -2.9e-16 as float32, 0xA5A5 -0.022 as float16), not a value kernels like to write
+GUARD_BYTE = 0xA5
+#: the twin's data pointer sits at the original's offset modulo this (cuTile specializes on alignment)
+GUARD_ALIGN = 256
+GUARD_MIN_PAD = 1 << 20  # bytes of guard band on each side, at least...
+GUARD_MAX_PAD = 64 << 20  # ...and at most (between the two: a quarter of the elements' span)
+
+_SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def guard_pad_bytes(span: int) -> int:
+    """Bytes of guard band on each side of a span of ``span`` bytes: a quarter of the span, at least
+    1 MiB (tiles past the edge of a small output) and at most 64 MiB, a multiple of :data:`GUARD_ALIGN`."""
+    pad = max(GUARD_MIN_PAD, min(span // 4, GUARD_MAX_PAD))
+    return -(-pad // GUARD_ALIGN) * GUARD_ALIGN
+
+
+def _edge_bytes(buf: Any, a0: int, a1: int, b0: int, b1: int) -> Any:
+    """``buf[a0:a1]`` and ``buf[b0:b1]`` as one tensor, None when both are empty."""
+    import torch
+
+    parts = [p for p in (buf[a0:a1], buf[b0:b1]) if p.numel()]
+    return torch.cat(parts) if parts else None
+
+
+class GuardBand:
+    """A twin of one written tensor inside a sentinel-filled buffer, for a checked run.
+
+    :attr:`view` has the original's shape, strides and dtype, and its data pointer has the original's
+    offset modulo :data:`GUARD_ALIGN` (alignment as seen by the kernel unchanged); before it lie
+    :func:`guard_pad_bytes` bytes of band, after its last element as many. :meth:`arm` fills the whole
+    buffer with :data:`GUARD_BYTE` (the caller then writes the elements); :meth:`damage` (after the
+    launch, and after the result was copied out of :attr:`view`) says which bytes outside the elements
+    are no longer the sentinel: only the two bands for a dense tensor; for a view with gaps it puts the
+    sentinel into the elements first and compares the whole buffer. The comparison runs on 8-byte words
+    (no byte-wide temporary); the buffer is made once and reused by every checked run.
+    """
+
+    def __init__(self, t: Any) -> None:
+        import torch
+
+        self.shape, self.strides, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
+        self.itemsize = t.element_size()
+        if t.numel() == 0:
+            self.span = 0
+        else:  # strides are never negative in torch: the first element is at the view's data pointer
+            self.span = (1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides))) * self.itemsize
+        self.pad = guard_pad_bytes(self.span)
+        lead = self.pad + t.data_ptr() % GUARD_ALIGN
+        lead += -lead % self.itemsize
+        self.lead = lead
+        total = lead + self.span + self.pad
+        total += -total % 8  # whole 8-byte words (the after-band grows by a few bytes)
+        self.buf = torch.empty(total, dtype=torch.uint8, device=t.device)
+        self._words = self.buf.view(torch.int64)
+        self._word = int.from_bytes(bytes([GUARD_BYTE]) * 8, "little", signed=True)
+        self.dense = t.numel() * self.itemsize == self.span
+        self.view = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            self.buf.untyped_storage(), lead // self.itemsize, self.shape, self.strides)
+        name = _SAME_SIZE_INT.get(self.itemsize)
+        if name is not None:  # the elements as integers of the same size: exact byte fills on any strides
+            self._elements = self.view.view(getattr(torch, name))
+            self._fill: Any = int.from_bytes(bytes([GUARD_BYTE]) * self.itemsize, "little", signed=name != "uint8")
+        else:  # e.g. complex128: copy a value whose bytes are the sentinel (two normal float64s)
+            self._elements = self.view
+            self._fill = torch.full((self.itemsize,), GUARD_BYTE, dtype=torch.uint8, device=t.device).view(t.dtype)
+
+    def arm(self) -> Any:
+        """Fill the whole buffer with the sentinel; returns :attr:`view` (whose elements the caller sets)."""
+        self.buf.fill_(GUARD_BYTE)
+        return self.view
+
+    def damage(self) -> str | None:
+        """None when every byte outside the elements still holds the sentinel, else which bytes changed
+        (before the start, past the end, between the elements). Overwrites the elements (copy them first)."""
+        end = self.lead + self.span
+        if self.dense:  # no gaps: the bands alone (the words around the elements)
+            lo, hi = self.lead // 8, -(-end // 8)
+            clean = not bool((self._words[:lo] != self._word).any()) and \
+                not bool((self._words[hi:] != self._word).any())
+            if clean:  # the words the elements share with a band at either edge: check those bytes
+                edge = _edge_bytes(self.buf, lo * 8, self.lead, end, hi * 8)
+                clean = edge is None or not bool((edge != GUARD_BYTE).any())
+        else:
+            if isinstance(self._fill, int):
+                self._elements.fill_(self._fill)
+            else:
+                self._elements.copy_(self._fill.expand(self.shape))
+            clean = not bool((self._words != self._word).any())
+        if clean:
+            return None
+        bad = self.buf != GUARD_BYTE
+        if self.dense:
+            bad[self.lead:end] = False
+        idx = bad.nonzero().flatten()
+        parts = []
+        before = idx[idx < self.lead]
+        after = idx[idx >= end]
+        inside = idx[(idx >= self.lead) & (idx < end)]
+        if after.numel():
+            parts.append(f"{after.numel()} bytes past its end (up to +{int(after.max()) - end + 1} bytes)")
+        if before.numel():
+            parts.append(f"{before.numel()} bytes before its start (from -{self.lead - int(before.min())} bytes)")
+        if inside.numel():
+            parts.append(f"{inside.numel()} bytes between its elements (in the gaps of its strides)")
+        return ", ".join(parts)
+
+
+class _Unmovable(Exception):
+    """A kernel argument that cannot be moved onto a guard band's twin."""
+
+
 class ArgGuard:
     """Saves the written arguments of a call and puts them back on demand.
 
     ``outputs`` are positions the kernel only writes (poisoned before a checked run); ``inplace``
     are positions it reads and writes (restored before every run so inputs stay pristine).
+
+    A checked run goes through :meth:`checked_args` (the arguments to launch on: written tensors
+    replaced by :class:`GuardBand` twins) and :meth:`after_checked_run` (results copied back into the
+    arguments, bands verified). ``bands=False``, a written argument that is not a torch tensor and one
+    whose memory another argument shares (the twin would break the aliasing) run in place, as
+    :meth:`prepare_checked_run` does.
     """
 
-    def __init__(self, args: Sequence[Any], outputs: Sequence[int], inplace: Sequence[int] = ()) -> None:
+    def __init__(self, args: Sequence[Any], outputs: Sequence[int], inplace: Sequence[int] = (),
+                 *, bands: bool = True) -> None:
         self.args = tuple(args)
         self.outputs = tuple(outputs)
         self.inplace = tuple(inplace)
         self.saved = {i: self.args[i].clone() for i in (*self.outputs, *self.inplace)}
+        self.banded = self._bandable() if bands else ()
+        self.band_error: str | None = None  # why the bands were given up (their buffers could not be made)
+        self._bands: dict[int, GuardBand] = {}
+
+    def _bandable(self) -> tuple[int, ...]:
+        """Written positions that get guard bands: torch tensors sharing their memory with no other argument."""
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - the guard is used with torch tensors only
+            return ()
+
+        def storage(a: Any) -> tuple[Any, int] | None:
+            if not isinstance(a, torch.Tensor):
+                return None
+            st = a.untyped_storage()
+            return (a.device, st.data_ptr()) if st.nbytes() else None
+
+        keys = [storage(a) for a in self.args]
+        out = []
+        for i in (*self.outputs, *self.inplace):
+            k = keys[i]
+            if not isinstance(self.args[i], torch.Tensor):
+                continue
+            if k is not None and any(j != i and keys[j] == k for j in range(len(keys))):
+                continue  # aliased with another argument: the kernel must see them share memory
+            out.append(i)
+        return tuple(out)
 
     def restore(self) -> None:
         """Copy the saved contents back into every written argument."""
@@ -264,6 +419,97 @@ class ArgGuard:
             self.args[i].copy_(self.saved[i])
         for i in self.outputs:
             poison(self.args[i])
+
+    def checked_args(self) -> tuple[Any, ...]:
+        """Prepare a correctness run and return the arguments to launch it on: banded positions
+        replaced by their (re-armed) :class:`GuardBand` twins holding the saved contents (in-place) or
+        poison (outputs); the other written arguments restored or poisoned in place. Follow the launch
+        with :meth:`after_checked_run`."""
+        run = list(self.args)
+        banded = set(self.banded)
+        for i in (*self.outputs, *self.inplace):
+            if i in banded:
+                band = self._bands.get(i)
+                if band is None:
+                    band = self._bands[i] = GuardBand(self.args[i])
+                run[i] = band.arm()
+                if i in self.inplace:
+                    run[i].copy_(self.saved[i])
+                else:
+                    poison(run[i])
+            elif i in self.inplace:
+                self.args[i].copy_(self.saved[i])
+            else:
+                poison(self.args[i])
+        return tuple(run)
+
+    def checked_kernel_args(self, kargs: Sequence[Any]) -> tuple[Any, ...] | None:
+        """Prepare a correctness run of a launch whose kernel arguments are ``kargs`` (evaluated by the
+        plan on :attr:`args`) and return them moved onto the twins: every torch tensor among them (or in
+        a tuple or list among them) that views a banded argument's memory becomes the same view (shape,
+        strides, dtype, byte offset from the argument) of its twin. So the plan is not evaluated again
+        and the kernel sees the layout it was compiled for. None, with nothing prepared, when there is
+        nothing to band or a view cannot be moved (it reaches beyond the twin's buffer, or a non-torch
+        array is passed); then run in place after :meth:`prepare_checked_run`."""
+        if not self.banded:
+            return None
+        import torch
+
+        try:
+            for i in self.banded:
+                if i not in self._bands:
+                    self._bands[i] = GuardBand(self.args[i])
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory: no bands for this session
+            self.band_error = f"{type(exc).__name__}: {exc}"[:300]
+            self.banded, self._bands = (), {}
+            return None
+        owners = {}
+        for i in self.banded:
+            st = self.args[i].untyped_storage()
+            if st.nbytes():
+                owners[(self.args[i].device, st.data_ptr())] = i
+
+        def move(k: Any) -> Any:
+            if isinstance(k, (tuple, list)):
+                return type(k)(move(v) for v in k)
+            if not isinstance(k, torch.Tensor):
+                if hasattr(k, "__cuda_array_interface__") or hasattr(k, "__dlpack__"):
+                    raise _Unmovable
+                return k
+            st = k.untyped_storage()
+            i = owners.get((k.device, st.data_ptr())) if st.nbytes() else None
+            if i is None:
+                return k
+            band = self._bands[i]
+            start = band.lead + k.data_ptr() - self.args[i].data_ptr()
+            size = k.element_size()
+            span = 0 if k.numel() == 0 else (1 + sum((n - 1) * s for n, s in zip(k.shape, k.stride()))) * size
+            if start < 0 or start % size or start + span > band.buf.numel():
+                raise _Unmovable
+            return torch.empty(0, dtype=k.dtype, device=k.device).set_(
+                band.buf.untyped_storage(), start // size, tuple(k.shape), k.stride())
+
+        try:
+            moved = tuple(move(k) for k in kargs)
+        except _Unmovable:
+            return None
+        self.checked_args()
+        return moved
+
+    def after_checked_run(self) -> str | None:
+        """After the launch on :meth:`checked_args`: copy the twins' contents into the arguments (where
+        :meth:`Checker.compare` reads them) and verify the bands; the reason when a kernel wrote outside
+        an argument's elements, else None."""
+        reasons = []
+        for i in self.banded:
+            band = self._bands.get(i)
+            if band is None:
+                continue
+            self.args[i].copy_(band.view)
+            damage = band.damage()
+            if damage is not None:
+                reasons.append(f"wrote outside argument {i}: {damage}")
+        return "; ".join(reasons) if reasons else None
 
     def pristine_args(self) -> tuple[Any, ...]:
         """The call's arguments with written ones replaced by their saved copies (for the reference)."""

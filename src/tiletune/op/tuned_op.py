@@ -862,7 +862,9 @@ def autotune(
             arguments (one tensor, or a tuple in ``writes`` order). Candidates that disagree fail.
         writes: names (or positions) of the plan's arguments the kernel only writes (outputs).
             They are saved before tuning and restored afterwards, and poisoned with NaN before each
-            correctness check. After tuning they hold exactly one launch of the winner.
+            correctness check. The check runs on guard-banded twins of the written arguments: a
+            candidate that writes outside their elements (past the end, between strided rows) fails.
+            After tuning they hold exactly one launch of the winner.
         inplace: arguments the kernel reads *and* writes (e.g. RoPE on q and k). They are saved and
             restored before every candidate's checked run, so each candidate sees the caller's data.
         key: ``key(*args)`` returning a hashable, JSON-able problem key. Default: shapes, dtypes,

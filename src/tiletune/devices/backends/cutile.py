@@ -192,9 +192,32 @@ class CutileSession:
                 yield CompileOutcome(c, Status.TIMEOUT if r.timed_out else Status.COMPILE_ERROR, r.seconds, r.error,
                                      cpu_s=r.cpu_s)
 
+    def _checked_launcher(self, cand: Candidate) -> Callable[[], None] | None:
+        """The checked run's launch: the candidate's kernel arguments moved onto the guard's banded twins
+        of the written arguments (same layout, so the same compiled kernel); None (nothing prepared) when
+        there are no twins."""
+        if self.guard is None or not self.guard.banded:
+            return None
+        spec = self.plan(cand.config, *self.args)
+        kargs = self.guard.checked_kernel_args(spec.args)
+        if kargs is None:
+            if self.guard.band_error:  # the twins could not be made (out of memory): in place from now on
+                self.stats["guard_bands_off"] = self.guard.band_error
+            return None
+        kernel = self.backend.hinted.get(spec.kernel, cand.config.hints)
+        stream, launch, dev, grid = self.backend._raw_stream, self.backend.ct.launch, self.dev, tuple(spec.grid)
+
+        def fn() -> None:
+            launch(stream(dev), grid, kernel, kargs)
+
+        return fn
+
     def check(self, candidate: Candidate) -> CheckOutcome:
         fn = self._launcher(candidate)
-        if self.guard is not None:
+        banded = self._checked_launcher(candidate)
+        if banded is not None:
+            fn = banded  # the guard armed its twins
+        elif self.guard is not None:
             self.guard.prepare_checked_run()
         t = time.perf_counter()
         try:
@@ -205,6 +228,10 @@ class CutileSession:
             status = Status.COMPILE_ERROR if "Compil" in name or "TileCompiler" in name else Status.LAUNCH_ERROR
             return CheckOutcome(status, f"{name}: {exc}")
         self.stats.setdefault("first_launch_s", []).append(round(time.perf_counter() - t, 4))
+        if banded is not None:
+            outside = self.guard.after_checked_run()  # type: ignore[union-attr]
+            if outside is not None:
+                return CheckOutcome(Status.MISMATCH, outside)
         if self.checker is not None:
             reason = self.checker.compare()
             if reason is not None:

@@ -82,6 +82,9 @@ class SimulatedSession:
     guard: ArgGuard | None = None
     checker: Checker | None = None
     run: Callable[[Candidate], None] | None = None  # executes the candidate for real (fake kernels)
+    #: executes the candidate with its kernel arguments moved by ``move`` (the guard's
+    #: :meth:`~tiletune.devices.verify.ArgGuard.checked_kernel_args`); False, nothing run, when they cannot be
+    run_on: Callable[[Candidate, Callable[[Sequence[Any]], tuple[Any, ...] | None]], bool] | None = None
     _clock: float = 0.0
     _rng: random.Random = field(init=False)
     samples_drawn: int = 0
@@ -116,11 +119,19 @@ class SimulatedSession:
         if d.status in (Status.LAUNCH_ERROR, Status.MISMATCH):
             return CheckOutcome(d.status, d.reason or d.status.value)
         if self.run is not None and self.guard is not None:
-            self.guard.prepare_checked_run()
+            banded = self.run_on is not None and bool(self.guard.banded)
             try:
-                self.run(candidate)
+                if banded:  # the kernel arguments moved onto the guard's banded twins of the written ones
+                    banded = self.run_on(candidate, self.guard.checked_kernel_args)  # type: ignore[misc]
+                if not banded:
+                    self.guard.prepare_checked_run()
+                    self.run(candidate)
             except Exception as exc:
                 return CheckOutcome(Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}")
+            if banded:
+                outside = self.guard.after_checked_run()
+                if outside is not None:
+                    return CheckOutcome(Status.MISMATCH, outside)
             if self.checker is not None:
                 reason = self.checker.compare()
                 if reason is not None:
@@ -234,8 +245,17 @@ class FakeBackend(SimulatedBackend):
         def run(c: Candidate) -> None:
             self._execute(c.config, plan(c.config, *args))
 
+        def run_on(c: Candidate, move: Callable[[Sequence[Any]], tuple[Any, ...] | None]) -> bool:
+            spec = plan(c.config, *args)
+            spec = spec if isinstance(spec, Launch) else Launch(*spec)
+            kargs = move(spec.args)
+            if kargs is None:
+                return False
+            self._execute(c.config, Launch(spec.kernel, spec.grid, kargs))
+            return True
+
         session = SimulatedSession(
-            self.source, workers=self.workers, seed=self.seed, guard=guard, checker=checker, run=run
+            self.source, workers=self.workers, seed=self.seed, guard=guard, checker=checker, run=run, run_on=run_on
         )
         self.sessions.append(session)
         return session
