@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("cuda.tile")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.served, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import tiletune.kernels as K  # noqa: E402
 import tiletune.kernels.hf as hf  # noqa: E402

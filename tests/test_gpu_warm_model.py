@@ -23,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.tile")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.served, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 FORWARD = textwrap.dedent("""
     import json, torch
