@@ -172,6 +172,7 @@ if res is not None:
         "worker_starts": res.stats.get("worker_starts"),
         "fault_kinds": [f.get("kind") for f in res.stats.get("faults") or []],
         "isolation": res.stats.get("isolation"),
+        "stats": json.loads(json.dumps(res.stats, default=str)),
     }})
 print("RESULT " + json.dumps(out))
 """
@@ -226,6 +227,7 @@ def fault_space_row() -> dict:
         "verdicts_ok": ok and len(v) == got.get("space_size"), "wrong_verdicts": sorted(k for k, r in v.items() if not r["ok"]),
         "statuses_by_fault": by_fault, "verdicts": v,
         "caller_ok": caller_ok, "caller": caller, "winner": got.get("winner"), "error": got.get("error"),
+        "stats": got.get("stats"),
     }
 
 
