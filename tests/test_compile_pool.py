@@ -109,6 +109,7 @@ def test_compiles_in_parallel_and_hands_cubins_over(fake):
     assert wall < 0.8 * 8 * 0.1  # well under the serial time
     for j in js:  # each kernel got exactly its own cubin for its own signature
         assert j.kernel.offers == [(("sig", j.kernel.name, j.args), b"cubin-" + j.kernel.name.encode(), "sm_90")]
+    assert compile_pool.flush(5)
     assert sorted(stores) == sorted(f"k{i}" for i in range(8))  # and it reached the disk cache
 
 
@@ -127,6 +128,7 @@ def test_disk_cache_hit_skips_the_assembler(fake):
     results = {r.tag: r for r in CompilePool(workers=2).compile_all(js)}
     assert results[0].cached and not results[1].cached
     assert js[0].kernel.offers[0][1] == b"cached-k0"
+    assert compile_pool.flush(5)
     assert stores == ["k1"]
 
 
@@ -177,3 +179,60 @@ def test_the_launch_signature_takes_convention_v2_only_when_a_constraint_needs_i
     old = SimpleNamespace(convention="v1", KernelSignature=SimpleNamespace(
         from_kernel_args=lambda k, args, conv: SimpleNamespace(conv=conv, parameters=[array(1)])))
     assert launch_signature(old, object(), (1,)).conv == "v1"
+
+
+class FakeTicket:
+    """A front-end cache entry held in a dict (``store``): what ``frontend_cache.ticket`` returns."""
+
+    def __init__(self, store: dict, key: str) -> None:
+        self.store, self.key = store, key
+
+    def load(self):
+        return self.store.get(self.key)
+
+    def save(self, cubin, symbol):
+        time.sleep(0.2)  # a slow disk: nobody may wait for this
+        self.store[self.key] = (cubin, symbol)
+        return True
+
+
+@pytest.fixture
+def frontend(monkeypatch):
+    entries: dict = {}
+    monkeypatch.setattr(compile_pool, "_frontend_ticket", lambda ints, job, sig: FakeTicket(entries, job.kernel.name))
+    return entries
+
+
+class Sig(tuple):
+    symbol = "kernel_symbol"
+
+
+def test_a_front_end_cache_hit_skips_the_front_end_and_the_compiler(fake, frontend, monkeypatch):
+    ints, active, stores, _ = fake()
+    ints.KernelSignature = SimpleNamespace(from_kernel_args=lambda k, args, conv: Sig(("sig", k.name)))
+    frontend["k0"] = (b"frontend-k0", "kernel_symbol")
+
+    def no_front_end(*a, **k):
+        raise AssertionError("the front end ran for a job the front-end cache answers")
+
+    monkeypatch.setattr(ints.comp, "compile_tile", no_front_end)
+    monkeypatch.setattr(CompilePool, "parallel", property(lambda self: pytest.fail("the compiler was loaded")))
+    js = jobs(["k0"])
+    results = list(CompilePool(workers=2).compile_all(js))
+    assert results[0].cached and results[0].error is None
+    assert js[0].kernel.offers == [(Sig(("sig", "k0")), b"frontend-k0", "sm_90")]
+
+
+def test_kept_jobs_reach_the_front_end_cache_without_the_caller_waiting(fake, frontend):
+    ints, _, stores, _ = fake(delay=0.01, cached={"k1"})
+    ints.KernelSignature = SimpleNamespace(from_kernel_args=lambda k, args, conv: Sig(("sig", k.name)))
+    js = [CompileJob(0, FakeKernel("k0"), (0,), "sm_90", keep=True),
+          CompileJob(1, FakeKernel("k1"), (1,), "sm_90", keep=True),  # in cuTile's disk cache already
+          CompileJob(2, FakeKernel("k2"), (2,), "sm_90")]  # a tuning candidate: not kept
+    t = time.perf_counter()
+    results = list(CompilePool(workers=2).compile_all(js))
+    assert time.perf_counter() - t < 0.3  # the 0.2 s front-end cache writes are not waited for
+    assert all(r.error is None for r in results)
+    assert compile_pool.flush(5)
+    assert frontend == {"k0": (b"cubin-k0", "kernel_symbol"), "k1": (b"cached-k1", "kernel_symbol")}
+    assert sorted(stores) == ["k0", "k2"]

@@ -10,10 +10,14 @@ assembler step itself needs no lock. This pool therefore splits compilation:
 2. up to ``workers`` threads run ``tileiras`` on that bytecode concurrently (subprocesses, so the GIL
    is free),
 3. each cubin is handed to the candidate's :class:`~tiletune.devices.prefetch_kernel.PrefetchKernel`, which
-   answers cuTile's first-launch compile request with it (no second front-end run), and one writer
-   thread stores it in cuTile's on-disk cache under cuTile's own key, so later processes load it
-   without compiling,
+   answers cuTile's first-launch compile request with it (no second front-end run), and one background
+   writer thread stores it in cuTile's on-disk cache under cuTile's own key (and, for a job whose cubin
+   a caller will launch, in :mod:`tiletune.devices.frontend_cache`), so later processes load it without
+   compiling; nobody waits for those stores,
 4. candidates are yielded as they finish, so the GPU measures while the rest compile.
+
+Before any of that, a job the front-end cache answers (compiled by an earlier process) is handed its
+cubin at once: no front end, and no import of cuTile's compiler when every job is answered so.
 
 No worker process imports torch or initialises CUDA. If the installed cuda-tile lacks the internals
 used here, the pool reports ``parallel=False`` and yields candidates at once: cuTile then compiles
@@ -22,7 +26,9 @@ each at its first launch (serially), which is slower but correct.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import queue
 import tempfile
@@ -75,6 +81,9 @@ class CompileJob:
     kernel: Any
     args: tuple[Any, ...]
     arch: str  # "sm_90"
+    #: a caller will launch this cubin (not a tuning worker's candidate): keep it in the front-end cache
+    #: for later processes
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,28 +102,63 @@ class CompileResult:
 
 
 class _Internals:
-    """The cuda-tile internals the pool relies on, looked up once (None when unavailable)."""
+    """The cuda-tile internals the pool relies on, looked up once (None when unavailable).
+
+    The launch signature and the context are cheap (``cuda.tile`` has them loaded); the compiler
+    (``cuda.tile._compile``, a few tenths of a second to import, and ``tileiras``' version, a
+    subprocess) is loaded on first use only: a pool whose jobs are all answered by the front-end
+    cache (:mod:`tiletune.devices.frontend_cache`) never loads it."""
 
     def __init__(self) -> None:
-        from cuda.tile import _compile as comp
         from cuda.tile._cext import default_tile_context
         from cuda.tile.compilation import CallingConvention, KernelSignature
-        from cutile_cache import _cache as cache
 
-        self.comp = comp
-        self.cache = cache
         self.context = default_tile_context
         self.KernelSignature = KernelSignature
         self.convention = CallingConvention.cutile_python_v1()
         v2 = getattr(CallingConvention, "cutile_python_v2", None)
         self.convention_v2 = v2() if v2 is not None else None
-        self.compiler_version = comp._get_compiler_version_string()
-        for name in ("compile_tile", "compile_cubin", "_tileiras_effective_opt_and_device_debug"):
-            if not hasattr(comp, name):
-                raise AttributeError(name)
-        for name in ("cache_key", "cache_lookup", "cache_store", "MetadataV1"):
-            if not hasattr(cache, name):
-                raise AttributeError(name)
+        self._compiler: tuple[Any, Any, str | None] | None = None
+        self._compiler_error: str | None = None
+        self._lock = threading.Lock()
+
+    def _load_compiler(self) -> tuple[Any, Any, str | None] | None:
+        with self._lock:
+            if self._compiler is None and self._compiler_error is None:
+                try:
+                    from cuda.tile import _compile as comp
+                    from cutile_cache import _cache as cache
+
+                    for name in ("compile_tile", "compile_cubin", "_tileiras_effective_opt_and_device_debug"):
+                        if not hasattr(comp, name):
+                            raise AttributeError(name)
+                    for name in ("cache_key", "cache_lookup", "cache_store", "MetadataV1"):
+                        if not hasattr(cache, name):
+                            raise AttributeError(name)
+                    self._compiler = (comp, cache, comp._get_compiler_version_string())
+                except Exception as exc:  # pragma: no cover - depends on the installed cuda-tile
+                    self._compiler_error = f"{type(exc).__name__}: {exc}"
+            return self._compiler
+
+    @property
+    def comp(self) -> Any:
+        got = self._load_compiler()
+        return got[0] if got else None
+
+    @property
+    def cache(self) -> Any:
+        got = self._load_compiler()
+        return got[1] if got else None
+
+    @property
+    def compiler_version(self) -> str | None:
+        got = self._load_compiler()
+        return got[2] if got else None
+
+    @property
+    def compiler_error(self) -> str | None:
+        self._load_compiler()
+        return self._compiler_error
 
     @property
     def cache_dir(self) -> str | None:
@@ -135,6 +179,62 @@ def _get_internals() -> _Internals | None:
     return _internals
 
 
+# ------------------------------------------------------------------------------- background writes
+class _Writer:
+    """One daemon thread that stores compiled cubins (cuTile's disk cache: a SQLite file that
+    serialises writers; the front-end cache's files) off the compiling caller's path.
+
+    A store is an optimisation for later processes, so nobody waits for it: :func:`flush` waits for
+    what was queued (tests, tools; and at interpreter exit, bounded by ``timeout``)."""
+
+    def __init__(self) -> None:
+        self._q: "queue.Queue[Any]" = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+
+    def submit(self, fn: Any) -> None:
+        with self._lock:
+            self._pending += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="tiletune-cache-writer", daemon=True)
+                self._thread.start()
+        self._q.put(fn)
+
+    def _run(self) -> None:
+        while True:
+            fn = self._q.get()
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - a failed store only costs a later compile
+                import logging
+
+                logging.getLogger("tiletune").debug("tiletune: a compiled cubin was not stored (%s: %s)",
+                                                    type(exc).__name__, exc)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued store ran; False when ``timeout`` passed first."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+
+_writer = _Writer()
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Wait for the cubins queued for the disk caches to be stored; False if ``timeout`` passed first."""
+    return _writer.flush(timeout)
+
+
+atexit.register(flush, 30.0)
+
+
 class CompilePool:
     """Compiles jobs ahead of their first launch, ``workers`` assembler processes at a time."""
 
@@ -143,33 +243,39 @@ class CompilePool:
 
         self.workers = workers or settings.compile_workers() or cpu_count()
         self.timeout_s = timeout_s
+
+    @property
+    def parallel(self) -> bool:
+        """Whether jobs the front-end cache does not answer are compiled ahead (loads the compiler)."""
         ints = _get_internals()
-        self.parallel = ints is not None and ints.compiler_version is not None
-        self.why_serial = "" if self.parallel else (_internals_error or "tileiras' version is unknown")
+        return ints is not None and ints.compiler_version is not None
+
+    @property
+    def why_serial(self) -> str:
+        ints = _get_internals()
+        if ints is None:
+            return _internals_error or "cuda-tile's internals are unavailable"
+        if ints.compiler_version is None:
+            return ints.compiler_error or "tileiras' version is unknown"
+        return ""
 
     def compile_all(self, jobs: Sequence[CompileJob]) -> Iterator[CompileResult]:
         """Yield one result per job, in completion order."""
-        if not self.parallel or not all(hasattr(j.kernel, "offer") for j in jobs):
+        if _get_internals() is None or not all(hasattr(j.kernel, "offer") for j in jobs):
             for job in jobs:
                 yield CompileResult(job.tag, 0.0, deferred=True)
             return
         results: "queue.Queue[CompileResult]" = queue.Queue()
-        to_disk: "queue.Queue[tuple[str, bytes, float] | None]" = queue.Queue()
         executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tiletune-tileiras")
-        producer = threading.Thread(
-            target=self._produce, args=(jobs, executor, results, to_disk), name="tiletune-bytecode", daemon=True
-        )
-        writer = threading.Thread(target=self._write_disk, args=(to_disk,), name="tiletune-cache-writer", daemon=True)
+        producer = threading.Thread(target=self._produce, args=(jobs, executor, results), name="tiletune-bytecode",
+                                    daemon=True)
         producer.start()
-        writer.start()
         try:
             for _ in range(len(jobs)):
                 yield results.get()
         finally:
             producer.join()
             executor.shutdown(wait=True, cancel_futures=True)
-            to_disk.put(None)
-            writer.join()
 
     # -- internals -------------------------------------------------------------------------
     def _produce(
@@ -177,7 +283,6 @@ class CompilePool:
         jobs: Sequence[CompileJob],
         executor: ThreadPoolExecutor,
         out: "queue.Queue[CompileResult]",
-        to_disk: "queue.Queue[tuple[str, bytes, float] | None]",
     ) -> None:
         ints = _get_internals()
         assert ints is not None
@@ -185,7 +290,20 @@ class CompilePool:
             t0 = time.perf_counter()
             c0 = time.thread_time()
             try:
-                sig, key, bytecode = self._bytecode(ints, job)
+                sig = launch_signature(ints, job.kernel, job.args)
+                entry = _frontend_ticket(ints, job, sig)
+                hit = entry.load() if entry is not None else None
+            except Exception:  # noqa: BLE001 - arguments cuTile cannot sign: the front end names the problem below
+                sig = entry = hit = None
+            if hit is not None:  # compiled by an earlier process: no front end, no compiler import
+                job.kernel.offer(sig, hit[0], job.arch)
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=time.thread_time() - c0))
+                continue
+            if not self.parallel:
+                out.put(CompileResult(job.tag, 0.0, deferred=True))
+                continue
+            try:
+                sig, key, bytecode = self._bytecode(ints, job, sig)
             except Exception as exc:  # front-end errors: bad tile shapes, type errors, ...
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc),
                                       cpu_s=time.thread_time() - c0))
@@ -194,13 +312,17 @@ class CompilePool:
             front_cpu = time.thread_time() - c0
             if cubin is not None:
                 job.kernel.offer(sig, cubin, job.arch)
+                if entry is not None and job.keep:
+                    _writer.submit(functools.partial(entry.save, cubin, sig.symbol))
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
                 continue
-            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, to_disk, front_cpu)
+            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, front_cpu,
+                            entry if job.keep else None)
 
-    def _bytecode(self, ints: _Internals, job: CompileJob) -> tuple[Any, str, bytes]:
+    def _bytecode(self, ints: _Internals, job: CompileJob, sig: Any = None) -> tuple[Any, str, bytes]:
         kernel = job.kernel
-        sig = launch_signature(ints, kernel, job.args)
+        if sig is None:
+            sig = launch_signature(ints, kernel, job.args)
         res = ints.comp.compile_tile(
             kernel._annotated_function,
             [sig],
@@ -224,8 +346,8 @@ class CompilePool:
         bytecode: bytes,
         t0: float,
         out: "queue.Queue[CompileResult]",
-        to_disk: "queue.Queue[tuple[str, bytes, float] | None]",
         front_cpu: float = 0.0,
+        entry: Any = None,
     ) -> None:
         t_asm = time.perf_counter()
         try:
@@ -241,30 +363,68 @@ class CompilePool:
                 cubin = Path(cubin_path).read_bytes()
             job.kernel.offer(sig, cubin, job.arch)
             if ints.cache_dir:
-                to_disk.put((key, cubin, asm_s))
+                _writer.submit(functools.partial(_store_disk, ints, key, cubin, asm_s))
+            if entry is not None:
+                _writer.submit(functools.partial(entry.save, cubin, sig.symbol))
             out.put(CompileResult(job.tag, time.perf_counter() - t0, cpu_s=front_cpu + asm_s))
         except Exception as exc:
             timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
             out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out,
                                   cpu_s=front_cpu + time.perf_counter() - t_asm))
 
-    @staticmethod
-    def _write_disk(to_disk: "queue.Queue[tuple[str, bytes, float] | None]") -> None:
-        """Store cubins in cuTile's disk cache one at a time (its SQLite file serialises writers)."""
-        ints = _get_internals()
-        while True:
-            item = to_disk.get()
-            if item is None or ints is None:
-                return
-            key, cubin, asm_s = item
-            meta = ints.cache.MetadataV1(
-                kernel_names=[],
-                compiler_version=(ints.compiler_version or "").strip(),
-                compilation_timestamp=time.time(),
-                compilation_time_seconds=asm_s,
-                remarks="",
-            )
-            ints.cache.cache_store(ints.cache_dir, key, cubin, meta.to_dict())
+
+def compile_signature(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes, str] | None:
+    """``(cubin, symbol)`` of ``kernel`` compiled for ``signature`` on a launch path, the way the pool compiles
+    (front end, cuTile's disk cache, ``tileiras``), except that the cubin is stored in the disk cache in the
+    background instead of before the launch. None when the pool cannot (another cuTile context, internals
+    unavailable): the caller then takes cuTile's own path."""
+    ints = _get_internals()
+    if ints is None or context is not ints.context or not hasattr(kernel, "_annotated_function"):
+        return None
+    comp, cache = ints.comp, ints.cache
+    if comp is None or cache is None or ints.compiler_version is None:
+        return None
+    res = comp.compile_tile(kernel._annotated_function, [signature], sm_arch=arch,
+                            compiler_options=kernel._compiler_options, context=ints.context, return_bytecode=True,
+                            return_cubin=False)
+    if tuple(getattr(res, "library_lifecycle_providers", ()) or ()):
+        return None  # a kernel with library providers: cuTile's path hands them to the launcher
+    sigs = getattr(res, "kernel_signatures", None)
+    symbol = sigs[0].symbol if sigs else signature.symbol
+    bytecode = bytes(res.bytecode)
+    opt, debug = comp._tileiras_effective_opt_and_device_debug(kernel._compiler_options, arch)
+    key = cache.cache_key(ints.compiler_version, arch, opt, bytecode, debug)
+    cubin = cache.cache_lookup(ints.cache_dir, key) if ints.cache_dir else None
+    if cubin is None:
+        with tempfile.TemporaryDirectory(dir=ints.context.config.temp_dir, prefix="tiletune-") as d:
+            src = Path(d) / "kernel.bytecode"
+            src.write_bytes(bytecode)
+            t_asm = time.perf_counter()
+            cubin_path = comp.compile_cubin(str(src), kernel._compiler_options, arch, timeout_sec=None)
+            asm_s = time.perf_counter() - t_asm
+            cubin = Path(cubin_path).read_bytes()
+        if ints.cache_dir:
+            _writer.submit(functools.partial(_store_disk, ints, key, cubin, asm_s))
+    return cubin, symbol
+
+
+def _store_disk(ints: _Internals, key: str, cubin: bytes, asm_s: float) -> None:
+    """Store a cubin in cuTile's disk cache under cuTile's own key (on the writer thread)."""
+    meta = ints.cache.MetadataV1(
+        kernel_names=[],
+        compiler_version=(ints.compiler_version or "").strip(),
+        compilation_timestamp=time.time(),
+        compilation_time_seconds=asm_s,
+        remarks="",
+    )
+    ints.cache.cache_store(ints.cache_dir, key, cubin, meta.to_dict())
+
+
+def _frontend_ticket(ints: _Internals, job: CompileJob, sig: Any) -> Any:
+    """The front-end cache's entry of this job (None: cache off, or a kernel it cannot fingerprint)."""
+    from tiletune.devices import frontend_cache
+
+    return frontend_cache.ticket(job.kernel, sig, ints.context, job.arch)
 
 
 def _needs_v2(constraint: Any) -> bool:

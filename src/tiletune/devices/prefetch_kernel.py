@@ -76,10 +76,18 @@ class PrefetchKernel(ct.kernel):
         if cached is not None:
             self.frontend_hits += 1
             return cached[0], cached[1], None, ()
-        from tiletune.devices.compile_pool import compiling
+        from tiletune.devices.compile_pool import compile_signature, compiling
 
         with compiling():  # a tuning worker's watchdog does not count this (see compile_pool.compiling)
-            result = super()._compile(signature, context, compute_capability)
+            result = None
+            try:  # the pool's way: the disk-cache store happens in the background, after the launch
+                got = compile_signature(self, signature, context, arch)
+                result = None if got is None else (got[0], got[1], None, ())
+            except Exception as exc:  # noqa: BLE001 - cuTile's own path reports the error properly
+                logger.debug("tiletune: compile on launch via the pool failed (%s: %s); cuTile's path",
+                             type(exc).__name__, exc)
+            if result is None:
+                result = super()._compile(signature, context, compute_capability)
         cubin, symbol, extra, providers = result
         # a plain cubin (no library lifecycle to replay) that a caller launches, not a tuning worker's
         # candidate: the cache holds what later processes will launch, not every config ever tried

@@ -6,7 +6,7 @@ import functools
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from tiletune.devices.compile_pool import CompileJob, CompilePool
+from tiletune.devices.compile_pool import CompileJob, CompilePool, flush as flush_stores
 from tiletune.errors import NoBackendError
 from tiletune.identity import function_source
 from tiletune.devices.measure import ColdL2Timer
@@ -147,7 +147,9 @@ class CutileSession:
         # (the objects are shared by every session of the process, so the counters are cumulative)
         self._kernels: dict[int, tuple[Any, int, int]] = {}
         self._warm: set[int] = set()
-        self.stats: dict[str, Any] = {"parallel_compile": self.pool.parallel, "why_serial": self.pool.why_serial}
+        # "parallel_compile" / "why_serial" are added by compile(): asking loads cuTile's compiler, which a
+        # session answered by the front-end cache never needs
+        self.stats: dict[str, Any] = {}
 
     def clock(self) -> float:
         return time.perf_counter() - self.t0
@@ -173,6 +175,7 @@ class CutileSession:
             self._kernels[id(kernel)] = (kernel, hits, misses)
 
     def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+        keep = not settings.in_worker()  # the caller's own session (a check): it launches what it compiles
         jobs = []
         by_order = {c.order: c for c in candidates}
         for c in candidates:
@@ -183,8 +186,12 @@ class CutileSession:
             except Exception as exc:  # a plan that rejects a config is a failed candidate
                 yield CompileOutcome(c, Status.COMPILE_ERROR, 0.0, f"launch plan failed: {type(exc).__name__}: {exc}")
                 continue
-            jobs.append(CompileJob(c.order, kernel, tuple(spec.args), self.backend.device_info(self.dev).arch))
+            jobs.append(CompileJob(c.order, kernel, tuple(spec.args), self.backend.device_info(self.dev).arch,
+                                   keep=keep))
         for r in self.pool.compile_all(jobs):
+            if r.deferred or not r.cached:
+                self.stats.setdefault("parallel_compile", self.pool.parallel)
+                self.stats.setdefault("why_serial", self.pool.why_serial)
             c = by_order[r.tag]  # type: ignore[index]
             if r.error is None:
                 yield CompileOutcome(c, Status.OK, r.seconds, cpu_s=r.cpu_s)
@@ -261,6 +268,10 @@ class CutileSession:
             self.timer.close()
             self._launchers.clear()
             self._devctx.__exit__(None, None, None)
+            if settings.in_worker():
+                # the caller launches the winner next and finds its cubin in cuTile's disk cache: the
+                # worker's stores (queued while candidates were timed) must be there by then
+                flush_stores(30.0)
 
 
 _prewarm_started = False
