@@ -190,9 +190,27 @@ def test_a_neighbour_that_fails_its_check_is_passed_over(tmp_path):
     def failures(c):  # on this process's backend K=2 is wrong: the nearer neighbour fails its check
         return SimulatedCandidate(tt.Status.MISMATCH) if c.K == 2 else None
 
-    server = _op(path, name="nn.bad", on_miss="nearest", failures=failures)
+    server = _op(path, name="nn.bad", on_miss="nearest", failures=failures, truth=lambda c: 10.0 + abs(c.K - 4))
     server(torch.randn(100), torch.empty(100))
     assert server.config_for(torch.randn(100), torch.empty(100))["K"] == 4 and server.tuning_count == 0
+
+
+def test_the_nearest_configs_race_on_the_callers_arguments(tmp_path):
+    """The nearest neighbour's config is not taken blindly: the distinct configs of the nearest
+    neighbours and the default config are timed on the new shape and the fastest is served."""
+    path = tmp_path / "t.db"
+    _op(path, name="nn.race", truth=lambda c: 10.0 + abs(c.K - 2))(torch.randn(64), torch.empty(64))  # K=2, nearer
+    _op(path, name="nn.race", truth=lambda c: 10.0 + abs(c.K - 4))(torch.randn(8192), torch.empty(8192))  # K=4
+    fast4 = _op(path, name="nn.race", on_miss="nearest", truth=lambda c: 10.0 + abs(c.K - 4))
+    fast4(torch.randn(100), torch.empty(100))
+    assert fast4.config_for(torch.randn(100), torch.empty(100))["K"] == 4 and fast4.tuning_count == 0
+    fast2 = _op(path, name="nn.race", on_miss="nearest", truth=lambda c: 10.0 + abs(c.K - 2))
+    fast2(torch.randn(101), torch.empty(101))
+    assert fast2.config_for(torch.randn(101), torch.empty(101))["K"] == 2
+    default = _op(path, name="nn.race", on_miss="nearest")  # K=0, the default config, is fastest here
+    default(torch.randn(102), torch.empty(102))
+    assert default.config_for(torch.randn(102), torch.empty(102))["K"] == SPACE.baseline("sm_90")["K"]
+    assert default.tuning_count == 0
 
 
 def test_without_a_neighbour_nearest_serves_the_default_config(tmp_path):

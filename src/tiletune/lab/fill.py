@@ -133,8 +133,8 @@ def _llm_args(op: str, m: int, hidden: int, intermediate: int, heads: int, kv_he
         return (_t([m, hidden], dtype), *extra), {}
     if op == "rms_norm_residual":
         return (_t([m, hidden], dtype), _t([m, hidden], dtype), _t([hidden], dtype)), {}
-    if op == "softmax":
-        return (_t([m, hidden], dtype),), {}
+    if op == "softmax":  # over the vocabulary: a language model's softmax outside attention (sampling)
+        return (_t([m, vocab], dtype),), {}
     if op in ("swiglu", "geglu"):
         return (_t([m, 2 * intermediate], dtype),), {}
     if op == "matmul":  # one hidden x hidden projection (llm_calls(projections=True): every one of a layer)

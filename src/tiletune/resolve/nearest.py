@@ -41,8 +41,11 @@ logger = logging.getLogger("tiletune")
 
 __all__ = ["Neighbour", "NearestSource", "key_features", "distance", "nearest", "neighbours"]
 
-#: How many of the nearest neighbours are tried (compiled and checked) before the source gives up.
+#: How many distinct configs of the nearest neighbours are raced (compiled together, checked, timed on
+#: the caller's arguments), with the space's default config beside them.
 MAX_TRIED = 3
+#: cold-L2 timing samples per raced config (the median decides)
+RACE_SAMPLES = 5
 
 
 def key_features(key_json: str) -> tuple[str, tuple[float, ...]] | None:
@@ -162,23 +165,52 @@ def nearest(problem: "Problem") -> list[Neighbour]:
 def check_once(problem: "Problem", cfg: "Config") -> str | None:
     """Compile and check ``cfg`` on the problem's arguments in this process (the caller's arguments are
     saved and restored by the session); None when it passes, else why not."""
+    _, why = race(problem, [cfg])
+    return why.get(0)
+
+
+def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = None) -> tuple[int | None, dict[int, str]]:
+    """Compile ``cfgs`` together (in parallel), check each on the problem's arguments in this process,
+    and when more than one passes, time each with ``samples`` cold-L2 samples (default
+    :data:`RACE_SAMPLES`): ``(index of the fastest passing config or None, {index: why it failed})``.
+    The caller's arguments are saved and restored by the session."""
     from tiletune.devices.backends.base import Candidate
     from tiletune.records import Status
     from tiletune.resolve.tune import session_kwargs
 
     plan = problem.spec.plan if getattr(problem.backend, "ships_plan", False) else problem.plans
     session = problem.backend.open_session(plan, problem.args, **session_kwargs(problem))  # type: ignore[arg-type]
-    cand = Candidate(cfg, 0, is_baseline=True)
+    cands = [Candidate(cfg, i, is_baseline=(i == 0)) for i, cfg in enumerate(cfgs)]
+    why: dict[int, str] = {}
+    passed: list[Any] = []
     try:
-        for outcome in session.compile([cand]):
-            if outcome.status is not Status.OK:
-                return f"compile: {(outcome.reason or outcome.status.value).strip().splitlines()[0][:200]}"
-        check = session.check(cand)
-        if check.status is not Status.OK:
-            return f"{check.status.value}: {(check.reason or '').strip()[:200]}"
+        compiled = set()
+        for outcome in session.compile(cands):
+            if outcome.status is Status.OK:
+                compiled.add(outcome.candidate.order)
+            else:
+                why[outcome.candidate.order] = \
+                    f"compile: {(outcome.reason or outcome.status.value).strip().splitlines()[0][:200]}"
+        for c in cands:
+            if c.order not in compiled:
+                continue
+            check = session.check(c)
+            if check.status is Status.OK:
+                passed.append(c)
+            else:
+                why[c.order] = f"{check.status.value}: {(check.reason or '').strip()[:200]}"
+        if len(passed) <= 1:
+            return (passed[0].order if passed else None), why
+        n = RACE_SAMPLES if samples is None else samples
+        best, best_t = None, math.inf
+        for c in passed:
+            got = sorted(session.sample(c, n))
+            t = got[len(got) // 2] if got else math.inf
+            if t < best_t:
+                best, best_t = c.order, t
+        return (best if best is not None else passed[0].order), why
     finally:
         session.finish(None)
-    return None
 
 
 class NearestSource:
@@ -197,20 +229,41 @@ class NearestSource:
             return None
         t0 = time.perf_counter()
         tried = 0
+        # the distinct configs of the nearest neighbours, nearest first: raced on the caller's arguments
+        # (a neighbour's config can sit badly on this shape, e.g. one more wave of tiles), the space's
+        # default config among them as a fallback that does not depend on any neighbour
+        picks: list[tuple["Config", Neighbour | None]] = []
         for n in nearest(problem):
             cfg = problem.config_from(n.config)
-            if cfg is None:
+            if cfg is None or any(cfg == c for c, _ in picks):
                 continue
-            tried += 1
-            why = check_once(problem, cfg)
-            if why is None:
-                logger.info("%s: nearest neighbour of %s is %s (%s, distance %.2f) -> %s in %.2f s", problem.name,
-                            problem.identity.key, n.key, n.source, n.distance, cfg, time.perf_counter() - t0)
-                return Choice(cfg, "nearest", provisional=True, neighbour=n.key)
-            logger.info("%s: the config %s of neighbour %s failed its check (%s)", problem.name, cfg, n.key, why)
-            if tried >= MAX_TRIED:
+            picks.append((cfg, n))
+            if len(picks) >= MAX_TRIED:
                 break
-        return self._default(problem)  # no tuned neighbour of this family (yet): the default config
+        if not picks:
+            return self._default(problem)  # no tuned neighbour of this family (yet): the default config
+        base = problem.spec.baseline(problem.arch)
+        if all(base != c for c, _ in picks):
+            picks.append((base, None))
+        while picks and tried < MAX_TRIED + 1:
+            tried += len(picks)
+            won, why = race(problem, [c for c, _ in picks])
+            for i, reason in sorted(why.items()):
+                n = picks[i][1]
+                logger.info("%s: the config %s of %s failed its check (%s)", problem.name, picks[i][0],
+                            f"neighbour {n.key}" if n is not None else "the default", reason)
+            if won is not None:
+                cfg, n = picks[won]
+                if n is None:
+                    logger.info("%s: no neighbour's config of %s passed or beat the default config %s, "
+                                "provisionally", problem.name, problem.identity.key, cfg)
+                    return Choice(cfg, "default", provisional=True)
+                logger.info("%s: nearest neighbour of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d)",
+                            problem.name, problem.identity.key, n.key, n.source, n.distance, cfg,
+                            time.perf_counter() - t0, len(picks))
+                return Choice(cfg, "nearest", provisional=True, neighbour=n.key)
+            break
+        return None  # every config failed its check, the default's too: tune
 
     @staticmethod
     def _default(problem: "Problem") -> "Choice | None":
