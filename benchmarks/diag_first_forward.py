@@ -20,12 +20,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CHILD = r"""
-import cProfile, io, json, pstats, sys, time
+import cProfile, io, json, logging, pstats, sys, time
 t_start = time.perf_counter()
 import torch
 import _layer as L
 import tiletune.kernels as K
 spec = json.loads(%r)
+_h = logging.FileHandler(spec["txt"] + ".log")
+_h.setFormatter(logging.Formatter("%%(relativeCreated)8.0f ms %%(message)s"))
+logging.getLogger("tiletune").addHandler(_h)
+logging.getLogger("tiletune").setLevel(logging.INFO)
 d = L.dims(spec["model"])
 shape = spec["shape"]
 w = L.make_weights(d, "cuda", seed=0)
@@ -55,6 +59,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--phases", default="decode,prefill")
+    ap.add_argument("--tag", default="")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +72,7 @@ def main() -> int:
         cold = fresh_env(TILETUNE_TABLES="1")
         for cache, env in (("cold", cold), ("warm", {**fresh_env(TILETUNE_TABLES="1"),
                                                       "CUDA_TILE_CACHE_DIR": cold["CUDA_TILE_CACHE_DIR"]})):
-            txt = out / f"ff_{a.model}_{phase}_{cache}.txt"
+            txt = out / f"ff{a.tag}_{a.model}_{phase}_{cache}.txt"
             spec = {"model": a.model, "shape": shapes[phase], "txt": str(txt)}
             t0 = time.perf_counter()
             try:
@@ -75,9 +80,9 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001
                 r = {"error": str(exc)[-2000:]}
             r["process_s"] = time.perf_counter() - t0
-            summary[f"{phase}_{cache}"] = r
+            summary[f"{a.tag}{phase}_{cache}"] = r
             print(phase, cache, r, flush=True)
-    (out / "diag_first_forward.json").write_text(json.dumps(summary, indent=1))
+    (out / f"diag_first_forward{a.tag}.json").write_text(json.dumps(summary, indent=1))
     return 0
 
 

@@ -236,3 +236,35 @@ def test_kept_jobs_reach_the_front_end_cache_without_the_caller_waiting(fake, fr
     assert compile_pool.flush(5)
     assert frontend == {"k0": (b"cubin-k0", "kernel_symbol"), "k1": (b"cached-k1", "kernel_symbol")}
     assert sorted(stores) == ["k0", "k2"]
+
+
+def test_disk_stores_are_batched_into_one_transaction_and_read_back_without_writing(tmp_path):
+    """cuTile's ``cache_store`` opens the database and re-runs its schema statements per cubin; the writer
+    stores what queued in one connection, and the lookup reads without a write (no access-time update)."""
+    import functools
+    import sqlite3
+
+    connects = []
+
+    def connect(cache_dir):
+        connects.append(cache_dir)
+        conn = sqlite3.connect(str(Path(cache_dir) / "cache.db"))
+        conn.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, blob BLOB NOT NULL, "
+                     "blob_size INTEGER NOT NULL, atime REAL NOT NULL, metadata TEXT)")
+        return conn
+
+    ints = SimpleNamespace(cache_dir=str(tmp_path), compiler_version="tileiras 13.4",
+                           cache=SimpleNamespace(_connect=connect, MetadataV1=lambda **kw: SimpleNamespace(
+                               to_dict=lambda: kw), cache_lookup=lambda d, k: pytest.fail("cuTile's lookup")))
+    w = compile_pool._Writer()
+    gate = threading.Event()
+    w.submit(gate.wait)  # hold the writer so the three stores queue up behind it
+    for i in range(3):
+        w.submit(functools.partial(compile_pool._store_disk, ints, f"k{i}", b"cubin%d" % i, 0.1))
+    gate.set()
+    assert w.flush(5)
+    assert connects == [str(tmp_path)]  # one connection for the three
+    assert compile_pool._lookup_disk(ints, "k1") == b"cubin1"
+    assert compile_pool._lookup_disk(ints, "nope") is None
+    atimes = sqlite3.connect(str(tmp_path / "cache.db")).execute("SELECT count(*) FROM cache").fetchone()
+    assert atimes == (3,)

@@ -65,6 +65,9 @@ TILETUNE_TIMER_BACKLOG_US        us        0          GPU spin queued before eac
 TILETUNE_FRONTEND_CACHE          bool      true       Keep each compiled kernel's cubin keyed by its code,
                                                       hints and launch signature (next to cuTile's disk
                                                       cache) so a fresh process skips cuTile's front end.
+TILETUNE_NEAREST_RACE            count     3          Configs of the nearest neighbours a new shape races
+                                                      (with the default config) on its own arguments
+                                                      before one is served; 1: the nearest, checked only.
 TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
@@ -115,6 +118,7 @@ __all__ = [
     "debug",
     "in_worker",
     "frontend_cache",
+    "nearest_race",
 ]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -156,6 +160,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
         Variable("TILETUNE_FRONTEND_CACHE", "bool", True, "cubins keyed by kernel code, hints and signature"),
+        Variable("TILETUNE_NEAREST_RACE", "count", 3, "neighbour configs raced on a new shape (1: the nearest only)"),
         Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
@@ -385,6 +390,14 @@ def timer_backlog_us() -> float:
 def frontend_cache() -> bool:
     """``TILETUNE_FRONTEND_CACHE`` (default true)."""
     return flag("TILETUNE_FRONTEND_CACHE", True)
+
+
+def nearest_race() -> int:
+    """``TILETUNE_NEAREST_RACE``: how many distinct configs of the nearest neighbours a new shape races
+    (compiled together, checked, timed on its arguments, the default config beside them); 1: the
+    nearest one only, checked, no timing (default 3)."""
+    got = count("TILETUNE_NEAREST_RACE")
+    return 3 if got is None else got
 
 
 def in_worker() -> bool:

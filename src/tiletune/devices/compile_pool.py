@@ -204,9 +204,19 @@ class _Writer:
 
     def _run(self) -> None:
         while True:
-            fn = self._q.get()
+            batch = [self._q.get()]
+            while True:  # what queued meanwhile goes in the same batch (one disk-cache transaction)
+                try:
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                fn()
+                disk = [fn.args for fn in batch if getattr(fn, "func", None) is _store_disk]
+                if disk:
+                    _store_disk_batch(disk)
+                for fn in batch:
+                    if getattr(fn, "func", None) is not _store_disk:
+                        fn()
             except Exception as exc:  # noqa: BLE001 - a failed store only costs a later compile
                 import logging
 
@@ -214,7 +224,7 @@ class _Writer:
                                                     type(exc).__name__, exc)
             finally:
                 with self._lock:
-                    self._pending -= 1
+                    self._pending -= len(batch)
                     if self._pending == 0:
                         self._idle.notify_all()
 
@@ -308,7 +318,7 @@ class CompilePool:
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc),
                                       cpu_s=time.thread_time() - c0))
                 continue
-            cubin = ints.cache.cache_lookup(ints.cache_dir, key) if ints.cache_dir else None
+            cubin = _lookup_disk(ints, key) if ints.cache_dir else None
             front_cpu = time.thread_time() - c0
             if cubin is not None:
                 job.kernel.offer(sig, cubin, job.arch)
@@ -394,7 +404,7 @@ def compile_signature(kernel: Any, signature: Any, context: Any, arch: str) -> t
     bytecode = bytes(res.bytecode)
     opt, debug = comp._tileiras_effective_opt_and_device_debug(kernel._compiler_options, arch)
     key = cache.cache_key(ints.compiler_version, arch, opt, bytecode, debug)
-    cubin = cache.cache_lookup(ints.cache_dir, key) if ints.cache_dir else None
+    cubin = _lookup_disk(ints, key) if ints.cache_dir else None
     if cubin is None:
         with tempfile.TemporaryDirectory(dir=ints.context.config.temp_dir, prefix="tiletune-") as d:
             src = Path(d) / "kernel.bytecode"
@@ -406,6 +416,59 @@ def compile_signature(kernel: Any, signature: Any, context: Any, arch: str) -> t
         if ints.cache_dir:
             _writer.submit(functools.partial(_store_disk, ints, key, cubin, asm_s))
     return cubin, symbol
+
+
+def _store_disk_batch(items: list[tuple[Any, ...]]) -> None:
+    """Store ``[(ints, key, cubin, asm_s), ...]`` in cuTile's disk cache in one connection and transaction
+    (each ``cache_store`` opens the database and re-runs its schema statements: a few fsyncs each)."""
+    ints = items[0][0]
+    connect = getattr(ints.cache, "_connect", None)
+    if connect is None or len({i[0].cache_dir for i in items}) != 1:
+        for it in items:
+            _store_disk(*it)
+        return
+    import json as _json
+
+    conn = connect(ints.cache_dir)
+    try:
+        for _, key, cubin, asm_s in items:
+            meta = _metadata(ints, asm_s)
+            conn.execute("INSERT OR IGNORE INTO cache (key, blob, blob_size, atime, metadata) VALUES (?, ?, ?, ?, ?)",
+                         (key, cubin, len(cubin), time.time(), _json.dumps(meta, sort_keys=True)))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _metadata(ints: _Internals, asm_s: float) -> dict:
+    return ints.cache.MetadataV1(
+        kernel_names=[],
+        compiler_version=(ints.compiler_version or "").strip(),
+        compilation_timestamp=time.time(),
+        compilation_time_seconds=asm_s,
+        remarks="",
+    ).to_dict()
+
+
+def _lookup_disk(ints: _Internals, key: str) -> bytes | None:
+    """The cubin cuTile's disk cache holds under ``key``, read without cuTile's per-call schema statements
+    and access-time update (a read, no write lock); cuTile's own lookup when its file cannot be read so."""
+    if not hasattr(ints.cache, "_connect"):  # not the SQLite layout read below: cuTile's lookup
+        return ints.cache.cache_lookup(ints.cache_dir, key)
+    path = os.path.join(ints.cache_dir, "cache.db")
+    if not os.path.exists(path):
+        return None
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            row = conn.execute("SELECT blob FROM cache WHERE key = ?", (key,)).fetchone()
+        finally:
+            conn.close()
+        return None if row is None else bytes(row[0])
+    except sqlite3.Error:
+        return ints.cache.cache_lookup(ints.cache_dir, key)
 
 
 def _store_disk(ints: _Internals, key: str, cubin: bytes, asm_s: float) -> None:

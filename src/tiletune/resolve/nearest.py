@@ -227,8 +227,10 @@ class NearestSource:
             return self._default(problem)
         if problem.policy != "nearest":
             return None
+        from tiletune import settings
+
         t0 = time.perf_counter()
-        tried = 0
+        race_size = settings.nearest_race()
         # the distinct configs of the nearest neighbours, nearest first: raced on the caller's arguments
         # (a neighbour's config can sit badly on this shape, e.g. one more wave of tiles), the space's
         # default config among them as a fallback that does not depend on any neighbour
@@ -238,31 +240,30 @@ class NearestSource:
             if cfg is None or any(cfg == c for c, _ in picks):
                 continue
             picks.append((cfg, n))
-            if len(picks) >= MAX_TRIED:
+            if len(picks) >= max(1, race_size):
                 break
         if not picks:
             return self._default(problem)  # no tuned neighbour of this family (yet): the default config
         base = problem.spec.baseline(problem.arch)
-        if all(base != c for c, _ in picks):
+        if race_size > 1 and all(base != c for c, _ in picks):
             picks.append((base, None))
-        while picks and tried < MAX_TRIED + 1:
-            tried += len(picks)
-            won, why = race(problem, [c for c, _ in picks])
-            for i, reason in sorted(why.items()):
-                n = picks[i][1]
-                logger.info("%s: the config %s of %s failed its check (%s)", problem.name, picks[i][0],
-                            f"neighbour {n.key}" if n is not None else "the default", reason)
-            if won is not None:
-                cfg, n = picks[won]
-                if n is None:
-                    logger.info("%s: no neighbour's config of %s passed or beat the default config %s, "
-                                "provisionally", problem.name, problem.identity.key, cfg)
-                    return Choice(cfg, "default", provisional=True)
-                logger.info("%s: nearest neighbour of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d)",
-                            problem.name, problem.identity.key, n.key, n.source, n.distance, cfg,
-                            time.perf_counter() - t0, len(picks))
-                return Choice(cfg, "nearest", provisional=True, neighbour=n.key)
-            break
+        won, why = race(problem, [c for c, _ in picks])
+        for i, reason in sorted(why.items()):
+            n = picks[i][1]
+            logger.info("%s: the config %s of %s failed its check (%s)", problem.name, picks[i][0],
+                        f"neighbour {n.key}" if n is not None else "the default", reason)
+        if won is not None:
+            cfg, n = picks[won]
+            if n is None:
+                logger.info("%s: no neighbour's config of %s passed or beat the default config %s, "
+                            "provisionally", problem.name, problem.identity.key, cfg)
+                return Choice(cfg, "default", provisional=True)
+            logger.info("%s: nearest neighbour of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d)",
+                        problem.name, problem.identity.key, n.key, n.source, n.distance, cfg,
+                        time.perf_counter() - t0, len(picks))
+            return Choice(cfg, "nearest", provisional=True, neighbour=n.key)
+        if race_size <= 1:
+            return self._default(problem)  # the nearest one failed its check: the default config, checked
         return None  # every config failed its check, the default's too: tune
 
     @staticmethod
