@@ -213,7 +213,7 @@ def _staged(obj: Any, memo: dict) -> Any:
         nbytes = st.nbytes()
         if not nbytes:
             return None  # nothing is shared for an empty storage
-        key = (str(obj.device), st.data_ptr())
+        key = (str(obj.device), st.data_ptr(), nbytes)
         copy = memo.get(key)
         if copy is None:
             with torch.no_grad():
