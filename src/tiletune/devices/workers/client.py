@@ -35,7 +35,7 @@ from typing import Any, Callable, Deque
 
 from tiletune import settings
 from tiletune.devices.workers.protocol import BusyEvent, CompiledEvent, ProtocolError, Reply, decode_reply
-from tiletune.devices.workers.shipping import dumps
+from tiletune.devices.workers.shipping import collect_shared, dumps
 
 logger = logging.getLogger("tiletune")
 
@@ -547,7 +547,9 @@ def wait_for_worker(device_index: int | None = None, timeout: float | None = Non
 
 def shutdown_all(final: bool = True) -> None:
     """Stop every worker of this process and its spare, gracefully and in parallel (see
-    :meth:`WorkerProcess.close`); registered with :mod:`atexit`."""
+    :meth:`WorkerProcess.close`), then free the CUDA memory they had released (a worker drops its
+    views of this process's memory before it answers ``exit``; :func:`~tiletune.devices.workers.shipping.collect_shared`);
+    registered with :mod:`atexit`."""
     with _workers_lock:
         ws = list(_workers.values())
         _workers.clear()
@@ -566,6 +568,7 @@ def shutdown_all(final: bool = True) -> None:
         t.start()
     for t in threads:
         t.join(10.0)
+    collect_shared()
 
 
 atexit.register(shutdown_all)

@@ -35,7 +35,7 @@ from tiletune import settings
 from tiletune.records import DeviceInfo, Status
 from tiletune.devices.workers.client import WorkerFault, WorkerProcess, worker_for
 from tiletune.devices.workers.protocol import ProtocolError, candidate_wire, samples_from, status_from
-from tiletune.devices.workers.shipping import IsolationUnavailable, Unshippable, dumps
+from tiletune.devices.workers.shipping import IsolationUnavailable, Unshippable, collect_shared, dumps
 
 logger = logging.getLogger("tiletune")
 
@@ -190,6 +190,7 @@ class WorkerSession:
         if self._opened_gen == w.generation:
             return
         reply = w.request(dict(self.payload, op="open", session=self.sid), self.options.open_timeout_s)
+        collect_shared()  # the worker has copied the arguments and released its views of their staging copies
         if not reply.ok:
             raise Unshippable(f"the worker could not open the session: {reply.error}")
         self._opened_gen = w.generation
@@ -353,11 +354,16 @@ class WorkerSession:
         return samples
 
     def finish(self, winner: Candidate | None) -> None:
-        """Close the worker-side session (the caller's tensors were never touched)."""
+        """Close the worker-side session (the caller's tensors were never touched); the worker drops what
+        it held of the session, then this process collects the CUDA memory it had shared
+        (``shares_held`` in the stats: the worker's IPC views still alive after the close, 0 normally)."""
         try:
             if self.worker.alive and self._opened_gen == self.worker.generation:
                 try:
                     reply = self.worker.request({"op": "close", "session": self.sid}, 60.0)
+                    held = reply.body.get("shares_held")
+                    if isinstance(held, int) and not isinstance(held, bool):
+                        self.stats["shares_held"] = held
                     got = reply.body.get("stats") if reply.ok else None
                     if isinstance(got, dict):  # the worker session's compile-ahead counters
                         self.stats.update({k: int(v) for k, v in got.items()
@@ -365,6 +371,7 @@ class WorkerSession:
                 except WorkerFault as fault:
                     self._restarted(fault, None)
         finally:
+            collect_shared()
             self.stats["worker_starts"] = self.worker.starts
             self.stats["spares_used"] = self.worker.spares_used - self._spares_used0
             self.worker.lock.release()

@@ -10,9 +10,32 @@ answers are JSON (:mod:`tiletune.devices.workers.protocol`), and nothing here is
   and evaluated annotations. Code shipped by value keeps its file name (cloudpickle would rename it),
   and the lines of a file that exists only in the caller's :mod:`linecache` (a notebook cell) travel
   with it, because cuTile parses a kernel's source text and keys its disk cache on the file name.
-* CUDA tensors go by CUDA IPC (PyTorch's own reduction); the worker copies them into buffers of its
-  own at once (:func:`own_copy`), so a wild write in the worker can never reach the caller's memory.
+* CUDA tensors go by CUDA IPC (PyTorch's own reduction), through *staging copies*: the caller copies
+  each storage into a private buffer and shares that buffer, never the caller's own memory; the worker
+  copies them into buffers of its own at once (:func:`own_copy`) and drops its IPC views, so a wild
+  write in the worker can never reach the caller's memory. See "CUDA IPC life cycle" below.
 * CPU tensors go as raw bytes with dtype, shape, strides and offset.
+
+CUDA IPC life cycle (PyTorch's protocol, ``torch/multiprocessing/cuda_multiprocessing.md``): sharing a
+storage puts its memory behind a reference counter in shared memory (set to 1) for the rest of that
+storage's life; the consumer decrements it when its view is freed; a storage freed by its producer
+while the counter is above zero waits in torch's *limbo* until :func:`collect_shared`
+(``torch.cuda.ipc_collect``) finds the counter at zero. At the producer's exit torch prints
+"Producer process has been terminated before all shared CUDA tensors released" when any shared
+storage is still alive or in limbo. Hence:
+
+* the caller's own tensors are never shared (a staging copy is): a storage that lives until exit (a
+  model's weight held by a compiled graph) would otherwise carry torch's counter to the end and make
+  that warning at exit whatever the worker did;
+* the caller drops the staging copies as soon as the request is pickled (into the limbo: the worker
+  has not released them yet) and collects after the worker's reply, by which time the worker has
+  released its views (it copies and drops them while opening the session); the worker also drops
+  what it still holds of a session when the session closes, and everything when it exits gracefully;
+* a worker killed with SIGKILL (a fault, a watchdog) never releases the views it held at that
+  moment: their staging copies stay in the limbo, i.e. allocated in the caller, until it exits, and
+  torch then warns. The worker holds views only while it opens a session (its copies are made at
+  once) and for CUDA tensors that a plan or reference shipped by value captured (held for the
+  session), so a fault in a candidate's launch leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -21,12 +44,13 @@ import io
 import linecache
 import os
 import sys
+import weakref
 from typing import Any
 
 from tiletune.errors import TiletuneError
 from tiletune.keys import imported_torch
 
-__all__ = ["IsolationUnavailable", "Unshippable", "dumps", "loads", "own_copy"]
+__all__ = ["IsolationUnavailable", "Unshippable", "collect_shared", "dumps", "held_shares", "loads", "own_copy"]
 
 
 class IsolationUnavailable(TiletuneError):
@@ -128,6 +152,7 @@ def _pickler_class() -> type:
             {types.CodeType: _code_reduce_keeping_filename}, cloudpickle.CloudPickler.dispatch_table
         )
         probe = False  # set on a probe's instance: see dumps(probe=True)
+        staged: dict = {}  # a dump's own: the staging copies of the storages shared so far (see _staged)
 
         def reducer_override(self, obj: Any) -> Any:
             kernel_cls = _cutile_kernel_class()
@@ -149,9 +174,11 @@ def _pickler_class() -> type:
                 if obj.is_cuda:
                     if self.probe:  # a dry run: no CUDA IPC handle (it would wait for a release forever)
                         return _tensor_placeholder, (tuple(obj.shape), str(obj.dtype))
-                    from torch.multiprocessing.reductions import reduce_tensor
+                    from torch.multiprocessing import reductions
 
-                    return reduce_tensor(obj)
+                    staged = _staged(obj, self.staged)
+                    rebuild, rargs = reductions.reduce_tensor(obj if staged is None else staged)
+                    return _rebuild_shared, (rebuild, rargs)
                 if obj.device.type == "cpu":
                     st = obj.untyped_storage()
                     raw = torch.empty(0, dtype=torch.uint8).set_(st).numpy().tobytes() if st.nbytes() else b""
@@ -170,6 +197,76 @@ def _cutile_kernel_class() -> type | None:
     return getattr(mod, "kernel", None) if mod is not None else None
 
 
+def _staged(obj: Any, memo: dict) -> Any:
+    """A tensor like the CUDA tensor ``obj`` (dtype, shape, strides, storage offset, ``requires_grad``,
+    :class:`~torch.nn.Parameter` or not) over a private copy of its whole storage, to be shared instead
+    of the caller's memory (module docstring). One copy per storage and dump, kept in ``memo``, so
+    tensors that share memory still do in the worker. None (share ``obj`` itself) for what has no
+    plain storage to copy (an empty one, a sparse or nested layout, a wrapper subclass) and when the
+    copy does not fit in the GPU's memory."""
+    import torch
+
+    try:
+        if obj.layout != torch.strided or obj.is_nested:
+            return None
+        st = obj.untyped_storage()
+        nbytes = st.nbytes()
+        if not nbytes:
+            return None  # nothing is shared for an empty storage
+        key = (str(obj.device), st.data_ptr(), nbytes)
+        copy = memo.get(key)
+        if copy is None:
+            with torch.no_grad():
+                buf = torch.empty(nbytes, dtype=torch.uint8, device=obj.device)
+                buf.copy_(torch.empty(0, dtype=torch.uint8, device=obj.device).set_(st))
+            copy = memo[key] = buf.untyped_storage()
+        out = torch.empty(0, dtype=obj.dtype, device=obj.device).set_(
+            copy, obj.storage_offset(), tuple(obj.shape), obj.stride()
+        )
+    except torch.cuda.OutOfMemoryError:
+        return None
+    except (RuntimeError, NotImplementedError, TypeError):  # no storage of its own (a wrapper subclass)
+        return None
+    if isinstance(obj, torch.nn.Parameter):
+        return torch.nn.Parameter(out, requires_grad=obj.requires_grad)
+    return out.requires_grad_() if obj.requires_grad else out
+
+
+#: Worker side: the CUDA tensors rebuilt from IPC shares that are still alive (weak references).
+_received: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _rebuild_shared(rebuild: Any, args: tuple) -> Any:
+    """The worker-side rebuild of a shared CUDA tensor (PyTorch's own), remembered in :func:`held_shares`."""
+    t = rebuild(*args)
+    try:
+        _received.add(t)
+    except TypeError:  # not weakly referenceable: not counted
+        pass
+    return t
+
+
+def held_shares() -> int:
+    """How many tensors rebuilt from the caller's CUDA IPC shares this process still holds (each keeps
+    the caller's reference counter of its storage above zero until it is freed)."""
+    return len(_received)
+
+
+def collect_shared() -> bool:
+    """Free this process's shared CUDA blocks that every consumer has released (``torch.cuda.ipc_collect``:
+    torch's limbo, see the module docstring). Cheap (no device work); does nothing (False) before this
+    process has initialised CUDA, and never raises."""
+    torch = imported_torch()
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return False
+        cuda.ipc_collect()
+    except Exception:  # noqa: BLE001 - clean-up only: a broken CUDA context is reported elsewhere
+        return False
+    return True
+
+
 def _tensor_placeholder(shape: tuple, dtype: str) -> None:
     """What a probe writes for a CUDA tensor (never loaded: a probe's bytes are not sent)."""
     raise Unshippable("a shipping probe's placeholder was loaded")
@@ -183,19 +280,26 @@ def dumps(obj: Any, probe: bool = False) -> bytes:
     stays pinned in this process until a consumer releases it, i.e. for the life of the process
     when the bytes are never sent; it also makes PyTorch warn at exit ("Producer process has been
     terminated before all shared CUDA tensors released").
+
+    Otherwise CUDA tensors are shared through staging copies (module docstring), which this function
+    drops before it returns: they wait in torch's limbo until the consumer has released them and the
+    caller runs :func:`collect_shared` (after the worker's reply).
     """
     global _PICKLER
     if _PICKLER is None:
         _PICKLER = _pickler_class()
     buf = io.BytesIO()
+    pickler = _PICKLER(buf, protocol=5)
+    pickler.probe = probe
+    pickler.staged = {}
     try:
-        pickler = _PICKLER(buf, protocol=5)
-        pickler.probe = probe
         pickler.dump(obj)
     except Unshippable:
         raise
     except Exception as exc:
         raise Unshippable(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        pickler.staged.clear()  # the staging copies: kept by torch until the worker releases them
     return buf.getvalue()
 
 

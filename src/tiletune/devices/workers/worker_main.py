@@ -10,6 +10,14 @@ simulated one in tests) and drives that backend's session primitives on its *own
 caller's arguments. After any launch error it probes its CUDA context; when the context is gone (a
 sticky error: illegal or misaligned address, device-side trap) it reports the error as fatal and
 exits, and the caller starts a new worker.
+
+The caller's CUDA tensors arrive as CUDA IPC views (of staging copies, see
+:mod:`tiletune.devices.workers.shipping`), each keeping a reference counter in the caller above zero
+until it is freed here. The worker frees them as early as it can: the arguments as soon as it has
+copied them (opening a session), whatever else a session held (tensors that a plan or reference
+shipped by value captured) when the session closes, and everything before it answers ``exit``
+(:func:`os._exit` runs no destructor, so a view still alive then would never be released). The
+replies to ``close`` and ``exit`` say how many views it still holds (``shares_held``).
 """
 
 from __future__ import annotations
@@ -95,6 +103,28 @@ class _Served:
         for i, saved in self.pristine.items():
             _storage_bytes(self.args[i]).copy_(saved)
 
+    def release(self) -> None:
+        """Drop everything of the session (the backend's session with its plan and reference, the
+        arguments, the candidates), whoever still holds this object."""
+        self.session = None
+        self.args = ()
+        self.pristine = {}
+        self.candidates = {}
+        self.compile_threads = []
+
+
+def drop_shares() -> int:
+    """Free the caller's CUDA IPC views this process no longer uses but still holds through a reference
+    cycle (the garbage collector runs only then: a full collection costs milliseconds); returns how
+    many views are still held afterwards."""
+    from tiletune.devices.workers.shipping import held_shares
+
+    if held_shares():
+        import gc
+
+        gc.collect()
+    return held_shares()
+
 
 class Worker:
     """The request loop (one per process)."""
@@ -130,8 +160,8 @@ class Worker:
                 self.send({"id": rid, "ok": False, "error": f"cannot load request: {type(exc).__name__}: {exc}"})
                 continue
             op = msg.get("op")
-            if op == "exit":
-                self.send({"id": rid, "ok": True})
+            if op == "exit":  # release the caller's memory before answering: the caller collects then
+                self.send({"id": rid, "ok": True, "shares_held": self.release_all()})
                 return
             try:
                 handler = getattr(self, f"op_{op}")
@@ -154,6 +184,14 @@ class Worker:
                 sys.stderr.write(f"tiletune worker: fatal: {reply.get('error')}\n")
                 sys.stderr.flush()
                 os._exit(3)
+
+    def release_all(self) -> int:
+        """Drop every session (the caller is leaving); returns the IPC views still held (see :func:`drop_shares`)."""
+        sessions, self.sessions = list(self.sessions.values()), {}
+        for served in sessions:
+            served.release()
+        del sessions
+        return drop_shares()
 
     def op_ping(self, msg: dict) -> dict:
         return {"ok": True, "pid": os.getpid()}
@@ -182,14 +220,16 @@ class Worker:
         from tiletune.devices.workers.shipping import own_copy
 
         sid = int(msg["session"])
-        backend = self._backend(msg.get("backend"))
-        t0 = time.perf_counter()
-        args = tuple(own_copy(a) for a in msg["args"])
-        torch = getattr(backend, "torch", None)
-        if torch is not None:
-            torch.cuda.synchronize(int(msg["device_index"]))
-        copy_s = time.perf_counter() - t0
-        del msg["args"]  # drop the IPC views of the caller's memory now
+        try:
+            backend = self._backend(msg.get("backend"))
+            t0 = time.perf_counter()
+            args = tuple(own_copy(a) for a in msg["args"])
+            torch = getattr(backend, "torch", None)
+            if torch is not None:
+                torch.cuda.synchronize(int(msg["device_index"]))
+            copy_s = time.perf_counter() - t0
+        finally:
+            del msg["args"]  # drop the IPC views of the caller's memory now (copied, or failed)
         plan = msg["plan"]
 
         def spec_for(cfg: Any) -> Launch:
@@ -320,15 +360,21 @@ class Worker:
         if served is not None:
             for t in served.compile_threads:  # cubins reach cuTile's disk cache before the caller
                 t.join(60.0)                  # compiles the winner for itself
+            error = None
             try:
                 served.session.finish(None)
             except Exception as exc:
-                return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                error = f"{type(exc).__name__}: {exc}"
+            stats = getattr(served.session, "stats", None) or {}
+            served.release()  # whoever still holds the object: the session's memory goes now
+            del served
+            if error is not None:
+                return {"ok": False, "error": error, "shares_held": drop_shares()}
             from tiletune.devices.workers.session import WORKER_STATS
 
-            stats = getattr(served.session, "stats", None) or {}
-            return {"ok": True, "stats": {k: v for k, v in stats.items() if k in WORKER_STATS and isinstance(v, int)}}
-        return {"ok": True}
+            return {"ok": True, "shares_held": drop_shares(),
+                    "stats": {k: v for k, v in stats.items() if k in WORKER_STATS and isinstance(v, int)}}
+        return {"ok": True, "shares_held": drop_shares()}
 
 
 def _trace_enabled() -> bool:
