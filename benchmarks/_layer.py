@@ -277,42 +277,67 @@ def tiletune_layer(d: Dims, w: dict[str, Any], phase: str, caches: tuple[Any, An
     return Layer()
 
 
-def reference_forward(d: Dims, w: dict[str, Any], inp: Inputs, caches: tuple[Any, Any] = (None, None)) -> Any:
-    """The same layer in plain torch (float32 norms, ``F.linear``, SDPA with ``enable_gqa``); writes the
-    decode step's k/v into ``caches`` like the layer does. For correctness checks."""
+def torch_layer(d: Dims, w: dict[str, Any], phase: str, caches: tuple[Any, Any] = (None, None),
+                cache_len: int | None = None) -> Any:
+    """The same layer in plain torch as a ``torch.nn.Module`` (float32 norms, ``F.linear``, SDPA with
+    ``enable_gqa``), weights and caches as buffers like :func:`tiletune_layer`'s: what any user pays for
+    eager torch or ``torch.compile`` on this layer. ``forward(x, cos, sin)`` for prefill, ``forward(x, cos,
+    sin, pos, lens)`` for decode, where the step writes k/v at position ``cache_len`` (the shape's ``L``, the
+    same for every sequence: ``pos`` and ``lens`` are accepted, not read) and attends positions
+    ``[0, cache_len]``."""
     import torch
     import torch.nn.functional as F
 
-    x = inp.x
-    bsz, t, _ = x.shape
-    hd = d.head_dim
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"unknown phase {phase!r}")
+    if phase == "decode" and (caches[0] is None or cache_len is None):
+        raise ValueError("a decode layer needs its KV caches and the cached length")
+    hd, qd, kd = d.head_dim, d.q_dim, d.kv_dim
 
     def rms(z: Any, weight: Any) -> Any:
         zf = z.float()
         return (zf * torch.rsqrt(zf.pow(2).mean(-1, keepdim=True) + d.eps) * weight.float()).to(z.dtype)
 
-    def rope(z: Any) -> Any:  # z: (B, T, H, D); cos/sin (T, D) or (B, T, D)
-        c, s = inp.cos.float(), inp.sin.float()
+    def rope(z: Any, cos: Any, sin: Any) -> Any:  # z: (B, T, H, D); cos/sin (T, D) or (B, T, D)
+        c, s = cos.float(), sin.float()
         c, s = (c[None, :, None, :], s[None, :, None, :]) if c.dim() == 2 else (c[:, :, None, :], s[:, :, None, :])
         zf = z.float()
         rot = torch.cat((-zf[..., hd // 2:], zf[..., :hd // 2]), dim=-1)
         return (zf * c + rot * s).to(z.dtype)
 
-    qkv = F.linear(rms(x, w["norm1"]), w["qkv"])
-    q = rope(qkv[..., :d.q_dim].unflatten(-1, (d.heads, hd))).transpose(1, 2)
-    k = rope(qkv[..., d.q_dim:d.q_dim + d.kv_dim].unflatten(-1, (d.kv_heads, hd))).transpose(1, 2)
-    v = qkv[..., d.q_dim + d.kv_dim:].unflatten(-1, (d.kv_heads, hd)).transpose(1, 2)
-    if inp.phase == "prefill":
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    else:
-        ck, cv = caches
-        n = inp.shape["L"]
-        ck[:, :, n] = k[:, :, 0]
-        cv[:, :, n] = v[:, :, 0]
-        o = F.scaled_dot_product_attention(q, ck[:, :, :n + 1], cv[:, :, :n + 1], enable_gqa=True)
-    h2 = x + F.linear(o.transpose(1, 2).reshape(bsz, t, d.q_dim), w["o"])
-    gu = F.linear(rms(h2, w["norm2"]), w["gate_up"])
-    return h2 + F.linear(F.silu(gu[..., :d.ffn]) * gu[..., d.ffn:], w["down"])
+    class TorchLayer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name, t in w.items():
+                self.register_buffer(name, t, persistent=False)
+            if phase == "decode":
+                self.register_buffer("ck", caches[0], persistent=False)
+                self.register_buffer("cv", caches[1], persistent=False)
+
+        def forward(self, x: Any, cos: Any, sin: Any, pos: Any = None, lens: Any = None) -> Any:
+            bsz, t, _ = x.shape
+            qkv = F.linear(rms(x, self.norm1), self.qkv)
+            q = rope(qkv[..., :qd].unflatten(-1, (d.heads, hd)), cos, sin).transpose(1, 2)
+            k = rope(qkv[..., qd:qd + kd].unflatten(-1, (d.kv_heads, hd)), cos, sin).transpose(1, 2)
+            v = qkv[..., qd + kd:].unflatten(-1, (d.kv_heads, hd)).transpose(1, 2)
+            if phase == "prefill":
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            else:
+                n = cache_len
+                self.ck[:, :, n] = k[:, :, 0]
+                self.cv[:, :, n] = v[:, :, 0]
+                o = F.scaled_dot_product_attention(q, self.ck[:, :, :n + 1], self.cv[:, :, :n + 1], enable_gqa=True)
+            h2 = x + F.linear(o.transpose(1, 2).reshape(bsz, t, qd), self.o)
+            gu = F.linear(rms(h2, self.norm2), self.gate_up)
+            return h2 + F.linear(F.silu(gu[..., :d.ffn]) * gu[..., d.ffn:], self.down)
+
+    return TorchLayer()
+
+
+def reference_forward(d: Dims, w: dict[str, Any], inp: Inputs, caches: tuple[Any, Any] = (None, None)) -> Any:
+    """The same layer in plain torch (:func:`torch_layer`, one forward); writes the decode step's k/v into
+    ``caches`` like the layer does. For correctness checks."""
+    return torch_layer(d, w, inp.phase, caches, inp.shape.get("L"))(*inp.args())
 
 
 def rel_err(got: Any, want: Any) -> float:

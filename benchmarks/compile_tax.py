@@ -8,21 +8,34 @@ the shipped tables on, short tuning measurements unless ``--full-tuning``; two e
 no tuning happens inside a capture or a compile; the row records any that still did
 (``tuning_in_graph_capture``, ``tuning_in_compile``, ``tuning_in_reduce_overhead``).
 
-Per row (GPU time per forward, CUDA events around back-to-back forwards, in five interleaved rounds,
-the median round each: ``decoder_layer.interleaved_us``):
+Per row, GPU time per forward (CUDA events around back-to-back forwards, in five interleaved rounds, the
+median round each: ``decoder_layer.interleaved_us``) and host time per forward (``<route>_host_us``: N
+back-to-back forwards without a sync inside, ``decoder_layer.host_us``) of every route:
 
 * ``eager_us``: the module called eagerly;
-* ``graph_us``: one forward captured by hand in a ``torch.cuda.CUDAGraph`` (warmed on a side stream), replayed;
-* ``compiled_us``: ``torch.compile(layer, fullgraph=True, dynamic=False)``;
+* ``graph_us``: one forward captured by hand in a ``torch.cuda.CUDAGraph`` (warmed on a side stream), replayed
+  on the same input tensors; ``graph_copy_us``: the same captured on static input buffers, each replay after
+  copying fresh inputs into them (what a hand graph costs when the inputs change every step, as the
+  reduce-overhead route's input copies do);
+* ``compiled_us``: ``torch.compile(layer, fullgraph=True, dynamic=False)``; ``compiled_noasserts_us`` (decode
+  rows): the same with Inductor's ``size_asserts`` and ``alignment_asserts`` off;
 * ``reduce_overhead_us``: ``torch.compile(layer, mode="reduce-overhead", dynamic=False)`` (three calls
   before timing: warm-up, recording, replay);
-* ``compiled_vs_eager`` = compiled_us / eager_us (> 1: compiling costs), ``ro_vs_graph`` =
-  reduce_overhead_us / graph_us (> 1: reduce-overhead is slower than a hand-made graph);
+* ``torch_eager_us``, ``torch_compiled_us``: the same layer in plain torch (``_layer.torch_layer``), eager and
+  ``torch.compile(fullgraph=True, dynamic=False)``: what compiling costs or saves any user of this layer;
+* ratios (:data:`RATIOS`): ``compiled_vs_eager`` = compiled_us / eager_us (> 1: compiling costs),
+  ``ro_vs_graph`` = reduce_overhead_us / graph_us (> 1: reduce-overhead is slower than a hand-made graph),
+  ``ro_vs_graph_copy``, the host-time ratios (``*_host``) and the plain-torch ones;
 * ``notes``: warnings of dynamo / inductor / the CUDA-graph trees while compiling and on the first
   calls (e.g. "skipping cudagraphs due to mutated inputs"), and ``cudagraph_skips`` (inductor's counter);
 * ``rel_err_vs_torch`` (eager layer vs the same layer in plain torch), ``compiled_rel_err``,
-  ``reduce_overhead_rel_err`` (vs the eager layer), ``compile_s``, ``reduce_overhead_first_calls_s``,
-  ``tune_s``, ``eager_host_us`` (host time of one eager forward's launches).
+  ``reduce_overhead_rel_err``, ``graph_rel_err``, ``graph_copy_rel_err`` (vs the eager layer),
+  ``torch_compiled_rel_err`` (vs plain torch eager), ``compile_s``, ``reduce_overhead_first_calls_s``,
+  ``tune_s``.
+
+Each compiled route is compiled after ``torch._dynamo.reset()`` (no route reuses or adds to another's cache
+entries of the layer's code object) and timed in its own block, interleaved with the uncompiled routes; a
+route timed in several blocks gets the median over them (``eager_us_by_block``: eager in each block).
 
 ``--profile``: for decode rows, ``torch.profiler`` over 20 forwards of the compiled step (and, for
 comparison, the eager and reduce-overhead steps): the top 15 CPU ops by self time, per forward
@@ -56,6 +69,10 @@ NAME = "compile_tax"
 PHASES = ("prefill", "decode")
 ROW_KEYS = ("model", "phase", "shape", "eager_us", "graph_us", "compiled_us", "reduce_overhead_us",
             "compiled_vs_eager", "ro_vs_graph", "notes")
+#: keys printed per row
+SHOW_KEYS = ("eager_us", "graph_us", "compiled_us", "reduce_overhead_us", "compiled_vs_eager", "ro_vs_graph",
+             "ro_vs_graph_copy", "eager_host_us", "compiled_host_us", "compiled_vs_eager_host", "torch_eager_us",
+             "torch_compiled_us")
 #: loggers whose warnings a row keeps (artifact loggers do not propagate: each is named); tiletune's says when
 #: a key first met inside a capture launched a baseline config
 TORCH_LOGGERS = ("torch._inductor.cudagraph_trees", "torch._inductor.cudagraph_trees.__cudagraphs",
@@ -109,14 +126,34 @@ def plan(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def host_key(time_key: str) -> str:
+    """The host-time key of a route's time key: ``compiled_us`` -> ``compiled_host_us``."""
+    if not time_key.endswith("_us"):
+        raise ValueError(f"not a time key: {time_key!r}")
+    return time_key[:-3] + "_host_us"
+
+
+#: ratio -> (numerator, denominator) keys of a row
+RATIOS = {
+    "compiled_vs_eager": ("compiled_us", "eager_us"),
+    "ro_vs_graph": ("reduce_overhead_us", "graph_us"),
+    "ro_vs_graph_copy": ("reduce_overhead_us", "graph_copy_us"),
+    "compiled_vs_eager_host": ("compiled_host_us", "eager_host_us"),
+    "compiled_noasserts_vs_eager_host": ("compiled_noasserts_host_us", "eager_host_us"),
+    "ro_vs_graph_copy_host": ("reduce_overhead_host_us", "graph_copy_host_us"),
+    "torch_compiled_vs_eager": ("torch_compiled_us", "torch_eager_us"),
+    "torch_compiled_vs_eager_host": ("torch_compiled_host_us", "torch_eager_host_us"),
+}
+
+
 def ratios(row: dict[str, Any]) -> dict[str, Any]:
-    """``compiled_vs_eager`` and ``ro_vs_graph`` of a row's timings (None where one side is missing)."""
+    """Every :data:`RATIOS` of a row's timings (None where one side is missing), e.g. ``compiled_vs_eager``
+    = compiled_us / eager_us and ``ro_vs_graph`` = reduce_overhead_us / graph_us."""
 
     def div(a: Any, b: Any) -> float | None:
         return round(a / b, 4) if a and b else None
 
-    return {"compiled_vs_eager": div(row.get("compiled_us"), row.get("eager_us")),
-            "ro_vs_graph": div(row.get("reduce_overhead_us"), row.get("graph_us"))}
+    return {name: div(row.get(num), row.get(den)) for name, (num, den) in RATIOS.items()}
 
 
 class Notes:
@@ -215,6 +252,51 @@ def capture(fn: Any) -> tuple[Any, Any]:
     return g, out
 
 
+def copy_then(static: tuple[Any, ...], fresh: tuple[Any, ...], then: Any) -> Any:
+    """A call that copies each ``fresh`` tensor into its ``static`` buffer, then calls ``then()``: a hand-captured
+    graph replayed on inputs that change every step (what ``reduce-overhead`` does with its non-static
+    inputs). Refuses buffers that do not match their inputs (shape or dtype)."""
+    if len(static) != len(fresh):
+        raise ValueError(f"copy_then: {len(static)} static buffers for {len(fresh)} inputs")
+    for i, (s, f) in enumerate(zip(static, fresh)):
+        if tuple(s.shape) != tuple(f.shape) or s.dtype != f.dtype:
+            raise ValueError(f"copy_then: input {i} is {tuple(f.shape)} {f.dtype}, its buffer "
+                             f"{tuple(s.shape)} {s.dtype}")
+    pairs = tuple(zip(static, fresh))
+
+    def call() -> Any:
+        for s, f in pairs:
+            s.copy_(f)
+        return then()
+
+    return call
+
+
+def merge_blocks(blocks: list[dict[str, float]]) -> dict[str, float]:
+    """One time per route from timing blocks (each a ``route -> us`` dict; a route may be in several): the
+    median over the blocks that timed it."""
+    import statistics
+
+    got: dict[str, list[float]] = {}
+    for block in blocks:
+        for name, us in block.items():
+            got.setdefault(name, []).append(us)
+    return {name: statistics.median(v) for name, v in got.items()}
+
+
+#: compiled routes, each compiled after ``torch._dynamo.reset()`` and timed in its own block with the
+#: uncompiled routes: (time key, which module, torch.compile keywords, calls before timing, stem, first-calls key)
+COMPILED = (
+    ("compiled_us", "tiletune", {"fullgraph": True}, 1, "compiled", "compile_s"),
+    ("compiled_noasserts_us", "tiletune",
+     {"fullgraph": True, "options": {"size_asserts": False, "alignment_asserts": False}}, 1, "compiled_noasserts",
+     "compiled_noasserts_s"),
+    ("reduce_overhead_us", "tiletune", {"mode": "reduce-overhead"}, 3, "reduce_overhead",
+     "reduce_overhead_first_calls_s"),
+    ("torch_compiled_us", "torch", {"fullgraph": True}, 1, "torch_compiled", "torch_compile_s"),
+)
+
+
 def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: bool) -> dict[str, Any]:
     import torch
     import torch._dynamo
@@ -224,12 +306,15 @@ def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: b
 
     d = L.dims(model)
     inp = L.Inputs(d, shape, "cuda")
-    mod = L.tiletune_layer(d, w, shape["phase"], inp.caches())
+    mods = {"tiletune": L.tiletune_layer(d, w, shape["phase"], inp.caches()),
+            "torch": L.torch_layer(d, w, shape["phase"], inp.caches(), shape.get("L"))}
+    mod = mods["tiletune"]
     args = inp.args()
     row: dict[str, Any] = {"model": model, "phase": shape["phase"], "shape": dict(shape)}
     notes: list[str] = []
     counters = torch._dynamo.utils.counters["inductor"]
     n_iter = max(5, min(200, int(2e5 // max(1, L.tokens(shape)))))
+    decode_profile = profile and shape["phase"] == "decode"
     torch._dynamo.reset()  # one row's compiled code at a time (and the per-code cache limit never reached)
     with torch.no_grad():
         s0 = L.tuning_sessions()
@@ -244,51 +329,74 @@ def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: b
         del ref
 
         eager = (lambda: mod(*args))
-        timed: dict[str, Any] = {"eager_us": eager}
-        row["eager_host_us"] = round(host_us(eager, n_iter), 2)
+        torch_eager = (lambda t=mods["torch"]: t(*args))
+        y_torch = torch_eager()
+        base: dict[str, Any] = {"eager_us": eager, "torch_eager_us": torch_eager}
 
         s0 = L.tuning_sessions()
-        try:
+        try:  # a graph of the layer on the benchmark's own inputs (static: the same tensors every step)
             g, g_out = capture(eager)
-            timed["graph_us"] = g.replay
+            base["graph_us"] = g.replay
             g.replay()
             torch.cuda.synchronize()
             row["graph_rel_err"] = L.rel_err(g_out, y)
+            # the same on static input buffers that each step refills from fresh inputs
+            static = tuple(a.clone() for a in args)
+            g2, g2_out = capture(lambda: mod(*static))
+            base["graph_copy_us"] = copy_then(static, args, g2.replay)
+            base["graph_copy_us"]()
+            torch.cuda.synchronize()
+            row["graph_copy_rel_err"] = L.rel_err(g2_out, y)
         except Exception as exc:  # noqa: BLE001 - a failed capture is a result
             row["graph_error"] = f"{type(exc).__name__}: {exc}"[:500]
         row["tuning_in_graph_capture"] = L.tuning_sessions() - s0
 
-        for key, kwargs, calls, stem, first in (
-                ("compiled_us", {"fullgraph": True}, 1, "compiled", "compile_s"),
-                ("reduce_overhead_us", {"mode": "reduce-overhead"}, 3, "reduce_overhead",
-                 "reduce_overhead_first_calls_s")):
+        blocks = [interleaved_us(base, n_iter)]
+        hosts = {key: host_us(fn, n_iter) for key, fn in base.items()}
+        profiles: dict[str, Any] = {}
+        if decode_profile:
+            profiles["eager"] = profile_top(eager)
+        for key, which, kwargs, calls, stem, first in COMPILED:
+            if stem == "compiled_noasserts" and shape["phase"] != "decode":
+                continue  # host-bound decode only: a compile less per prefill row
+            torch._dynamo.reset()  # no cache entry of an earlier variant on the same code object
             s0, skips0 = L.tuning_sessions(), counters["cudagraph_skips"]
+            fn = None
             with Notes() as caught:
                 try:
-                    fn = torch.compile(mod, dynamic=False, **kwargs)
+                    compiled = torch.compile(mods[which], dynamic=False, **kwargs)
                     t0 = time.perf_counter()
                     for _ in range(calls):
-                        out = fn(*args)
+                        out = compiled(*args)
                         torch.cuda.synchronize()
                     row[first] = round(time.perf_counter() - t0, 2)
-                    row[f"{stem}_rel_err"] = L.rel_err(out.clone(), y)
-                    timed[key] = (lambda f=fn: f(*args))
+                    row[f"{stem}_rel_err"] = L.rel_err(out.clone(), y if which == "tiletune" else y_torch)
+                    fn = (lambda f=compiled: f(*args))
                 except Exception as exc:  # noqa: BLE001 - a compile failure is a result
                     row[f"{stem}_error"] = f"{type(exc).__name__}: {exc}"[:800]
-            row["tuning_in_compile" if stem == "compiled" else "tuning_in_reduce_overhead"] = L.tuning_sessions() - s0
+            if which == "tiletune":
+                row["tuning_in_compile" if stem != "reduce_overhead" else "tuning_in_reduce_overhead"] = (
+                    L.tuning_sessions() - s0)
             skipped = counters["cudagraph_skips"] - skips0
             if stem == "reduce_overhead":
                 row["cudagraph_skips"] = skipped
             notes += [f"[{stem}] {line}" for line in caught.lines]
+            if fn is None:
+                continue
+            blocks.append(interleaved_us({**base, key: fn}, n_iter))
+            hosts[key] = host_us(fn, n_iter)
+            if decode_profile and stem in ("compiled", "reduce_overhead"):
+                profiles[stem] = profile_top(fn)
+            del fn, compiled
         row["notes"] = notes
 
-        row.update({k: round(v, 2) for k, v in interleaved_us(timed, n_iter).items()})
+        row.update({k: round(v, 2) for k, v in merge_blocks(blocks).items()})
+        row["eager_us_by_block"] = [round(b["eager_us"], 2) for b in blocks]
+        row.update({host_key(k): round(v, 2) for k, v in hosts.items()})
         row.update(ratios(row))
-        if profile and shape["phase"] == "decode":
-            row["profile"] = {name: profile_top(timed[key]) for name, key in
-                              (("compiled", "compiled_us"), ("eager", "eager_us"),
-                               ("reduce_overhead", "reduce_overhead_us")) if key in timed}
-    del timed, mod, inp
+        if decode_profile:
+            row["profile"] = profiles
+    del base, mods, mod, inp
     gc.collect()
     torch.cuda.empty_cache()
     return row
@@ -301,8 +409,10 @@ def document(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list
     return {"quick": args.quick, "seed": args.seed, "complete": complete, "wall_s": round(wall_s, 1),
             "profile": args.profile, "tuner": tuner,
             "timer": "CUDA events around back-to-back forwards, 5 interleaved rounds, median round",
-            "compile": "torch.compile(layer, fullgraph=True, dynamic=False) and (layer, mode='reduce-overhead', "
-                       "dynamic=False); torch._dynamo.reset() before each row",
+            "compile": "torch.compile(layer, fullgraph=True, dynamic=False), the same without Inductor's size and "
+                       "alignment asserts (decode rows), (layer, mode='reduce-overhead', dynamic=False) and the "
+                       "plain-torch layer (fullgraph=True, dynamic=False); torch._dynamo.reset() before each",
+            "host_timer": "perf_counter around N back-to-back forwards, no sync inside (decoder_layer.host_us)",
             "layers": {m: dims(m).as_dict() for m in args.models},
             "skipped_for_budget": skipped, "rows": rows}
 
@@ -345,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             r = {"model": model, "phase": shape["phase"], "shape": shape, **failure_fields(exc)}
             torch.cuda.empty_cache()
         rows.append(r)
-        print("    " + json.dumps({k: r.get(k) for k in ROW_KEYS[3:9]} | {"tune_s": r.get("tune_s"),
+        print("    " + json.dumps({k: r.get(k) for k in SHOW_KEYS} | {"tune_s": r.get("tune_s"),
                                                                          "error": r.get("error")}), flush=True)
         for line in r.get("notes", [])[:5]:
             print("    note: " + line[:200], flush=True)

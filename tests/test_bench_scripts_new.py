@@ -339,9 +339,59 @@ def test_compile_tax_args_and_plan():
 
 
 def test_compile_tax_ratios():
-    assert compile_tax.ratios({"eager_us": 100.0, "compiled_us": 120.0, "graph_us": 80.0,
-                               "reduce_overhead_us": 88.0}) == {"compiled_vs_eager": 1.2, "ro_vs_graph": 1.1}
-    assert compile_tax.ratios({"eager_us": 100.0}) == {"compiled_vs_eager": None, "ro_vs_graph": None}
+    got = compile_tax.ratios({"eager_us": 100.0, "compiled_us": 120.0, "graph_us": 80.0, "graph_copy_us": 82.5,
+                              "reduce_overhead_us": 88.0, "eager_host_us": 50.0, "compiled_host_us": 75.0,
+                              "torch_eager_us": 90.0, "torch_compiled_us": 45.0})
+    assert set(got) == set(compile_tax.RATIOS)
+    assert (got["compiled_vs_eager"], got["ro_vs_graph"], got["ro_vs_graph_copy"]) == (1.2, 1.1, 1.0667)
+    assert (got["compiled_vs_eager_host"], got["torch_compiled_vs_eager"]) == (1.5, 0.5)
+    assert got["ro_vs_graph_copy_host"] is None and got["torch_compiled_vs_eager_host"] is None
+    empty = compile_tax.ratios({"eager_us": 100.0})
+    assert empty["compiled_vs_eager"] is None and empty["ro_vs_graph"] is None
+
+
+def test_compile_tax_host_key_and_merge_blocks():
+    assert compile_tax.host_key("compiled_us") == "compiled_host_us"
+    assert compile_tax.host_key("graph_copy_us") == "graph_copy_host_us"
+    with pytest.raises(ValueError):
+        compile_tax.host_key("notes")
+    merged = compile_tax.merge_blocks([{"eager_us": 10.0, "graph_us": 5.0}, {"eager_us": 14.0, "compiled_us": 20.0},
+                                       {"eager_us": 11.0}])
+    assert merged == {"eager_us": 11.0, "graph_us": 5.0, "compiled_us": 20.0}
+    every = {key for key, *_ in compile_tax.COMPILED}
+    assert {"compiled_us", "reduce_overhead_us", "torch_compiled_us"} <= every
+    assert all(compile_tax.host_key(k) in {n for pair in compile_tax.RATIOS.values() for n in pair} for k in every)
+
+
+def test_compile_tax_copy_then_refills_static_buffers_before_the_call():
+    static = (torch.zeros(3), torch.zeros(2, dtype=torch.int64))
+    fresh = (torch.arange(3.0), torch.tensor([7, 8]))
+    seen = []
+    call = compile_tax.copy_then(static, fresh, lambda: seen.append((static[0].tolist(), static[1].tolist())) or 5)
+    assert seen == [] and call() == 5
+    assert seen == [([0.0, 1.0, 2.0], [7, 8])]
+    fresh[0].add_(1)  # the next step's inputs, written in place by the caller
+    call()
+    assert seen[-1] == ([1.0, 2.0, 3.0], [7, 8])
+    with pytest.raises(ValueError, match="input 1"):
+        compile_tax.copy_then(static, (fresh[0], torch.tensor([7, 8], dtype=torch.int32)), lambda: None)
+    with pytest.raises(ValueError, match="2 static buffers for 1 inputs"):
+        compile_tax.copy_then(static, fresh[:1], lambda: None)
+
+
+def test_torch_layer_is_a_module_with_buffers_and_refuses_a_decode_without_caches():
+    d = L.dims("llama3-8b", **TINY)
+    w = L.make_weights(d, "cpu", 0, torch.float32)
+    inp = L.Inputs(d, {"phase": "decode", "B": 2, "L": 5, "capacity": 8}, "cpu", dtype=torch.float32)
+    ck, cv = inp.caches()
+    layer = L.torch_layer(d, w, "decode", (ck, cv), 5)
+    assert {n for n, _ in layer.named_buffers()} == set(w) | {"ck", "cv"}
+    y = layer(*inp.args())
+    assert y.shape == (2, 1, d.hidden) and ck[:, :, 5].abs().sum() > 0 and ck[:, :, 6:].abs().sum() == 0
+    with pytest.raises(ValueError, match="KV caches"):
+        L.torch_layer(d, w, "decode", (ck, cv))
+    with pytest.raises(ValueError, match="phase"):
+        L.torch_layer(d, w, "train")
 
 
 def test_compile_tax_notes_catch_cudagraph_warnings():

@@ -75,7 +75,8 @@ EXPECTED_SCHEMAS = {
     "apply_rope_": (["q", "k", "cos", "sin", "layout"], ["q", "k"], 0),
     "cross_entropy": (["logits", "target", "ignore_index"], [], 1),
     "cross_entropy_grad": (["logits", "target", "ignore_index"], [], 2),
-    "matmul": (["a", "b", "scale_a", "scale_b", "out_dtype"], [], 1),
+    "matmul": (["a", "b"], [], 1),
+    "matmul_scaled": (["a", "b", "scale_a", "scale_b", "out_dtype"], [], 1),
     "attention": (["q", "k", "v", "causal", "scale"], [], 1),
     "matmul_swiglu": (["x", "w_gate_up"], [], 1),
     "decode_attention": (["q", "cache_k", "cache_v", "lengths", "lengths_int", "causal", "scale"], [], 1),
@@ -112,7 +113,8 @@ EXPECTED_SCHEMA_TEXT = [
     'tiletune::apply_rope_(Tensor(a0!) q, Tensor(a1!) k, Tensor cos, Tensor sin, str layout) -> ()',
     'tiletune::cross_entropy(Tensor logits, Tensor target, SymInt ignore_index) -> Tensor',
     'tiletune::cross_entropy_grad(Tensor logits, Tensor target, SymInt ignore_index) -> (Tensor, Tensor)',
-    'tiletune::matmul(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor',
+    'tiletune::matmul(Tensor a, Tensor b) -> Tensor',
+    'tiletune::matmul_scaled(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor',
     'tiletune::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor',
     'tiletune::matmul_swiglu(Tensor x, Tensor w_gate_up) -> Tensor',
     'tiletune::decode_attention(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? lengths, SymInt? lengths_int, '
@@ -338,7 +340,7 @@ def test_rope_through_compiled_call_returns_its_inputs():
 def test_matmul_fake_follows_torch_matmul(sa, sb, dtype):
     a, b = empty(sa, dtype), empty(sb, dtype)
     want = torch.matmul(a, b)
-    got = torch.ops.tiletune.matmul(a, b, None, None, None)
+    got = torch.ops.tiletune.matmul(a, b)
     assert got.shape == want.shape
     assert got.dtype == dtype and got.device.type == META
     assert tuple(got.stride()) == contiguous_strides(want.shape)
@@ -372,7 +374,7 @@ def test_matmul_fake_refuses_what_torch_matmul_refuses(sa, sb, error):
     with pytest.raises(error):
         torch.matmul(empty(sa), empty(sb))
     with pytest.raises(error):
-        torch.ops.tiletune.matmul(empty(sa), empty(sb), None, None, None)
+        torch.ops.tiletune.matmul(empty(sa), empty(sb))
 
 
 def test_matmul_fake_refuses_mixed_dtypes_and_stray_scales():
@@ -519,7 +521,8 @@ def _opcheck_args():
         "apply_rope_": (empty((2, 8, 4, 64)), empty((2, 8, 2, 64)), empty((8, 64)), empty((8, 64)), "bshd"),
         "cross_entropy": (x, empty((4,), torch.long), -100),
         "cross_entropy_grad": (x, empty((4,), torch.long), -100),
-        "matmul": (empty((3, 4, 64)), empty((64, 32)), None, None, None),
+        "matmul": (empty((3, 4, 64)), empty((64, 32))),
+        "matmul_scaled": (empty((3, 4, 64)), empty((64, 32)), None, None, None),
         "attention": (empty((1, 4, 8, 64)), empty((1, 2, 8, 64)), empty((1, 2, 8, 64)), True, None),
         "matmul_swiglu": (empty((3, 4, 64)), empty((64, 96))),
         "decode_attention": (empty((2, 4, 1, 64)), empty((2, 2, 32, 64)), empty((2, 2, 32, 64)),
@@ -681,7 +684,18 @@ def test_fp8_matmul_with_float_scales_compiles():
 
     out = torch.compile(fn, fullgraph=True, backend=backend)(empty((2, 8, 32), FP8), empty((32, 16), FP8))
     assert meta_of(out) == ((2, 8, 16), F16, (128, 16, 1), META)
-    assert tiletune_ops_in(backend.graphs[0]) == collections.Counter({"matmul": 1})
+    assert tiletune_ops_in(backend.graphs[0]) == collections.Counter({"matmul_scaled": 1})
+
+
+def test_plain_matmul_node_carries_only_its_two_tensors():
+    """A product without scales or out_dtype is ``tiletune::matmul(a, b)``: no ``None`` arguments boxed
+    through the dispatcher on every compiled call (the scaled one is its own op)."""
+    backend = CountingBackend()
+    out = torch.compile(lambda a, b: compiled_call("matmul", a, b), fullgraph=True, backend=backend)(
+        empty((2, 8, 32)), empty((32, 16)))
+    assert meta_of(out) == ((2, 8, 16), BF16, (128, 16, 1), META)
+    nodes = [n for n in backend.graphs[0].graph.nodes if n.op == "call_function" and "tiletune" in str(n.target)]
+    assert len(nodes) == 1 and "matmul_scaled" not in str(nodes[0].target) and len(nodes[0].args) == 2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ Registered ops (``torch.ops.tiletune.<name>``; every output is a new tensor)::
     apply_rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, str layout) -> ()
     cross_entropy(Tensor logits, Tensor target, int ignore_index) -> Tensor           # the loss
     cross_entropy_grad(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)  # loss, grad
-    matmul(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor
+    matmul(Tensor a, Tensor b) -> Tensor
+    matmul_scaled(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor
     attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor
     matmul_swiglu(Tensor x, Tensor w_gate_up) -> Tensor                    # swiglu(x @ w_gate_up), fused
     decode_attention(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? lengths, int? lengths_int,
@@ -27,8 +28,9 @@ Registered ops (``torch.ops.tiletune.<name>``; every output is a new tensor)::
                     int? start_int) -> ()
 
 A custom op has one return schema, so ``cross_entropy(..., return_grad=True)`` is its own op
-(``cross_entropy_grad``); ``apply_rope_`` mutates ``q`` and ``k`` and returns nothing (a custom op
-may not return its inputs); ``matmul``'s scales are tensors (a float scale becomes a one-element
+(``cross_entropy_grad``), and so is ``matmul`` with scales or an ``out_dtype`` (``matmul_scaled``: the
+plain product's op carries no ``None`` arguments through the dispatcher on every call); ``apply_rope_`` mutates ``q`` and ``k`` and returns nothing (a custom op
+may not return its inputs); ``matmul_scaled``'s scales are tensors (a float scale becomes a one-element
 float32 tensor first). ``decode_attention``'s ``lengths`` (None, an int or a ``(B,)`` tensor) is two
 arguments, at most one of them given: ``lengths`` for a tensor, ``lengths_int`` for an int, neither
 for None (the whole capacity); ``kv_cache_append``'s ``start`` (an int or a ``(B,)`` tensor) is
@@ -56,9 +58,8 @@ at import (:func:`register` is idempotent).
 ``torch.library.custom_op``: ``Library.define`` with the schema above (the text ``custom_op`` inferred
 before), the real implementation on the ``CUDA`` and ``CPU`` dispatch keys, the fake with
 ``torch.library.register_fake``, tagged ``pt2_compliant_tag``. ``custom_op`` adds Python autograd and
-ADInplaceOrView kernels and output-aliasing checks to every call: 10-16 us per call on a CPU, 24-39 us
-for an op that mutates, against 1.6-3.4 us for the lean op (``benchmarks/compile_tax.py``); a compiled
-graph pays that on every node. Consequences:
+ADInplaceOrView kernels and output-aliasing checks to every call, which a compiled graph pays on every
+node (measurements: docs/COMPILE-TAX.md). Consequences:
 
 * **No autograd.** The ops are forward only, like the public functions: there is no backward formula,
   and a backward through one gets torch's autograd-fallback warning ("an autograd kernel was not
@@ -106,14 +107,16 @@ OP_NAMES = (
     "cross_entropy",
     "cross_entropy_grad",
     "matmul",
+    "matmul_scaled",
     "attention",
     "matmul_swiglu",
     "decode_attention",
     "kv_cache_append",
 )
 #: Public functions :func:`compiled_call` accepts (the names of :mod:`tiletune.kernels`).
-#: Every custom op but ``cross_entropy_grad``, which serves ``cross_entropy(..., return_grad=True)``.
-PUBLIC_OPS = tuple(name for name in OP_NAMES if name != "cross_entropy_grad")
+#: Every custom op but ``cross_entropy_grad``, which serves ``cross_entropy(..., return_grad=True)``, and
+#: ``matmul_scaled``, which serves ``matmul(..., scale_a=, scale_b=, out_dtype=)``.
+PUBLIC_OPS = tuple(name for name in OP_NAMES if name not in ("cross_entropy_grad", "matmul_scaled"))
 
 _LOCK = threading.Lock()
 _REGISTERED = False
@@ -250,10 +253,11 @@ def _kernels(slots: Dict[str, _Slot]) -> Dict[str, Callable[..., Any]]:
         loss, grad = ce.fn(logits, target, True, ignore_index)
         return loss, grad
 
-    def matmul(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
-               out_dtype: Optional[torch.dtype]) -> Tensor:
-        if scale_a is None and scale_b is None and out_dtype is None:
-            return mm.fn(a, b)  # positional only: the op's per-signature fast path applies
+    def matmul(a: Tensor, b: Tensor) -> Tensor:
+        return mm.fn(a, b)  # positional only: the op's per-signature fast path applies
+
+    def matmul_scaled(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
+                      out_dtype: Optional[torch.dtype]) -> Tensor:
         return mm_scaled.fn(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
 
     def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float]) -> Tensor:
@@ -395,10 +399,14 @@ def matmul_out_shape(a_shape: Tuple[Any, ...], b_shape: Tuple[Any, ...]) -> Tupl
     return (*batch, *m, *n)
 
 
-def _matmul_fake(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
-                 out_dtype: Optional[torch.dtype]) -> Tensor:
+def _matmul_scaled_fake(a: Tensor, b: Tensor, scale_a: Optional[Tensor], scale_b: Optional[Tensor],
+                        out_dtype: Optional[torch.dtype]) -> Tensor:
     dtype = matmul_out_dtype(a, b, scale_a, scale_b, out_dtype)
     return a.new_empty(matmul_out_shape(tuple(a.shape), tuple(b.shape)), dtype=dtype)
+
+
+def _matmul_fake(a: Tensor, b: Tensor) -> Tensor:
+    return _matmul_scaled_fake(a, b, None, None, None)
 
 
 def _attention_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float]) -> Tensor:
@@ -469,7 +477,8 @@ def _kv_cache_append_fake(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor
 # ---------------------------------------------------------------------------------------------
 
 #: name -> schema (after ``tiletune::<name>``): the schemas ``torch.library.custom_op`` inferred when the
-#: ops were registered that way (same argument names, ``SymInt`` ints, ``a0``/``a1`` alias sets)
+#: ops were registered that way (same argument names, ``SymInt`` ints, ``a0``/``a1`` alias sets), but for
+#: ``matmul``, split since into the plain product and ``matmul_scaled``
 SCHEMAS: Dict[str, str] = {
     "rms_norm": "(Tensor x, Tensor? weight, float eps) -> Tensor",
     "rms_norm_residual": "(Tensor x, Tensor residual, Tensor? weight, float eps) -> (Tensor, Tensor)",
@@ -480,7 +489,8 @@ SCHEMAS: Dict[str, str] = {
     "apply_rope_": "(Tensor(a0!) q, Tensor(a1!) k, Tensor cos, Tensor sin, str layout) -> ()",
     "cross_entropy": "(Tensor logits, Tensor target, SymInt ignore_index) -> Tensor",
     "cross_entropy_grad": "(Tensor logits, Tensor target, SymInt ignore_index) -> (Tensor, Tensor)",
-    "matmul": "(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor",
+    "matmul": "(Tensor a, Tensor b) -> Tensor",
+    "matmul_scaled": "(Tensor a, Tensor b, Tensor? scale_a, Tensor? scale_b, ScalarType? out_dtype) -> Tensor",
     "attention": "(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor",
     "matmul_swiglu": "(Tensor x, Tensor w_gate_up) -> Tensor",
     "decode_attention": "(Tensor q, Tensor cache_k, Tensor cache_v, Tensor? lengths, SymInt? lengths_int, "
@@ -501,6 +511,7 @@ _FAKES: Dict[str, Callable[..., Any]] = {
     "cross_entropy": _cross_entropy_fake,
     "cross_entropy_grad": _cross_entropy_grad_fake,
     "matmul": _matmul_fake,
+    "matmul_scaled": _matmul_scaled_fake,
     "attention": _attention_fake,
     "matmul_swiglu": _matmul_swiglu_fake,
     "decode_attention": _decode_attention_fake,
@@ -614,7 +625,10 @@ def _call_matmul(a: Tensor, b: Tensor, *, scale_a: Any = None, scale_b: Any = No
                  out_dtype: Optional[torch.dtype] = None) -> Tensor:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         raise TypeError("matmul expects two torch tensors")
-    return _ops().matmul(a, b, _scale_arg(scale_a, "scale_a", a), _scale_arg(scale_b, "scale_b", a), out_dtype)
+    if scale_a is None and scale_b is None and out_dtype is None:
+        return _ops().matmul(a, b)
+    return _ops().matmul_scaled(a, b, _scale_arg(scale_a, "scale_a", a), _scale_arg(scale_b, "scale_b", a),
+                                out_dtype)
 
 
 def _call_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None) -> Tensor:
