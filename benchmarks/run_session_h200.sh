@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One device call of the 2026-12-04 evening session: GPU tests of what changed, then the issues' benchmarks.
+# Usage (device): bash benchmarks/run_session_h200.sh PART   (PART: a = tests + first forward + fault space +
+# compile tax; b = nearest quality + hf patch + cold tuning speed). Results under $OUT/r (tarred by the caller).
+set -u
+source .gpu/activate.sh
+python -m compileall -q src benchmarks
+export PYTHONUNBUFFERED=1
+R=/tmp/r; mkdir -p $R
+t0=$(date +%s)
+case "$1" in
+a)
+  timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_ipc.py \
+    tests/test_gpu_compile_pool.py tests/test_gpu_warm_model.py tests/test_gpu_faults.py > $R/pytest_a.txt 2>&1
+  tail -4 $R/pytest_a.txt
+  (cd benchmarks && timeout 120 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  (cd benchmarks && timeout 130 python compile_tax.py --out $R --quick > $R/ctax.log 2>&1; tail -2 $R/ctax.log)
+  (cd benchmarks && timeout 230 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --budget-s 210 > $R/ff.log 2>&1; tail -2 $R/ff.log)
+  ;;
+b)
+  (cd benchmarks && timeout 250 python nearest_quality.py --out $R --per-family 12 --seed 11 --budget-s 230 > $R/nq.log 2>&1; tail -2 $R/nq.log)
+  (cd benchmarks && timeout 150 python hf_patch.py --out $R --quick --budget-s 130 > $R/hf.log 2>&1; tail -2 $R/hf.log)
+  (cd benchmarks && timeout 150 python tuning_speed.py --out $R --quick > $R/ts.log 2>&1; tail -2 $R/ts.log)
+  ;;
+esac
+echo "part $1 took $(( $(date +%s) - t0 )) s"
