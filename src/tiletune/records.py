@@ -158,7 +158,9 @@ class TuneResult:
     #: Counters of the session: samples, strategy, evaluations, ...; ``phases``: where the time went
     #: (``wall_s`` = ``worker_start_s + compile_s + check_s + timing_s + idle_s``, with
     #: ``compile_wall_s`` and ``compile_cpu_s`` besides; see ``tiletune.engine.tuner.PhaseTimer``);
-    #: a worker session adds ``worker_restarts``, ``spares_used``, ``faults`` (each with ``waited_s``).
+    #: a worker session adds ``worker_restarts``, ``spares_used``, ``spares_max``, ``reap_s`` and
+    #: ``faults`` (each with ``waited_s``, ``lost_s``, ``spare``, ``spare_wait_s``, ``start_s``, ``open_s``,
+    #: ``reap_wait_s``; see ``tiletune.devices.workers.session``).
     stats: Mapping[str, Any] = field(default_factory=dict)
 
     @property

@@ -169,6 +169,14 @@ _internals: _Internals | None = None
 _internals_error: str | None = None
 
 
+def load_internals() -> bool:
+    """Load the cuda-tile internals the pool uses (once per process; True when they are available).
+
+    A tuning worker calls it in the background when it starts, so the first compile of a session
+    there (a spare taking over after a fault) does not pay for loading them."""
+    return _get_internals() is not None
+
+
 def _get_internals() -> _Internals | None:
     global _internals, _internals_error
     if _internals is None and _internals_error is None:

@@ -3,13 +3,16 @@
 A :class:`WorkerProcess` is one ``python -m tiletune.devices.workers.worker_main`` child connected over a
 Unix socket. Every request waits for its reply under a deadline; a worker that dies (EOF on the
 socket, any signal), exceeds a deadline (a kernel that never finishes) or sends an invalid reply is
-killed and reported as a :class:`WorkerFault`; the next request goes to the warm spare when one is
-kept (:meth:`WorkerProcess.keep_spare`: a second child started ahead in the background, so a fault
-costs no cold start), else to a fresh worker.
+killed and reported as a :class:`WorkerFault`; the next request goes to a warm spare when one is
+kept (:meth:`WorkerProcess.keep_spares`: children started ahead in the background, in parallel, so a
+fault costs no cold start; a spare that takes over is replaced at once, again in the background),
+else to a fresh worker.
 
 A worker is ended politely (:meth:`WorkerProcess.close`: the ``exit`` request, a short wait, then
 SIGTERM, then SIGKILL) on close and at interpreter exit; SIGKILL at once only after a fault (a kernel
-stuck on the GPU ends with its context).
+stuck on the GPU ends with its context). A killed child is reaped on a background thread (its exit,
+CUDA context teardown included, is off the caller's path); :meth:`WorkerProcess.wait_reaped` waits for
+it where it matters (before timing anything, the GPU must be free of a kernel that hung).
 
 :func:`worker_for` keeps one worker per (backend, GPU) for the life of the caller and
 :func:`prestart` starts the default one in the background when the first op is defined, so its start-up
@@ -44,6 +47,11 @@ __all__ = ["WorkerFault", "WorkerProcess", "worker_for", "prestart", "shutdown_a
 #: Seconds a new worker may take to import torch and cuda.tile and create its CUDA context; None:
 #: ``TILETUNE_WORKER_START_TIMEOUT`` (default 180), read at each start.
 START_TIMEOUT_S: float | None = None
+
+#: Seconds to wait for the exit status of a worker whose connection broke (for the fault's message:
+#: "exit code 7", "killed by signal SIGSEGV"); a child still tearing down its CUDA context is not
+#: waited for longer (its status is then "still running" and it is reaped in the background).
+EXIT_STATUS_WAIT_S = 0.5
 
 
 def _keep_logs() -> bool:
@@ -103,8 +111,10 @@ class WorkerProcess:
     def __init__(self, backend_spec: Any = "cutile", device_index: int = 0,
                  command: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         #: counters: ``starts`` (child processes this object served from, spares included),
-        #: ``spares_used`` (faults answered by the warm spare, no cold start), ``graceful_exits``
-        #: (children that left on the ``exit`` request).
+        #: ``spares_used`` (faults answered by a warm spare, no cold start), ``graceful_exits``
+        #: (children that left on the ``exit`` request); ``start_s``: per start, the seconds it took
+        #: (for a spare taking over: the seconds waited for it); ``reap_s``: per killed child, the
+        #: seconds from SIGKILL until it was gone (measured on the reaper thread).
         self.backend_spec = backend_spec
         self.device_index = device_index
         self.command = command or [sys.executable, "-m", "tiletune.devices.workers.worker_main"]
@@ -112,6 +122,7 @@ class WorkerProcess:
         self.events: Deque[CompiledEvent] = collections.deque()
         self.lock = threading.RLock()  # one tuning session at a time per worker
         self.proc: subprocess.Popen | None = None
+        self._last_proc: subprocess.Popen | None = None  # the last child killed (its exit status)
         self.conn: Connection | None = None
         self.info: dict[str, Any] = {}
         self.generation = 0  # bumped on every (re)start
@@ -125,7 +136,12 @@ class WorkerProcess:
         self._start_lock = threading.Lock()
         self._proc_lock = threading.Lock()  # spawning vs. a final close (no child born after shutdown)
         self._closed = False  # closed for good (interpreter exit): nothing starts any more
-        self._spare: WorkerProcess | None = None
+        self._spares: list[WorkerProcess] = []
+        self._spare_target = 0  # spares to keep (keep_spares)
+        self._spare_done = threading.Event()  # a spare's start finished (started or failed)
+        self._on_started: Callable[[], None] | None = None  # called when a background start finishes
+        self._reaping: list[threading.Thread] = []  # reaper threads of killed children
+        self.reap_s: list[float] = []
         self.spares_used = 0
         self.graceful_exits = 0
 
@@ -200,12 +216,13 @@ class WorkerProcess:
             except Exception as exc:  # pragma: no cover - closed listener
                 result.append(exc)
 
+        proc = self.proc
         t = threading.Thread(target=accept, daemon=True)
         t.start()
         deadline = time.monotonic() + timeout
         while t.is_alive():
             t.join(0.05)
-            if self.proc is not None and self.proc.poll() is not None:
+            if proc is None or proc.poll() is not None or self.proc is not proc:  # exited, or killed meanwhile
                 listener.close()
                 raise WorkerFault("died", f"the worker exited during start-up ({self._exit_text()}){self.log_tail()}")
             if time.monotonic() > deadline:
@@ -221,25 +238,56 @@ class WorkerProcess:
         if not self.alive and not self._take_spare():
             self.start()
 
-    # -- the warm spare --------------------------------------------------------------------
+    # -- the warm spares -------------------------------------------------------------------
     def keep_spare(self) -> None:
-        """Keep a second worker started ahead (in the background) to replace this one at once after a
-        fault: a dead worker then costs the spare's session set-up, not a cold start (importing torch
-        and cuda.tile, creating a CUDA context: seconds). Started now unless one runs or is starting."""
+        """Keep at least one warm spare (see :meth:`keep_spares`)."""
+        self.keep_spares(max(1, self._spare_target))
+
+    def keep_spares(self, count: int) -> None:
+        """Keep ``count`` workers started ahead (in the background, in parallel) to replace this one at
+        once after a fault: a dead worker then costs the spare's session set-up, not a cold start
+        (importing torch and cuda.tile, creating a CUDA context: seconds). Missing spares start now;
+        spares beyond ``count`` are closed (those still starting first). A spare that takes over is
+        replaced at once (:meth:`_take_spare`)."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
         if self._closed:
             return
         with self._start_lock:
-            sp = self._spare
-            if sp is not None and (sp.alive or sp._starting):
-                return
-            if sp is not None:
-                sp.kill()
-            sp = self._spare = WorkerProcess(self.backend_spec, self.device_index, self.command, self.extra_env)
-        sp.start_in_background()
+            self._spare_target = count
+            new, extra = self._refill_locked()
+        _discard(extra)
+        for sp in new:
+            sp.start_in_background()
+
+    def _refill_locked(self) -> tuple[list["WorkerProcess"], list["WorkerProcess"]]:
+        """(spares to start, spares to close) for the target; the caller holds ``_start_lock``."""
+        keep: list[WorkerProcess] = []
+        extra: list[WorkerProcess] = []
+        for sp in self._spares:
+            (keep if (sp.alive or sp._starting) else extra).append(sp)  # a failed start is dropped
+        keep.sort(key=lambda sp: not sp.alive)  # ready ones first: those stay
+        extra += keep[self._spare_target:]
+        keep = keep[: self._spare_target]
+        new = [self._new_spare() for _ in range(self._spare_target - len(keep))]
+        self._spares = keep + new
+        return new, extra
+
+    def _new_spare(self) -> "WorkerProcess":
+        sp = WorkerProcess(self.backend_spec, self.device_index, self.command, self.extra_env)
+        sp._on_started = self._spare_done.set
+        return sp
 
     @property
     def spare(self) -> "WorkerProcess | None":
-        return self._spare
+        """The first spare (None without one)."""
+        spares = self._spares
+        return spares[0] if spares else None
+
+    @property
+    def spares(self) -> tuple["WorkerProcess", ...]:
+        """The spares kept now (started or starting)."""
+        return tuple(self._spares)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until a start (in the background or not) has finished; True when the worker answered
@@ -253,17 +301,33 @@ class WorkerProcess:
         return self.alive
 
     def _take_spare(self) -> bool:
-        """Become the spare's child process (True) and start the next spare; False without a usable spare."""
-        with self._start_lock:
-            sp, self._spare = self._spare, None
-        if sp is None:
-            return False
+        """Become a spare's child process (True) and start its replacement; False without a usable
+        spare. A spare that has finished starting is taken at once; otherwise the first of those still
+        starting to finish is taken (woken by its start, not by polling)."""
         t0 = time.perf_counter()
-        sp.wait_ready(_start_timeout_s())  # it has been starting for a while already
-        if not sp.alive:
-            sp.kill()
+        deadline = time.monotonic() + _start_timeout_s()
+        sp: WorkerProcess | None = None
+        dead: list[WorkerProcess] = []
+        while True:
+            with self._start_lock:
+                self._spare_done.clear()  # before looking: a start finishing after the look wakes us
+                ready = [s for s in self._spares if s.alive and not s._starting and s._ready.is_set()]
+                starting = [s for s in self._spares if s._starting]
+                if ready:
+                    sp = ready[0]
+                    self._spares.remove(sp)
+                    break
+                if not starting:
+                    dead, self._spares = self._spares, []
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._spare_done.wait(left)
+        if sp is None:
+            _discard(dead)
             return False
-        self.kill()  # the dead one's remains
+        self.kill()  # the dead one's remains (reaped in the background)
         self.proc, self.conn, self.info = sp.proc, sp.conn, dict(sp.info)
         self._tmp_dir, self._log_path = sp._tmp_dir, sp._log_path
         sp.proc, sp.conn, sp._tmp_dir = None, None, ""
@@ -274,7 +338,12 @@ class WorkerProcess:
         self.start_s.append(time.perf_counter() - t0)
         logger.debug("tiletune worker: the spare pid %s took over (waited %.3f s)", self.info.get("pid"),
                      self.start_s[-1])
-        self.keep_spare()
+        if not self._closed:
+            with self._start_lock:
+                new, extra = self._refill_locked()
+            _discard(extra)
+            for n in new:
+                n.start_in_background()
         return True
 
     def close(self, timeout: float = 2.0, final: bool = False) -> int | None:
@@ -287,11 +356,12 @@ class WorkerProcess:
             with self._proc_lock:
                 self._closed = True
         with self._start_lock:
-            sp, self._spare = self._spare, None
-        closer = None
-        if sp is not None:  # in parallel: each may take up to `timeout`
-            closer = threading.Thread(target=sp.close, args=(timeout, final), daemon=True)
-            closer.start()
+            spares, self._spares = self._spares, []
+            self._spare_target = 0
+        closers = []
+        for sp in spares:  # in parallel: each may take up to `timeout`
+            closers.append(threading.Thread(target=sp.close, args=(timeout, final), daemon=True))
+            closers[-1].start()
         proc = self.proc
         asked = False
         if proc is not None and proc.poll() is None and self.conn is not None:
@@ -308,7 +378,8 @@ class WorkerProcess:
             if code == 0:
                 self.graceful_exits += 1
         self.kill()  # whatever is left; removes the socket directory
-        if closer is not None:
+        self.wait_reaped(timeout + 3.0)
+        for closer in closers:
             closer.join(timeout + 3.0)
         return code if code is not None else (proc.poll() if proc is not None else None)
 
@@ -329,34 +400,65 @@ class WorkerProcess:
         return None
 
     def kill(self) -> None:
-        """Kill the child (SIGKILL: a kernel stuck on the GPU ends with its context)."""
-        if self.proc is not None and self.proc.poll() is None:
-            logger.debug("tiletune worker: killing pid %s", self.proc.pid)
+        """Kill the child (SIGKILL: a kernel stuck on the GPU ends with its context) and reap it on a
+        background thread: its exit (the CUDA context's teardown) is not waited for here; see
+        :meth:`wait_reaped`."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            logger.debug("tiletune worker: killing pid %s", proc.pid)
         if self.conn is not None:
             try:
                 self.conn.close()
             except OSError:
                 pass
             self.conn = None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    self.proc.kill()
+        self.events.clear()
+        tmp, self._tmp_dir = self._tmp_dir, ""
+        if proc is None:
+            self._remove_dir(tmp)
+            return
+        self._last_proc = proc
+        t0 = time.perf_counter()
+        if proc.poll() is None:
             try:
-                self.proc.wait(timeout=30)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+
+        def reap() -> None:
+            try:
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
                 pass
-        self.events.clear()
-        if self._tmp_dir and not _keep_logs():
+            self.reap_s.append(round(time.perf_counter() - t0, 4))
+            self._remove_dir(tmp)
+
+        t = threading.Thread(target=reap, name="tiletune-worker-reap", daemon=True)
+        with self._start_lock:
+            self._reaping = [r for r in self._reaping if r.is_alive()] + [t]
+        t.start()
+
+    @staticmethod
+    def _remove_dir(tmp: str) -> None:
+        if tmp and not _keep_logs():
             import shutil
 
-            shutil.rmtree(self._tmp_dir, ignore_errors=True)  # fault reasons quoted the log already
-            self._tmp_dir = ""
+            shutil.rmtree(tmp, ignore_errors=True)  # fault reasons quoted the log already
+
+    def wait_reaped(self, timeout: float | None = None) -> float:
+        """Wait until every child this object killed is gone (its CUDA context torn down, so a kernel
+        that hung no longer runs on the GPU); returns the seconds waited."""
+        t0 = time.perf_counter()
+        with self._start_lock:
+            threads = [r for r in self._reaping if r.is_alive()]
+        for r in threads:
+            left = None if timeout is None else max(0.0, timeout - (time.perf_counter() - t0))
+            r.join(left)
+        return time.perf_counter() - t0
 
     def _exit_text(self) -> str:
-        code = self.proc.poll() if self.proc is not None else None
+        proc = self.proc if self.proc is not None else self._last_proc
+        code = proc.poll() if proc is not None else None
         if code is None:
             return "still running"
         if code < 0:
@@ -442,7 +544,7 @@ class WorkerProcess:
             raw = conn.recv_bytes()
         except (EOFError, OSError):
             try:
-                self.proc.wait(timeout=5)  # type: ignore[union-attr]
+                self.proc.wait(timeout=EXIT_STATUS_WAIT_S)  # type: ignore[union-attr]
             except Exception:
                 pass
             self._fault("died", f"the worker died ({self._exit_text()})")
@@ -474,9 +576,18 @@ class WorkerProcess:
             finally:
                 self._starting = False
                 self._ready.set()
+                if self._on_started is not None:
+                    self._on_started()
 
         self._ready.clear()
         threading.Thread(target=run, name="tiletune-worker-start", daemon=True).start()
+
+
+def _discard(spares: list[WorkerProcess]) -> None:
+    """Close spares no longer wanted, for good (a start still in progress cannot leave a child
+    behind), on a background thread each."""
+    for sp in spares:
+        threading.Thread(target=sp.close, kwargs={"final": True}, name="tiletune-spare-close", daemon=True).start()
 
 
 _workers: dict[tuple[str, int], WorkerProcess] = {}

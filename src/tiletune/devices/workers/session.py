@@ -8,17 +8,30 @@ worker. Every fault is turned into a failed candidate:
 
 * the worker dies (a signal, ``os._exit``, out of memory, a compiler crash), or reports that its CUDA
   context is lost (illegal or misaligned address, a trap): the candidate in flight fails with the
-  message and the worker's last output, and the warm spare (started in the background when the
+  message and the worker's last output, and a warm spare (started in the background when the
   session opens, :attr:`IsolationOptions.spare`) takes over the rest of the session at once;
 * a request outlives its watchdog (a kernel that never finishes): the worker is killed, the
   candidate fails with ``timeout``;
 * an invalid reply: the worker is killed, the candidate fails.
 
+What a fault costs after its watchdog or death: the dead worker is killed and reaped in the
+background; a spare started ahead takes over (each fault of the session raises the spares kept, up to
+:attr:`IsolationOptions.max_spares`, started in parallel, so faults in quick succession each find one
+ready; back to one when the session ends); the session is opened there again (the arguments shipped
+again) and candidates are compiled there again when they next run (from cuTile's disk cache; those
+still to be measured in one request). Nothing already judged is checked or timed again. Timing waits
+until the dead worker is gone (a kernel that hung runs on the GPU until its context is torn down);
+checks do not. Each fault's entry in ``stats["faults"]`` says what it cost: ``waited_s`` (the
+watchdog or the death), ``lost_s`` (from then until the session was open in the next worker),
+``spare`` (a spare took over) with ``spare_wait_s``, ``open_s``, and ``reap_wait_s`` (timing waiting
+for the dead worker to be gone).
+
 Watchdog (adapts to the kernel): a sample request may take ``max(watchdog_floor_s, watchdog_factor x``
 the expected time of its launches), where the expected time is the fastest median measured so far in
 the session (plus the cache flush per sample); before anything is measured, ``first_watchdog_s``. A
-check (a candidate's first launch) gets ``check_slack_s`` more for poisoning, comparing and checking
-the inputs. Compile time is not counted: while a first launch compiles its candidate in the worker
+check (a candidate's first launch) gets more for poisoning, comparing and checking the inputs:
+``check_slack_s`` for the first check in each worker, afterwards ``check_slack_factor`` x the slowest
+check so far in the session, within ``[check_slack_min_s, check_slack_s]``. Compile time is not counted: while a first launch compiles its candidate in the worker
 again, the worker sends heartbeats that restart the count (up to the compile limit), so a hung
 kernel costs about the watchdog, not the compile allowance.
 """
@@ -64,19 +77,26 @@ class IsolationOptions:
 
     ``first_watchdog_s`` (``TILETUNE_WATCHDOG_S``) bounds a check before anything of the session
     has been timed; afterwards a request may take ``max(watchdog_floor_s, watchdog_factor x`` the
-    expected time of its launches) (``TILETUNE_WATCHDOG_FACTOR``), a check ``check_slack_s`` more.
-    ``spare``: keep a second worker started ahead, so a fault costs no cold start.
+    expected time of its launches) (``TILETUNE_WATCHDOG_FACTOR``), a check a slack more (see the
+    module docstring). ``spare``: keep a worker started ahead, so a fault costs no cold start;
+    ``max_spares``: after each fault of a session one more is kept, up to this many (faults in quick
+    succession then find a spare ready, not one still starting). ``reap_timeout_s``: how long timing
+    waits for a killed worker to be gone.
     """
 
     watchdog_factor: float = field(default_factory=lambda: settings.watchdog_factor())
     watchdog_floor_s: float = 0.5
     check_slack_s: float = 0.5
+    check_slack_min_s: float = 0.1
+    check_slack_factor: float = 4.0
     first_watchdog_s: float = field(default_factory=lambda: settings.watchdog_s())
     flush_us: float = 60.0  # cache flush and event pair per sample
     compile_timeout_s: float = 300.0  # the assembler's own limit; the worker gets this plus slack
     compile_slack_s: float = 60.0  # no compile result for this long past the assembler's limit: hung
     open_timeout_s: float = 120.0
     spare: bool = True
+    max_spares: int = 3
+    reap_timeout_s: float = 30.0
 
 
 class IsolatedBackend:
@@ -166,15 +186,22 @@ class WorkerSession:
         self._compile_s: dict[int, float] = {}  # each candidate's compile time in the worker
         self._best_us: float | None = None
         self._stash: dict[int, tuple[int, Any]] = {}  # order -> (worker generation, compile event)
+        self._sent: set[int] = set()  # candidates sent to compile in the current worker generation
+        self._ok: dict[int, Candidate] = {}  # compiled fine and not failed since: may run again
+        self._median: dict[int, float] = {}  # each candidate's last median (recompile order after a fault)
+        self._check_max_s = 0.0  # the slowest check (in the worker) so far
+        self._checks_in_gen = 0  # checks answered by the current worker generation
+        self._fault_at: float | None = None  # perf_counter of the last fault not yet recovered from
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
+        if options.spare:  # before waiting for the worker: starts alongside a worker still starting
+            worker.keep_spare()
         worker.lock.acquire()
         try:
             t = time.perf_counter()
             worker.ensure()
             self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
-            if options.spare:
-                worker.keep_spare()
             self._spares_used0 = worker.spares_used
+            self._reaped0 = len(worker.reap_s)
             self._open()
         except BaseException:
             worker.lock.release()
@@ -186,25 +213,48 @@ class WorkerSession:
 
     def _open(self) -> None:
         w = self.worker
+        used0, starts0 = w.spares_used, len(w.start_s)
+        t = time.perf_counter()
         w.ensure()
         if self._opened_gen == w.generation:
             return
+        t_open = time.perf_counter()
         reply = w.request(dict(self.payload, op="open", session=self.sid), self.options.open_timeout_s)
         collect_shared()  # the worker has copied the arguments and released its views of their staging copies
         if not reply.ok:
             raise Unshippable(f"the worker could not open the session: {reply.error}")
         self._opened_gen = w.generation
         self._compiled.clear()
+        self._sent.clear()
+        self._checks_in_gen = 0
         self.stats.setdefault("arg_copy_s", []).append(round(float(reply.body.get("copy_s", 0.0)), 4))
+        if self._fault_at is not None and self.stats["faults"]:  # what the last fault cost until now
+            now = time.perf_counter()
+            self.stats["faults"][-1].update({
+                "lost_s": round(now - self._fault_at, 4),
+                "spare": w.spares_used > used0,
+                "spare_wait_s": round(w.start_s[-1], 4) if w.spares_used > used0 and len(w.start_s) > starts0 else None,
+                "start_s": round(t_open - t, 4),
+                "open_s": round(now - t_open, 4),
+            })
+            self._fault_at = None
 
     def _restarted(self, fault: WorkerFault, order: int | None, since: float | None = None) -> None:
         """Record a fault; ``since``: perf_counter when the failed request was sent (the fault's
-        ``waited_s`` is what the watchdog or the death cost)."""
+        ``waited_s`` is what the watchdog or the death cost). Raises the spares kept (one more per
+        fault of the session, up to ``max_spares``): they start now, before the next one is needed."""
         self.stats["worker_restarts"] += 1
         entry: dict[str, Any] = {"order": order, "kind": fault.kind, "message": str(fault)[:500]}
         if since is not None:
             entry["waited_s"] = round(time.perf_counter() - since, 4)
         self.stats["faults"].append(entry)
+        self._fault_at = time.perf_counter()
+        if order is not None:
+            self._ok.pop(order, None)
+        if self.options.spare:
+            want = min(max(1, self.options.max_spares), 1 + len(self.stats["faults"]))
+            self.worker.keep_spares(max(want, len(self.worker.spares)))
+            self.stats["spares_max"] = max(self.stats.get("spares_max", 1), want)
         logger.info("tiletune worker fault (%s) on candidate %s: %s", fault.kind, order, str(fault).splitlines()[0])
 
     def _deadline(self, launches: int) -> float:
@@ -220,7 +270,16 @@ class WorkerSession:
         ``check_slack_s`` to a sample's, and a hung kernel is caught within about a second."""
         if self._best_us is None:
             return self.options.first_watchdog_s
-        return self._deadline(1) + self.options.check_slack_s
+        return self._deadline(1) + self._check_slack()
+
+    def _check_slack(self) -> float:
+        """What a check may take besides its launch: ``check_slack_s`` for the first check in a worker
+        (its first launches load modules), afterwards ``check_slack_factor`` x the slowest check so
+        far, within ``[check_slack_min_s, check_slack_s]``."""
+        o = self.options
+        if self._checks_in_gen == 0:
+            return o.check_slack_s
+        return min(o.check_slack_s, max(o.check_slack_min_s, o.check_slack_factor * self._check_max_s))
 
     def _compile_allowance(self) -> float:
         return self.options.compile_timeout_s + self.options.compile_slack_s
@@ -241,12 +300,19 @@ class WorkerSession:
                 self._stash[ev.order] = (self.worker.generation, ev)
 
     def _ensure_compiled(self, cand: Candidate) -> None:
-        """After a worker restart, compile ``cand`` in the new worker before it runs there."""
+        """After a worker restart, compile ``cand`` in the new worker before it runs there; in the same
+        request every other candidate that may still run and is not compiled there yet (fastest
+        first), so the rest of the session waits for no compile of its own."""
         self._open()
         if cand.order in self._compiled:
             return
-        self._stash.pop(cand.order, None)
-        self.worker.request({"op": "compile", "session": self.sid, "candidates": [self._wire(cand)]}, 30.0)
+        if cand.order not in self._sent:
+            rest = sorted((c for o, c in self._ok.items() if o not in self._sent and o != cand.order),
+                          key=lambda c: (self._median.get(c.order, float("inf")), c.order))
+            batch = [cand, *rest]
+            self._sent.update(c.order for c in batch)
+            self.worker.request({"op": "compile", "session": self.sid, "candidates": [self._wire(c) for c in batch]},
+                                30.0)
         limit = self.options.compile_timeout_s + self.options.compile_slack_s
         while True:
             gen, ev = self._event_for([cand.order], limit)
@@ -272,15 +338,18 @@ class WorkerSession:
         pending = {c.order: c for c in candidates}
         serial = False
         need_send = True
+        sent_gen = -1
         in_flight: list[int] = []
         limit = self.options.compile_timeout_s + self.options.compile_slack_s
         while pending:
             try:
-                if need_send or not self.worker.alive:
+                if need_send or not self.worker.alive or self.worker.generation != sent_gen:
                     self._open()
                     batch = list(pending.values())[:1] if serial else list(pending.values())
                     in_flight = [c.order for c in batch]  # before sending: it may die before it answers
                     need_send = False
+                    sent_gen = self.worker.generation
+                    self._sent.update(in_flight)
                     self.worker.request(
                         {"op": "compile", "session": self.sid, "candidates": [self._wire(c) for c in batch]}, 30.0
                     )
@@ -295,9 +364,11 @@ class WorkerSession:
                 serial = True
                 continue
             c = pending.pop(ev.order)
-            if ev.status is Status.OK and gen == self.worker.generation:
-                self._compiled.add(ev.order)
-                self._compile_s[ev.order] = float(ev.seconds or 0.0)
+            if ev.status is Status.OK:
+                self._ok[c.order] = c
+                if gen == self.worker.generation:
+                    self._compiled.add(ev.order)
+                    self._compile_s[ev.order] = float(ev.seconds or 0.0)
             yield CompileOutcome(c, ev.status, ev.seconds, ev.reason, cpu_s=ev.cpu_s)
             if serial and not any(o in pending for o in in_flight):
                 need_send = True  # the next one
@@ -312,16 +383,23 @@ class WorkerSession:
                 self._check_deadline(candidate.order),
                 compile_allowance=self._compile_allowance(),
             )
+            self._checks_in_gen += 1
             if not reply.ok:
+                self._ok.pop(candidate.order, None)
                 return CheckOutcome(Status.LAUNCH_ERROR, reply.error)
-            if isinstance(reply.body.get("seconds"), (int, float)):  # the first launch and the check, in the worker
-                self.stats.setdefault("check_s", []).append(float(reply.body["seconds"]))
+            secs = reply.body.get("seconds")
+            if isinstance(secs, (int, float)) and not isinstance(secs, bool):  # the first launch and the check
+                self.stats.setdefault("check_s", []).append(float(secs))
+                self._check_max_s = max(self._check_max_s, float(secs))
             status, reason = status_from(reply)
+            if status is not Status.OK:
+                self._ok.pop(candidate.order, None)
             return CheckOutcome(status, reason)
         except WorkerFault as fault:
             self._restarted(fault, candidate.order, since)
             return CheckOutcome(self._fault_status(fault), f"worker {fault.kind}: {fault}")
         except CandidateFault as fault:
+            self._ok.pop(candidate.order, None)
             return CheckOutcome(fault.status, str(fault))
         except ProtocolError as exc:
             self.worker.kill()
@@ -332,6 +410,7 @@ class WorkerSession:
         since = None
         try:
             self._ensure_compiled(candidate)
+            self._wait_reaped()
             since = time.perf_counter()
             reply = self.worker.request(
                 {"op": "sample", "session": self.sid, "candidate": self._wire(candidate), "n": n},
@@ -347,11 +426,25 @@ class WorkerSession:
             self.worker.kill()
             self._restarted(WorkerFault("protocol", str(exc)), candidate.order)
             raise CandidateFault(Status.LAUNCH_ERROR, f"worker protocol: {exc}") from None
+        except CandidateFault:
+            self._ok.pop(candidate.order, None)
+            raise
         if samples:
             med = sorted(samples)[len(samples) // 2]
+            self._median[candidate.order] = med
             if self._best_us is None or med < self._best_us:
                 self._best_us = med
         return samples
+
+    def _wait_reaped(self) -> None:
+        """Before timing: wait until the workers killed in this session are gone (a kernel that hung
+        runs on the GPU until its process's context is torn down, and would skew the samples)."""
+        if not self.stats["faults"]:
+            return
+        waited = self.worker.wait_reaped(self.options.reap_timeout_s)
+        if waited >= 1e-4:
+            self.stats["faults"][-1]["reap_wait_s"] = round(
+                self.stats["faults"][-1].get("reap_wait_s", 0.0) + waited, 4)
 
     def finish(self, winner: Candidate | None) -> None:
         """Close the worker-side session (the caller's tensors were never touched); the worker drops what
@@ -374,4 +467,9 @@ class WorkerSession:
             collect_shared()
             self.stats["worker_starts"] = self.worker.starts
             self.stats["spares_used"] = self.worker.spares_used - self._spares_used0
+            reaped = self.worker.reap_s[self._reaped0:]
+            if reaped:
+                self.stats["reap_s"] = list(reaped)  # SIGKILL to gone, per killed worker (in the background)
+            if self.options.spare and len(self.worker.spares) > 1:
+                self.worker.keep_spares(1)  # the extra spares were for this session's run of faults
             self.worker.lock.release()

@@ -211,6 +211,7 @@ class Worker:
                 be = self.backends["cutile"] = CutileBackend()
                 be.torch.cuda.set_device(self.device_index)
                 be.torch.cuda.init()
+                threading.Thread(target=_warm_compiler, name="tiletune-worker-warm", daemon=True).start()
             return be
         return spec  # a shipped backend object (tests)
 
@@ -375,6 +376,20 @@ class Worker:
             return {"ok": True, "shares_held": drop_shares(),
                     "stats": {k: v for k, v in stats.items() if k in WORKER_STATS and isinstance(v, int)}}
         return {"ok": True, "shares_held": drop_shares()}
+
+
+def _warm_compiler() -> None:
+    """Load cuTile's compiler, ask ``tileiras`` its version and bytecode level and load the compile
+    pool's internals, while this worker waits for its first session (as a spare, possibly long
+    before): the first compile here then pays for none of it."""
+    try:
+        from tiletune.devices.backends.cutile import prewarm
+        from tiletune.devices.compile_pool import load_internals
+
+        prewarm()
+        load_internals()
+    except Exception:  # best effort: the first compile does this itself otherwise
+        pass
 
 
 def _trace_enabled() -> bool:
