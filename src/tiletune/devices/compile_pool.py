@@ -173,8 +173,9 @@ def load_internals() -> bool:
     """Load the cuda-tile internals the pool uses (once per process; True when they are available).
 
     A tuning worker calls it in the background when it starts, so the first compile of a session
-    there (a spare taking over after a fault) does not pay for loading them."""
-    return _get_internals() is not None
+    there (a spare taking over after a fault) does not pay for loading them: cuTile's compiler included."""
+    ints = _get_internals()
+    return ints is not None and ints.compiler_version is not None
 
 
 def _get_internals() -> _Internals | None:
