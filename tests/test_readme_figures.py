@@ -55,7 +55,7 @@ TABLE_SOURCES: dict[str, list[str]] = {
                              "h200/tuning_speed.json", "h200/fault_matrix.json", "h200/dispatch_overhead.json",
                              "h200/first_call_linear.json", "h200/graphs_compile.json", "h200/first_forward.json",
                              "h200/nearest_quality.json", "h200/compile_tax.json", "h200/fault_space.json",
-                             "h200/tuning_speed_cold.json"],
+                             "h200/tuning_speed_cold.json", "h200/nearest_quality_race_seed5.json"],
     "benchmark": ["h200/tuning_speed.json", "h200/warm_start.json", "h200/dispatch_overhead.json",
                   "h200/determinism.json", "h200/fault_matrix.json", "h200/host_cost.json",
                   "h200/graphs_compile.json", "h200/first_call.json", "h200/ab.json",
