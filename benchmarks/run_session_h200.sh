@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call of the 2026-12-04 evening session: GPU tests of what changed, then the issues' benchmarks.
 # Usage (device): bash benchmarks/run_session_h200.sh PART   (PART: a = tests + first forward + fault space +
-# compile tax; b = nearest quality + hf patch + cold tuning speed). Results under $OUT/r (tarred by the caller).
+# compile tax; b = nearest quality + hf patch + cold tuning speed;
+# c = off-grid rows (seed $SEED, default 7) + hf patch). Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -21,6 +22,10 @@ b)
   (cd benchmarks && timeout 250 python nearest_quality.py --out $R --per-family 12 --seed 11 --budget-s 230 > $R/nq.log 2>&1; tail -2 $R/nq.log)
   (cd benchmarks && timeout 150 python hf_patch.py --out $R --quick --budget-s 130 > $R/hf.log 2>&1; tail -2 $R/hf.log)
   (cd benchmarks && timeout 150 python tuning_speed.py --out $R --quick > $R/ts.log 2>&1; tail -2 $R/ts.log)
+  ;;
+c)
+  (cd benchmarks && timeout 340 python offgrid.py --out $R --seed ${SEED:-7} --per-family 30 --budget-s 310 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
+  (cd benchmarks && timeout 200 python hf_patch.py --out $R --quick --budget-s 170 > $R/hf.log 2>&1; tail -3 $R/hf.log)
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"
