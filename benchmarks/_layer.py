@@ -380,6 +380,7 @@ def tuning_sessions(by_op: bool = False) -> Any:
 #: tiletune log line fragments -> where a config came from
 LOG_SOURCES = ((": tuning table ", "table"), (": database hit", "database"), (": bucket hit", "bucket"),
                (": tuned ", "tuned"), (": refined ", "refined"), (": nearest", "nearest"),
+               (": no tuned neighbour of ", "default"), ("or beat the default config", "default"),
                ("met a new problem key during CUDA graph capture", "capture_miss"))
 
 

@@ -207,10 +207,11 @@ def summarize(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]
 
 def served_source(sources: dict[str, int], sessions: int) -> str:
     """Where the served call's configs came from: ``tuned`` when it started a tuning session, else the
-    log's source (table, bucket, database, nearest), else ``other``."""
+    log's source (table, bucket, database, nearest, default: no neighbour, the space's default config), else
+    ``other``."""
     if sessions:
         return "tuned"
-    for what in ("nearest", "table", "bucket", "database", "refined"):
+    for what in ("nearest", "table", "bucket", "database", "refined", "default"):
         if sources.get(what):
             return what
     return "other"

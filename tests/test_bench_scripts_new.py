@@ -211,9 +211,10 @@ def test_source_log_counts_log_lines():
     lg.info("%s: tuning table %s -> %s", "tiletune.rms_norm", "shipped", {"TM": 4})
     lg.info("%s: tuned %s\n%s", "tiletune.gemm", "key", "summary")
     lg.info("%s: bucket hit for %r -> %s", "tiletune.swiglu", "k", {})
+    lg.info("%s: no tuned neighbour of %s; the default config %s, provisionally", "tiletune.attention", "k", {})
     lg.warning("tiletune: something odd")
     snap = log.snapshot()
-    assert snap["sources"] == {"table": 1, "tuned": 1, "bucket": 1}
+    assert snap["sources"] == {"table": 1, "tuned": 1, "bucket": 1, "default": 1}
     assert snap["tuned_ops"] == ["tiletune.gemm"] and snap["warnings"] == ["tiletune: something odd"]
     log.reset()
     assert log.snapshot()["sources"] == {}
@@ -477,6 +478,7 @@ def test_offgrid_pure_helpers():
     assert offgrid.served_source({"table": 1}, 0) == "table"
     assert offgrid.served_source({"table": 1}, 2) == "tuned"
     assert offgrid.served_source({}, 0) == "other"
+    assert offgrid.served_source({"default": 1}, 0) == "default"
     rows = [{"family": "softmax", "ratio": 2.0, "served_ms": 2.0, "tiletune_ms": 1.0},
             {"family": "softmax", "ratio": 0.5, "served_ms": 1.0, "tiletune_ms": 1.0},
             {"family": "softmax", "error": "x"}]
