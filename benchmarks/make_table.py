@@ -28,6 +28,21 @@ MEMORY_OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "swiglu"
               "cross_entropy", "matmul")
 
 
+def attention_variants(calls: list, causal: str) -> list:
+    """The attention calls (made causal) as asked: ``true`` as they are, ``false`` non-causal, ``both``
+    each call causal then non-causal."""
+    from dataclasses import replace
+
+    def flag(c, value: bool):
+        return replace(c, kwargs={**dict(c.kwargs), "causal": value})
+
+    if causal == "true":
+        return list(calls)
+    if causal == "false":
+        return [flag(c, False) for c in calls]
+    return [v for c in calls for v in (c, flag(c, False))]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", required=True, help="tuning database to fill (resumed if it exists)")
@@ -40,6 +55,8 @@ def main() -> int:
     ap.add_argument("--attention-s", default=",".join(map(str, ATTENTION_S)),
                     help="attention sequence lengths (default: %(default)s)")
     ap.add_argument("--attention-first", action="store_true", help="tune the attention keys before the rest")
+    ap.add_argument("--attention-causal", choices=("true", "false", "both"), default="true",
+                    help="attention keys: causal (default), non-causal (encoders, cross-attention), or both")
     ap.add_argument("--model", default=None, help="shapes of a model of tiletune.lab.fill.MODEL_SHAPES "
                     "(default: Llama-class, vocabulary 32000)")
     ap.add_argument("--projections", action="store_true",
@@ -76,6 +93,7 @@ def main() -> int:
                                                   linear_weights=args.linear_weights, **dims)] if ops else []
     if not args.no_attention:
         attention = llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s], **dims)
+        attention = attention_variants(attention, args.attention_causal)
         calls = attention + calls if args.attention_first else calls + attention
     t0 = time.perf_counter()
     rows, skipped = [], 0

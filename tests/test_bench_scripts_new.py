@@ -552,3 +552,15 @@ def test_offgrid_budget_stops_and_writes(tmp_path, monkeypatch):
     doc = json.loads((tmp_path / "offgrid.json").read_text())
     assert not doc["complete"] and 0 < len(doc["rows"]) < 150
     assert doc["rows_not_reached_in_budget"] == 150 - len(doc["rows"])
+
+
+def test_make_table_attention_variants():
+    import make_table
+    from tiletune.lab.fill import llm_calls
+
+    calls = llm_calls(["attention"], [512, 1024])
+    assert [c.kwargs["causal"] for c in make_table.attention_variants(calls, "true")] == [True, True]
+    assert [c.kwargs["causal"] for c in make_table.attention_variants(calls, "false")] == [False, False]
+    both = make_table.attention_variants(calls, "both")
+    assert [c.kwargs["causal"] for c in both] == [True, False, True, False]
+    assert both[1].args == calls[0].args and calls[0].kwargs["causal"] is True  # the originals untouched
