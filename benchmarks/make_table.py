@@ -11,6 +11,18 @@ edit leaves shipped entries stale: re-run this on the GPU for their token counts
 
     python benchmarks/make_table.py --db /tmp/fill.db --table src/tiletune/data/tables/h200-sm90.json \
         [--deadline-s 400] [--report OUT.json]
+
+The matmul entries ``benchmarks/nearest_quality.py``'s worst rows asked for (2026-12-04: the table held
+``x @ w.t()`` winners for Llama widths only, so a Phi-3 ``o`` projection at 286 tokens raced three Llama
+configs and ran 1.25x its exact tuning, 64x64 tiles against 64x128): the fused projections of Llama-3-8B
+(= Mistral-7B), Qwen2.5-7B, Gemma-2-9B and Phi-3-mini in ``nn.Linear`` layout, plain GEMM buckets first
+(74 new keys, ~2-4 s each), then split-K buckets (42 new keys, ~10-15 s each; what the deadline leaves is
+printed and can be run later with the same ``--db``). ``TILETUNE_TABLES=1`` skips keys the table holds::
+
+    TILETUNE_TABLES=1 python benchmarks/make_table.py --db /tmp/fill.db \
+        --table src/tiletune/data/tables/h200-sm90.json --ops matmul --no-attention --projections \
+        --linear-weights --fused --model llama3-8b,qwen2.5-7b,gemma2-9b,phi3-mini \
+        --tokens 512,1024,2048,4096,8192,256,64,16 --deadline-s 480 --report $OUT/fill_matmul.json
 """
 
 from __future__ import annotations
@@ -43,6 +55,17 @@ def attention_variants(calls: list, causal: str) -> list:
     return [v for c in calls for v in (c, flag(c, False))]
 
 
+def unique_calls(calls):
+    """The calls in order, each once (two models sharing a projection shape tune it once)."""
+    seen, out = set(), []
+    for c in calls:
+        k = c.describe()
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", required=True, help="tuning database to fill (resumed if it exists)")
@@ -57,13 +80,17 @@ def main() -> int:
     ap.add_argument("--attention-first", action="store_true", help="tune the attention keys before the rest")
     ap.add_argument("--attention-causal", choices=("true", "false", "both"), default="true",
                     help="attention keys: causal (default), non-causal (encoders, cross-attention), or both")
-    ap.add_argument("--model", default=None, help="shapes of a model of tiletune.lab.fill.MODEL_SHAPES "
+    ap.add_argument("--model", default=None, help="shapes of a model of tiletune.lab.fill.MODEL_SHAPES, or several "
+                    "comma-separated (one device call fills them all; a call two models share is tuned once) "
                     "(default: Llama-class, vocabulary 32000)")
     ap.add_argument("--projections", action="store_true",
                     help="matmul: the four projections of a decoder layer instead of one hidden x hidden")
     ap.add_argument("--linear-weights", action="store_true",
                     help="matmul weights in nn.Linear's layout (stored N x K, passed as w.t()); with --projections "
                          "the separate q, k, v, o, gate, up and down layers of a Hugging Face decoder")
+    ap.add_argument("--fused", action="store_true",
+                    help="with --projections --linear-weights: the fused qkv, o, fused gate-up and down weights in "
+                         "nn.Linear's layout (the matmul shapes benchmarks/nearest_quality.py draws)")
     ap.add_argument("--whole-spaces", action="store_true",
                     help="measure every config of every key (LibraryOp.configure(budget=Budget())), not the "
                          "budgeted search a cold key gets at run time: a shipped table is made once, offline")
@@ -81,7 +108,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown op(s) {unknown}; known: {', '.join(MEMORY_OPS)}")
     try:
-        dims = model_dims(args.model)
+        all_dims = [model_dims(m) for m in args.model.split(",") if m] if args.model else [model_dims(None)]
     except ValueError as exc:
         ap.error(str(exc))
     if args.whole_spaces:
@@ -89,10 +116,13 @@ def main() -> int:
         from tiletune.kernels.library_op import LibraryOp
 
         LibraryOp.configure(budget=Budget())
-    calls = [c for m in tokens for c in llm_calls(ops, [m], projections=args.projections,
-                                                  linear_weights=args.linear_weights, **dims)] if ops else []
+    calls = unique_calls(c for m in tokens for dims in all_dims
+                         for c in llm_calls(ops, [m], projections=args.projections, linear_weights=args.linear_weights,
+                                            fused=args.fused, **dims)) if ops else []
     if not args.no_attention:
-        attention = llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s], **dims)
+        attention = unique_calls(c for dims in all_dims
+                                 for c in llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s],
+                                                    **dims))
         attention = attention_variants(attention, args.attention_causal)
         calls = attention + calls if args.attention_first else calls + attention
     t0 = time.perf_counter()

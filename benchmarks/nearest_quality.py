@@ -13,7 +13,12 @@ tuning the exact shape, on shapes drawn at random (seeded) from real model dimen
   the model's projections (fused qkv, o, fused gate-up, down; the lm head is left out: one exact
   tuning of it would take a sizeable part of the budget);
 * ``attention``: ``K.attention(q, k, v, causal=True)``, GQA ``(B, H, S, D)`` / ``(B, Hkv, S, D)``, D = 128;
-* ``rope`` (only with ``--families``): ``K.apply_rope_(q, k, cos, sin)``, ``(1, S, H|Hkv, D)`` bshd, D = 128.
+* ``rope``: ``K.apply_rope_(q, k, cos, sin)``, ``(1, S, H|Hkv, D)`` bshd, D = 128;
+* ``rms_norm_residual``: ``K.rms_norm_residual(x, r, w)``; ``layer_norm``: ``K.layer_norm(x, w, b)``, x ``(M, H)``;
+* ``geglu``: ``K.geglu(x)``, x ``(M, 2I)``; ``cross_entropy``: ``K.cross_entropy(logits, target)``, logits ``(M, V)``.
+
+The first five are the default (``--families default``); the last five (``--families extra``) are the other
+library ops with shipped table entries (decode attention has none); ``--families all`` runs the ten.
 
 All bf16. Models (hidden / MLP / heads / kv heads / head dim / vocab): Llama-3-8B, Mistral-7B,
 Qwen2.5-7B, Gemma-2-9B, Phi-3-mini (:data:`offgrid.MODEL_DIMS`; attention and rope draw only those
@@ -39,15 +44,22 @@ Per shape, in this one process:
    served / tuned (> 1: the neighbour's config is slower); ``served_us`` / ``tuned_us`` the rounds'
    medians. A call whose configs are all equal is timed once and has ratio 1 exactly (``identical``).
 
-Rows are measured round-robin over the families (shape i of every family, then i + 1), so a run cut
-by ``--budget-s`` (no new shape is started once it is spent) leaves every family measured; the JSON is
-written after every row. Expected: about 35-50 s per round of the five default families (the exact
-tunings dominate: a GEMM or attention shape 5-15 s with cold cuTile caches, a memory op 2-4 s; the
-timing about 1 s per shape), so the default ``--budget-s 420`` measures about 8-12 shapes per family;
-the run ends up to a minute after the budget (start-up, the shape in flight).
+Costs (H200, 2026-12-04 runs): the exact tuning is nearly all of a row (memory ops 0.4-0.6 s, attention
+~1 s, a plain GEMM 2-3 s, a split-K GEMM key (M <= 256: 60% of the matmul draws) 10-23 s, each family's
+first rows more while cuTile's cache is cold); the timing 0.1-0.3 s with the defaults (3 rounds, 20 ms
+do_bench). Nothing is shared between rows but cuTile's caches (on disk, and tiletune's front-end cache):
+a config's cubin depends on its constants, dtypes and the 16-divisibility of shapes and strides that
+cuTile's dispatcher infers, not on the sizes, so a family's later rows compile little. Each row keeps its
+tunings' stats (``kernels[].tuning``: evaluations, strategy, phases, compile / check / timing seconds),
+its ``row_s``, ``tune_s``, ``served_first_call_s`` and ``timing_s``; each family ``time_s`` (their sums).
 
-    python benchmarks/nearest_quality.py [--out DIR] [--seed 0] [--per-family 40] [--budget-s 420]
-        [--families rms_norm,swiglu,softmax,matmul_linear,attention] [--rounds 5]
+Rows are measured round-robin over the families (shape i of every family, then i + 1), so a run cut
+by ``--budget-s`` (no new shape is started once it is spent) leaves every family measured alike; the
+JSON is written after every row. The run ends up to a row's time (a cold split-K tuning: ~25 s) after the
+budget, plus ~20 s of start-up.
+
+    python benchmarks/nearest_quality.py [--out DIR] [--seed 0] [--per-family 40] [--budget-s 360]
+        [--families default|extra|all|rms_norm,swiglu,...] [--rounds 3]
 
 Writes ``nearest_quality.json``: ``seed``, ``gpu``, ``driver``, ``versions``, ``date``, ``families``
 (per family: ``op``, ``n_shapes`` (rows with a ratio), ``median_ratio``, ``worst_ratio``,
@@ -75,8 +87,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offgrid import MODEL_DIMS, projection  # noqa: E402 - stdlib-only module of this folder
 
 NAME = "nearest_quality"
-FAMILIES = ("rms_norm", "swiglu", "softmax", "matmul_linear", "attention", "rope")
+FAMILIES = ("rms_norm", "swiglu", "softmax", "matmul_linear", "attention", "rope", "rms_norm_residual", "layer_norm",
+            "geglu", "cross_entropy")
 DEFAULT_FAMILIES = ("rms_norm", "swiglu", "softmax", "matmul_linear", "attention")
+#: the library op families with a shipped table entry beyond the defaults (``--families extra``; decode attention
+#: has no shipped entry)
+EXTRA_FAMILIES = ("rope", "rms_norm_residual", "layer_norm", "geglu", "cross_entropy")
 #: token counts (M; rope's S) and attention's sequence lengths and batch
 TOKENS = (1, 8192)
 SEQ = (300, 8192)
@@ -87,12 +103,15 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 ELEMENT_CAP = 2 ** 29
 FLOP_CAP = 4.0e12
 EPS = 1e-6
-ROUNDS = 5
-#: triton.testing.do_bench's warm-up and repetition time (ms) per timed launch
-BENCH_WARMUP_MS = 10
-BENCH_REP_MS = 40
+ROUNDS = 3
+#: triton.testing.do_bench's warm-up and repetition time (ms) per timed launch (a 10 us kernel: ~2000
+#: launches; the largest drawn GEMM, ~1.5 ms: ~13)
+BENCH_WARMUP_MS = 5
+BENCH_REP_MS = 20
 DEFAULT_PER_FAMILY = 40
-DEFAULT_BUDGET_S = 420.0
+DEFAULT_BUDGET_S = 360.0
+#: a full ``gc.collect()`` every this many rows (torch's allocator cache is emptied after every row)
+GC_EVERY = 8
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,11 +141,11 @@ def _draw_one(family: str, r: random.Random) -> dict[str, Any]:
     else:
         model = r.choice(sorted(MODEL_DIMS))
     m = MODEL_DIMS[model]
-    if family == "rms_norm":
+    if family in ("rms_norm", "rms_norm_residual", "layer_norm"):
         return {"family": family, "model": model, "M": log_uniform_off_pow2(r, *TOKENS), "H": m["hidden"]}
-    if family == "swiglu":
+    if family in ("swiglu", "geglu"):
         return {"family": family, "model": model, "M": log_uniform_off_pow2(r, *TOKENS), "I": m["ffn"]}
-    if family == "softmax":
+    if family in ("softmax", "cross_entropy"):
         return {"family": family, "model": model, "M": log_uniform_off_pow2(r, *TOKENS), "V": m["vocab"]}
     if family == "matmul_linear":
         proj = r.choice(PROJECTIONS)
@@ -145,11 +164,11 @@ def _draw_one(family: str, r: random.Random) -> dict[str, Any]:
 def size_of(shape: dict[str, Any]) -> tuple[int, float]:
     """``(elements of the largest tensor, FLOPs)`` of one call (pure)."""
     f = shape["family"]
-    if f == "rms_norm":
-        return shape["M"] * shape["H"], 4.0 * shape["M"] * shape["H"]
-    if f == "swiglu":
-        return 2 * shape["M"] * shape["I"], 4.0 * shape["M"] * shape["I"]
-    if f == "softmax":
+    if f in ("rms_norm", "rms_norm_residual", "layer_norm"):
+        return shape["M"] * shape["H"], (5.0 if f != "rms_norm" else 4.0) * shape["M"] * shape["H"]
+    if f in ("swiglu", "geglu"):
+        return 2 * shape["M"] * shape["I"], (4.0 if f == "swiglu" else 8.0) * shape["M"] * shape["I"]
+    if f in ("softmax", "cross_entropy"):
         return shape["M"] * shape["V"], 5.0 * shape["M"] * shape["V"]
     if f == "matmul_linear":
         m, n, k = shape["M"], shape["N"], shape["K"]
@@ -243,6 +262,43 @@ def key_shapes(key_json: str | None) -> list[list[int]] | None:
     return out
 
 
+#: what a row keeps of a tuning's stats (``TuneResult.stats``): where an exact tuning's time went
+TUNING_STATS = ("strategy", "evaluations", "space_size", "stopped", "batches", "samples", "session_clock_s", "phases",
+                "compile_s", "compile_wall_s", "check_s", "timing_s", "idle_s", "worker_start_s", "compiled")
+
+
+def tuning_stats(result: Any) -> dict[str, Any] | None:
+    """The tuning's wall time and the parts of its stats that say where the time went (None: no tuning)."""
+    if result is None:
+        return None
+    stats = getattr(result, "stats", None) or {}
+    out: dict[str, Any] = {"wall_s": round(float(getattr(result, "wall_s", 0.0) or 0.0), 3)}
+    for k in TUNING_STATS:
+        v = stats.get(k)
+        if v is None:
+            continue
+        if isinstance(v, float):
+            v = round(v, 4)
+        elif isinstance(v, dict):
+            v = {str(a): (round(b, 4) if isinstance(b, float) else b) for a, b in v.items()}
+        out[k] = v
+    return out
+
+
+def key_summary(key_json: str | None) -> Any:
+    """A stored key, short: a problem key's named sizes (``{"M": 512, "N": 4096, ...}``), else its tensor
+    shapes (:func:`key_shapes`)."""
+    if not key_json:
+        return None
+    try:
+        doc = json.loads(key_json)
+    except (TypeError, ValueError):
+        return None
+    if isinstance(doc, list) and len(doc) == 2 and isinstance(doc[1], dict) and "problem" in doc[1]:
+        return dict(doc[1])
+    return key_shapes(key_json)
+
+
 class ChoiceLog:
     """Listens to ``tiletune.events``' ``"choice"`` while in a ``with`` block: ``(op name, key) ->
     {"source", "config", "neighbour", "provisional"}`` of every key answered."""
@@ -254,7 +310,8 @@ class ChoiceLog:
         name = getattr(problem, "name", None) or op
         info = {"source": getattr(choice, "source", None), "config": _config_dict(getattr(choice, "config", None)),
                 "neighbour": getattr(choice, "neighbour", None),
-                "provisional": bool(getattr(choice, "provisional", False))}
+                "provisional": bool(getattr(choice, "provisional", False)),
+                "seconds": getattr(choice, "seconds", None), "tuning": tuning_stats(getattr(choice, "result", None))}
         self.items.append((str(name), getattr(problem, "key", None), info))
 
     def find(self, name: str, key: Any) -> dict[str, Any] | None:
@@ -293,7 +350,8 @@ def kernels_of(recorded: Iterable[tuple[Any, Any, tuple[Any, ...]]], log: Choice
             raise RuntimeError(f"{op.name}: no config known for a launch of the recorded call")
         out.append({"op": op, "name": op.name, "args": args, "config": cfg,
                     "source": info["source"] if info is not None else "bucket",
-                    "neighbour": info["neighbour"] if info is not None else None})
+                    "neighbour": info["neighbour"] if info is not None else None,
+                    "tuning": info.get("tuning") if info is not None else None})
     return out
 
 
@@ -367,7 +425,8 @@ def compare(row: dict[str, Any], served_k: list[dict[str, Any]], tuned_k: list[d
     row["paired"] = paired(served_k, tuned_k)
     row["kernels"] = [{"op": s["name"], "source": s["source"], "served_config": _config_dict(s["config"]),
                        "tuned_config": _config_dict(t["config"]) if t is not None else None,
-                       "neighbour_shapes": key_shapes(s["neighbour"])}
+                       "neighbour": key_summary(s["neighbour"]),
+                       "tuning": t.get("tuning") if t is not None else None}
                       for s, t in zip(served_k, list(tuned_k) + [None] * max(0, len(served_k) - len(tuned_k)))]
     if row["paired"]:  # both configs on the tuned call's arguments
         s_fns = [make_launcher(t["op"], s["config"], t["args"]) for s, t in zip(served_k, tuned_k)]
@@ -378,6 +437,7 @@ def compare(row: dict[str, Any], served_k: list[dict[str, Any]], tuned_k: list[d
         s_fns = [make_launcher(s["op"], s["config"], s["args"]) for s in served_k]
         t_fns = [make_launcher(t["op"], t["config"], t["args"]) for t in tuned_k]
         row["identical"] = False
+    t0 = time.perf_counter()
     for fn in (*s_fns, *t_fns):  # compile (cuTile JIT) outside the timing
         fn()
     if row["identical"]:  # the same launches: timed once, ratio 1 exactly
@@ -385,6 +445,7 @@ def compare(row: dict[str, Any], served_k: list[dict[str, Any]], tuned_k: list[d
         row.update(served_us=us, tuned_us=us, ratio=1.0, round_ratios=[])
     else:
         row.update(time_pair(s_fns, t_fns, bench, rounds=rounds))
+    row["timing_s"] = round(time.perf_counter() - t0, 3)
     return row
 
 
@@ -424,7 +485,10 @@ def summarize(rows: Sequence[dict[str, Any]], families: Sequence[str]) -> list[d
                     "served_sources": dict(sorted(sources.items())),
                     "no_neighbour": sum(1 for r in mine if r.get("no_neighbour")),
                     "identical": sum(1 for r in mine if r.get("identical")),
-                    "errors": sum(1 for r in mine if "error" in r), "rows": len(mine)})
+                    "errors": sum(1 for r in mine if "error" in r), "rows": len(mine),
+                    "time_s": {k: round(sum(float(r.get(f) or 0.0) for r in mine), 1)
+                               for k, f in (("rows", "row_s"), ("served", "served_first_call_s"), ("tune", "tune_s"),
+                                            ("timing", "timing_s"))}})
     return out
 
 
@@ -453,9 +517,25 @@ def make_call(shape: dict[str, Any], dev: str = "cuda") -> Callable[[], Any]:
         x = randn(shape["M"], shape["H"])
         w = (1.0 + 0.1 * torch.randn(shape["H"], device=dev, generator=g)).to(bf)
         return lambda: K.rms_norm(x, w, EPS)
+    if f == "rms_norm_residual":
+        x, res = randn(shape["M"], shape["H"]), randn(shape["M"], shape["H"])
+        w = (1.0 + 0.1 * torch.randn(shape["H"], device=dev, generator=g)).to(bf)
+        return lambda: K.rms_norm_residual(x, res, w, EPS)
+    if f == "layer_norm":
+        x = randn(shape["M"], shape["H"])
+        w = (1.0 + 0.1 * torch.randn(shape["H"], device=dev, generator=g)).to(bf)
+        b = (0.1 * torch.randn(shape["H"], device=dev, generator=g)).to(bf)
+        return lambda: K.layer_norm(x, w, b, 1e-5)
     if f == "swiglu":
         x = randn(shape["M"], 2 * shape["I"])
         return lambda: K.swiglu(x)
+    if f == "geglu":
+        x = randn(shape["M"], 2 * shape["I"])
+        return lambda: K.geglu(x)
+    if f == "cross_entropy":
+        logits = randn(shape["M"], shape["V"], scale=4.0)
+        target = torch.randint(0, shape["V"], (shape["M"],), device=dev, generator=g)
+        return lambda: K.cross_entropy(logits, target)
     if f == "softmax":
         x = randn(shape["M"], shape["V"], scale=4.0)
         return lambda: K.softmax(x, -1)
@@ -479,13 +559,21 @@ def make_call(shape: dict[str, Any], dev: str = "cuda") -> Callable[[], Any]:
 
 def measure(shape: dict[str, Any], tmp: Path, index: int, rounds: int = ROUNDS) -> dict[str, Any]:
     """One row: the served call, the exact tuning, both configs timed (see the module docstring)."""
+    t_row = time.perf_counter()
+    row: dict[str, Any] = {"family": shape["family"], "shape": dict(shape)}
+    try:
+        return _measure(row, shape, tmp, index, rounds)
+    finally:
+        row["row_s"] = round(time.perf_counter() - t_row, 3)
+
+
+def _measure(row: dict[str, Any], shape: dict[str, Any], tmp: Path, index: int, rounds: int) -> dict[str, Any]:
     import torch
 
     import _layer as L
     from tiletune.op.tuned_op import record_launches
     from tiletune.resolve.chain import miss_scope
 
-    row: dict[str, Any] = {"family": shape["family"], "shape": dict(shape)}
     call = make_call(shape)
     served_k: list[dict[str, Any]] = []
     tuned_k: list[dict[str, Any]] = []
@@ -530,7 +618,8 @@ def measure(shape: dict[str, Any], tmp: Path, index: int, rounds: int = ROUNDS) 
         return row
     finally:
         del served_k, tuned_k, call
-        gc.collect()
+        if (index + 1) % GC_EVERY == 0:
+            gc.collect()
         torch.cuda.empty_cache()
 
 
@@ -547,12 +636,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--per-family", type=int, default=DEFAULT_PER_FAMILY,
                     help=f"shapes per family (default {DEFAULT_PER_FAMILY}; the budget usually stops first)")
     ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
-                    help=f"comma-separated, of {', '.join(FAMILIES)} (default: all but rope)")
+                    help=f"comma-separated, of {', '.join(FAMILIES)}; or 'default' ({', '.join(DEFAULT_FAMILIES)}), "
+                         f"'extra' ({', '.join(EXTRA_FAMILIES)}), 'all' (default: 'default')")
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                     help=f"start no new shape after this many seconds (default {DEFAULT_BUDGET_S:g}; 0: no limit)")
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved timing rounds (default {ROUNDS})")
     args = ap.parse_args(argv)
-    args.families = [f for f in args.families.split(",") if f]
+    groups = {"default": DEFAULT_FAMILIES, "extra": EXTRA_FAMILIES, "all": FAMILIES}
+    args.families = [g for f in args.families.split(",") if f for g in groups.get(f, (f,))]
     bad = [f for f in args.families if f not in FAMILIES]
     if bad or not args.families:
         ap.error(f"--families: unknown {bad}; choose from {', '.join(FAMILIES)}")

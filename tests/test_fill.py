@@ -190,3 +190,36 @@ def test_cli_tune(tmp_path):
     bad = spec_file(tmp_path, [{"op": "fill_ops:boom", "args": [{"shape": [4]}]}], name="bad.json")
     r = runner.invoke(app, ["tune", "--spec", str(bad), "--device", "cpu"])
     assert r.exit_code == 1 and "1 call(s) failed" in r.output
+
+
+def test_fused_linear_weight_projections_are_the_shapes_nearest_quality_draws():
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    from offgrid import MODEL_DIMS, projection
+
+    for model in ("llama3-8b", "qwen2.5-7b", "gemma2-9b", "phi3-mini"):
+        dims = fill.MODEL_SHAPES[model]
+        calls = fill.llm_calls(["matmul"], [8], projections=True, linear_weights=True, fused=True, **dims)
+        # a (M, K) @ w.t() with w an (N, K) nn.Linear weight: the call's second argument is w.t(), shape (K, N)
+        got = [(c.args[1]["shape"][1], c.args[1]["shape"][0]) for c in calls]
+        assert got == [projection(MODEL_DIMS[model], p) for p in ("qkv", "o", "gate_up", "down")], model
+        assert all(c.args[1]["transposed"] is True for c in calls)
+    # without linear weights, fused changes nothing (the projections are fused already)
+    q = fill.MODEL_SHAPES["qwen2.5-7b"]
+    assert ([c.describe() for c in fill.llm_calls(["matmul"], [8], projections=True, fused=True, **q)]
+            == [c.describe() for c in fill.llm_calls(["matmul"], [8], projections=True, **q)])
+
+
+def test_make_table_fills_several_models_in_one_call_each_shape_once():
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    import make_table
+
+    calls = [c for m in ("llama3-8b", "mistral-7b")
+             for c in fill.llm_calls(["matmul"], [512], projections=True, linear_weights=True, fused=True,
+                                     **fill.MODEL_SHAPES[m])]
+    once = make_table.unique_calls(calls)
+    assert len(calls) == 8 and len(once) == 4  # Mistral-7B's projections are Llama-3-8B's
+    assert [c.describe() for c in once] == [c.describe() for c in calls[:4]]

@@ -68,11 +68,11 @@ def test_shapes_are_off_the_grid_and_from_the_models():
             assert 1 <= s["S"] <= 8192 and not nq.is_pow2(s["S"])
             continue
         assert 1 < s["M"] <= 8192 and not nq.is_pow2(s["M"]), s
-        if f == "rms_norm":
+        if f in ("rms_norm", "rms_norm_residual", "layer_norm"):
             assert s["H"] == m["hidden"]
-        elif f == "swiglu":
+        elif f in ("swiglu", "geglu"):
             assert s["I"] == m["ffn"]
-        elif f == "softmax":
+        elif f in ("softmax", "cross_entropy"):
             assert s["V"] == m["vocab"]
             assert s["M"] * s["V"] <= nq.ELEMENT_CAP
         elif f == "matmul_linear":
@@ -98,10 +98,15 @@ def test_off_pow2_draw_never_returns_a_power_of_two():
 
 def test_parse_args_defaults_and_refusals():
     a = nq.parse_args([])
-    assert a.per_family == 40 and a.budget_s == 420.0 and a.seed == 0 and a.rounds == 5
+    assert a.per_family == 40 and a.budget_s == 360.0 and a.seed == 0 and a.rounds == 3
     assert a.families == list(nq.DEFAULT_FAMILIES) and "rope" not in a.families
     assert nq.parse_args(["--families", "rope,attention"]).families == ["rope", "attention"]
-    for bad in (["--families", "gemm"], ["--per-family", "0"], ["--families", "rope,rope"], ["--rounds", "0"]):
+    assert nq.parse_args(["--families", "extra"]).families == list(nq.EXTRA_FAMILIES)
+    assert nq.parse_args(["--families", "all"]).families == list(nq.FAMILIES)
+    assert nq.parse_args(["--families", "default,cross_entropy"]).families == [*nq.DEFAULT_FAMILIES, "cross_entropy"]
+    assert set(nq.DEFAULT_FAMILIES) | set(nq.EXTRA_FAMILIES) == set(nq.FAMILIES)
+    for bad in (["--families", "gemm"], ["--per-family", "0"], ["--families", "rope,rope"], ["--rounds", "0"],
+                ["--families", "all,rope"]):
         with pytest.raises(SystemExit):
             nq.parse_args(bad)
 
@@ -249,7 +254,8 @@ def test_compare_times_both_configs_on_the_tuned_calls_arguments():
     assert row["served_us"] == 20.0 and row["tuned_us"] == 10.0
     assert row["tuned_config"] == {"T": 128}
     assert row["kernels"] == [{"op": "tiletune.gemm", "source": "nearest", "served_config": {"T": 64},
-                               "tuned_config": {"T": 128}, "neighbour_shapes": None}]
+                               "tuned_config": {"T": 128}, "neighbour": None, "tuning": None}]
+    assert row["timing_s"] >= 0
 
 
 def test_compare_identical_configs_have_ratio_one_and_are_timed_once():
@@ -376,6 +382,92 @@ def test_main_restores_the_environment_reader(tmp_path, monkeypatch):
     monkeypatch.setattr(nq, "measure", _fake_measure)
     nq.main(["--out", str(tmp_path), "--per-family", "1", "--families", "rope"])
     assert _common.environment is before
+
+
+def test_tuning_stats_keep_where_the_time_went():
+    class Result:
+        wall_s = 12.34567
+        stats = {"strategy": "auto", "evaluations": 40, "space_size": 128, "phases": {"compile": 8.123456, "check": 1.0},
+                 "compile_wall_s": 7.77777, "plan_calls": 99, "tied": [1, 2]}
+
+    got = nq.tuning_stats(Result())
+    assert got == {"wall_s": 12.346, "strategy": "auto", "evaluations": 40, "space_size": 128,
+                   "phases": {"compile": 8.1235, "check": 1.0}, "compile_wall_s": 7.7778}
+    assert nq.tuning_stats(None) is None
+
+
+def test_choice_log_keeps_the_tuning_of_a_tuned_choice():
+    class Result:
+        wall_s, stats = 2.0, {"evaluations": 6}
+
+    log = nq.ChoiceLog()
+    choice = FakeChoice(FakeConfig(T=1), "tuned")
+    choice.result = Result()
+    log(op="x", problem=FakeProblem("x", ("key", "a")), choice=choice)
+    log(op="y", problem=FakeProblem("y", ("key", "b")), choice=FakeChoice(FakeConfig(T=2), "nearest"))
+    assert log.find("x", ("key", "a"))["tuning"] == {"wall_s": 2.0, "evaluations": 6}
+    assert log.find("y", ("key", "b"))["tuning"] is None
+    op = FakeOp("x", {("key", "a"): FakeConfig(T=1)})
+    (k,) = nq.kernels_of([(op, None, ("a",))], log)
+    assert k["tuning"] == {"wall_s": 2.0, "evaluations": 6} and k["source"] == "tuned"
+
+
+def test_key_summary_names_a_problem_keys_sizes():
+    key = json.dumps([{"bucketed": True}, {"problem": "gemm", "M": 512, "N": 4096, "K": 4096, "layout": "nt"}])
+    assert nq.key_summary(key) == {"problem": "gemm", "M": 512, "N": 4096, "K": 4096, "layout": "nt"}
+    shaped = json.dumps([{"shape": [8, 4096], "dtype": "bfloat16"}, {"shape": [4096], "dtype": "bfloat16"}])
+    assert nq.key_summary(shaped) == [[8, 4096], [4096]]
+    assert nq.key_summary(None) is None and nq.key_summary("not json") is None
+
+
+def test_measure_times_the_row_even_when_it_fails(monkeypatch, tmp_path):
+    def boom(row, shape, tmp, index, rounds):
+        row["served_first_call_s"] = 0.5
+        raise RuntimeError("no GPU")
+
+    monkeypatch.setattr(nq, "_measure", boom)
+    with pytest.raises(RuntimeError):
+        nq.measure({"family": "rms_norm", "model": "llama3-8b", "M": 3, "H": 4096}, tmp_path, 0)
+    row = {}
+
+    def ok(r, shape, tmp, index, rounds):
+        r.update(ratio=1.0)
+        row.update(r)
+        return r
+
+    monkeypatch.setattr(nq, "_measure", ok)
+    got = nq.measure({"family": "rms_norm", "model": "llama3-8b", "M": 3, "H": 4096}, tmp_path, 0)
+    assert got["ratio"] == 1.0 and got["row_s"] >= 0 and got["family"] == "rms_norm"
+
+
+def test_summary_sums_where_each_familys_time_went():
+    rows = [{"family": "matmul_linear", "ratio": 1.0, "row_s": 10.0, "tune_s": 8.0, "served_first_call_s": 0.5,
+             "timing_s": 1.0},
+            {"family": "matmul_linear", "ratio": 1.2, "row_s": 3.0, "tune_s": 2.0, "served_first_call_s": 0.2,
+             "timing_s": None},
+            {"family": "matmul_linear", "error": "x"}]
+    (fam,) = nq.summarize(rows, ["matmul_linear"])
+    assert fam["time_s"] == {"rows": 13.0, "served": 0.7, "tune": 10.0, "timing": 1.0}
+
+
+@pytest.mark.parametrize("family", nq.FAMILIES)
+def test_every_family_draws_sizes_and_a_label(family):
+    shapes, _ = nq.draw_family(family, 40, 0)
+    assert len(shapes) == 40
+    for s in shapes:
+        elems, flops = nq.size_of(s)
+        assert 0 < elems <= nq.ELEMENT_CAP and 0 < flops <= nq.FLOP_CAP
+        assert nq.shape_label(s).startswith(family + " ")
+
+
+def test_main_with_every_family_writes_every_family(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILETUNE_DB", str(tmp_path / "x.db"))
+    monkeypatch.setattr(nq, "measure", _fake_measure)
+    assert nq.main(["--out", str(tmp_path), "--per-family", "2", "--families", "all"]) == 0
+    doc = json.loads((tmp_path / "nearest_quality.json").read_text())
+    assert [f["op"] for f in doc["families"]] == list(nq.FAMILIES)
+    assert all(f["rows"] == 2 for f in doc["families"])
+    assert [r["family"] for r in doc["rows"][:len(nq.FAMILIES)]] == list(nq.FAMILIES)  # round-robin
 
 
 # --------------------------------------------------------------------------------------------

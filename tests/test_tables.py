@@ -209,3 +209,47 @@ def test_the_shipped_h200_table_loads_is_small_and_uses_the_current_bucket_key_f
             if isinstance(key, list) and key and key[0] == {"bucketed": True}:
                 # strides of a bucketed key are stored as ratios (tiletune.buckets._layout)
                 assert not any(isinstance(d, dict) and "strides" in d for d in key), entry.key
+
+
+# ------------------------------------------------------------------------------ sibling spaces (regimes)
+
+
+def test_family_lists_the_same_spaces_entries_then_the_same_kernels_other_spaces(folders):
+    db = tuned_db(folders, shapes=(16, 32))
+    t = tables.TuningTable.from_db(db)
+    (kid,) = {e.kernel_id for e in t.entries.values()}
+    (space,) = {e.space_hash for e in t.entries.values()}
+    mine = list(t.entries.values())
+    sibling = tables.TableEntry("double", kid, "another-space", mine[0].key.replace("16", "64"), {"TM": 32}, 1.0)
+    stranger = tables.TableEntry("other", "another-kernel", space, mine[0].key.replace("16", "8"), {"TM": 32}, 1.0)
+    tables.install(tables.TuningTable(t.device, t.versions, [sibling, stranger, *mine]).save(folders / "s.json"))
+    ident = db.winners()[0].identity
+    got = [e for e, _ in tables.family(ident)]
+    assert {e.key for e in got[:len(mine)]} == {e.key for e in mine}  # the same space first
+    assert got[len(mine):] == [sibling]  # then the same kernel's other spaces; never another kernel
+    assert [e for e, _ in tables.family(ident, siblings=False)] == got[:len(mine)]
+
+
+def test_a_key_of_a_space_without_entries_is_served_a_sibling_spaces_winner(folders):
+    """The split-K GEMM's case: one kernel, a space per regime; a regime nobody tuned took the default
+    config although the table held the kernel's winners in other regimes."""
+    tables.install(table_file(folders, tuned_db(folders, shapes=(16,))))  # SPACE's winner at 16: TM=128
+    other_space = tt.Space(TM=[64, 128, 256], baseline=dict(TM=64))  # another regime of the same kernel
+    be = FakeBackend(lambda cfg: 100.0 - 0.2 * min(cfg.TM, 128), noise=0.0)
+    op = tt.autotune(other_space, reference=lambda x, y: x * 2, writes=["y"], db=TuningDB(folders / "fresh.db"),
+                     backend=be, progress=False, name="double", on_miss="nearest")(plan)
+    got = []
+
+    def hear(op=None, problem=None, choice=None, **_):
+        got.append(choice)
+
+    from tiletune import events
+
+    events.subscribe("choice", hear)
+    try:
+        x = torch.randn(24)
+        torch.testing.assert_close(op(x, torch.empty(24)), x * 2)
+    finally:
+        events.unsubscribe("choice", hear)
+    assert op.tuning_count == 0
+    assert [(c.source, c.config.as_dict()) for c in got] == [("nearest", {"TM": 128})]

@@ -160,6 +160,9 @@ MODEL_SHAPES: dict[str, dict[str, int]] = {
     "llama3-8b": dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256),
     "mistral-7b": dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=32768),
     "qwen2.5-7b": dict(hidden=3584, intermediate=18944, heads=28, kv_heads=4, head_dim=128, vocab=152064),
+    # head dims 256 and 96: their matmul, norm and activation shapes (K.attention takes head dims 64 and 128)
+    "gemma2-9b": dict(hidden=3584, intermediate=14336, heads=16, kv_heads=8, head_dim=256, vocab=256000),
+    "phi3-mini": dict(hidden=3072, intermediate=8192, heads=32, kv_heads=32, head_dim=96, vocab=32064),
 }
 
 
@@ -175,13 +178,15 @@ def model_dims(model: str | None = None, **given: int | None) -> dict[str, int]:
 
 
 def _projections(m: int, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
-                 dtype: str, linear_weights: bool = False) -> list[tuple[Any, ...]]:
+                 dtype: str, linear_weights: bool = False, fused: bool = False) -> list[tuple[Any, ...]]:
     """``(x, w)`` of each projection of a decoder layer. Weights stored ``[K, N]``: fused qkv, attention
     output, fused gate-up, down. With ``linear_weights``, a layer of separate ``nn.Linear`` layers (the
     Hugging Face layout): q, k (= v), o, gate (= up) and down, each ``(K, N)`` once, the weight stored
-    ``[N, K]`` and passed transposed, as ``F.linear`` reads it."""
+    ``[N, K]`` and passed transposed, as ``F.linear`` reads it; with ``fused`` too, the fused projections
+    (qkv, o, gate-up, down) in that layout (``nn.Linear`` layers of fused weights, as Phi-3 has them and
+    ``benchmarks/nearest_quality.py`` draws them)."""
     q, kv = heads * head_dim, kv_heads * head_dim
-    if linear_weights:
+    if linear_weights and not fused:
         kn = list(dict.fromkeys(((hidden, q), (hidden, kv), (q, hidden), (hidden, intermediate),
                                  (intermediate, hidden))))
     else:
@@ -191,14 +196,16 @@ def _projections(m: int, hidden: int, intermediate: int, heads: int, kv_heads: i
 
 def llm_calls(ops: Iterable[str], tokens: Iterable[int], *, hidden: int = 4096, intermediate: int = 14336,
               heads: int = 32, kv_heads: int = 8, head_dim: int = 128, vocab: int = 32000,
-              dtype: str = "bfloat16", projections: bool = False, linear_weights: bool = False) -> list[Call]:
+              dtype: str = "bfloat16", projections: bool = False, linear_weights: bool = False,
+              fused: bool = False) -> list[Call]:
     """Calls of library ops over token counts of a Llama-class decoder (hidden 4096, GQA 32/8 by
     default; :data:`MODEL_SHAPES` for others): norms and activations over ``[tokens, hidden]`` rows,
     the matmul of a ``hidden x hidden`` projection (with ``projections``: the four projections of a
     layer, qkv, output, gate-up and down, weights stored ``[K, N]``), RoPE and causal attention over a
     sequence of ``tokens``, cross-entropy over ``vocab`` classes. ``linear_weights``: matmul weights in
     ``nn.Linear``'s layout (stored ``[N, K]``, passed as ``w.t()``), and with ``projections`` the
-    separate q, k, v, o, gate, up and down layers of a Hugging Face decoder, each shape once."""
+    separate q, k, v, o, gate, up and down layers of a Hugging Face decoder, each shape once (with
+    ``fused`` as well: the fused qkv, o, gate-up and down weights in that layout)."""
     out = []
     for op in ops:
         for m in tokens:
@@ -207,7 +214,7 @@ def llm_calls(ops: Iterable[str], tokens: Iterable[int], *, hidden: int = 4096, 
             if op == "matmul" and projections:
                 out += [Call("tiletune.kernels:matmul", xw, {})
                         for xw in _projections(int(m), hidden, intermediate, heads, kv_heads, head_dim, dtype,
-                                               linear_weights)]
+                                               linear_weights, fused)]
                 continue
             args, kwargs = _llm_args(op, int(m), hidden, intermediate, heads, kv_heads, head_dim, vocab, dtype,
                                      linear_weights)

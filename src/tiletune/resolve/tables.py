@@ -267,21 +267,36 @@ def install(path: str | os.PathLike) -> pathlib.Path:
     return dest
 
 
-def family(identity: TuningIdentity) -> list[tuple[TableEntry, TuningTable]]:
-    """Every table entry of ``identity``'s kernel and space on its device and versions (any key):
-    the tuned neighbours :mod:`tiletune.resolve.nearest` chooses from."""
+def family(identity: TuningIdentity, siblings: bool = True) -> list[tuple[TableEntry, TuningTable]]:
+    """Every table entry of ``identity``'s kernel and space on its device and versions (any key): the
+    tuned neighbours :mod:`tiletune.resolve.nearest` chooses from; then, with ``siblings``, the entries
+    of the same kernel (``kernel_id``: its and its plan's source) in its *other* spaces.
+
+    Sibling spaces are the regimes of one library op: the split-K GEMM has a space per (``K`` floor,
+    token-tile cap, largest split), so a new ``N`` (a fused gate-up weight, another model's width) often
+    lands in a regime with no entry at all, and was served the default config although the table held
+    winners of the same kernel at nearby ``M``, ``N``, ``K`` (H200 nearest_quality runs: the matmul rows
+    served ``default`` ran 1.07-1.17x their exact tuning). A sibling's config is a candidate only where it
+    is one of this space's valid configs (the caller maps it with ``Problem.config_from``, which drops the
+    others), and like every neighbour's it is compiled, checked and raced on the caller's arguments
+    before it is served. The same space's entries come first, so at an equal key they win."""
     from tiletune import settings
 
     if not settings.tables_enabled():
         return []
     out = []
+    rest = []
     for table in tables():
         if table.mismatch(identity) is not None:
             continue
         for (kernel_id, space_hash, _key), entry in table.entries.items():
-            if kernel_id == identity.kernel_id and space_hash == identity.space_hash:
+            if kernel_id != identity.kernel_id:
+                continue
+            if space_hash == identity.space_hash:
                 out.append((entry, table))
-    return out
+            elif siblings:
+                rest.append((entry, table))
+    return out + rest
 
 
 class TableSource:
