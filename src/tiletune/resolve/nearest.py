@@ -23,6 +23,7 @@ never stalls the call. Only a default config that fails its check is tuned at on
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -47,9 +48,11 @@ RACE_SAMPLES = 5
 RACE_FIRST_SAMPLES = 3
 
 
+@functools.lru_cache(maxsize=16384)
 def key_features(key_json: str) -> tuple[str, tuple[float, ...]] | None:
     """``(signature, sizes)`` of a stored key: keys with equal signatures are of one family, and
-    their sizes line up. None for a key that is not JSON."""
+    their sizes line up. None for a key that is not JSON. Remembered per key (every miss of an op
+    compares its key with each stored key of the op)."""
     try:
         doc = json.loads(key_json)
     except (TypeError, ValueError):
