@@ -185,3 +185,78 @@ def test_a_neighbour_at_distance_zero_is_served_without_a_race(tmp_path):
     s = _race_session(backend)
     assert [c["K"] for c in backend.compiled] == [3] and s.checked == [0] and s.timed == []
     assert torch.equal(y, x * 2)
+
+
+# ---------------------------------------------------------------------- the live session's race_samples
+
+
+def _cutile_session(args, writes, plan, launched, *, inplace=(), fail=()):
+    """A CutileSession without a GPU: its launch, stream, timer and synchronisation are stand-ins; the guard
+    is the real one (CPU tensors)."""
+    from types import SimpleNamespace
+
+    from tiletune.devices.backends.cutile import CutileSession
+    from tiletune.devices.verify import ArgGuard
+
+    def launch(stream, grid, kernel, kargs):
+        if kernel in fail:
+            raise RuntimeError(f"launch of {kernel} failed")
+        launched.append((kernel, kargs))
+
+    class Timer:
+        def __init__(self):
+            self.batches = []
+
+        def time_each(self, fns):
+            self.batches.append(len(fns))
+            out = []
+            for fn in fns:
+                before = len(launched)
+                fn()
+                out.append(float(launched[before][0][1:]))  # kernel "k7" takes 7 us
+            return out
+
+    s = object.__new__(CutileSession)
+    s.backend = SimpleNamespace(ct=SimpleNamespace(launch=launch), _raw_stream=lambda dev: None,
+                                hinted=SimpleNamespace(get=lambda kernel, hints: kernel))
+    s.torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda dev: None))
+    s.plan, s.args, s.dev = plan, args, 0
+    s.guard = ArgGuard(args, writes, inplace)
+    s.timer = Timer()
+    s._kernels, s._race_warm, s.stats = {}, set(), {}
+    return s
+
+
+def test_the_live_session_times_unchecked_configs_on_twins_interleaved():
+    from tiletune.devices.backends.base import Candidate
+
+    x, y = torch.randn(64), torch.zeros(64)
+    launched = []
+    s = _cutile_session((x, y), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched)
+    cands = [Candidate(SPACE.config(K=k), i) for i, k in enumerate((5, 2, 3))]
+    got = s.race_samples(cands, 3)
+    assert got == {0: [5.0] * 3, 1: [2.0] * 3, 2: [3.0] * 3}
+    assert s.timer.batches == [9]  # one batch, one synchronisation
+    assert [k for k, _ in launched] == ["k5", "k2", "k3"] + ["k5", "k2", "k3"] * 3  # warm-ups, then rounds
+    for _, kargs in launched:  # never the caller's output: its twin, same shape and strides
+        assert kargs[0] is x and kargs[1].untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+        assert kargs[1].shape == y.shape and kargs[1].stride() == y.stride()
+    assert torch.equal(y, torch.zeros(64))
+    launched.clear()
+    assert s.race_samples(cands[1:], 2) == {1: [2.0] * 2, 2: [3.0] * 2}
+    assert len(launched) == 4  # no second warm-up
+
+
+def test_the_live_session_reports_a_launch_failure_and_refuses_without_twins():
+    from tiletune.devices.backends.base import Candidate
+
+    x, y = torch.randn(64), torch.zeros(64)
+    launched = []
+    s = _cutile_session((x, y), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched, fail={"k4"})
+    got = s.race_samples([Candidate(SPACE.config(K=4), 0), Candidate(SPACE.config(K=1), 1)], 2)
+    assert "launch of k4 failed" in got[0] and got[1] == [1.0, 1.0]
+    # an output sharing the input's storage has no twin: nothing is launched, the race checks first
+    buf = torch.randn(128)
+    launched.clear()
+    s = _cutile_session((buf[:64], buf[64:]), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched)
+    assert s.race_samples([Candidate(SPACE.config(K=1), 0)], 2) is None and launched == []

@@ -10,9 +10,11 @@ ints) of ``|log2(1 + a) - log2(1 + b)|``: a neighbour twice as large in one dime
 away, whatever the dimension's scale. Ties go to the larger neighbour (a config tuned for more work
 rarely starves a smaller problem; the other way round it may leave the GPU idle).
 
-The neighbour's config is compiled and checked once on the caller's arguments (in this process:
-the config ran correctly on a neighbour of the same kernel, and a worker's start would cost more than
-the answer is worth); one that fails its check is passed over for the next nearest. The answer is
+The distinct configs of the nearest neighbours (``TILETUNE_NEAREST_RACE``, the space's default config
+beside them) race on the caller's arguments in this process (the configs ran correctly on neighbours of
+the same kernel, and a worker's start would cost more than the answer is worth): :func:`race` compiles
+the nearest one and those of the others a compile cache holds, times them on copies of the written
+arguments, and checks them fastest first; one that fails its check is passed over. The answer is
 provisional: the key is recorded as pending (:mod:`tiletune.resolve.pending`) and tuned later
 (``tiletune tune --pending``, :meth:`tiletune.TunedOp.tune_pending`, or in the background).
 
