@@ -268,3 +268,51 @@ def test_disk_stores_are_batched_into_one_transaction_and_read_back_without_writ
     assert compile_pool._lookup_disk(ints, "nope") is None
     atimes = sqlite3.connect(str(tmp_path / "cache.db")).execute("SELECT count(*) FROM cache").fetchone()
     assert atimes == (3,)
+
+
+def test_if_cached_jobs_are_answered_from_the_caches_or_skipped(fake, frontend):
+    """A job marked ``if_cached`` (a raced config beside the one a caller needs) is handed its cubin when
+    the front-end cache or cuTile's disk cache holds it, and otherwise skipped: no ``tileiras`` for it."""
+    ints, active, stores, _ = fake(delay=0.05, cached={"k1"})
+    ints.KernelSignature = SimpleNamespace(from_kernel_args=lambda k, args, conv: Sig(("sig", k.name)))
+    frontend["k2"] = (b"frontend-k2", "kernel_symbol")
+    assembled = []
+    real = ints.comp.compile_cubin
+    ints.comp.compile_cubin = lambda path, *a, **k: (assembled.append(Path(path).read_bytes().decode()),
+                                                     real(path, *a, **k))[1]
+    js = [CompileJob(0, FakeKernel("k0"), (0,), "sm_90"),  # needed: compiled whatever the caches hold
+          CompileJob(1, FakeKernel("k1"), (1,), "sm_90", if_cached=True),  # in the disk cache
+          CompileJob(2, FakeKernel("k2"), (2,), "sm_90", if_cached=True),  # in the front-end cache
+          CompileJob(3, FakeKernel("k3"), (3,), "sm_90", if_cached=True)]  # nowhere: skipped
+    results = {r.tag: r for r in CompilePool(workers=4).compile_all(js)}
+    assert assembled == ["k0"]
+    assert results[0].error is None and not results[0].skipped and not results[0].cached
+    assert results[1].cached and not results[1].skipped and js[1].kernel.offers[0][1] == b"cached-k1"
+    assert results[2].cached and js[2].kernel.offers[0][1] == b"frontend-k2"
+    assert results[3].skipped and results[3].error is None and js[3].kernel.offers == []
+    assert compile_pool.flush(5)
+    assert stores == ["k0"]
+
+
+def test_if_cached_jobs_do_not_load_the_compiler_to_look_in_the_disk_cache(fake, frontend, monkeypatch):
+    """With every needed job answered by the front-end cache the compiler stays unloaded, and an ``if_cached``
+    job the front-end cache does not hold is skipped without running the front end (whose import and run
+    would cost more than the race saves)."""
+    ints, _, _, _ = fake(cached={"k1"})
+    ints.KernelSignature = SimpleNamespace(from_kernel_args=lambda k, args, conv: Sig(("sig", k.name)))
+    frontend["k0"] = (b"frontend-k0", "kernel_symbol")
+    monkeypatch.setattr(compile_pool, "compiler_loaded", lambda: False)
+    monkeypatch.setattr(ints.comp, "compile_tile", lambda *a, **k: pytest.fail("the front end ran"))
+    js = [CompileJob(0, FakeKernel("k0"), (0,), "sm_90"),
+          CompileJob(1, FakeKernel("k1"), (1,), "sm_90", if_cached=True)]
+    results = {r.tag: r for r in CompilePool(workers=2).compile_all(js)}
+    assert results[0].cached and results[1].skipped
+
+
+def test_without_internals_if_cached_jobs_are_skipped_not_deferred(monkeypatch):
+    monkeypatch.setattr(compile_pool, "_internals", None)
+    monkeypatch.setattr(compile_pool, "_internals_error", "AttributeError: compile_cubin")
+    js = [CompileJob(0, FakeKernel("a"), (0,), "sm_90"), CompileJob(1, FakeKernel("b"), (1,), "sm_90", if_cached=True)]
+    results = {r.tag: r for r in CompilePool(workers=2).compile_all(js)}
+    assert results[0].deferred and not results[0].skipped
+    assert results[1].skipped and not results[1].deferred

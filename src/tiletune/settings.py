@@ -394,8 +394,9 @@ def frontend_cache() -> bool:
 
 def nearest_race() -> int:
     """``TILETUNE_NEAREST_RACE``: how many distinct configs of the nearest neighbours a new shape races
-    (compiled together, checked, timed on its arguments, the default config beside them); 1: the
-    nearest one only, checked, no timing (default 3)."""
+    (the default config beside them; only the nearest is compiled, the others raced when a compile cache
+    holds them; timed on copies of its written arguments, then checked fastest first); 1: the nearest
+    one only, checked, no timing (default 3)."""
     got = count("TILETUNE_NEAREST_RACE")
     return 3 if got is None else got
 

@@ -84,6 +84,9 @@ class CompileJob:
     #: a caller will launch this cubin (not a tuning worker's candidate): keep it in the front-end cache
     #: for later processes
     keep: bool = False
+    #: compile only what a cache holds: answered from the front-end cache, or from cuTile's disk cache once
+    #: the compiler is loaded anyway (by an earlier job); otherwise skipped (no front end, no ``tileiras``)
+    if_cached: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class CompileResult:
     #: CPU seconds: the front end's (thread CPU time) plus the assembler's run time (tileiras is one
     #: single-threaded, CPU-bound subprocess per job, so its wall time stands for its CPU time)
     cpu_s: float | None = None
+    skipped: bool = False  # an ``if_cached`` job no cache answered: nothing was compiled
 
 
 class _Internals:
@@ -176,6 +180,13 @@ def load_internals() -> bool:
     there (a spare taking over after a fault) does not pay for loading them: cuTile's compiler included."""
     ints = _get_internals()
     return ints is not None and ints.compiler_version is not None
+
+
+def compiler_loaded() -> bool:
+    """Whether cuTile's compiler is loaded in this process already (asking loads nothing; a stand-in for
+    the internals, as the tests install, counts as loaded)."""
+    ints = _internals
+    return ints is not None and (not isinstance(ints, _Internals) or ints._compiler is not None)
 
 
 def _get_internals() -> _Internals | None:
@@ -282,7 +293,8 @@ class CompilePool:
         """Yield one result per job, in completion order."""
         if _get_internals() is None or not all(hasattr(j.kernel, "offer") for j in jobs):
             for job in jobs:
-                yield CompileResult(job.tag, 0.0, deferred=True)
+                yield CompileResult(job.tag, 0.0, skipped=True) if job.if_cached else \
+                    CompileResult(job.tag, 0.0, deferred=True)
             return
         results: "queue.Queue[CompileResult]" = queue.Queue()
         executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tiletune-tileiras")
@@ -318,8 +330,11 @@ class CompilePool:
                 job.kernel.offer(sig, hit[0], job.arch)
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=time.thread_time() - c0))
                 continue
+            if job.if_cached and not compiler_loaded():
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, skipped=True))
+                continue
             if not self.parallel:
-                out.put(CompileResult(job.tag, 0.0, deferred=True))
+                out.put(CompileResult(job.tag, 0.0, skipped=job.if_cached, deferred=not job.if_cached))
                 continue
             try:
                 sig, key, bytecode = self._bytecode(ints, job, sig)
@@ -334,6 +349,9 @@ class CompilePool:
                 if entry is not None and job.keep:
                     _writer.submit(functools.partial(entry.save, cubin, sig.symbol))
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
+                continue
+            if job.if_cached:
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, skipped=True, cpu_s=front_cpu))
                 continue
             executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, front_cpu,
                             entry if job.keep else None)

@@ -10,9 +10,11 @@ ints) of ``|log2(1 + a) - log2(1 + b)|``: a neighbour twice as large in one dime
 away, whatever the dimension's scale. Ties go to the larger neighbour (a config tuned for more work
 rarely starves a smaller problem; the other way round it may leave the GPU idle).
 
-The neighbour's config is compiled and checked once on the caller's arguments (in this process:
-the config ran correctly on a neighbour of the same kernel, and a worker's start would cost more than
-the answer is worth); one that fails its check is passed over for the next nearest. The answer is
+The distinct configs of the nearest neighbours (``TILETUNE_NEAREST_RACE``, the space's default config
+beside them) race on the caller's arguments in this process (the configs ran correctly on neighbours of
+the same kernel, and a worker's start would cost more than the answer is worth): :func:`race` compiles
+the nearest one and those of the others a compile cache holds, times them on copies of the written
+arguments, and checks them fastest first; one that fails its check is passed over. The answer is
 provisional: the key is recorded as pending (:mod:`tiletune.resolve.pending`) and tuned later
 (``tiletune tune --pending``, :meth:`tiletune.TunedOp.tune_pending`, or in the background).
 
@@ -23,12 +25,13 @@ never stalls the call. Only a default config that fails its check is tuned at on
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 from tiletune.errors import DatabaseError
 
@@ -41,16 +44,17 @@ logger = logging.getLogger("tiletune")
 
 __all__ = ["Neighbour", "NearestSource", "key_features", "distance", "nearest", "neighbours"]
 
-#: How many distinct configs of the nearest neighbours are raced (compiled together, checked, timed on
-#: the caller's arguments), with the space's default config beside them.
-MAX_TRIED = 3
-#: cold-L2 timing samples per raced config (the median decides)
+#: cold-L2 timing samples per raced config (the median decides), at most
 RACE_SAMPLES = 5
+#: samples per raced config first: the leader and the configs whose samples overlap its get the rest
+RACE_FIRST_SAMPLES = 3
 
 
+@functools.lru_cache(maxsize=16384)
 def key_features(key_json: str) -> tuple[str, tuple[float, ...]] | None:
     """``(signature, sizes)`` of a stored key: keys with equal signatures are of one family, and
-    their sizes line up. None for a key that is not JSON."""
+    their sizes line up. None for a key that is not JSON. Remembered per key (every miss of an op
+    compares its key with each stored key of the op)."""
     try:
         doc = json.loads(key_json)
     except (TypeError, ValueError):
@@ -165,52 +169,153 @@ def nearest(problem: "Problem") -> list[Neighbour]:
 def check_once(problem: "Problem", cfg: "Config") -> str | None:
     """Compile and check ``cfg`` on the problem's arguments in this process (the caller's arguments are
     saved and restored by the session); None when it passes, else why not."""
-    _, why = race(problem, [cfg])
-    return why.get(0)
+    return race(problem, [cfg]).why.get(0)
 
 
-def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = None) -> tuple[int | None, dict[int, str]]:
-    """Compile ``cfgs`` together (in parallel), check each on the problem's arguments in this process,
-    and when more than one passes, time each with ``samples`` cold-L2 samples (default
-    :data:`RACE_SAMPLES`): ``(index of the fastest passing config or None, {index: why it failed})``.
-    The caller's arguments are saved and restored by the session."""
+class RaceResult(NamedTuple):
+    """What :func:`race` found: ``won`` the index of the config to serve (it passed its check) or None;
+    ``why`` ``{index: why it failed}`` for the configs compiled that failed (to compile, launch or check);
+    ``compiled`` the indices compiled (or answered by a compile cache); ``skipped`` those never compiled
+    (in no compile cache, and not needed: a config compiled before them passed); ``checked`` the indices
+    checked, in order."""
+
+    won: int | None
+    why: dict[int, str]
+    compiled: tuple[int, ...]
+    skipped: tuple[int, ...]
+    checked: tuple[int, ...]
+
+
+def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = None, *,
+         cold: int = 1, spares: bool = False) -> RaceResult:
+    """Serve the fastest of ``cfgs`` that passes its check on the problem's arguments, in this process.
+
+    1. **Compile** together (in parallel) the first ``cold`` configs, and the others only when a compile
+       cache holds them (cuTile's front-end or disk cache: no ``tileiras`` run for a config that is only
+       raced). Should none of those pass, the skipped ones are compiled and raced in turn.
+    2. **Time first** the compiled configs (interleaved cold-L2 samples: :data:`RACE_FIRST_SAMPLES` each,
+       up to ``samples`` (default :data:`RACE_SAMPLES`) for the leader and those whose samples overlap
+       its), launched where they cannot touch the caller's memory (the session's ``race_samples``: the
+       guard bands' twins of the written arguments).
+    3. **Check** them fastest first, and serve the first that passes: one check when the fastest is
+       right, and only a checked config is ever served. A session that cannot time unchecked configs
+       apart from the caller's tensors checks each first and times those that pass.
+
+    A single compiled config is checked and not timed. ``spares``: the configs after the first ``cold``
+    are not raced at all, only compiled (and raced) when none of the first passes. The caller's arguments
+    are saved and restored by the session."""
     from tiletune.devices.backends.base import Candidate
-    from tiletune.records import Status
     from tiletune.resolve.tune import session_kwargs
 
     plan = problem.spec.plan if getattr(problem.backend, "ships_plan", False) else problem.plans
     session = problem.backend.open_session(plan, problem.args, **session_kwargs(problem))  # type: ignore[arg-type]
     cands = [Candidate(cfg, i, is_baseline=(i == 0)) for i, cfg in enumerate(cfgs)]
+    n = RACE_SAMPLES if samples is None else max(1, int(samples))
     why: dict[int, str] = {}
-    passed: list[Any] = []
+    checked: list[int] = []
+    compiled: list[int] = []
     try:
-        compiled = set()
-        for outcome in session.compile(cands):
-            if outcome.status is Status.OK:
-                compiled.add(outcome.candidate.order)
-            else:
-                why[outcome.candidate.order] = \
-                    f"compile: {(outcome.reason or outcome.status.value).strip().splitlines()[0][:200]}"
-        for c in cands:
-            if c.order not in compiled:
-                continue
-            check = session.check(c)
-            if check.status is Status.OK:
-                passed.append(c)
-            else:
-                why[c.order] = f"{check.status.value}: {(check.reason or '').strip()[:200]}"
-        if len(passed) <= 1:
-            return (passed[0].order if passed else None), why
-        n = RACE_SAMPLES if samples is None else samples
-        best, best_t = None, math.inf
-        for c in passed:
-            got = sorted(session.sample(c, n))
-            t = got[len(got) // 2] if got else math.inf
-            if t < best_t:
-                best, best_t = c.order, t
-        return (best if best is not None else passed[0].order), why
+        cold = max(1, cold)
+        if spares:
+            ready, skipped = _compile(session, cands[:cold], set(), why)
+            skipped += cands[cold:]
+        else:
+            lazy = {c.order for c in cands[cold:]} if getattr(session, "compiles_only_cached", False) else set()
+            ready, skipped = _compile(session, cands, lazy, why)
+        compiled.extend(c.order for c in ready)
+        won = _pick(session, ready, n, why, checked)
+        if won is None and skipped:
+            ready, _ = _compile(session, skipped, set(), why)
+            compiled.extend(c.order for c in ready)
+            won = _pick(session, ready, n, why, checked)
+            skipped = []
+        return RaceResult(won, why, tuple(compiled), tuple(c.order for c in skipped), tuple(checked))
     finally:
         session.finish(None)
+
+
+def _compile(session: Any, cands: Sequence[Any], lazy: set[int], why: dict[int, str]) -> tuple[list[Any], list[Any]]:
+    """``(compiled, skipped)`` candidates in their order; compile failures go to ``why``."""
+    from tiletune.records import Status
+
+    ok: set[int] = set()
+    skipped: set[int] = set()
+    outcomes = session.compile(cands, only_cached=lazy) if lazy else session.compile(cands)
+    for outcome in outcomes:
+        order = outcome.candidate.order
+        if outcome.status is Status.OK:
+            ok.add(order)
+        elif getattr(outcome, "skipped", False):
+            skipped.add(order)
+        else:
+            why[order] = f"compile: {(outcome.reason or outcome.status.value).strip().splitlines()[0][:200]}"
+    return [c for c in cands if c.order in ok], [c for c in cands if c.order in skipped]
+
+
+def _check(session: Any, cand: Any, why: dict[int, str], checked: list[int]) -> bool:
+    from tiletune.records import Status
+
+    checked.append(cand.order)
+    check = session.check(cand)
+    if check.status is Status.OK:
+        return True
+    why[cand.order] = f"{check.status.value}: {(check.reason or '').strip()[:200]}"
+    return False
+
+
+def _median(xs: Sequence[float]) -> float:
+    got = sorted(xs)
+    return got[len(got) // 2] if got else math.inf
+
+
+def _time(session: Any, cands: Sequence[Any], n: int) -> dict[int, list[float] | str] | None:
+    """Samples of unchecked candidates from ``session.race_samples``: :data:`RACE_FIRST_SAMPLES` each, then
+    up to ``n`` for the leader (lowest median) and every candidate whose samples overlap the leader's (a
+    clear winner stops early). None when the session cannot time them apart from the caller's memory."""
+    first = min(n, RACE_FIRST_SAMPLES)
+    got = session.race_samples(cands, first)
+    if got is None or n <= first:
+        return got
+    timed = {o: t for o, t in got.items() if not isinstance(t, str) and t}
+    if len(timed) <= 1:
+        return got
+    lead = min(timed, key=lambda o: (_median(timed[o]), o))
+    hi = max(timed[lead])
+    close = [o for o, t in timed.items() if o != lead and min(t) <= hi]
+    if not close:
+        return got
+    more = session.race_samples([c for c in cands if c.order in (lead, *close)], n - first)
+    if more is None:
+        return got
+    for o, t in more.items():
+        prev = got.get(o)
+        got[o] = t if isinstance(t, str) or isinstance(prev, str) or prev is None else [*prev, *t]
+    return got
+
+
+def _pick(session: Any, cands: Sequence[Any], n: int, why: dict[int, str], checked: list[int]) -> int | None:
+    """The order of the fastest of the compiled ``cands`` that passes its check (see :func:`race`), or None."""
+    if not cands:
+        return None
+    if len(cands) == 1:
+        return cands[0].order if _check(session, cands[0], why, checked) else None
+    times = _time(session, cands, n) if hasattr(session, "race_samples") else None
+    if times is None:  # check each first: only configs that passed are launched on the caller's tensors
+        passed = [c for c in cands if _check(session, c, why, checked)]
+        if len(passed) <= 1:
+            return passed[0].order if passed else None
+        return min(passed, key=lambda c: (_median(session.sample(c, n)), c.order)).order
+    ranked = []
+    for c in cands:
+        t = times.get(c.order)
+        if isinstance(t, str):
+            why[c.order] = t
+        else:
+            ranked.append((_median(t or []), c.order, c))
+    for _, _, c in sorted(ranked, key=lambda r: (r[0], r[1])):
+        if _check(session, c, why, checked):
+            return c.order
+    return None
 
 
 class NearestSource:
@@ -247,8 +352,12 @@ class NearestSource:
         base = problem.spec.baseline(problem.arch)
         if race_size > 1 and all(base != c for c, _ in picks):
             picks.append((base, None))
-        won, why = race(problem, [c for c, _ in picks])
-        for i, reason in sorted(why.items()):
+        # a neighbour tuned on this very size (distance 0: another layout of the same sizes, or an exact key
+        # of this bucket) is not raced: the others are spares, compiled only should it fail its check
+        same = picks[0][1] is not None and picks[0][1].distance == 0.0
+        got = race(problem, [c for c, _ in picks], spares=same)
+        won = got.won
+        for i, reason in sorted(got.why.items()):
             n = picks[i][1]
             logger.info("%s: the config %s of %s failed its check (%s)", problem.name, picks[i][0],
                         f"neighbour {n.key}" if n is not None else "the default", reason)
@@ -258,9 +367,9 @@ class NearestSource:
                 logger.info("%s: no neighbour's config of %s passed or beat the default config %s, "
                             "provisionally", problem.name, problem.identity.key, cfg)
                 return Choice(cfg, "default", provisional=True)
-            logger.info("%s: nearest neighbour of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d)",
-                        problem.name, problem.identity.key, n.key, n.source, n.distance, cfg,
-                        time.perf_counter() - t0, len(picks))
+            logger.info("%s: nearest neighbour of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d of %d "
+                        "configs, %d checked)", problem.name, problem.identity.key, n.key, n.source, n.distance,
+                        cfg, time.perf_counter() - t0, len(got.compiled), len(picks), len(got.checked))
             return Choice(cfg, "nearest", provisional=True, neighbour=n.key)
         if race_size <= 1:
             return self._default(problem)  # the nearest one failed its check: the default config, checked

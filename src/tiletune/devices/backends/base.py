@@ -34,6 +34,9 @@ class CompileOutcome:
     seconds: float
     reason: str = ""
     cpu_s: float | None = None  # CPU seconds the compile used (front end + assembler), None if unknown
+    #: asked with ``only_cached`` and in no cache: not compiled (status COMPILE_ERROR, so a consumer that
+    #: does not look here never launches it)
+    skipped: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,19 @@ class LaunchParts(NamedTuple):
 
 
 class TuningSession(Protocol):
-    """One tuning problem on one device. Created by :meth:`Backend.open_session`."""
+    """One tuning problem on one device. Created by :meth:`Backend.open_session`.
+
+    Optional members, used by the in-process race of a miss (:func:`tiletune.resolve.nearest.race`) when
+    a session has them:
+
+    * ``compiles_only_cached = True``: ``compile(candidates, only_cached=orders)`` compiles the candidates
+      of those orders only when a compile cache holds them, and yields the others ``skipped``;
+    * ``race_samples(candidates, n) -> {order: samples in us, or why the launch failed}``: ``n``
+      cold-L2 samples of each compiled candidate, interleaved, whether or not it passed its check: the
+      launches must not touch the caller's memory (the live backend launches on the guard bands' twins
+      of the written arguments). None when the session cannot promise that: then every candidate is
+      checked before it is timed.
+    """
 
     def clock(self) -> float:
         """Seconds since the session opened (simulated for replay backends)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 from tiletune.devices.compile_pool import CompileJob, CompilePool, flush as flush_stores
 from tiletune.errors import NoBackendError
@@ -119,6 +119,8 @@ class CutileBackend:
 class CutileSession:
     """One tuning problem on one GPU (see :class:`tiletune.devices.backends.base.TuningSession`)."""
 
+    compiles_only_cached = True
+
     def __init__(
         self,
         backend: CutileBackend,
@@ -147,6 +149,7 @@ class CutileSession:
         # (the objects are shared by every session of the process, so the counters are cumulative)
         self._kernels: dict[int, tuple[Any, int, int]] = {}
         self._warm: set[int] = set()
+        self._race_warm: set[int] = set()
         # "parallel_compile" / "why_serial" are added by compile(): asking loads cuTile's compiler, which a
         # session answered by the front-end cache never needs
         self.stats: dict[str, Any] = {}
@@ -174,7 +177,7 @@ class CutileSession:
             hits, misses = getattr(kernel, "prefetch_hits", 0), getattr(kernel, "prefetch_misses", 0)
             self._kernels[id(kernel)] = (kernel, hits, misses)
 
-    def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+    def compile(self, candidates: Sequence[Candidate], only_cached: Collection[int] = ()) -> Iterator[CompileOutcome]:
         keep = not settings.in_worker()  # the caller's own session (a check): it launches what it compiles
         jobs = []
         by_order = {c.order: c for c in candidates}
@@ -187,8 +190,12 @@ class CutileSession:
                 yield CompileOutcome(c, Status.COMPILE_ERROR, 0.0, f"launch plan failed: {type(exc).__name__}: {exc}")
                 continue
             jobs.append(CompileJob(c.order, kernel, tuple(spec.args), self.backend.device_info(self.dev).arch,
-                                   keep=keep))
+                                   keep=keep, if_cached=c.order in only_cached))
         for r in self.pool.compile_all(jobs):
+            if r.skipped:  # before the stats below: asking them loads the compiler
+                yield CompileOutcome(by_order[r.tag], Status.COMPILE_ERROR, r.seconds,  # type: ignore[index]
+                                     "not in a compile cache (skipped)", skipped=True)
+                continue
             if r.deferred or not r.cached:
                 self.stats.setdefault("parallel_compile", self.pool.parallel)
                 self.stats.setdefault("why_serial", self.pool.why_serial)
@@ -245,6 +252,51 @@ class CutileSession:
                 return CheckOutcome(Status.MISMATCH, reason)
         return CheckOutcome(Status.OK)
 
+    def race_samples(self, candidates: Sequence[Candidate], n: int) -> dict[int, list[float] | str] | None:
+        """``n`` cold-L2 samples of each compiled candidate, checked or not, interleaved (one launch of each
+        per round, one synchronisation in all), launched on the guard's twins of the written arguments: a
+        candidate that writes past an output lands in a guard band, never in the caller's memory, and the
+        caller's tensors are not written at all. ``{order: samples, or why its launch failed}``; None (nothing
+        launched) when some written argument has no twin (aliased, not a torch tensor, a view that cannot be
+        moved, the twins could not be made): then each candidate must pass its check before it is timed.
+
+        No clock-raising spin first (:meth:`sample` spins 50 ms once per session): the candidates are
+        interleaved, so a clock still rising weighs on all of them alike. A candidate's first call here
+        launches it once untimed (its cubin loads outside the timed region)."""
+        g = self.guard
+        if g is None or not g.banded or set(g.banded) != {*g.outputs, *g.inplace}:
+            return None
+        launch, stream, dev = self.backend.ct.launch, self.backend._raw_stream, self.dev
+        fns: dict[int, Callable[[], None]] = {}
+        for c in candidates:
+            spec = self.plan(c.config, *self.args)
+            kargs = g.checked_kernel_args(spec.args)  # arms the twins (the caller's tensors are not touched)
+            if kargs is None:
+                if g.band_error:
+                    self.stats["guard_bands_off"] = g.band_error
+                return None
+            kernel = self.backend.hinted.get(spec.kernel, c.config.hints)
+            self._track(kernel)
+            fns[c.order] = functools.partial(_launch_on, launch, stream, dev, tuple(spec.grid), kernel, kargs)
+        out: dict[int, list[float] | str] = {}
+        for order, fn in list(fns.items()):
+            if order in self._race_warm:
+                continue
+            try:
+                fn()  # untimed: loads the cubin (a launch error is this candidate's alone)
+                self.torch.cuda.synchronize(self.dev)
+            except Exception as exc:
+                out[order] = f"{Status.LAUNCH_ERROR.value}: {type(exc).__name__}: {exc}"[:300]
+                del fns[order]
+                continue
+            self._race_warm.add(order)
+        if fns and n > 0:
+            orders = list(fns)
+            got = self.timer.time_each([fns[o] for _ in range(n) for o in orders])
+            for i, o in enumerate(orders):
+                out[o] = got[i::len(orders)]
+        return out
+
     def sample(self, candidate: Candidate, n: int) -> list[float]:
         fn = self._launcher(candidate)
         if not self._warm:
@@ -272,6 +324,10 @@ class CutileSession:
                 # the caller launches the winner next and finds its cubin in cuTile's disk cache: the
                 # worker's stores (queued while candidates were timed) must be there by then
                 flush_stores(30.0)
+
+
+def _launch_on(launch: Any, stream: Any, dev: int, grid: tuple[int, ...], kernel: Any, kargs: tuple[Any, ...]) -> None:
+    launch(stream(dev), grid, kernel, kargs)
 
 
 _prewarm_started = False

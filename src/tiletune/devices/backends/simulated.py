@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 from tiletune.records import DeviceInfo, Status
 from tiletune.space.spaces import Config
@@ -85,9 +85,18 @@ class SimulatedSession:
     #: executes the candidate with its kernel arguments moved by ``move`` (the guard's
     #: :meth:`~tiletune.devices.verify.ArgGuard.checked_kernel_args`); False, nothing run, when they cannot be
     run_on: Callable[[Candidate, Callable[[Sequence[Any]], tuple[Any, ...] | None]], bool] | None = None
+    #: ``config -> whether a compile cache holds it`` (``compile(..., only_cached=...)``); None: every config
+    cached: Callable[[Config], bool] | None = None
+    #: called with each config compiled (not answered by ``cached``)
+    on_compile: Callable[[Config], None] | None = None
     _clock: float = 0.0
     _rng: random.Random = field(init=False)
     samples_drawn: int = 0
+    #: orders of the candidates checked, compiled (skipped ones excluded) and timed, in order
+    checked: list[int] = field(default_factory=list)
+    compiled: list[int] = field(default_factory=list)
+    timed: list[int] = field(default_factory=list)
+    compiles_only_cached = True
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -95,14 +104,24 @@ class SimulatedSession:
     def clock(self) -> float:
         return self._clock
 
-    def compile(self, candidates: Sequence[Candidate]) -> Iterator[CompileOutcome]:
+    def compile(self, candidates: Sequence[Candidate], only_cached: Collection[int] = ()) -> Iterator[CompileOutcome]:
         # List scheduling, candidates started in order, from the moment compile() is asked (a search
         # asks once per batch: the compilers of a later batch start when it is proposed, not at 0).
         free = [self._clock] * max(1, self.workers)
         heapq.heapify(free)
         done: list[tuple[float, int, Candidate, SimulatedCandidate]] = []
         for c in candidates:
+            hit = self.cached is None or self.cached(c.config)
+            if c.order in only_cached and not hit:
+                yield CompileOutcome(c, Status.COMPILE_ERROR, 0.0, "not in a compile cache (skipped)", skipped=True)
+                continue
             d = self.source.describe(c.config)
+            if hit and self.cached is not None:
+                d = SimulatedCandidate(d.status, d.reason, 0.0)  # answered by the cache
+            else:
+                if self.on_compile is not None:
+                    self.on_compile(c.config)
+            self.compiled.append(c.order)
             start = heapq.heappop(free)
             end = start + d.compile_s
             heapq.heappush(free, end)
@@ -115,6 +134,7 @@ class SimulatedSession:
 
     def check(self, candidate: Candidate) -> CheckOutcome:
         self._clock += self.check_overhead_s
+        self.checked.append(candidate.order)
         d = self.source.describe(candidate.config)
         if d.status in (Status.LAUNCH_ERROR, Status.MISMATCH):
             return CheckOutcome(d.status, d.reason or d.status.value)
@@ -145,6 +165,35 @@ class SimulatedSession:
         if self.run is not None:
             self.run(candidate)  # the real kernel runs too (it may scribble on outputs)
         return samples
+
+    def race_samples(self, candidates: Sequence[Candidate], n: int) -> dict[int, list[float] | str] | None:
+        """``n`` samples of each candidate, checked or not (see :class:`~.base.TuningSession`): a kernel that
+        runs for real runs on the guard's twins of the written arguments, never on the caller's tensors;
+        None when it cannot (a written argument without a twin)."""
+        guard = self.guard
+        if self.run is not None and guard is not None and (
+                self.run_on is None or set(guard.banded) != {*guard.outputs, *guard.inplace}):
+            return None
+        out: dict[int, list[float] | str] = {}
+        for c in candidates:
+            d = self.source.describe(c.config)
+            if d.status is Status.LAUNCH_ERROR:
+                out[c.order] = f"launch_error: {d.reason or 'launch failed'}"
+                continue
+            if self.run_on is not None and guard is not None:
+                try:
+                    moved = self.run_on(c, guard.checked_kernel_args)
+                except Exception as exc:
+                    out[c.order] = f"launch_error: {type(exc).__name__}: {exc}"
+                    continue
+                if not moved:
+                    return None
+            samples = self.source.draw(c.config, n, self._rng)
+            self.samples_drawn += len(samples)
+            self._clock += sum(samples) * 1e-6 + n * self.sample_overhead_us * 1e-6
+            self.timed.append(c.order)
+            out[c.order] = samples
+        return out
 
     def finish(self, winner: Candidate | None) -> None:
         if self.guard is not None:
@@ -213,8 +262,15 @@ class FakeBackend(SimulatedBackend):
         versions: Mapping[str, str] | None = None,
         workers: int = 16,
         seed: int = 0,
+        cached: Callable[[Config], bool] | None = None,
     ) -> None:
+        """``cached(config)``: whether a compile cache holds the config before this backend compiles it
+        (None: every config; otherwise what this backend compiled is cached from then on, see
+        :attr:`compiled`)."""
         self.source = ModelTiming(timing, noise=noise, compile_s=compile_s, failures=failures)
+        self.cached = cached
+        #: the configs this backend compiled (not answered by ``cached``), in order
+        self.compiled: list[Config] = []
         self.device = device
         self._versions = dict(versions or {"cuda_tile": "fake", "tileiras": "fake", "driver": "fake"})
         self.workers = workers
@@ -254,8 +310,16 @@ class FakeBackend(SimulatedBackend):
             self._execute(c.config, Launch(spec.kernel, spec.grid, kargs))
             return True
 
+        cached = None
+        if self.cached is not None:
+            predicate = self.cached
+
+            def cached(cfg: Config) -> bool:
+                return predicate(cfg) or cfg in self.compiled
+
         session = SimulatedSession(
-            self.source, workers=self.workers, seed=self.seed, guard=guard, checker=checker, run=run, run_on=run_on
+            self.source, workers=self.workers, seed=self.seed, guard=guard, checker=checker, run=run, run_on=run_on,
+            cached=cached, on_compile=self.compiled.append,
         )
         self.sessions.append(session)
         return session

@@ -1,0 +1,262 @@
+"""The race of a miss (tiletune.resolve.nearest.race), on the fake backend: the compiled configs are timed
+first (on the guard bands' twins, never on the caller's tensors) and checked fastest first, so only the
+winner is checked when it passes; configs no compile cache holds are not compiled beside the nearest
+one; a clear leader stops the sampling early; a neighbour at distance 0 is not raced."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tiletune as tt
+from tiletune.devices.backends import FakeBackend, SimulatedCandidate
+from tiletune.resolve import nearest
+
+SPACE = tt.Space(K=list(range(6)), baseline=dict(K=0))
+
+
+def _kernel(x, y):
+    y.copy_(x * 2)
+
+
+def _op(db, backend, *, on_miss="nearest", name="race.op", kernel=_kernel):
+    return tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=db, backend=backend, progress=False,
+                       on_miss=on_miss, name=name)(lambda cfg, x, y: tt.Launch(kernel, (1,), (x, y)))
+
+
+def _tuned(path, name="race.op", kernel=_kernel):
+    """Neighbours: K=2 tuned at 64 elements, K=4 at 8192 (so 100 elements: K=2 nearest, K=4 next, K=0 default)."""
+    _op(path, FakeBackend(lambda c: 10.0 + abs(c.K - 2)), on_miss="tune", name=name, kernel=kernel)(
+        torch.randn(64), torch.empty(64))
+    _op(path, FakeBackend(lambda c: 10.0 + abs(c.K - 4)), on_miss="tune", name=name, kernel=kernel)(
+        torch.randn(8192), torch.empty(8192))
+
+
+def _race_session(backend):
+    """The session of the (one) race: the one that compiled a config as its first candidate's."""
+    (s,) = [s for s in backend.sessions if s.compiled or s.checked]
+    return s
+
+
+def test_only_the_fastest_config_is_checked_when_it_passes(tmp_path):
+    path = tmp_path / "t.db"
+    _tuned(path)
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4))  # K=4 (the second neighbour) is fastest here
+    op = _op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    op(x, y)
+    assert op.config_for(x, y)["K"] == 4 and op.tuning_count == 0
+    s = _race_session(backend)
+    assert sorted(s.timed) == [0, 1, 2]  # K=2, K=4, the default K=0: all timed...
+    assert s.checked == [1]  # ...and only the winner checked
+    assert torch.equal(y, x * 2)
+
+
+def test_a_winner_that_fails_its_check_falls_to_the_next_fastest(tmp_path):
+    path = tmp_path / "t.db"
+    _tuned(path)
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4),  # K=4 fastest, then K=2, then K=0
+                          failures=lambda c: SimulatedCandidate(tt.Status.MISMATCH) if c.K == 4 else None)
+    op = _op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    op(x, y)
+    assert op.config_for(x, y)["K"] == 2 and op.tuning_count == 0  # never the unchecked K=4
+    assert _race_session(backend).checked == [1, 0]  # fastest first, until one passes
+    assert torch.equal(y, x * 2)
+
+
+def test_a_config_that_fails_to_launch_while_timed_is_passed_over(tmp_path):
+    path = tmp_path / "t.db"
+    _tuned(path)
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4),
+                          failures=lambda c: SimulatedCandidate(tt.Status.LAUNCH_ERROR, "illegal") if c.K == 4 else None)
+    op = _op(path, backend)
+    op(torch.randn(100), torch.empty(100))
+    s = _race_session(backend)
+    assert 1 not in s.timed and 1 not in s.checked and s.checked == [0]
+    assert op.config_for(torch.randn(100), torch.empty(100))["K"] == 2
+
+
+def test_unchecked_configs_are_timed_on_twins_never_on_the_callers_tensors(tmp_path):
+    """The race launches configs that have not passed their check: on the guard bands' twins of the
+    written arguments. The caller's output is written only by checked runs' results and the winner."""
+    path = tmp_path / "t.db"
+    y = torch.empty(100)
+    seen = []
+
+    def kernel(x, out):
+        seen.append(out.untyped_storage().data_ptr() == y.untyped_storage().data_ptr())
+        out.copy_(x * 2)
+
+    _tuned(path, kernel=kernel)
+    seen.clear()
+
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4))
+    op = _op(path, backend, kernel=kernel)
+    x = torch.randn(100)
+    op(x, y)
+    s = _race_session(backend)
+    assert len(s.timed) == 3
+    # three timing runs and one checked run, all on twins; then the winner's launch on the caller's output
+    assert seen[:4] == [False] * 4 and seen[-1] is True
+    assert torch.equal(y, x * 2)
+
+
+def test_without_twins_every_config_is_checked_before_it_is_timed(tmp_path):
+    """An output the guard cannot band (it shares memory with another argument) makes the race check
+    each config before timing it (the old order): nothing unchecked runs on the caller's memory."""
+    path = tmp_path / "t.db"
+    _tuned(path, name="race.alias")
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4))
+    op = _op(path, backend, name="race.alias")
+    buf = torch.randn(200)
+    x, y = buf[:100], buf[100:]  # y shares x's storage: no twin for it
+    want = x * 2
+    op(x, y)
+    s = _race_session(backend)
+    assert s.timed == [] and sorted(s.checked) == [0, 1, 2]
+    assert op.config_for(x, y)["K"] == 4 and torch.equal(y, want)
+
+
+def test_with_a_cold_compile_cache_only_the_nearest_config_is_compiled(tmp_path):
+    path = tmp_path / "t.db"
+    _tuned(path)
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4), cached=lambda c: False)
+    op = _op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    op(x, y)
+    assert [c["K"] for c in backend.compiled] == [2]  # the nearest alone: K=4 and the default never compiled
+    assert op.config_for(x, y)["K"] == 2 and op.tuning_count == 0 and len(op.provisional) == 1
+    s = _race_session(backend)
+    assert s.checked == [0] and s.timed == []
+
+
+def test_configs_a_compile_cache_holds_are_raced_beside_the_nearest(tmp_path):
+    path = tmp_path / "t.db"
+    _tuned(path)
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4), cached=lambda c: c.K == 4)
+    op = _op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    op(x, y)
+    assert [c["K"] for c in backend.compiled] == [2]  # K=4 came from the cache, the default was skipped
+    assert op.config_for(x, y)["K"] == 4
+    assert sorted(_race_session(backend).timed) == [0, 1]
+
+
+def test_when_the_nearest_fails_cold_the_skipped_configs_are_compiled_next(tmp_path):
+    path = tmp_path / "t.db"
+    _tuned(path)
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4), cached=lambda c: False,
+                          failures=lambda c: SimulatedCandidate(tt.Status.MISMATCH) if c.K == 2 else None)
+    op = _op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    op(x, y)
+    assert [c["K"] for c in backend.compiled] == [2, 4, 0]
+    assert op.config_for(x, y)["K"] == 4 and op.tuning_count == 0
+    assert _race_session(backend).checked == [0, 1]
+
+
+def test_a_clear_leader_stops_the_sampling_early(tmp_path):
+    path = tmp_path / "t.db"
+    _tuned(path)
+    clear = FakeBackend(lambda c: 10.0 + 5 * abs(c.K - 4), noise=0.001)  # 10, 20, 30 us
+    _op(path, clear)(torch.randn(100), torch.empty(100))
+    assert _race_session(clear).samples_drawn == 3 * nearest.RACE_FIRST_SAMPLES
+    close = FakeBackend(lambda c: 10.0 + 1e-4 * abs(c.K - 4) + (10.0 if c.K == 0 else 0.0), noise=0.01)
+    _op(path, close, name="race.op")(torch.randn(101), torch.empty(101))
+    # K=4 and K=2 overlap: both get the full count; the default, far behind, keeps its first samples
+    assert _race_session(close).samples_drawn == 2 * nearest.RACE_SAMPLES + nearest.RACE_FIRST_SAMPLES
+
+
+def test_a_neighbour_at_distance_zero_is_served_without_a_race(tmp_path):
+    """Another layout of the same sizes (strides of the same order): distance 0, the neighbour's config is
+    checked alone; the others stay spares."""
+    path = tmp_path / "t.db"
+    _op(path, FakeBackend(lambda c: 10.0 + abs(c.K - 3)), on_miss="tune", name="race.zero")(
+        torch.randn(4, 16)[:, :8], torch.empty(4, 8))
+    _op(path, FakeBackend(lambda c: 10.0 + abs(c.K - 5)), on_miss="tune", name="race.zero")(
+        torch.randn(64, 16)[:, :8], torch.empty(64, 8))
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 5))  # K=5 would win a race
+    op = _op(path, backend, name="race.zero")
+    x, y = torch.randn(4, 32)[:, :8], torch.empty(4, 8)
+    op(x, y)
+    assert op.config_for(x, y)["K"] == 3 and op.tuning_count == 0
+    s = _race_session(backend)
+    assert [c["K"] for c in backend.compiled] == [3] and s.checked == [0] and s.timed == []
+    assert torch.equal(y, x * 2)
+
+
+# ---------------------------------------------------------------------- the live session's race_samples
+
+
+def _cutile_session(args, writes, plan, launched, *, inplace=(), fail=()):
+    """A CutileSession without a GPU: its launch, stream, timer and synchronisation are stand-ins; the guard
+    is the real one (CPU tensors)."""
+    from types import SimpleNamespace
+
+    from tiletune.devices.backends.cutile import CutileSession
+    from tiletune.devices.verify import ArgGuard
+
+    def launch(stream, grid, kernel, kargs):
+        if kernel in fail:
+            raise RuntimeError(f"launch of {kernel} failed")
+        launched.append((kernel, kargs))
+
+    class Timer:
+        def __init__(self):
+            self.batches = []
+
+        def time_each(self, fns):
+            self.batches.append(len(fns))
+            out = []
+            for fn in fns:
+                before = len(launched)
+                fn()
+                out.append(float(launched[before][0][1:]))  # kernel "k7" takes 7 us
+            return out
+
+    s = object.__new__(CutileSession)
+    s.backend = SimpleNamespace(ct=SimpleNamespace(launch=launch), _raw_stream=lambda dev: None,
+                                hinted=SimpleNamespace(get=lambda kernel, hints: kernel))
+    s.torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda dev: None))
+    s.plan, s.args, s.dev = plan, args, 0
+    s.guard = ArgGuard(args, writes, inplace)
+    s.timer = Timer()
+    s._kernels, s._race_warm, s.stats = {}, set(), {}
+    return s
+
+
+def test_the_live_session_times_unchecked_configs_on_twins_interleaved():
+    from tiletune.devices.backends.base import Candidate
+
+    x, y = torch.randn(64), torch.zeros(64)
+    launched = []
+    s = _cutile_session((x, y), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched)
+    cands = [Candidate(SPACE.config(K=k), i) for i, k in enumerate((5, 2, 3))]
+    got = s.race_samples(cands, 3)
+    assert got == {0: [5.0] * 3, 1: [2.0] * 3, 2: [3.0] * 3}
+    assert s.timer.batches == [9]  # one batch, one synchronisation
+    assert [k for k, _ in launched] == ["k5", "k2", "k3"] + ["k5", "k2", "k3"] * 3  # warm-ups, then rounds
+    for _, kargs in launched:  # never the caller's output: its twin, same shape and strides
+        assert kargs[0] is x and kargs[1].untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+        assert kargs[1].shape == y.shape and kargs[1].stride() == y.stride()
+    assert torch.equal(y, torch.zeros(64))
+    launched.clear()
+    assert s.race_samples(cands[1:], 2) == {1: [2.0] * 2, 2: [3.0] * 2}
+    assert len(launched) == 4  # no second warm-up
+
+
+def test_the_live_session_reports_a_launch_failure_and_refuses_without_twins():
+    from tiletune.devices.backends.base import Candidate
+
+    x, y = torch.randn(64), torch.zeros(64)
+    launched = []
+    s = _cutile_session((x, y), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched, fail={"k4"})
+    got = s.race_samples([Candidate(SPACE.config(K=4), 0), Candidate(SPACE.config(K=1), 1)], 2)
+    assert "launch of k4 failed" in got[0] and got[1] == [1.0, 1.0]
+    # an output sharing the input's storage has no twin: nothing is launched, the race checks first
+    buf = torch.randn(128)
+    launched.clear()
+    s = _cutile_session((buf[:64], buf[64:]), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched)
+    assert s.race_samples([Candidate(SPACE.config(K=1), 0)], 2) is None and launched == []
