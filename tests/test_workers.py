@@ -441,3 +441,37 @@ def test_the_worker_sessions_compile_ahead_counters_reach_the_result():
     (result,) = op.results.values()
     assert (result.stats["prefetch_hits"], result.stats["prefetch_misses"]) == (5, 1)
     assert "not_forwarded" not in result.stats
+
+
+def test_phase_events_are_validated():
+    from tiletune.devices.workers.protocol import PhaseEvent
+
+    assert decode_reply(b'{"event":"phase","session":1,"what":"launched"}') == PhaseEvent("launched")
+    assert decode_reply(b'{"event":"phase","session":1,"what":"ran"}') == PhaseEvent("ran")
+    for bad in (b'{"event":"phase","what":"exploded"}', b'{"event":"phase"}', b'{"event":"phase","what":3}'):
+        with pytest.raises(ProtocolError):
+            decode_reply(bad)
+
+
+def test_launch_marks_reach_only_a_listener_and_never_raise():
+    from tiletune.devices import launch_marks
+
+    got = []
+    launch_marks.mark("launched")  # nobody listens: nothing happens
+    launch_marks.listen(got.append)
+    try:
+        launch_marks.mark("launched")
+        launch_marks.mark("ran")
+    finally:
+        launch_marks.listen(None)
+    launch_marks.mark("ran")
+    assert got == ["launched", "ran"]
+
+    def broken(what):
+        raise OSError("the caller is gone")
+
+    launch_marks.listen(broken)
+    try:
+        launch_marks.mark("launched")  # swallowed: a lost mark only leaves the longer deadline
+    finally:
+        launch_marks.listen(None)

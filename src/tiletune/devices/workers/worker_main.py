@@ -172,10 +172,14 @@ class Worker:
             if op in ("check", "sample", "close", "open") and not reply.get("fatal") and (
                 not reply.get("ok") or reply.get("status") == "launch_error"
             ):
+                t_probe = time.perf_counter()
                 dead = self._dead_context(msg, str(reply.get("error") or reply.get("reason") or ""))
                 if dead is not None:  # a sticky CUDA error: this worker is done for
+                    _flush_stores(0.5)  # cubins compiled here reach the disk cache for the next worker
                     reply = {"ok": False, "fatal": True,
-                             "error": f"{reply.get('error') or reply.get('reason')} (CUDA context lost: {dead})"}
+                             "error": f"{reply.get('error') or reply.get('reason')} (CUDA context lost: {dead})",
+                             "check_s": reply.get("seconds"), "marks": reply.get("marks"),
+                             "probe_s": round(time.perf_counter() - t_probe, 4)}
             reply["id"] = rid
             if _trace_enabled():
                 sys.stderr.write(f"tiletune worker: {op} -> {str(reply)[:300]}\n")
@@ -301,10 +305,9 @@ class Worker:
         torch = self._torch_of(msg)
         if torch is None:
             return None
-        dead = _context_ok(torch, self.device_index)
-        if dead is None and sticky_error(error):
-            dead = "sticky CUDA error (the context cannot be trusted after it)"
-        return dead
+        if sticky_error(error):  # no probe: on a lost context it only adds to the caller's wait
+            return "sticky CUDA error (the context cannot be trusted after it)"
+        return _context_ok(torch, self.device_index)
 
     def _heartbeat(self, sid: int) -> Any:
         """While a request runs: a ``busy`` event every 0.2 s in which a compile is running here (a first
@@ -326,16 +329,27 @@ class Worker:
         return stop
 
     def op_check(self, msg: dict) -> dict:
-        served = self.sessions[int(msg["session"])]
+        from tiletune.devices import launch_marks
+
+        sid = int(msg["session"])
+        served = self.sessions[sid]
         cand = self._candidates(served, [msg["candidate"]])[0]
         t0 = time.perf_counter()
-        stop = self._heartbeat(int(msg["session"]))
+        marks: dict[str, float] = {}
+
+        def on_mark(what: str) -> None:  # the caller's watchdog re-arms for the kernel, then for the verdict
+            marks.setdefault(what, round(time.perf_counter() - t0, 4))
+            self.send({"event": "phase", "session": sid, "what": what})
+
+        stop = self._heartbeat(sid)
+        launch_marks.listen(on_mark)
         try:
             outcome = served.session.check(cand)
         finally:
+            launch_marks.listen(None)
             stop.set()
         reply: dict = {"ok": True, "status": outcome.status.value, "reason": outcome.reason,
-                       "seconds": round(time.perf_counter() - t0, 4)}
+                       "seconds": round(time.perf_counter() - t0, 4), "marks": marks}
         if outcome.status.value == "launch_error":
             return reply  # serve() probes the context
         if outcome.status.value in ("ok", "mismatch"):
@@ -376,6 +390,17 @@ class Worker:
             return {"ok": True, "shares_held": drop_shares(),
                     "stats": {k: v for k, v in stats.items() if k in WORKER_STATS and isinstance(v, int)}}
         return {"ok": True, "shares_held": drop_shares()}
+
+
+def _flush_stores(timeout: float) -> None:
+    """Wait (at most ``timeout``) for the cubins queued for the disk caches, when the compile pool is
+    loaded here (a worker about to exit after a fatal error: the next worker finds them there)."""
+    pool = sys.modules.get("tiletune.devices.compile_pool")
+    if pool is not None:
+        try:
+            pool.flush(timeout)
+        except Exception:  # noqa: BLE001 - best effort
+            pass
 
 
 def _warm_compiler() -> None:
