@@ -475,3 +475,14 @@ def test_launch_marks_reach_only_a_listener_and_never_raise():
         launch_marks.mark("launched")  # swallowed: a lost mark only leaves the longer deadline
     finally:
         launch_marks.listen(None)
+
+
+def test_a_new_worker_warms_the_checking_path_of_every_common_dtype():
+    """warm_checks runs a checked run's guard, reference comparison and mismatch path per dtype (here on
+    the CPU: the same code a worker runs on its GPU at start) and says what it warmed."""
+    from tiletune.devices.workers.worker_main import WARM_DTYPES, warm_checks
+
+    spent = warm_checks(torch, "cpu")
+    assert set(spent) == set(WARM_DTYPES)
+    assert all(s >= 0 for s in spent.values())
+    assert warm_checks(torch, "cpu", ("not_a_dtype", "float32")).keys() == {"float32"}

@@ -215,7 +215,8 @@ class Worker:
                 be = self.backends["cutile"] = CutileBackend()
                 be.torch.cuda.set_device(self.device_index)
                 be.torch.cuda.init()
-                threading.Thread(target=_warm_compiler, name="tiletune-worker-warm", daemon=True).start()
+                dev = f"cuda:{self.device_index}"
+                threading.Thread(target=_warm, args=(be.torch, dev), name="tiletune-worker-warm", daemon=True).start()
             return be
         return spec  # a shipped backend object (tests)
 
@@ -401,6 +402,58 @@ def _flush_stores(timeout: float) -> None:
             pool.flush(timeout)
         except Exception:  # noqa: BLE001 - best effort
             pass
+
+
+#: dtypes whose checking kernels a new worker loads ahead (:func:`warm_checks`)
+WARM_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def warm_checks(torch: Any, device: str, dtypes: tuple[str, ...] = WARM_DTYPES) -> dict[str, float]:
+    """Run the checking machinery of a candidate's first launch (guard bands armed and verified, outputs
+    poisoned, the pristine-input comparison, a reference compared, the mismatch path included) on tiny
+    tensors of each of ``dtypes``, so the first check of a session in this worker (a spare taking over
+    after a fault) does not load those kernels itself (CUDA loads a kernel at its first use in a
+    process). Returns the seconds spent per dtype; a dtype that fails is left out (best effort).
+    Tiny tensors: the GPU work is a few dozen launches of microseconds, once per worker."""
+    from tiletune.devices.verify import ArgGuard, Checker, compare_tensors
+
+    spent: dict[str, float] = {}
+    for name in dtypes:
+        t0 = time.perf_counter()
+        try:
+            dt = getattr(torch, name)
+            x = torch.randn(4096 + 77, device=device).to(dt)
+            y = torch.empty_like(x)
+            guard = ArgGuard((x, y), (1,))
+            checker = Checker(lambda a, b: a * 2, guard, None)
+            moved = guard.checked_kernel_args((x, y))
+            if moved is not None:
+                moved[1].copy_(moved[0] * 2)
+                guard.after_checked_run()
+            else:
+                guard.prepare_checked_run()
+                y.copy_(x * 2)
+            checker.compare()
+            compare_tensors(y + 1, x * 2)  # the mismatch path (its reason's figures)
+            saved = _storage_bytes(x).clone()
+            bool((_storage_bytes(x) == saved).all())  # read-only inputs compared with their pristine copy
+            guard.restore()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
+        except Exception:  # noqa: BLE001 - the first check loads what is missing itself
+            continue
+        spent[name] = round(time.perf_counter() - t0, 4)
+    return spent
+
+
+def _warm(torch: Any, device: str) -> None:
+    """A new worker's background warm-up, while it waits for its first session: the checking kernels
+    (:func:`warm_checks`), then cuTile's compiler (:func:`_warm_compiler`)."""
+    try:
+        warm_checks(torch, device)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    _warm_compiler()
 
 
 def _warm_compiler() -> None:
