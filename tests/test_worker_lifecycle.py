@@ -235,6 +235,8 @@ def test_after_a_crash_the_warm_spare_takes_over_at_once():
     assert res.stats["spares_used"] >= 1 and w.spares_used >= 1  # the counter on the client
     # the first take-over found its spare ready: no cold start (importing torch takes seconds)
     assert w.start_s[starts0] < 0.5, w.start_s
+    # the candidates still to run were compiled again in the new worker (none by an assembler: a fake)
+    assert res.stats["recompiled"] >= 1 and res.stats["recompiled_assembled"] == 0, res.stats
     assert wall < 30
 
 

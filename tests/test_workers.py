@@ -486,3 +486,12 @@ def test_a_new_worker_warms_the_checking_path_of_every_common_dtype():
     assert set(spent) == set(WARM_DTYPES)
     assert all(s >= 0 for s in spent.values())
     assert warm_checks(torch, "cpu", ("not_a_dtype", "float32")).keys() == {"float32"}
+
+
+def test_compiled_events_say_whether_the_assembler_ran():
+    ev = decode_reply(b'{"event":"compiled","session":1,"order":2,"status":"ok","seconds":0.1,"assembled":true}')
+    assert ev.assembled is True
+    ev = decode_reply(b'{"event":"compiled","session":1,"order":2,"status":"ok","seconds":0.1,"assembled":"yes"}')
+    assert ev.assembled is None  # not a bool: unknown
+    ev = decode_reply(b'{"event":"compiled","session":1,"order":2,"status":"ok","seconds":0.1}')
+    assert ev.assembled is None

@@ -34,6 +34,7 @@ class CompileOutcome:
     seconds: float
     reason: str = ""
     cpu_s: float | None = None  # CPU seconds the compile used (front end + assembler), None if unknown
+    assembled: bool | None = None  # the assembler (tileiras) ran for it (not a cache hit), None if unknown
 
 
 @dataclass(frozen=True)

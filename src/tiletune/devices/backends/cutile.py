@@ -195,7 +195,7 @@ class CutileSession:
                 self.stats.setdefault("why_serial", self.pool.why_serial)
             c = by_order[r.tag]  # type: ignore[index]
             if r.error is None:
-                yield CompileOutcome(c, Status.OK, r.seconds, cpu_s=r.cpu_s)
+                yield CompileOutcome(c, Status.OK, r.seconds, cpu_s=r.cpu_s, assembled=not (r.cached or r.deferred))
             else:
                 yield CompileOutcome(c, Status.TIMEOUT if r.timed_out else Status.COMPILE_ERROR, r.seconds, r.error,
                                      cpu_s=r.cpu_s)

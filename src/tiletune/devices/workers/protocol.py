@@ -62,6 +62,7 @@ class CompiledEvent:
     seconds: float
     reason: str
     cpu_s: float = 0.0  # CPU seconds the compile used (front end and assembler), 0 when unknown
+    assembled: bool | None = None  # tileiras ran for it (no cache answered), None when unknown
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ def decode_reply(raw: bytes) -> Reply | CompiledEvent | BusyEvent | PhaseEvent:
             seconds=seconds,
             reason=str(d.get("reason", "")),
             cpu_s=_cpu_s(d.get("cpu_s", 0.0)),
+            assembled=d.get("assembled") if isinstance(d.get("assembled"), bool) else None,
         )
     rid = _need(d, "id", int)
     ok = _need(d, "ok", bool)

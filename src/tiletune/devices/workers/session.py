@@ -45,7 +45,9 @@ candidate in the worker again, the worker sends heartbeats that restart the coun
 limit), so a hung kernel costs about the watchdog, not the compile allowance. Each check's time to
 its launch is in ``stats["check_load_s"]``, the first check of each worker in ``stats["first_check_s"]``;
 a timeout's fault entry says which ``phase`` it waited for and its ``deadline_s``; a fatal one the
-check's ``check_s`` and ``probe_s`` in the worker and, when it got that far, ``launched_s``.
+check's ``check_s`` and ``probe_s`` in the worker and, when it got that far, ``launched_s``. Compiles in
+workers that took over are counted in ``recompiled`` (their seconds summed in ``recompile_s``), those for
+which ``tileiras`` ran (no cache answered) in ``recompiled_assembled``.
 """
 
 from __future__ import annotations
@@ -220,6 +222,7 @@ class WorkerSession:
             t = time.perf_counter()
             worker.ensure()
             self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
+            self._gen0 = worker.generation
             self._spares_used0 = worker.spares_used
             self._reaped0 = len(worker.reap_s)
             self._open()
@@ -362,6 +365,11 @@ class WorkerSession:
             ev = self.worker.next_event(limit)
             if ev.session == self.sid:
                 self._stash[ev.order] = (self.worker.generation, ev)
+                if self.worker.generation != self._gen0:  # compiled again in a worker that took over: what it cost
+                    st = self.stats
+                    st["recompiled"] = st.get("recompiled", 0) + 1
+                    st["recompiled_assembled"] = st.get("recompiled_assembled", 0) + (1 if ev.assembled else 0)
+                    st["recompile_s"] = round(st.get("recompile_s", 0.0) + float(ev.seconds or 0.0), 4)
 
     def _ensure_compiled(self, cand: Candidate) -> None:
         """After a worker restart, compile ``cand`` in the new worker before it runs there; in the same

@@ -279,7 +279,8 @@ class Worker:
                 for outcome in served.session.compile(cands):
                     self.send({"event": "compiled", "session": sid, "order": outcome.candidate.order,
                                "status": outcome.status.value, "seconds": float(outcome.seconds or 0.0),
-                               "reason": outcome.reason, "cpu_s": float(getattr(outcome, "cpu_s", None) or 0.0)})
+                               "reason": outcome.reason, "cpu_s": float(getattr(outcome, "cpu_s", None) or 0.0),
+                               "assembled": getattr(outcome, "assembled", None)})
             except Exception as exc:  # the compile machinery itself broke: fail what is left
                 sys.stderr.write(traceback.format_exc())
                 for c in cands:
