@@ -44,7 +44,7 @@ TILETUNE_WATCHDOG_S              seconds   20         Deadline of a worker reque
                                                       session was timed.
 TILETUNE_WATCHDOG_FACTOR         factor    20         Afterwards a request may take max(0.5 s, this factor
                                                       x the expected time of its launches); a check's
-                                                      kernel max(0.25 s, this factor x the slowest
+                                                      kernel max(0.4 s, this factor x the slowest
                                                       median) from its launch.
 TILETUNE_WORKER_TRACE            bool      false      Workers trace every request to their log, and the
                                                       log folder is kept.

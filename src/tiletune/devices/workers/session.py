@@ -33,8 +33,8 @@ the session (plus the cache flush per sample); before anything is measured, ``fi
 check (a candidate's first launch) is watched in phases, which the worker reports as it passes them
 (:mod:`tiletune.devices.launch_marks`): its kernel, from launch to end, may take ``max(kernel_floor_s,
 watchdog_factor x`` the slowest median so far, ``check_slack_factor x`` the slowest checked kernel so
-far) (more while a killed worker's context is still torn down), so an endless kernel costs a few
-tenths of a second when the session's kernels are short; the phases before the launch (the guard,
+far, twice the longest a kernel with a fatal error took to be reported) (more while a killed worker's
+context is still torn down), so an endless kernel costs a few tenths of a second when the session's kernels are short; the phases before the launch (the guard,
 module loads, cuTile's launch path: slow in a new worker) and after the kernel (the reference, the
 comparison) are given ``check_slack_factor`` x their slowest time so far in the session, at least
 ``check_slack_s`` (a legitimately slow first launch is not taken for a hang). A worker that reports
@@ -102,7 +102,7 @@ class IsolationOptions:
 
     watchdog_factor: float = field(default_factory=lambda: settings.watchdog_factor())
     watchdog_floor_s: float = 0.5
-    kernel_floor_s: float = 0.25
+    kernel_floor_s: float = 0.4
     check_slack_s: float = 0.5
     check_slack_min_s: float = 0.1
     check_slack_factor: float = 4.0
@@ -211,6 +211,7 @@ class WorkerSession:
         self._load_max_s = 0.0  # the slowest time to a check's launch (module loads: first checks) so far
         self._kernel_max_s = 0.0  # the slowest checked kernel (launch to end) so far
         self._after_max_s = 0.0  # the slowest verdict after a checked kernel (the reference, the comparison)
+        self._fatal_kernel_max_s = 0.0  # the longest a kernel with a fatal error took, from launch to its report
         self._slow_us: float | None = None  # the slowest median so far
         self._checks_in_gen = 0  # checks answered by the current worker generation
         self._fault_at: float | None = None  # perf_counter of the last fault not yet recovered from
@@ -275,6 +276,8 @@ class WorkerSession:
         launched = self.worker.marks.get("launched") if since is not None else None
         if launched is not None:
             entry["launched_s"] = round(launched, 4)  # from sending to the kernel's launch
+            if fault.kind == "fatal" and "waited_s" in entry:
+                self._fatal_kernel_max_s = max(self._fatal_kernel_max_s, entry["waited_s"] - launched)
         for k in ("check_s", "probe_s"):  # a fatal error: the check's time in the worker, its context probe
             v = fault.info.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -323,7 +326,8 @@ class WorkerSession:
         hung there holds the GPU until its context is gone)."""
         o = self.options
         slow = self._slow_us if self._slow_us is not None else (self._best_us or 0.0)
-        d = max(o.kernel_floor_s, o.watchdog_factor * (slow + o.flush_us) * 1e-6, o.check_slack_factor * self._kernel_max_s)
+        d = max(o.kernel_floor_s, o.watchdog_factor * (slow + o.flush_us) * 1e-6, o.check_slack_factor * self._kernel_max_s,
+                2.0 * self._fatal_kernel_max_s)  # a fault the GPU reports late is not taken for a hang
         if self.worker.reaping:
             d += max(o.check_slack_s, 2.0 * max(self.worker.reap_s or [0.0]))
         return d
