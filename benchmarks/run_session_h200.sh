@@ -2,7 +2,8 @@
 # One device call of the 2026-12-04 evening session: GPU tests of what changed, then the issues' benchmarks.
 # Usage (device): bash benchmarks/run_session_h200.sh PART   (PART: a = tests + first forward + fault space +
 # compile tax; b = nearest quality + hf patch + cold tuning speed;
-# c = off-grid rows (seed $SEED, default 7) + hf patch). Results under $OUT/r (tarred by the caller).
+# c = off-grid rows (seed $SEED, default 7) + hf patch; d = fault space + cold tuning speed + fault/worker GPU
+# tests; e = first forward + nearest quality + hf patch). Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -26,6 +27,17 @@ b)
 c)
   (cd benchmarks && timeout 340 python offgrid.py --out $R --seed ${SEED:-7} --per-family 30 --budget-s 310 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
   (cd benchmarks && timeout 200 python hf_patch.py --out $R --quick --budget-s 170 > $R/hf.log 2>&1; tail -3 $R/hf.log)
+  ;;
+d)
+  (cd benchmarks && timeout 90 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  (cd benchmarks && timeout ${TS_S:-290} python tuning_speed.py --out $R --reps 3 > $R/ts.log 2>&1; tail -3 $R/ts.log)
+  timeout ${TEST_S:-150} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_faults.py tests/test_gpu_ipc.py \
+    tests/test_gpu_compile_pool.py tests/test_gpu_warm_model.py > $R/pytest_d.txt 2>&1; tail -4 $R/pytest_d.txt
+  ;;
+e)
+  (cd benchmarks && timeout 200 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --seed ${SEED:-3} --budget-s 180 > $R/ff.log 2>&1; tail -2 $R/ff.log)
+  (cd benchmarks && timeout 270 python nearest_quality.py --out $R --per-family 40 --seed ${SEED:-3} --budget-s 230 > $R/nq.log 2>&1; tail -2 $R/nq.log)
+  (cd benchmarks && timeout 80 python hf_patch.py --out $R --quick --budget-s 70 > $R/hf.log 2>&1; tail -3 $R/hf.log)
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"

@@ -441,3 +441,57 @@ def test_the_worker_sessions_compile_ahead_counters_reach_the_result():
     (result,) = op.results.values()
     assert (result.stats["prefetch_hits"], result.stats["prefetch_misses"]) == (5, 1)
     assert "not_forwarded" not in result.stats
+
+
+def test_phase_events_are_validated():
+    from tiletune.devices.workers.protocol import PhaseEvent
+
+    assert decode_reply(b'{"event":"phase","session":1,"what":"launched"}') == PhaseEvent("launched")
+    assert decode_reply(b'{"event":"phase","session":1,"what":"ran"}') == PhaseEvent("ran")
+    for bad in (b'{"event":"phase","what":"exploded"}', b'{"event":"phase"}', b'{"event":"phase","what":3}'):
+        with pytest.raises(ProtocolError):
+            decode_reply(bad)
+
+
+def test_launch_marks_reach_only_a_listener_and_never_raise():
+    from tiletune.devices import launch_marks
+
+    got = []
+    launch_marks.mark("launched")  # nobody listens: nothing happens
+    launch_marks.listen(got.append)
+    try:
+        launch_marks.mark("launched")
+        launch_marks.mark("ran")
+    finally:
+        launch_marks.listen(None)
+    launch_marks.mark("ran")
+    assert got == ["launched", "ran"]
+
+    def broken(what):
+        raise OSError("the caller is gone")
+
+    launch_marks.listen(broken)
+    try:
+        launch_marks.mark("launched")  # swallowed: a lost mark only leaves the longer deadline
+    finally:
+        launch_marks.listen(None)
+
+
+def test_a_new_worker_warms_the_checking_path_of_every_common_dtype():
+    """warm_checks runs a checked run's guard, reference comparison and mismatch path per dtype (here on
+    the CPU: the same code a worker runs on its GPU at start) and says what it warmed."""
+    from tiletune.devices.workers.worker_main import WARM_DTYPES, warm_checks
+
+    spent = warm_checks(torch, "cpu")
+    assert set(spent) == set(WARM_DTYPES)
+    assert all(s >= 0 for s in spent.values())
+    assert warm_checks(torch, "cpu", ("not_a_dtype", "float32")).keys() == {"float32"}
+
+
+def test_compiled_events_say_whether_the_assembler_ran():
+    ev = decode_reply(b'{"event":"compiled","session":1,"order":2,"status":"ok","seconds":0.1,"assembled":true}')
+    assert ev.assembled is True
+    ev = decode_reply(b'{"event":"compiled","session":1,"order":2,"status":"ok","seconds":0.1,"assembled":"yes"}')
+    assert ev.assembled is None  # not a bool: unknown
+    ev = decode_reply(b'{"event":"compiled","session":1,"order":2,"status":"ok","seconds":0.1}')
+    assert ev.assembled is None

@@ -43,7 +43,9 @@ TILETUNE_WORKER_START_TIMEOUT    seconds   180        How long a new worker may 
 TILETUNE_WATCHDOG_S              seconds   20         Deadline of a worker request before anything of the
                                                       session was timed.
 TILETUNE_WATCHDOG_FACTOR         factor    20         Afterwards a request may take max(0.5 s, this factor
-                                                      x the expected time of its launches).
+                                                      x the expected time of its launches); a check's
+                                                      kernel max(0.4 s, this factor x the slowest
+                                                      median) from its launch.
 TILETUNE_WORKER_TRACE            bool      false      Workers trace every request to their log, and the
                                                       log folder is kept.
 TILETUNE_DEBUG                   bool      false      The ``tiletune`` command shows full tracebacks (same

@@ -37,6 +37,7 @@ class CompileOutcome:
     #: asked with ``only_cached`` and in no cache: not compiled (status COMPILE_ERROR, so a consumer that
     #: does not look here never launches it)
     skipped: bool = False
+    assembled: bool | None = None  # the assembler (tileiras) ran for it (not a cache hit), None if unknown
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 from tiletune.devices.compile_pool import CompileJob, CompilePool, flush as flush_stores
 from tiletune.errors import NoBackendError
 from tiletune.identity import function_source
+from tiletune.devices.launch_marks import mark
 from tiletune.devices.measure import ColdL2Timer
 from tiletune import settings
 from tiletune.records import DeviceInfo, Status
@@ -201,7 +202,7 @@ class CutileSession:
                 self.stats.setdefault("why_serial", self.pool.why_serial)
             c = by_order[r.tag]  # type: ignore[index]
             if r.error is None:
-                yield CompileOutcome(c, Status.OK, r.seconds, cpu_s=r.cpu_s)
+                yield CompileOutcome(c, Status.OK, r.seconds, cpu_s=r.cpu_s, assembled=not (r.cached or r.deferred))
             else:
                 yield CompileOutcome(c, Status.TIMEOUT if r.timed_out else Status.COMPILE_ERROR, r.seconds, r.error,
                                      cpu_s=r.cpu_s)
@@ -236,7 +237,9 @@ class CutileSession:
         t = time.perf_counter()
         try:
             fn()  # first launch: loads the cubin (compiles here if the pool could not)
+            mark("launched")  # queued: from here a worker's watchdog counts kernel time
             self.torch.cuda.synchronize(self.dev)
+            mark("ran")
         except Exception as exc:
             name = type(exc).__name__
             status = Status.COMPILE_ERROR if "Compil" in name or "TileCompiler" in name else Status.LAUNCH_ERROR

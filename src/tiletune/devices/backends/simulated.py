@@ -17,6 +17,7 @@ from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 from tiletune.records import DeviceInfo, Status
 from tiletune.space.spaces import Config
 from tiletune.devices.verify import ArgGuard, Checker
+from tiletune.devices.launch_marks import mark
 from tiletune.devices.backends.base import Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
 
 
@@ -140,6 +141,7 @@ class SimulatedSession:
             return CheckOutcome(d.status, d.reason or d.status.value)
         if self.run is not None and self.guard is not None:
             banded = self.run_on is not None and bool(self.guard.banded)
+            mark("launched")  # a fake kernel runs synchronously: its run is the kernel phase
             try:
                 if banded:  # the kernel arguments moved onto the guard's banded twins of the written ones
                     banded = self.run_on(candidate, self.guard.checked_kernel_args)  # type: ignore[misc]
@@ -148,6 +150,7 @@ class SimulatedSession:
                     self.run(candidate)
             except Exception as exc:
                 return CheckOutcome(Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}")
+            mark("ran")
             if banded:
                 outside = self.guard.after_checked_run()
                 if outside is not None:

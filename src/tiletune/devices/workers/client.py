@@ -34,10 +34,10 @@ import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection, Listener, wait
-from typing import Any, Callable, Deque
+from typing import Any, Callable, Deque, Mapping
 
 from tiletune import settings
-from tiletune.devices.workers.protocol import BusyEvent, CompiledEvent, ProtocolError, Reply, decode_reply
+from tiletune.devices.workers.protocol import BusyEvent, CompiledEvent, PhaseEvent, ProtocolError, Reply, decode_reply
 from tiletune.devices.workers.shipping import collect_shared, dumps
 
 logger = logging.getLogger("tiletune")
@@ -97,12 +97,19 @@ def in_worker() -> bool:
 class WorkerFault(Exception):
     """The worker died, hung past its deadline, lost its CUDA context or sent garbage.
 
-    ``kind`` is ``"died"``, ``"timeout"``, ``"fatal"`` (sticky CUDA error) or ``"protocol"``.
+    ``kind`` is ``"died"``, ``"timeout"``, ``"fatal"`` (sticky CUDA error) or ``"protocol"``; for a
+    timeout, ``phase`` is what the watchdog was waiting for (``"request"``: the reply or a check's
+    launch; ``"launched"``: a launched kernel to finish; ``"ran"``: the check's verdict after its kernel
+    ran) and ``deadline_s`` the deadline that expired; ``info``: what a fatal reply said of its check.
     """
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, phase: str = "", deadline_s: float | None = None,
+                 info: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.phase = phase
+        self.deadline_s = deadline_s
+        self.info = dict(info or {})  # a fatal reply's own figures (check_s, probe_s, marks)
 
 
 class WorkerProcess:
@@ -125,6 +132,7 @@ class WorkerProcess:
         self._last_proc: subprocess.Popen | None = None  # the last child killed (its exit status)
         self.conn: Connection | None = None
         self.info: dict[str, Any] = {}
+        self.marks: dict[str, float] = {}  # the last request's phases: seconds from sending (request())
         self.generation = 0  # bumped on every (re)start
         self.starts = 0
         self.start_s: list[float] = []
@@ -445,6 +453,12 @@ class WorkerProcess:
 
             shutil.rmtree(tmp, ignore_errors=True)  # fault reasons quoted the log already
 
+    @property
+    def reaping(self) -> bool:
+        """Whether a child this object killed is still being torn down (on a GPU: a kernel that hung
+        there may still share the GPU with the next check)."""
+        return any(r.is_alive() for r in self._reaping)
+
     def wait_reaped(self, timeout: float | None = None) -> float:
         """Wait until every child this object killed is gone (its CUDA context torn down, so a kernel
         that hung no longer runs on the GPU); returns the seconds waited."""
@@ -480,12 +494,16 @@ class WorkerProcess:
         return ("\n  worker output: " + "\n  ".join(text)) if text else ""
 
     # -- requests --------------------------------------------------------------------------
-    def request(self, msg: dict, timeout: float | None, compile_allowance: float = 0.0) -> Reply:
+    def request(self, msg: dict, timeout: float | None, compile_allowance: float = 0.0,
+                phases: Mapping[str, float] | None = None) -> Reply:
         """Send one request and wait for its reply; compile events met meanwhile are queued.
 
         ``timeout`` is the watchdog of the work itself: each ``busy`` heartbeat of the worker (the
         request is compiling) restarts it, for at most ``compile_allowance`` seconds in all, so a
         compile is not taken for a hung kernel and a hung kernel is still caught after ``timeout``.
+        ``phases`` re-arms it when the worker reports a phase of a check (``{"launched": s, "ran": s}``,
+        :mod:`tiletune.devices.launch_marks`): from that moment the request may take ``s`` more. The
+        seconds from sending to each phase reported are left in :attr:`marks`.
 
         Raises :class:`WorkerFault` (the worker is killed first) on death, deadline, a fatal CUDA
         error reported by the worker, or an invalid reply.
@@ -495,27 +513,36 @@ class WorkerProcess:
         self._next_id += 1
         rid = self._next_id
         data = rid.to_bytes(8, "little", signed=True) + dumps(msg)  # the id travels outside the pickle
+        self.marks = {}
         try:
             assert self.conn is not None
             self.conn.send_bytes(data)
         except (OSError, EOFError) as exc:
             self._fault("died", f"sending to the worker failed ({exc})")
-        t_sent = time.monotonic()
+        t_sent = t_phase = time.monotonic()
         deadline = None if timeout is None else t_sent + timeout
+        phase = ""
         while True:
-            got = self._receive(deadline, timeout)
+            got = self._receive(deadline, timeout, phase)
             if isinstance(got, CompiledEvent):
                 self.events.append(got)
                 continue
             if isinstance(got, BusyEvent):
                 if deadline is not None and timeout is not None:
                     now = time.monotonic()
-                    deadline = max(deadline, min(now + timeout, t_sent + timeout + compile_allowance))
+                    deadline = max(deadline, min(now + timeout, t_phase + timeout + compile_allowance))
+                continue
+            if isinstance(got, PhaseEvent):
+                now = time.monotonic()
+                self.marks.setdefault(got.what, now - t_sent)
+                if phases is not None and got.what in phases and deadline is not None:
+                    phase, timeout, t_phase = got.what, float(phases[got.what]), now
+                    deadline = now + timeout
                 continue
             if got.id != rid:
                 self._fault("protocol", f"reply to request {got.id} while waiting for {rid}")
             if not got.ok and got.fatal:
-                self._fault("fatal", got.error)
+                self._fault("fatal", got.error, info=got.body)
             if got.body.get("fatal"):
                 self._fault("fatal", str(got.body.get("reason", "CUDA context lost")))
             return got
@@ -529,17 +556,20 @@ class WorkerProcess:
             got = self._receive(deadline, timeout)
             if isinstance(got, CompiledEvent):
                 return got
-            if isinstance(got, BusyEvent):
+            if isinstance(got, (BusyEvent, PhaseEvent)):
                 continue
             self._fault("protocol", f"unexpected reply {got.id} while waiting for compile results")
 
-    def _receive(self, deadline: float | None, timeout: float | None) -> Reply | CompiledEvent | BusyEvent:
+    def _receive(self, deadline: float | None, timeout: float | None,
+                 phase: str = "") -> Reply | CompiledEvent | BusyEvent | PhaseEvent:
         conn = self.conn
         if conn is None:
             raise WorkerFault("died", "the worker is not running")
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not wait([conn], left):
-            self._fault("timeout", f"no answer from the worker within {timeout:.1f} s (watchdog)")
+            since = {"launched": " of its kernel's launch", "ran": " of its kernel's end"}.get(phase, "")
+            self._fault("timeout", f"no answer from the worker within {timeout:.2f} s{since} (watchdog)",
+                        phase=phase or "request", deadline_s=timeout)
         try:
             raw = conn.recv_bytes()
         except (EOFError, OSError):
@@ -554,10 +584,11 @@ class WorkerProcess:
             self._fault("protocol", f"invalid reply from the worker: {exc}")
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _fault(self, kind: str, message: str) -> None:
+    def _fault(self, kind: str, message: str, phase: str = "", deadline_s: float | None = None,
+               info: Mapping[str, Any] | None = None) -> None:
         tail = self.log_tail() if kind in ("died", "fatal") else ""
         self.kill()
-        raise WorkerFault(kind, message + tail)
+        raise WorkerFault(kind, message + tail, phase=phase, deadline_s=deadline_s, info=info)
 
     # -- background start ------------------------------------------------------------------
     def start_in_background(self) -> None:

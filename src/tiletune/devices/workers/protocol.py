@@ -8,7 +8,8 @@ not fit (garbage, wrong id, wrong types) is a protocol fault that ends that work
 Replies: ``{"id": n, "ok": true, ...}`` or ``{"id": n, "ok": false, "error": str, "fatal": bool}``.
 Asynchronous events carry ``"event"`` instead of ``"id"``: ``compiled`` (a compile result) and
 ``busy`` (a heartbeat while the request in flight is compiling, e.g. a candidate's first launch that
-compiles it again: the caller's watchdog does not count that time).
+compiles it again: the caller's watchdog does not count that time) and ``phase`` (a check's kernel was
+launched, or has run: :mod:`tiletune.devices.launch_marks`; the caller's watchdog re-arms).
 ``fatal`` means the worker's CUDA context is unusable (a sticky error) and the worker is exiting.
 """
 
@@ -21,7 +22,11 @@ from typing import Any, Mapping
 
 from tiletune.records import Status
 
-__all__ = ["ProtocolError", "encode_reply", "decode_reply", "Reply", "CompiledEvent", "BusyEvent", "candidate_wire"]
+__all__ = ["ProtocolError", "encode_reply", "decode_reply", "Reply", "CompiledEvent", "BusyEvent", "PhaseEvent",
+           "candidate_wire"]
+
+#: the phases a worker may report (those of :data:`tiletune.devices.launch_marks.PHASES`)
+_PHASES = ("launched", "ran")
 
 #: Statuses a worker may report for one candidate.
 _STATUSES = {s.value: s for s in Status}
@@ -57,6 +62,7 @@ class CompiledEvent:
     seconds: float
     reason: str
     cpu_s: float = 0.0  # CPU seconds the compile used (front end and assembler), 0 when unknown
+    assembled: bool | None = None  # tileiras ran for it (no cache answered), None when unknown
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,13 @@ class BusyEvent:
     """A heartbeat: the request in flight is compiling (the watchdog restarts its count)."""
 
     what: str = "compiling"
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    """The request in flight (a check) reached ``what``: ``"launched"`` or ``"ran"``."""
+
+    what: str
 
 
 def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
@@ -75,7 +88,7 @@ def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
     return v
 
 
-def decode_reply(raw: bytes) -> Reply | CompiledEvent | BusyEvent:
+def decode_reply(raw: bytes) -> Reply | CompiledEvent | BusyEvent | PhaseEvent:
     """Caller side: parse and validate one message (raises :class:`ProtocolError`)."""
     try:
         d = json.loads(raw.decode("utf-8"))
@@ -86,6 +99,11 @@ def decode_reply(raw: bytes) -> Reply | CompiledEvent | BusyEvent:
     if "event" in d:
         if d["event"] == "busy":
             return BusyEvent(str(d.get("what", "compiling")))
+        if d["event"] == "phase":
+            what = d.get("what")
+            if what not in _PHASES:
+                raise ProtocolError(f"unknown phase {what!r}")
+            return PhaseEvent(what)
         if d["event"] != "compiled":
             raise ProtocolError(f"unknown event {d['event']!r}")
         status = _STATUSES.get(_need(d, "status", str))
@@ -101,6 +119,7 @@ def decode_reply(raw: bytes) -> Reply | CompiledEvent | BusyEvent:
             seconds=seconds,
             reason=str(d.get("reason", "")),
             cpu_s=_cpu_s(d.get("cpu_s", 0.0)),
+            assembled=d.get("assembled") if isinstance(d.get("assembled"), bool) else None,
         )
     rid = _need(d, "id", int)
     ok = _need(d, "ok", bool)

@@ -15,9 +15,10 @@ worker. Every fault is turned into a failed candidate:
 * an invalid reply: the worker is killed, the candidate fails.
 
 What a fault costs after its watchdog or death: the dead worker is killed and reaped in the
-background; a spare started ahead takes over (each fault of the session raises the spares kept, up to
+background; a spare started ahead takes over (:attr:`IsolationOptions.start_spares` start with the
+session, alongside its worker; each fault of the session raises the spares kept, up to
 :attr:`IsolationOptions.max_spares`, started in parallel, so faults in quick succession each find one
-ready; back to one when the session ends); the session is opened there again (the arguments shipped
+ready; back to ``start_spares`` when the session ends); the session is opened there again (the arguments shipped
 again) and candidates are compiled there again when they next run (from cuTile's disk cache; those
 still to be measured in one request). Nothing already judged is checked or timed again. Timing waits
 until the dead worker is gone (a kernel that hung runs on the GPU until its context is torn down);
@@ -29,11 +30,24 @@ for the dead worker to be gone).
 Watchdog (adapts to the kernel): a sample request may take ``max(watchdog_floor_s, watchdog_factor x``
 the expected time of its launches), where the expected time is the fastest median measured so far in
 the session (plus the cache flush per sample); before anything is measured, ``first_watchdog_s``. A
-check (a candidate's first launch) gets more for poisoning, comparing and checking the inputs:
-``check_slack_s`` for the first check in each worker, afterwards ``check_slack_factor`` x the slowest
-check so far in the session, within ``[check_slack_min_s, check_slack_s]``. Compile time is not counted: while a first launch compiles its candidate in the worker
-again, the worker sends heartbeats that restart the count (up to the compile limit), so a hung
-kernel costs about the watchdog, not the compile allowance.
+check (a candidate's first launch) is watched in phases, which the worker reports as it passes them
+(:mod:`tiletune.devices.launch_marks`): its kernel, from launch to end, may take ``max(kernel_floor_s,
+watchdog_factor x`` the slowest median so far, ``check_slack_factor x`` the slowest checked kernel so
+far, twice the longest a kernel with a fatal error took to be reported) (more while a killed worker's
+context is still torn down), so an endless kernel costs a few tenths of a second when the session's kernels are short; the phases before the launch (the guard,
+module loads, cuTile's launch path: slow in a new worker) and after the kernel (the reference, the
+comparison) are given ``check_slack_factor`` x their slowest time so far in the session, at least
+``check_slack_s`` (a legitimately slow first launch is not taken for a hang). A worker that reports
+no phases has the whole check under the former rule: the sample's deadline plus ``check_slack_s`` for
+the first check in each worker, afterwards ``check_slack_factor`` x the slowest check so far, within
+``[check_slack_min_s, check_slack_s]``. Compile time is not counted: while a first launch compiles its
+candidate in the worker again, the worker sends heartbeats that restart the count (up to the compile
+limit), so a hung kernel costs about the watchdog, not the compile allowance. Each check's time to
+its launch is in ``stats["check_load_s"]``, the first check of each worker in ``stats["first_check_s"]``;
+a timeout's fault entry says which ``phase`` it waited for and its ``deadline_s``; a fatal one the
+check's ``check_s`` and ``probe_s`` in the worker and, when it got that far, ``launched_s``. Compiles in
+workers that took over are counted in ``recompiled`` (their seconds summed in ``recompile_s``), those for
+which ``tileiras`` ran (no cache answered) in ``recompiled_assembled``.
 """
 
 from __future__ import annotations
@@ -76,16 +90,19 @@ class IsolationOptions:
     """Deadlines of the worker watchdog (seconds).
 
     ``first_watchdog_s`` (``TILETUNE_WATCHDOG_S``) bounds a check before anything of the session
-    has been timed; afterwards a request may take ``max(watchdog_floor_s, watchdog_factor x`` the
-    expected time of its launches) (``TILETUNE_WATCHDOG_FACTOR``), a check a slack more (see the
-    module docstring). ``spare``: keep a worker started ahead, so a fault costs no cold start;
-    ``max_spares``: after each fault of a session one more is kept, up to this many (faults in quick
-    succession then find a spare ready, not one still starting). ``reap_timeout_s``: how long timing
-    waits for a killed worker to be gone.
+    has been timed; afterwards a sample request may take ``max(watchdog_floor_s, watchdog_factor x``
+    the expected time of its launches) (``TILETUNE_WATCHDOG_FACTOR``). A check is watched in three
+    phases (see the module docstring): its kernel only ``max(kernel_floor_s, watchdog_factor x`` the
+    slowest median so far), what comes before and after it a generous slack. ``spare``: keep workers
+    started ahead, so a fault costs no cold start: ``start_spares`` from the session's start (started
+    alongside its worker), one more after each fault of the session, up to ``max_spares`` (faults in
+    quick succession then find a spare ready, not one still starting). ``reap_timeout_s``: how long
+    timing waits for a killed worker to be gone.
     """
 
     watchdog_factor: float = field(default_factory=lambda: settings.watchdog_factor())
     watchdog_floor_s: float = 0.5
+    kernel_floor_s: float = 0.4
     check_slack_s: float = 0.5
     check_slack_min_s: float = 0.1
     check_slack_factor: float = 4.0
@@ -95,7 +112,8 @@ class IsolationOptions:
     compile_slack_s: float = 60.0  # no compile result for this long past the assembler's limit: hung
     open_timeout_s: float = 120.0
     spare: bool = True
-    max_spares: int = 3
+    start_spares: int = 2
+    max_spares: int = 4
     reap_timeout_s: float = 30.0
 
 
@@ -190,16 +208,22 @@ class WorkerSession:
         self._ok: dict[int, Candidate] = {}  # compiled fine and not failed since: may run again
         self._median: dict[int, float] = {}  # each candidate's last median (recompile order after a fault)
         self._check_max_s = 0.0  # the slowest check (in the worker) so far
+        self._load_max_s = 0.0  # the slowest time to a check's launch (module loads: first checks) so far
+        self._kernel_max_s = 0.0  # the slowest checked kernel (launch to end) so far
+        self._after_max_s = 0.0  # the slowest verdict after a checked kernel (the reference, the comparison)
+        self._fatal_kernel_max_s = 0.0  # the longest a kernel with a fatal error took, from launch to its report
+        self._slow_us: float | None = None  # the slowest median so far
         self._checks_in_gen = 0  # checks answered by the current worker generation
         self._fault_at: float | None = None  # perf_counter of the last fault not yet recovered from
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
-        if options.spare:  # before waiting for the worker: starts alongside a worker still starting
-            worker.keep_spare()
+        if options.spare:  # before waiting for the worker: they start alongside a worker still starting
+            worker.keep_spares(max(1, options.start_spares, len(worker.spares)))
         worker.lock.acquire()
         try:
             t = time.perf_counter()
             worker.ensure()
             self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
+            self._gen0 = worker.generation
             self._spares_used0 = worker.spares_used
             self._reaped0 = len(worker.reap_s)
             self._open()
@@ -247,12 +271,24 @@ class WorkerSession:
         entry: dict[str, Any] = {"order": order, "kind": fault.kind, "message": str(fault)[:500]}
         if since is not None:
             entry["waited_s"] = round(time.perf_counter() - since, 4)
+        if fault.kind == "timeout" and fault.deadline_s is not None:  # what the watchdog waited for, and how long
+            entry.update({"phase": fault.phase, "deadline_s": round(fault.deadline_s, 4)})
+        launched = self.worker.marks.get("launched") if since is not None else None
+        if launched is not None:
+            entry["launched_s"] = round(launched, 4)  # from sending to the kernel's launch
+            if fault.kind == "fatal" and "waited_s" in entry:
+                self._fatal_kernel_max_s = max(self._fatal_kernel_max_s, entry["waited_s"] - launched)
+        for k in ("check_s", "probe_s"):  # a fatal error: the check's time in the worker, its context probe
+            v = fault.info.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                entry[k] = round(float(v), 4)
         self.stats["faults"].append(entry)
         self._fault_at = time.perf_counter()
         if order is not None:
             self._ok.pop(order, None)
         if self.options.spare:
-            want = min(max(1, self.options.max_spares), 1 + len(self.stats["faults"]))
+            o = self.options
+            want = min(max(1, o.max_spares), max(1, o.start_spares) + len(self.stats["faults"]))
             self.worker.keep_spares(max(want, len(self.worker.spares)))
             self.stats["spares_max"] = max(self.stats.get("spares_max", 1), want)
         logger.info("tiletune worker fault (%s) on candidate %s: %s", fault.kind, order, str(fault).splitlines()[0])
@@ -263,23 +299,58 @@ class WorkerSession:
             return o.first_watchdog_s
         return max(o.watchdog_floor_s, o.watchdog_factor * launches * (self._best_us + o.flush_us) * 1e-6)
 
-    def _check_deadline(self, order: int) -> float:
-        """A check is the candidate's first launch in the worker, which may compile it there once more
-        (cuTile's own path, when no cubin compiled ahead matches the launch): that compile is covered
-        by the worker's heartbeats (see :meth:`_compile_allowance`), so the deadline itself only adds
-        ``check_slack_s`` to a sample's, and a hung kernel is caught within about a second."""
+    def _check_watch(self) -> tuple[float, dict[str, float] | None]:
+        """The watchdog of a check: (deadline until its kernel is launched, deadlines from each phase
+        the worker reports, see :mod:`tiletune.devices.launch_marks`).
+
+        Before anything of the session is timed, ``first_watchdog_s`` for the whole check. Afterwards
+        the kernel itself (launch to end) gets :meth:`_kernel_deadline`; what comes before it (the
+        guard's set-up, module loads and cuTile's launch path: a few tenths of a second for the first
+        check in a new worker) and after it (the reference and the comparison) are no place for an
+        endless kernel and get generous deadlines: ``check_slack_factor`` x the slowest such phase
+        so far in the session, at least ``check_slack_s`` (before the launch also at least the whole
+        check's former deadline, which stands alone for a worker that reports no phases). Compiles
+        are covered by the worker's heartbeats (see :meth:`_compile_allowance`)."""
+        o = self.options
         if self._best_us is None:
-            return self.options.first_watchdog_s
-        return self._deadline(1) + self._check_slack()
+            return o.first_watchdog_s, None
+        whole = self._deadline(1) + self._check_slack()
+        load = max(whole, o.check_slack_factor * self._load_max_s)
+        after = max(o.check_slack_s, o.check_slack_factor * self._after_max_s)
+        return load, {"launched": self._kernel_deadline(), "ran": after}
+
+    def _kernel_deadline(self) -> float:
+        """How long a check's kernel may run from its launch: ``max(kernel_floor_s, watchdog_factor x``
+        the slowest median so far (plus the flush), ``check_slack_factor x`` the slowest checked kernel
+        so far), plus ``check_slack_s`` while a killed worker is still being torn down (a kernel that
+        hung there holds the GPU until its context is gone)."""
+        o = self.options
+        slow = self._slow_us if self._slow_us is not None else (self._best_us or 0.0)
+        d = max(o.kernel_floor_s, o.watchdog_factor * (slow + o.flush_us) * 1e-6, o.check_slack_factor * self._kernel_max_s,
+                2.0 * self._fatal_kernel_max_s)  # a fault the GPU reports late is not taken for a hang
+        if self.worker.reaping:
+            d += max(o.check_slack_s, 2.0 * max(self.worker.reap_s or [0.0]))
+        return d
 
     def _check_slack(self) -> float:
-        """What a check may take besides its launch: ``check_slack_s`` for the first check in a worker
-        (its first launches load modules), afterwards ``check_slack_factor`` x the slowest check so
-        far, within ``[check_slack_min_s, check_slack_s]``."""
+        """What a check may take besides its launch when its phases are not reported: ``check_slack_s``
+        for the first check in a worker (its first launches load modules), afterwards
+        ``check_slack_factor`` x the slowest check so far, within ``[check_slack_min_s, check_slack_s]``."""
         o = self.options
         if self._checks_in_gen == 0:
             return o.check_slack_s
         return min(o.check_slack_s, max(o.check_slack_min_s, o.check_slack_factor * self._check_max_s))
+
+    def _note_marks(self, marks: Mapping[str, float], total_s: float) -> None:
+        """Keep the phases of an answered check (seconds from sending, as the caller saw them)."""
+        launched, ran = marks.get("launched"), marks.get("ran")
+        if launched is None:
+            return
+        self.stats.setdefault("check_load_s", []).append(round(launched, 4))
+        self._load_max_s = max(self._load_max_s, launched)
+        if ran is not None:
+            self._kernel_max_s = max(self._kernel_max_s, ran - launched)
+            self._after_max_s = max(self._after_max_s, total_s - ran)
 
     def _compile_allowance(self) -> float:
         return self.options.compile_timeout_s + self.options.compile_slack_s
@@ -298,6 +369,11 @@ class WorkerSession:
             ev = self.worker.next_event(limit)
             if ev.session == self.sid:
                 self._stash[ev.order] = (self.worker.generation, ev)
+                if self.worker.generation != self._gen0:  # compiled again in a worker that took over: what it cost
+                    st = self.stats
+                    st["recompiled"] = st.get("recompiled", 0) + 1
+                    st["recompiled_assembled"] = st.get("recompiled_assembled", 0) + (1 if ev.assembled else 0)
+                    st["recompile_s"] = round(st.get("recompile_s", 0.0) + float(ev.seconds or 0.0), 4)
 
     def _ensure_compiled(self, cand: Candidate) -> None:
         """After a worker restart, compile ``cand`` in the new worker before it runs there; in the same
@@ -378,19 +454,25 @@ class WorkerSession:
         try:
             self._ensure_compiled(candidate)
             since = time.perf_counter()
+            first, phases = self._check_watch()
             reply = self.worker.request(
                 {"op": "check", "session": self.sid, "candidate": self._wire(candidate)},
-                self._check_deadline(candidate.order),
+                first,
                 compile_allowance=self._compile_allowance(),
+                phases=phases,
             )
-            self._checks_in_gen += 1
             if not reply.ok:
+                self._checks_in_gen += 1
                 self._ok.pop(candidate.order, None)
                 return CheckOutcome(Status.LAUNCH_ERROR, reply.error)
             secs = reply.body.get("seconds")
             if isinstance(secs, (int, float)) and not isinstance(secs, bool):  # the first launch and the check
                 self.stats.setdefault("check_s", []).append(float(secs))
                 self._check_max_s = max(self._check_max_s, float(secs))
+                if self._checks_in_gen == 0:  # the first check in this worker (module loads, lazy set-up)
+                    self.stats.setdefault("first_check_s", []).append(float(secs))
+            self._checks_in_gen += 1
+            self._note_marks(self.worker.marks, time.perf_counter() - since)
             status, reason = status_from(reply)
             if status is not Status.OK:
                 self._ok.pop(candidate.order, None)
@@ -434,6 +516,8 @@ class WorkerSession:
             self._median[candidate.order] = med
             if self._best_us is None or med < self._best_us:
                 self._best_us = med
+            if self._slow_us is None or med > self._slow_us:
+                self._slow_us = med
         return samples
 
     def _wait_reaped(self) -> None:
@@ -470,6 +554,7 @@ class WorkerSession:
             reaped = self.worker.reap_s[self._reaped0:]
             if reaped:
                 self.stats["reap_s"] = list(reaped)  # SIGKILL to gone, per killed worker (in the background)
-            if self.options.spare and len(self.worker.spares) > 1:
-                self.worker.keep_spares(1)  # the extra spares were for this session's run of faults
+            keep = max(1, self.options.start_spares)
+            if self.options.spare and len(self.worker.spares) > keep:
+                self.worker.keep_spares(keep)  # the extra spares were for this session's run of faults
             self.worker.lock.release()

@@ -172,10 +172,14 @@ class Worker:
             if op in ("check", "sample", "close", "open") and not reply.get("fatal") and (
                 not reply.get("ok") or reply.get("status") == "launch_error"
             ):
+                t_probe = time.perf_counter()
                 dead = self._dead_context(msg, str(reply.get("error") or reply.get("reason") or ""))
                 if dead is not None:  # a sticky CUDA error: this worker is done for
+                    _flush_stores(0.5)  # cubins compiled here reach the disk cache for the next worker
                     reply = {"ok": False, "fatal": True,
-                             "error": f"{reply.get('error') or reply.get('reason')} (CUDA context lost: {dead})"}
+                             "error": f"{reply.get('error') or reply.get('reason')} (CUDA context lost: {dead})",
+                             "check_s": reply.get("seconds"), "marks": reply.get("marks"),
+                             "probe_s": round(time.perf_counter() - t_probe, 4)}
             reply["id"] = rid
             if _trace_enabled():
                 sys.stderr.write(f"tiletune worker: {op} -> {str(reply)[:300]}\n")
@@ -211,7 +215,8 @@ class Worker:
                 be = self.backends["cutile"] = CutileBackend()
                 be.torch.cuda.set_device(self.device_index)
                 be.torch.cuda.init()
-                threading.Thread(target=_warm_compiler, name="tiletune-worker-warm", daemon=True).start()
+                dev = f"cuda:{self.device_index}"
+                threading.Thread(target=_warm, args=(be.torch, dev), name="tiletune-worker-warm", daemon=True).start()
             return be
         return spec  # a shipped backend object (tests)
 
@@ -274,7 +279,8 @@ class Worker:
                 for outcome in served.session.compile(cands):
                     self.send({"event": "compiled", "session": sid, "order": outcome.candidate.order,
                                "status": outcome.status.value, "seconds": float(outcome.seconds or 0.0),
-                               "reason": outcome.reason, "cpu_s": float(getattr(outcome, "cpu_s", None) or 0.0)})
+                               "reason": outcome.reason, "cpu_s": float(getattr(outcome, "cpu_s", None) or 0.0),
+                               "assembled": getattr(outcome, "assembled", None)})
             except Exception as exc:  # the compile machinery itself broke: fail what is left
                 sys.stderr.write(traceback.format_exc())
                 for c in cands:
@@ -301,10 +307,9 @@ class Worker:
         torch = self._torch_of(msg)
         if torch is None:
             return None
-        dead = _context_ok(torch, self.device_index)
-        if dead is None and sticky_error(error):
-            dead = "sticky CUDA error (the context cannot be trusted after it)"
-        return dead
+        if sticky_error(error):  # no probe: on a lost context it only adds to the caller's wait
+            return "sticky CUDA error (the context cannot be trusted after it)"
+        return _context_ok(torch, self.device_index)
 
     def _heartbeat(self, sid: int) -> Any:
         """While a request runs: a ``busy`` event every 0.2 s in which a compile is running here (a first
@@ -326,16 +331,27 @@ class Worker:
         return stop
 
     def op_check(self, msg: dict) -> dict:
-        served = self.sessions[int(msg["session"])]
+        from tiletune.devices import launch_marks
+
+        sid = int(msg["session"])
+        served = self.sessions[sid]
         cand = self._candidates(served, [msg["candidate"]])[0]
         t0 = time.perf_counter()
-        stop = self._heartbeat(int(msg["session"]))
+        marks: dict[str, float] = {}
+
+        def on_mark(what: str) -> None:  # the caller's watchdog re-arms for the kernel, then for the verdict
+            marks.setdefault(what, round(time.perf_counter() - t0, 4))
+            self.send({"event": "phase", "session": sid, "what": what})
+
+        stop = self._heartbeat(sid)
+        launch_marks.listen(on_mark)
         try:
             outcome = served.session.check(cand)
         finally:
+            launch_marks.listen(None)
             stop.set()
         reply: dict = {"ok": True, "status": outcome.status.value, "reason": outcome.reason,
-                       "seconds": round(time.perf_counter() - t0, 4)}
+                       "seconds": round(time.perf_counter() - t0, 4), "marks": marks}
         if outcome.status.value == "launch_error":
             return reply  # serve() probes the context
         if outcome.status.value in ("ok", "mismatch"):
@@ -376,6 +392,69 @@ class Worker:
             return {"ok": True, "shares_held": drop_shares(),
                     "stats": {k: v for k, v in stats.items() if k in WORKER_STATS and isinstance(v, int)}}
         return {"ok": True, "shares_held": drop_shares()}
+
+
+def _flush_stores(timeout: float) -> None:
+    """Wait (at most ``timeout``) for the cubins queued for the disk caches, when the compile pool is
+    loaded here (a worker about to exit after a fatal error: the next worker finds them there)."""
+    pool = sys.modules.get("tiletune.devices.compile_pool")
+    if pool is not None:
+        try:
+            pool.flush(timeout)
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+
+
+#: dtypes whose checking kernels a new worker loads ahead (:func:`warm_checks`)
+WARM_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def warm_checks(torch: Any, device: str, dtypes: tuple[str, ...] = WARM_DTYPES) -> dict[str, float]:
+    """Run the checking machinery of a candidate's first launch (guard bands armed and verified, outputs
+    poisoned, the pristine-input comparison, a reference compared, the mismatch path included) on tiny
+    tensors of each of ``dtypes``, so the first check of a session in this worker (a spare taking over
+    after a fault) does not load those kernels itself (CUDA loads a kernel at its first use in a
+    process). Returns the seconds spent per dtype; a dtype that fails is left out (best effort).
+    Tiny tensors: the GPU work is a few dozen launches of microseconds, once per worker."""
+    from tiletune.devices.verify import ArgGuard, Checker, compare_tensors
+
+    spent: dict[str, float] = {}
+    for name in dtypes:
+        t0 = time.perf_counter()
+        try:
+            dt = getattr(torch, name)
+            x = torch.randn(4096 + 77, device=device).to(dt)
+            y = torch.empty_like(x)
+            guard = ArgGuard((x, y), (1,))
+            checker = Checker(lambda a, b: a * 2, guard, None)
+            moved = guard.checked_kernel_args((x, y))
+            if moved is not None:
+                moved[1].copy_(moved[0] * 2)
+                guard.after_checked_run()
+            else:
+                guard.prepare_checked_run()
+                y.copy_(x * 2)
+            checker.compare()
+            compare_tensors(y + 1, x * 2)  # the mismatch path (its reason's figures)
+            saved = _storage_bytes(x).clone()
+            bool((_storage_bytes(x) == saved).all())  # read-only inputs compared with their pristine copy
+            guard.restore()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
+        except Exception:  # noqa: BLE001 - the first check loads what is missing itself
+            continue
+        spent[name] = round(time.perf_counter() - t0, 4)
+    return spent
+
+
+def _warm(torch: Any, device: str) -> None:
+    """A new worker's background warm-up, while it waits for its first session: the checking kernels
+    (:func:`warm_checks`), then cuTile's compiler (:func:`_warm_compiler`)."""
+    try:
+        warm_checks(torch, device)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    _warm_compiler()
 
 
 def _warm_compiler() -> None:
