@@ -45,6 +45,11 @@ sliding windows that bite), dropout, head dims other than 64 and 128, ``output_a
 cases where ``transformers`` itself builds a mask: decode with a ``StaticCache``, and a compiled forward
 without a cache (its packed-sequence check); with a ``DynamicCache`` (``generate``'s default) neither.
 
+Under ``torch.compile`` the patched forwards trace without a graph break (no check reads a data pointer
+or calls a function Dynamo cannot trace): each op is one ``torch.ops.tiletune`` node of the model's graph
+(:mod:`tiletune.kernels.torch_ops`). Run one eager patched call first (it fuses the gate/up weights; a
+compiled graph never re-lays them and runs the original MLP until then).
+
 The first call with a new shape tunes the op (see :func:`tiletune.autotune`); warm the shapes you serve
 (or use ``tiletune tune --model``) before timing.
 """
