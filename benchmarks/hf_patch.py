@@ -17,6 +17,13 @@ unpatched. Per row:
 tuning database at a temporary path, before any timing; compiles happen in the warm-up too);
 ``logits_rel_err`` = ``||patched - unpatched|| / ||unpatched||`` of the eager logits (decode: the same
 cache on both sides). A compile that fails leaves its column None and the error in ``errors``.
+
+Per compiled column ``X`` (``unpatched_compile``, ``patched_compile``), what Dynamo did over the whole
+timing (first call, warm-up and ``do_bench``): ``X_graphs`` (graphs compiled), ``X_graph_breaks``,
+``X_recompiles`` (graphs compiled after the first call: a guard failing from step to step shows here),
+and, where there were breaks, their reasons (``graph_break_reasons[X]``: reason -> count). The
+patched model should compile into as many graphs as the unpatched one, with no break and no
+recompilation (docs/COMPILE-TAX.md, "A patched Hugging Face model under torch.compile").
 ``--budget-s`` bounds the run: past 60% of it the compiled columns are skipped, past it the rows.
 
 Usage (writes ``hf_patch.json`` under ``--out``, default ``$OUT`` or ``benchmarks/results/h200``)::
@@ -92,6 +99,33 @@ def bench_ms(fn: Callable[[], Any], warmup_calls: int = 3) -> float:
     return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
+def dynamo_counts() -> dict[str, Any]:
+    """What Dynamo compiled since ``torch._dynamo.utils.counters`` were last cleared: graphs, graph breaks
+    and their reasons (reason -> count, each reason cut to its first line)."""
+    from torch._dynamo.utils import counters
+
+    reasons: dict[str, int] = {}
+    for reason, n in counters["graph_break"].items():
+        key = str(reason).strip().splitlines()[0][:200] if str(reason).strip() else "?"
+        reasons[key] = reasons.get(key, 0) + int(n)
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)), "graph_breaks": sum(reasons.values()),
+            "reasons": reasons}
+
+
+def timed_compiled(fn: Callable[[], Any]) -> tuple[float, dict[str, Any]]:
+    """``bench_ms(fn)`` for a call of a compiled model, with :func:`dynamo_counts` over the timing and
+    ``recompiles``: the graphs compiled after the first call."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    fn()  # the first call compiles
+    first = dynamo_counts()["graphs"]
+    ms = bench_ms(fn)
+    counts = dynamo_counts()
+    counts["recompiles"] = counts["graphs"] - first
+    return ms, counts
+
+
 def rel_err(got: Any, want: Any) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm())
 
@@ -151,7 +185,12 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
             return
         torch._dynamo.reset()
         try:
-            row[col] = bench_ms(r.forward_with(torch.compile(model)))
+            row[col], counts = timed_compiled(r.forward_with(torch.compile(model)))
+            prefix = col.removesuffix("_ms")
+            for key in ("graphs", "graph_breaks", "recompiles"):
+                row[f"{prefix}_{key}"] = counts[key]
+            if counts["reasons"]:
+                row.setdefault("graph_break_reasons", {})[prefix] = counts["reasons"]
         except Exception as exc:  # record and go on: the other columns still stand
             row["errors"][col] = f"{type(exc).__name__}: {str(exc)[:300]}"
         torch._dynamo.reset()

@@ -158,3 +158,52 @@ def test_generate_with_patched_model(kind):
     ok, e_got, e_want = close_enough(got.scores[0], want.scores[0], exact.scores[0])
     assert ok, (e_got, e_want)
     assert got.sequences.shape == want.sequences.shape
+
+
+@pytest.mark.parametrize("kind", sorted(SHAPES))
+def test_compiled_decode_is_one_graph_of_the_ops(kind):
+    """``torch.compile(model)`` (Inductor) over decode steps as ``benchmarks/hf_patch.py`` times them (one
+    token over a ``DynamicCache``, cropped back): the patched model compiles into one graph, with no graph
+    break and no recompilation, holding the ops as ``torch.ops.tiletune`` nodes; its logits are the eager
+    patched model's (docs/COMPILE-TAX.md)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx
+
+    gen = torch.Generator("cuda").manual_seed(3)
+    prompt = torch.randint(0, VOCAB, (4, 128), device="cuda", generator=gen)
+    ids = torch.randint(0, VOCAB, (4, 1), device="cuda", generator=gen)
+    model = build(kind)
+    report = hf.apply_tiletune(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    def step(fwd):
+        logits, _ = run(fwd, ids, cache)
+        cache.crop(-(cache.get_seq_length() - 128))
+        return logits.float()
+
+    try:
+        _, cache = run(model, prompt)  # eager and patched: tunes the ops and fuses the gate/up weights
+        want = step(model)
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(model, backend=backend)
+        got = [step(compiled)]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got += [step(compiled) for _ in range(3)]
+        assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+        assert len(graphs) == 1
+        nodes = {}
+        for n in graphs[0].graph.nodes:
+            if n.op == "call_function" and str(n.target).startswith("tiletune."):
+                name = str(n.target).split(".")[1]
+                nodes[name] = nodes.get(name, 0) + 1
+        assert nodes == {"rms_norm": 5, "apply_rope_": 2, "swiglu": 2, "attention": 2}, nodes
+        for x in got:
+            assert rel_err(x, want) < 2e-2  # Inductor rounds the rest of the layer in other places
+    finally:
+        torch._dynamo.reset()
+        report.revert()

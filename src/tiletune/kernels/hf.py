@@ -45,6 +45,11 @@ sliding windows that bite), dropout, head dims other than 64 and 128, ``output_a
 cases where ``transformers`` itself builds a mask: decode with a ``StaticCache``, and a compiled forward
 without a cache (its packed-sequence check); with a ``DynamicCache`` (``generate``'s default) neither.
 
+Under ``torch.compile`` the patched forwards trace without a graph break (no check reads a data pointer
+or calls a function Dynamo cannot trace): each op is one ``torch.ops.tiletune`` node of the model's graph
+(:mod:`tiletune.kernels.torch_ops`). Run one eager patched call first (it fuses the gate/up weights; a
+compiled graph never re-lays them and runs the original MLP until then).
+
 The first call with a new shape tunes the op (see :func:`tiletune.autotune`); warm the shapes you serve
 (or use ``tiletune tune --model``) before timing.
 """
@@ -129,7 +134,13 @@ def _rope_layout(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> str 
     s_dim = 3 - unsqueeze_dim  # the sequence dim of q: 2 for (B, H, S, D), 1 for (B, S, H, D)
     bsz, s, d = q.shape[0], q.shape[s_dim], q.shape[-1]
     if (cos.shape[0] not in (1, bsz) or cos.shape[1] != s or cos.shape[2] != d or k.shape[0] != bsz
-            or k.shape[s_dim] != s or k.shape[-1] != d or q.data_ptr() == k.data_ptr()):
+            or k.shape[s_dim] != s or k.shape[-1] != d):
+        return None
+    # q and k sharing memory would be rotated twice. Eagerly: compare the pointers. While compiling, not:
+    # Dynamo cannot trace a comparison of two data pointers (a graph break in every attention layer,
+    # docs/COMPILE-TAX.md), and the op's schema gives q and k distinct alias sets, so a traced call with
+    # one tensor twice is refused by functionalization, not rotated twice.
+    if not torch.compiler.is_compiling() and q.data_ptr() == k.data_ptr():
         return None
     return "bhsd" if unsqueeze_dim == 1 else "bshd"
 
@@ -254,7 +265,9 @@ def _attention_covers(module: Any, q: Any, k: Any, v: Any, mask: Any, dropout: f
     window = kwargs.get("sliding_window")
     if window is not None and k.shape[2] > window:
         return False
-    if scaling is not None and not (math.isfinite(scaling) and scaling > 0):
+    # finite and positive by comparisons only (False for NaN): traceable also where the scale is a symbolic
+    # float (``torch.compile(dynamic=True)``), where ``math.isfinite`` breaks the graph
+    if scaling is not None and not 0.0 < scaling < math.inf:
         return False
     return not _needs_grad(q, k, v)
 

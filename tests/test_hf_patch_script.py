@@ -1,0 +1,52 @@
+"""CPU tests of ``benchmarks/hf_patch.py``'s Dynamo counts (graphs, graph breaks, recompiles per compiled column)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import hf_patch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_counts_graphs_breaks_and_recompiles(monkeypatch):
+    monkeypatch.setattr(hf_patch, "bench_ms", lambda fn: [fn() for _ in range(3)] and 1.5)
+
+    def body(x, n):
+        x = x + n
+        torch._dynamo.graph_break()
+        return x * 2
+
+    f = torch.compile(body, backend="eager")
+    x = torch.ones(3)
+    ms, counts = hf_patch.timed_compiled(lambda: f(x, 1))
+    assert ms == 1.5
+    assert counts["graphs"] == 2 and counts["graph_breaks"] == 1 and counts["recompiles"] == 0
+    assert list(counts["reasons"].values()) == [1] and all(counts["reasons"])
+
+    torch._dynamo.reset()
+    calls = iter(range(2, 100))  # a Python int that changes: the second call fails the guard of the first
+    _, counts = hf_patch.timed_compiled(lambda: f(x, next(calls)))
+    assert counts["recompiles"] >= 1 and counts["graphs"] > 2
+
+
+def test_one_clean_graph_counts_nothing(monkeypatch):
+    monkeypatch.setattr(hf_patch, "bench_ms", lambda fn: [fn() for _ in range(3)] and 0.5)
+    f = torch.compile(lambda x: torch.relu(x) + 1, backend="eager")
+    x = torch.ones(4)
+    _, counts = hf_patch.timed_compiled(lambda: f(x))
+    assert counts == {"graphs": 1, "graph_breaks": 0, "reasons": {}, "recompiles": 0}
