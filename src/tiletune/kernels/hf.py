@@ -136,11 +136,10 @@ def _rope_layout(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> str 
     if (cos.shape[0] not in (1, bsz) or cos.shape[1] != s or cos.shape[2] != d or k.shape[0] != bsz
             or k.shape[s_dim] != s or k.shape[-1] != d):
         return None
-    # q and k sharing memory would be rotated twice. Eagerly: compare the pointers. While compiling, not:
-    # Dynamo cannot trace a comparison of two data pointers (a graph break in every attention layer,
-    # docs/COMPILE-TAX.md), and the op's schema gives q and k distinct alias sets, so a traced call with
-    # one tensor twice is refused by functionalization, not rotated twice.
-    if not torch.compiler.is_compiling() and q.data_ptr() == k.data_ptr():
+    # q and k sharing memory would be rotated twice. Eagerly: compare the data pointers. While compiling: only
+    # whether they are one tensor (Dynamo cannot trace a comparison of two data pointers: a graph break in
+    # every attention layer, docs/COMPILE-TAX.md); the patched models pass two projections' fresh outputs.
+    if q is k or (not torch.compiler.is_compiling() and q.data_ptr() == k.data_ptr()):
         return None
     return "bhsd" if unsqueeze_dim == 1 else "bshd"
 
