@@ -29,17 +29,17 @@ c)
   (cd benchmarks && timeout 200 python hf_patch.py --out $R --quick --budget-s 170 > $R/hf.log 2>&1; tail -3 $R/hf.log)
   ;;
 d)
-  (cd benchmarks && timeout 90 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
-  (cd benchmarks && timeout ${TS_S:-290} python tuning_speed.py --out $R --reps 3 > $R/ts.log 2>&1; tail -3 $R/ts.log)
-  timeout ${TEST_S:-150} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_faults.py tests/test_gpu_ipc.py \
+  (cd benchmarks && timeout 70 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $R --reps 3 > $R/ts.log 2>&1; tail -3 $R/ts.log)
+  timeout ${TEST_S:-110} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_faults.py tests/test_gpu_ipc.py \
     > $R/pytest_d.txt 2>&1; tail -4 $R/pytest_d.txt
   (cd benchmarks && timeout 80 python hf_patch.py --out $R --quick --budget-s 70 > $R/hf.log 2>&1; tail -3 $R/hf.log)
   ;;
 e)
-  (cd benchmarks && timeout 200 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --seed ${SEED:-3} --budget-s 180 > $R/ff.log 2>&1; tail -2 $R/ff.log)
-  (cd benchmarks && timeout 250 python nearest_quality.py --out $R --per-family 40 --seed ${SEED:-3} --budget-s 215 > $R/nq.log 2>&1; tail -2 $R/nq.log)
-  timeout 80 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_warm_model.py tests/test_gpu_compile_pool.py \
-    > $R/pytest_e.txt 2>&1; tail -4 $R/pytest_e.txt
+  (cd benchmarks && timeout 190 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --seed ${SEED:-3} --budget-s 170 > $R/ff.log 2>&1; tail -2 $R/ff.log)
+  (cd benchmarks && timeout 230 python nearest_quality.py --out $R --per-family 40 --seed ${SEED:-3} --budget-s 195 > $R/nq.log 2>&1; tail -2 $R/nq.log)
+  timeout 110 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_warm_model.py tests/test_gpu_compile_pool.py \
+    tests/test_gpu_hf_patch.py > $R/pytest_e.txt 2>&1; tail -4 $R/pytest_e.txt
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"
