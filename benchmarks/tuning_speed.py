@@ -428,13 +428,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         breakdown[kernel] = bd
         print(f"  exhaustive {row['exhaustive_s']} s, tiletune {row['tiletune_s']} s, ratio {row['ratio']}, "
               f"pick_gap {row['pick_gap']}", flush=True)
-    write_result("tuning_speed_cold", {
-        "method": "each side in a fresh process with an empty CUDA_TILE_CACHE_DIR (and tiletune's front-end cache "
-                  "inside it), fresh TILETUNE_DB, tables off; sides alternate (even reps exhaustive first); only "
-                  "the tuning call timed; medians of the repetitions; picks re-timed interleaved in one process",
-        "reps": args.reps, "quick": args.quick, "rows": rows, "breakdown": breakdown,
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }, args.out)
+        # written after every kernel: a run cut short keeps the kernels it finished
+        write_result("tuning_speed_cold", {
+            "method": "each side in a fresh process with an empty CUDA_TILE_CACHE_DIR (and tiletune's front-end "
+                      "cache inside it), fresh TILETUNE_DB, tables off; sides alternate (even reps exhaustive "
+                      "first); only the tuning call timed; medians of the repetitions; picks re-timed interleaved "
+                      "in one process",
+            "reps": args.reps, "quick": args.quick, "rows": rows, "breakdown": breakdown,
+            "kernels_planned": list(args.kernels), "complete": len(rows) == len(args.kernels),
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }, args.out)
 
 
 if __name__ == "__main__":

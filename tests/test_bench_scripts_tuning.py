@@ -285,3 +285,13 @@ def test_verdicts_missing_config_is_wrong():
 def test_fault_space_child_compiles():
     compile(fault_matrix.SPACE_CHILD, "<fault_space>", "exec")
     assert "make_fault_space_op" in fault_matrix.SPACE_CHILD
+
+
+def test_main_writes_after_every_kernel(monkeypatch, tmp_path):
+    writes = []
+    monkeypatch.setattr(ts, "measure_kernel", lambda k, reps, rounds, timeout: (
+        {"kernel": k, "exhaustive_s": 2.0, "tiletune_s": 1.0, "ratio": 0.5, "pick_gap": 0.0}, {"k": k}))
+    monkeypatch.setattr(ts, "write_result", lambda name, doc, out: writes.append(
+        (name, [r["kernel"] for r in doc["rows"]], doc["complete"])))
+    ts.main(["--kernels", "rmsnorm,matmul", "--reps", "1", "--out", str(tmp_path)])
+    assert writes == [("tuning_speed_cold", ["rmsnorm"], False), ("tuning_speed_cold", ["rmsnorm", "matmul"], True)]
