@@ -79,3 +79,26 @@ def test_phase_timer_forwards_and_counts():
     t.sample(cands[0], 5)
     assert t.timing_s > 0
     _check_phases(t.phases())
+
+
+def _isolated_op(local, spec):
+    from tiletune.devices.workers import IsolatedBackend, IsolationOptions
+
+    iso = IsolatedBackend(local, worker_spec=spec, options=IsolationOptions(spare=False))
+    op = tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False, backend=iso, progress=False,
+                     isolation="none")(lambda cfg, x, y: tt.Launch(_kernel, (1,), (x, y)))
+    return iso, op
+
+
+def test_a_worker_started_in_the_background_counts_as_worker_start_not_idle():
+    """A worker started before the session (prestart, when the op is defined) holds its lock until it is
+    up: the session waiting for it is worker start time."""
+    be = FakeBackend(lambda c: 100.0 - 5.0 * c.K, noise=0.002, compile_s=0.01)
+    iso, op = _isolated_op(be, be)
+    iso.worker(0).start_in_background()
+    op(torch.randn(8), torch.empty(8))
+    (res,) = op.results.values()
+    ph = res.stats["phases"]
+    _check_phases(ph, res.wall_s)
+    assert ph["worker_start_s"] > 0.1 and ph["worker_start_s"] > ph["idle_s"]
+

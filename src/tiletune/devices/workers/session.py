@@ -195,9 +195,9 @@ class WorkerSession:
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
         if options.spare:  # before waiting for the worker: starts alongside a worker still starting
             worker.keep_spare()
-        worker.lock.acquire()
+        t = time.perf_counter()
+        worker.lock.acquire()  # a worker started in the background (prestart) holds it until it is up
         try:
-            t = time.perf_counter()
             worker.ensure()
             self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
             self._spares_used0 = worker.spares_used
