@@ -441,3 +441,20 @@ def test_the_worker_sessions_compile_ahead_counters_reach_the_result():
     (result,) = op.results.values()
     assert (result.stats["prefetch_hits"], result.stats["prefetch_misses"]) == (5, 1)
     assert "not_forwarded" not in result.stats
+
+
+class SlowVersionsBackend(FakeBackend):
+    """A fake whose versions() fails: reading cuTile's versions (compiler import, tileiras) is slow."""
+
+    def versions(self):
+        raise RuntimeError("versions read on the worker's start path")
+
+
+def test_a_worker_start_does_not_read_the_toolchain_versions():
+    be = SlowVersionsBackend(model, noise=0.002)
+    w = WorkerProcess(be)
+    try:
+        w.start()
+        assert w.ready and "pid" in w.info and "versions" not in w.info
+    finally:
+        w.close()
