@@ -193,6 +193,8 @@ for key, v in dict(r.stats).items():
         stats[key + "_n"] = len(v)
     elif key == "faults":
         stats["faults_n"] = len(v)
+    elif key == "phases" and isinstance(v, dict):  # where the session's time went (PhaseTimer)
+        stats.update({"phase_" + k: x for k, x in v.items() if isinstance(x, (int, float)) and not isinstance(x, bool)})
 comp = [m.compile_s for m in r.measurements if m.compile_s]
 stats["compile_s_sum"] = float(sum(comp))
 stats["compile_s_max"] = float(max(comp)) if comp else 0.0

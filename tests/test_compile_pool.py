@@ -316,3 +316,54 @@ def test_without_internals_if_cached_jobs_are_skipped_not_deferred(monkeypatch):
     results = {r.tag: r for r in CompilePool(workers=2).compile_all(js)}
     assert results[0].deferred and not results[0].skipped
     assert results[1].skipped and not results[1].deferred
+
+
+def test_compiles_are_pipelined_over_the_pool_and_results_stream_before_the_last_ends(fake):
+    """N jobs over P assemblers take about ceil(N/P) assembler times, and the first result is handed over
+    while most compiles still run (the session checks it meanwhile)."""
+    _, active, _, _ = fake(delay=0.2)
+    t = time.perf_counter()
+    arrivals = [time.perf_counter() - t for _ in CompilePool(workers=3).compile_all(jobs([f"k{i}" for i in range(9)]))]
+    assert active["peak"] == 3
+    assert arrivals[-1] == pytest.approx(3 * 0.2, abs=0.25)  # ceil(9/3) rounds, not 9 x 0.2
+    assert arrivals[0] < 0.35 and arrivals[0] < arrivals[-1] - 0.3  # the first came long before the last
+
+
+def test_the_pool_takes_every_core_by_default(monkeypatch):
+    monkeypatch.delenv("TILETUNE_COMPILE_WORKERS", raising=False)
+    monkeypatch.setattr(compile_pool, "cpu_count", lambda: 13)
+    assert CompilePool().workers == 13
+
+
+def test_a_stopped_pool_compiles_nothing_new_and_lets_running_compiles_finish(fake):
+    _, active, _, _ = fake(delay=0.3)
+    stop = threading.Event()
+    js = jobs([f"k{i}" for i in range(6)])
+    threading.Timer(0.1, stop.set).start()  # while the first two assemble
+    results = {r.tag: r for r in CompilePool(workers=2).compile_all(js, stop=stop)}
+    done = [t for t, r in results.items() if not r.deferred]
+    assert len(done) == 2 and all(results[t].error is None for t in done)
+    assert all(r.deferred for t, r in results.items() if t not in done)
+    assert sum(bool(j.kernel.offers) for j in js) == 2
+
+
+def test_compiling_ahead_stores_in_the_background_and_hands_over_its_figures(fake):
+    _, _, stores, _ = fake(delay=0.1, fail={"bad"})
+    ahead = compile_pool.AheadCompile(CompilePool(workers=2), jobs(["k0", "k1", "bad", "k3"]))
+    assert not ahead.done
+    time.sleep(0.6)  # meanwhile: the worker starts
+    got = ahead.finish(5.0)
+    assert ahead.done
+    assert got["ahead_jobs"] == 4 and got["ahead_compiled"] == 3 and got["ahead_errors"] == 1
+    assert got["ahead_stopped"] == 0 and got["ahead_wait_s"] < 0.3 and got["ahead_cpu_s"] >= 4 * 0.1 - 1e-6
+    assert sorted(stores) == ["k0", "k1", "k3"]  # in cuTile's disk cache by the time finish returns
+
+
+def test_finishing_a_compile_ahead_early_stops_what_has_not_started(fake):
+    fake(delay=0.3)
+    ahead = compile_pool.AheadCompile(CompilePool(workers=1), jobs([f"k{i}" for i in range(5)]))
+    time.sleep(0.1)
+    t = time.perf_counter()
+    got = ahead.finish(5.0)
+    assert time.perf_counter() - t < 0.5  # waits for the one running, not for the four others
+    assert got["ahead_compiled"] == 1 and got["ahead_stopped"] == 4

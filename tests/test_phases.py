@@ -79,3 +79,81 @@ def test_phase_timer_forwards_and_counts():
     t.sample(cands[0], 5)
     assert t.timing_s > 0
     _check_phases(t.phases())
+
+
+def _isolated_op(local, spec):
+    from tiletune.devices.workers import IsolatedBackend, IsolationOptions
+
+    iso = IsolatedBackend(local, worker_spec=spec, options=IsolationOptions(spare=False))
+    op = tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False, backend=iso, progress=False,
+                     isolation="none")(lambda cfg, x, y: tt.Launch(_kernel, (1,), (x, y)))
+    return iso, op
+
+
+def test_a_worker_started_in_the_background_counts_as_worker_start_not_idle():
+    """A worker started before the session (prestart, when the op is defined) holds its lock until it is
+    up: the session waiting for it is worker start time."""
+    be = FakeBackend(lambda c: 100.0 - 5.0 * c.K, noise=0.002, compile_s=0.01)
+    iso, op = _isolated_op(be, be)
+    iso.worker(0).start_in_background()
+    op(torch.randn(8), torch.empty(8))
+    (res,) = op.results.values()
+    ph = res.stats["phases"]
+    _check_phases(ph, res.wall_s)
+    assert ph["worker_start_s"] > 0.1 and ph["worker_start_s"] > ph["idle_s"]
+
+
+class _AheadFake:
+    """Stands for compile_pool.AheadCompile: what the caller compiled while the worker started."""
+
+    def __init__(self, configs):
+        self.configs = list(configs)
+        self.finished = 0
+
+    def finish(self, timeout):
+        self.finished += 1
+        return {"ahead_jobs": len(self.configs), "ahead_compiled": len(self.configs), "ahead_cpu_s": 2.5,
+                "ahead_wait_s": 0.0}
+
+
+class _AheadBackend(FakeBackend):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.ahead: list[_AheadFake] = []
+
+    def compile_ahead(self, plan, args, configs, device_index):
+        got = _AheadFake(configs)
+        plan(self.ahead_probe_cfg(configs), *args)  # the raw plan and the caller's arguments
+        self.ahead.append(got)
+        return got
+
+    @staticmethod
+    def ahead_probe_cfg(configs):
+        return list(configs)[0]
+
+
+def test_the_caller_compiles_the_space_ahead_while_the_worker_starts():
+    local = _AheadBackend(lambda c: 100.0 - 5.0 * c.K, noise=0.002, compile_s=0.01)
+    spec = FakeBackend(lambda c: 100.0 - 5.0 * c.K, noise=0.002, compile_s=0.01)
+    _, op = _isolated_op(local, spec)
+    op(torch.randn(8), torch.empty(8))
+    (res,) = op.results.values()
+    (ahead,) = local.ahead
+    assert sorted(c.K for c in ahead.configs) == list(range(8)) and ahead.finished == 1
+    assert res.stats["ahead_jobs"] == 8 and res.stats["ahead_cpu_s"] == 2.5
+    ph = res.stats["phases"]
+    _check_phases(ph, res.wall_s)
+    assert ph["compile_cpu_s"] == pytest.approx(0.08 + 2.5)  # the worker's 8 x 0.01 and the caller's
+
+
+def test_a_ready_worker_gets_no_compiles_ahead():
+    """A worker already up compiles at once, pipelined with its checks: compiling ahead would only delay it."""
+    local = _AheadBackend(lambda c: 100.0 - 5.0 * c.K, noise=0.002, compile_s=0.01)
+    spec = FakeBackend(lambda c: 100.0 - 5.0 * c.K, noise=0.002, compile_s=0.01)
+    iso, op = _isolated_op(local, spec)
+    w = iso.worker(0)
+    w.start()
+    assert w.ready
+    op(torch.randn(8), torch.empty(8))
+    (res,) = op.results.values()
+    assert local.ahead == [] and "ahead_jobs" not in res.stats

@@ -495,3 +495,20 @@ def test_compiled_events_say_whether_the_assembler_ran():
     assert ev.assembled is None  # not a bool: unknown
     ev = decode_reply(b'{"event":"compiled","session":1,"order":2,"status":"ok","seconds":0.1}')
     assert ev.assembled is None
+
+
+class SlowVersionsBackend(FakeBackend):
+    """A fake whose versions() fails: reading cuTile's versions (compiler import, tileiras) is slow."""
+
+    def versions(self):
+        raise RuntimeError("versions read on the worker's start path")
+
+
+def test_a_worker_start_does_not_read_the_toolchain_versions():
+    be = SlowVersionsBackend(model, noise=0.002)
+    w = WorkerProcess(be)
+    try:
+        w.start()
+        assert w.ready and "pid" in w.info and "versions" not in w.info
+    finally:
+        w.close()

@@ -289,8 +289,11 @@ class CompilePool:
             return ints.compiler_error or "tileiras' version is unknown"
         return ""
 
-    def compile_all(self, jobs: Sequence[CompileJob]) -> Iterator[CompileResult]:
-        """Yield one result per job, in completion order."""
+    def compile_all(self, jobs: Sequence[CompileJob], stop: threading.Event | None = None) -> Iterator[CompileResult]:
+        """Yield one result per job, in completion order.
+
+        ``stop``: once set, jobs whose front end or assembler has not started yet are not compiled
+        (their results are ``deferred``); those already running finish."""
         if _get_internals() is None or not all(hasattr(j.kernel, "offer") for j in jobs):
             for job in jobs:
                 yield CompileResult(job.tag, 0.0, skipped=True) if job.if_cached else \
@@ -298,8 +301,8 @@ class CompilePool:
             return
         results: "queue.Queue[CompileResult]" = queue.Queue()
         executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tiletune-tileiras")
-        producer = threading.Thread(target=self._produce, args=(jobs, executor, results), name="tiletune-bytecode",
-                                    daemon=True)
+        producer = threading.Thread(target=self._produce, args=(jobs, executor, results, stop),
+                                    name="tiletune-bytecode", daemon=True)
         producer.start()
         try:
             for _ in range(len(jobs)):
@@ -314,10 +317,14 @@ class CompilePool:
         jobs: Sequence[CompileJob],
         executor: ThreadPoolExecutor,
         out: "queue.Queue[CompileResult]",
+        stop: threading.Event | None = None,
     ) -> None:
         ints = _get_internals()
         assert ints is not None
         for job in jobs:
+            if stop is not None and stop.is_set():
+                out.put(CompileResult(job.tag, 0.0, deferred=True))
+                continue
             t0 = time.perf_counter()
             c0 = time.thread_time()
             try:
@@ -354,7 +361,7 @@ class CompilePool:
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, skipped=True, cpu_s=front_cpu))
                 continue
             executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, front_cpu,
-                            entry if job.keep else None)
+                            entry if job.keep else None, stop)
 
     def _bytecode(self, ints: _Internals, job: CompileJob, sig: Any = None) -> tuple[Any, str, bytes]:
         kernel = job.kernel
@@ -385,7 +392,11 @@ class CompilePool:
         out: "queue.Queue[CompileResult]",
         front_cpu: float = 0.0,
         entry: Any = None,
+        stop: threading.Event | None = None,
     ) -> None:
+        if stop is not None and stop.is_set():  # queued, not started: left to whoever compiles it next
+            out.put(CompileResult(job.tag, time.perf_counter() - t0, deferred=True, cpu_s=front_cpu))
+            return
         t_asm = time.perf_counter()
         try:
             tmp_dir = ints.context.config.temp_dir
@@ -408,6 +419,66 @@ class CompilePool:
             timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
             out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out,
                                   cpu_s=front_cpu + time.perf_counter() - t_asm))
+
+
+class AheadCompile:
+    """Jobs compiled on a background thread into cuTile's disk cache, while something else goes on.
+
+    A tuning session whose worker process is still starting (importing torch, creating its CUDA
+    context: seconds) has the caller compile its candidates meanwhile; the worker's own compile of
+    each then runs the front end, finds the cubin in the disk cache and runs no assembler.
+    :meth:`finish` stops what has not started (the worker compiles it, pipelined with its checks),
+    waits for what is running and for the disk-cache stores, and returns the figures."""
+
+    def __init__(self, pool: CompilePool, jobs: Sequence[CompileJob]) -> None:
+        self.jobs = len(jobs)
+        self.compiled = self.cached = self.errors = self.stopped = 0
+        self.cpu_s = 0.0
+        self.t0 = time.perf_counter()
+        self.wall_s: float | None = None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(pool, list(jobs)), name="tiletune-compile-ahead",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, pool: CompilePool, jobs: list[CompileJob]) -> None:
+        try:
+            for r in pool.compile_all(jobs, stop=self._stop):
+                self.cpu_s += float(r.cpu_s or 0.0)
+                if r.deferred:
+                    self.stopped += 1
+                elif r.error is not None:
+                    self.errors += 1
+                elif r.cached:
+                    self.cached += 1
+                else:
+                    self.compiled += 1
+        except Exception as exc:  # noqa: BLE001 - compiling ahead is an optimisation: the worker compiles
+            import logging
+
+            logging.getLogger("tiletune").debug("tiletune: compiling ahead failed (%s: %s)", type(exc).__name__, exc)
+        finally:
+            self.wall_s = time.perf_counter() - self.t0
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def finish(self, timeout: float = 10.0) -> dict[str, float]:
+        """Stop starting jobs, wait (up to ``timeout``) for those running and for their disk-cache stores;
+        return ``ahead_*`` figures (jobs, compiled, cached, errors, stopped, cpu_s, wall_s, wait_s)."""
+        t = time.perf_counter()
+        self._stop.set()
+        self._done.wait(timeout)
+        flush(max(0.0, timeout - (time.perf_counter() - t)))
+        return {
+            "ahead_jobs": self.jobs, "ahead_compiled": self.compiled, "ahead_cached": self.cached,
+            "ahead_errors": self.errors, "ahead_stopped": self.stopped, "ahead_cpu_s": round(self.cpu_s, 4),
+            "ahead_wall_s": round(self.wall_s if self.wall_s is not None else time.perf_counter() - self.t0, 4),
+            "ahead_wait_s": round(time.perf_counter() - t, 4),
+        }
 
 
 def compile_signature(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes, str] | None:

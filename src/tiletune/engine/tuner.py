@@ -105,11 +105,14 @@ class PhaseTimer:
       checked and timed cost nothing here: that is the overlap);
     * ``check_s``: correctness runs (a first launch that compiles again counts here);
     * ``timing_s``: GPU measurement (samples, showdown included);
-    * ``worker_start_s``: waiting for the tuning worker to be ready (the session's ``worker_wait_s``);
+    * ``worker_start_s``: waiting for the tuning worker to be ready (the session's ``worker_wait_s``,
+      a worker started in the background before the session included);
     * ``idle_s``: the rest of ``wall_s`` (opening the session, shipping arguments, the strategy, the loop).
 
     Besides: ``compile_wall_s`` (from each compile request to its last result, summed over batches)
-    and ``compile_cpu_s`` (CPU seconds summed over every compile, across processes and threads).
+    and ``compile_cpu_s`` (CPU seconds summed over every compile, across processes and threads, the
+    caller's compiles ahead included: the session's ``ahead_cpu_s``; waiting for those to hand over
+    counts in ``compile_s``).
     Everything else is forwarded to the wrapped session.
     """
 
@@ -168,6 +171,8 @@ class PhaseTimer:
         stats = getattr(self.session, "stats", None)
         start = stats.get("worker_wait_s", 0.0) if isinstance(stats, Mapping) else 0.0
         start = float(start) if isinstance(start, (int, float)) and not isinstance(start, bool) else 0.0
+        ahead = stats.get("ahead_cpu_s", 0.0) if isinstance(stats, Mapping) else 0.0
+        ahead = float(ahead) if isinstance(ahead, (int, float)) and not isinstance(ahead, bool) else 0.0
         busy = start + self.compile_s + self.check_s + self.timing_s
         return {
             "wall_s": round(wall, 4),
@@ -177,7 +182,7 @@ class PhaseTimer:
             "timing_s": round(self.timing_s, 4),
             "idle_s": round(max(0.0, wall - busy), 4),
             "compile_wall_s": round(self.compile_wall_s, 4),
-            "compile_cpu_s": round(self.compile_cpu_s, 4),
+            "compile_cpu_s": round(self.compile_cpu_s + ahead, 4),
             "compiled": self.compiled,
         }
 

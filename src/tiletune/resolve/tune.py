@@ -53,9 +53,11 @@ def session_kwargs(problem: "Problem") -> dict[str, Any]:
                 tolerance=_tolerance_for(problem), name=spec.name)
 
 
-def open_session(problem: "Problem") -> Any:
+def open_session(problem: "Problem", ahead: Any = ()) -> Any:
     """A tuning session: in the op's worker process when isolation is on and the plan can be shipped
-    there; otherwise (one warning per op name) in this process."""
+    there; otherwise (one warning per op name) in this process. ``ahead``: the configs the session
+    compiles first, which this process may compile while the worker starts (see
+    :meth:`tiletune.devices.workers.IsolatedBackend.open_session`)."""
     kwargs = session_kwargs(problem)
     backend = problem.backend
     tuning = problem.tuning_backend
@@ -64,7 +66,8 @@ def open_session(problem: "Problem") -> Any:
 
         try:
             # the raw plan travels (the worker evaluates it once per candidate there)
-            return tuning.open_session(problem.spec.plan, problem.args, **kwargs)  # type: ignore[arg-type]
+            extra = {"ahead": ahead} if ahead and getattr(tuning, "compiles_ahead", False) else {}
+            return tuning.open_session(problem.spec.plan, problem.args, **kwargs, **extra)  # type: ignore[arg-type]
         except IsolationUnavailable as exc:
             with _warned_lock:
                 first = problem.name not in _warned_unshippable
@@ -77,6 +80,8 @@ def open_session(problem: "Problem") -> Any:
                     stacklevel=5,
                 )
     plan: Callable[..., Any] = problem.spec.plan if getattr(backend, "ships_plan", False) else problem.plans
+    if ahead and tuning is backend and getattr(backend, "compiles_ahead", False):  # an isolated backend given as is
+        kwargs["ahead"] = ahead
     return backend.open_session(plan, problem.args, **kwargs)  # type: ignore[arg-type]
 
 
@@ -113,7 +118,8 @@ def tune(problem: "Problem", *, resume: bool = False, on_result: Callable[[Measu
     n_valid = len(strategy.pool)
     exhaustive = strategy.name == "exhaustive" and budget.max_evals is None and strategy.lazy is None
     t0 = time.perf_counter()
-    session = open_session(problem)
+    # exhaustive: the first (only) batch is the whole pool, known now; compiled while the worker starts
+    session = open_session(problem, ahead=strategy.pool if exhaustive else ())
     winner = None
     try:
         total = min(budget.max_evals if budget.max_evals is not None else n_valid, n_valid)

@@ -6,7 +6,7 @@ import functools
 import time
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
-from tiletune.devices.compile_pool import CompileJob, CompilePool, flush as flush_stores
+from tiletune.devices.compile_pool import AheadCompile, CompileJob, CompilePool, cpu_count, flush as flush_stores
 from tiletune.errors import NoBackendError
 from tiletune.identity import function_source
 from tiletune.devices.launch_marks import mark
@@ -101,6 +101,35 @@ class CutileBackend:
     def launch_parts(self, config: Config, kernel: Any, device_index: int) -> LaunchParts:
         # replace_hints runs here, once per (kernel, hints), never on the hot path
         return LaunchParts(self.ct.launch, self._raw_stream, self.hinted.get(kernel, config.hints), device_index)
+
+    def compile_ahead(self, plan: Callable[..., Any], args: Sequence[Any], configs: Sequence[Config],
+                      device_index: int) -> AheadCompile | None:
+        """Start compiling ``configs`` (``plan(cfg, *args)`` -> a Launch or its tuple) in this process into
+        cuTile's disk cache, in the background (see :class:`~tiletune.devices.compile_pool.AheadCompile`).
+        None when nothing can be compiled so: cuTile's internals or its disk cache unavailable, no config
+        whose plan gives a cuTile kernel. Two cores are left to the worker process starting meanwhile."""
+        from tiletune.devices import compile_pool
+        from tiletune.devices.prefetch_kernel import PrefetchKernel
+
+        ints = compile_pool._get_internals()
+        if ints is None or not ints.cache_dir or not configs:
+            return None
+        arch = self.device_info(device_index).arch
+        jobs = []
+        for i, cfg in enumerate(configs):
+            try:
+                spec = plan(cfg, *args)
+                spec = spec if isinstance(spec, Launch) else Launch(*spec)
+                # a throwaway kernel object: the cubin offered to it is dropped with it (the worker
+                # finds it in the disk cache); the same compiler options as the worker's hinted kernel
+                kernel = PrefetchKernel.with_hints(spec.kernel, cfg.hints)
+            except Exception:  # noqa: BLE001 - a plan that rejects a config fails in the session itself
+                continue
+            jobs.append(CompileJob(i, kernel, tuple(spec.args), arch))
+        if not jobs:
+            return None
+        workers = self.workers or settings.compile_workers() or max(1, cpu_count() - 2)
+        return AheadCompile(CompilePool(workers, self.compile_timeout_s), jobs)
 
     def open_session(
         self,

@@ -158,6 +158,11 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.conn is not None
 
+    @property
+    def ready(self) -> bool:
+        """Whether the child is up and has answered ``hello`` (not starting, in the background or not)."""
+        return self.alive and not self._starting and self._ready.is_set()
+
     def start(self) -> None:
         """Start the child and wait until it answers ``hello`` (raises WorkerFault if it cannot)."""
         logger.debug("tiletune worker: starting (thread %s, previous pid %s)", threading.current_thread().name,

@@ -115,12 +115,15 @@ class IsolationOptions:
     start_spares: int = 2
     max_spares: int = 4
     reap_timeout_s: float = 30.0
+    #: how long the first compile waits for the caller's compiles ahead still running (and their stores)
+    ahead_wait_s: float = 10.0
 
 
 class IsolatedBackend:
     """The caller's backend, with tuning sessions run in a worker process."""
 
     ships_plan = True  # open_session takes the user's raw plan (shipped as is to the worker)
+    compiles_ahead = True  # open_session takes ``ahead`` (configs this process may compile while the worker starts)
 
     def __init__(self, local: Backend, worker_spec: Any = "cutile", options: IsolationOptions | None = None,
                  worker_command: list[str] | None = None) -> None:
@@ -164,8 +167,14 @@ class IsolatedBackend:
         reference: Callable[..., Any] | None,
         tolerance: Mapping[str, tuple[float, float]] | None,
         name: str,
+        ahead: Sequence[Any] = (),
     ) -> "WorkerSession":
-        """Ship the plan, reference and arguments to the worker (raises :class:`Unshippable`)."""
+        """Ship the plan, reference and arguments to the worker (raises :class:`Unshippable`).
+
+        ``ahead``: configs the session will compile first (an exhaustive search: all of them). While
+        the worker is not ready yet (starting), this process compiles them into cuTile's disk cache
+        meanwhile, when the local backend can (``compile_ahead``): the worker's compiles then find them
+        there instead of starting only once it is up."""
         payload = {
             "backend": self.worker_spec,
             "plan": plan,
@@ -178,8 +187,16 @@ class IsolatedBackend:
             "name": name,
         }
         dumps(payload, probe=True)  # fail here, before any worker is involved, when something cannot be shipped
+        worker = self.worker(device_index)
+        pre = None
+        compile_ahead = getattr(self.local, "compile_ahead", None)
+        if ahead and compile_ahead is not None and not worker.ready:
+            try:
+                pre = compile_ahead(plan, tuple(args), list(ahead), device_index)
+            except Exception as exc:  # noqa: BLE001 - an optimisation: the worker compiles everything itself
+                logger.debug("tiletune: compiling ahead in the caller failed (%s: %s)", type(exc).__name__, exc)
         try:
-            return WorkerSession(self.worker(device_index), payload, self.options)
+            return WorkerSession(worker, payload, self.options, ahead=pre)
         except WorkerFault as fault:
             raise IsolationUnavailable(f"the worker process failed ({fault.kind}): {fault}") from fault
 
@@ -191,8 +208,9 @@ class WorkerSession:
 
     _next_sid = 0
 
-    def __init__(self, worker: WorkerProcess, payload: dict, options: IsolationOptions) -> None:
+    def __init__(self, worker: WorkerProcess, payload: dict, options: IsolationOptions, ahead: Any = None) -> None:
         self.t0 = time.perf_counter()
+        self._ahead = ahead  # the caller's compile-ahead (compile_pool.AheadCompile) running meanwhile, or None
         self.worker = worker
         self.payload = payload
         self.options = options
@@ -218,9 +236,9 @@ class WorkerSession:
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
         if options.spare:  # before waiting for the worker: they start alongside a worker still starting
             worker.keep_spares(max(1, options.start_spares, len(worker.spares)))
-        worker.lock.acquire()
+        t = time.perf_counter()
+        worker.lock.acquire()  # a worker started in the background (prestart) holds it until it is up
         try:
-            t = time.perf_counter()
             worker.ensure()
             self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
             self._gen0 = worker.generation
@@ -411,6 +429,9 @@ class WorkerSession:
         pending are sent again, then one at a time: the one in flight when it dies again is the
         culprit and fails (``compiling took the worker down``).
         """
+        if self._ahead is not None:  # the caller compiled ahead while the worker started: let it hand over
+            ahead, self._ahead = self._ahead, None
+            self.stats.update(ahead.finish(self.options.ahead_wait_s))
         pending = {c.order: c for c in candidates}
         serial = False
         need_send = True
@@ -534,6 +555,9 @@ class WorkerSession:
         """Close the worker-side session (the caller's tensors were never touched); the worker drops what
         it held of the session, then this process collects the CUDA memory it had shared
         (``shares_held`` in the stats: the worker's IPC views still alive after the close, 0 normally)."""
+        if self._ahead is not None:  # never compiled: nothing more of it is wanted
+            self._ahead.finish(0.0)
+            self._ahead = None
         try:
             if self.worker.alive and self._opened_gen == self.worker.generation:
                 try:

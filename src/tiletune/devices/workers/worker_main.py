@@ -204,7 +204,9 @@ class Worker:
         self.device_index = int(msg.get("device_index", 0))
         backend = self._backend(msg.get("backend"))
         info = backend.device_info(self.device_index)
-        return {"ok": True, "pid": os.getpid(), "device": info.as_dict(), "versions": dict(backend.versions())}
+        # no versions here: reading them imports cuTile's compiler and runs tileiras (the warm-up thread
+        # does both in the background); nobody reads them off this reply
+        return {"ok": True, "pid": os.getpid(), "device": info.as_dict()}
 
     def _backend(self, spec: Any) -> Any:
         if spec is None or spec == "cutile":
