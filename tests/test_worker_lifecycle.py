@@ -381,3 +381,22 @@ def test_a_session_starts_its_spares_alongside_its_worker():
     assert w.starts == 0 and not w.spares
     op(torch.randn(8), torch.empty(8))
     assert len(w.spares) == 2 and all(sp.alive or sp._starting for sp in w.spares)
+
+
+def test_prestart_waits_for_torch_and_a_quick_exit_is_silent():
+    """Defining an op before torch is imported starts no side-thread import of torch (it raced the
+    caller's first import and, in a process that ends at once, module teardown: tracebacks at exit)."""
+    import subprocess
+    import sys as _sys
+    from pathlib import Path
+
+    code = ("import sys, numpy as np, tiletune as tt\n"
+            "op = tt.autotune(tt.Space(TM=[1, 2]))(lambda cfg, x: None)\n"
+            "import threading\n"
+            "assert not [t for t in threading.enumerate() if t.name == 'tiletune-worker-prestart']\n"
+            "assert 'torch' not in sys.modules, 'prestart imported torch'\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    got = subprocess.run([_sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert got.stderr == ""

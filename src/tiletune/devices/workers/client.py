@@ -644,10 +644,15 @@ def prestart(device_index: int | None = None) -> None:
     """Start the live cuTile worker for the current (or given) GPU in the background.
 
     Called by every isolated op when it is defined; only the first call per GPU argument does
-    anything. Does nothing inside a worker, with ``TILETUNE_WORKER_PRESTART=0``, or when torch sees
-    no GPU.
+    anything. Does nothing inside a worker, with ``TILETUNE_WORKER_PRESTART=0``, before torch is
+    imported, or when torch sees no GPU.
     """
     if in_worker() or not settings.worker_prestart():
+        return
+    if "torch" not in sys.modules:
+        # torch imported on a side thread races the caller's own first import and, in a process that
+        # ends at once, module teardown (torch's finalizers then print tracebacks at exit); a program
+        # with CUDA tensors has imported torch by now, and a later definition prestarts
         return
     with _workers_lock:
         if device_index in _prestarted:
