@@ -147,6 +147,42 @@ def test_neighbours_are_ordered_nearest_first_ties_to_the_larger():
     assert neighbours(key(64), [(key(64), {"K": 1}, 5.0, "db")]) == []  # the key itself is no neighbour
 
 
+def test_keys_that_differ_only_in_a_flag_are_kin_and_follow_the_family():
+    def key(m, causal):
+        return json.dumps([{"shape": [m, 64], "dtype": "bfloat16", "contiguous": True}, causal])
+
+    a, b = key_features(key(100, True)), key_features(key(100, False))
+    assert a.signature != b.signature and a.kin == b.kin and a.sizes == b.sizes
+    other_dtype = json.dumps([{"shape": [100, 64], "dtype": "float16", "contiguous": True}, True])
+    assert key_features(other_dtype).kin != a.kin  # a dtype is no flag
+    stored = [(key(100, False), {"K": 1}, 1.0, "db"),  # kin at distance 0
+              (key(4096, True), {"K": 2}, 1.0, "db"),  # family, far
+              (key(3000, False), {"K": 3}, 1.0, "db"),  # kin, far
+              (other_dtype, {"K": 4}, 1.0, "db")]
+    got = neighbours(key(100, True), stored)
+    assert [(n.config["K"], n.kin) for n in got] == [(2, False), (1, True), (3, True)]
+    # with no member of its own family, the kin answer (nearest first)
+    only_kin = neighbours(key(120, True), stored[:1] + stored[2:])
+    assert [n.config["K"] for n in only_kin] == [1, 3] and all(n.kin for n in only_kin)
+
+
+def test_a_flag_nobody_tuned_is_served_its_kins_config_not_the_default(tmp_path):
+    path = tmp_path / "t.db"
+    space = tt.Space(K=list(range(6)), baseline=dict(K=0))
+
+    def op(on_miss, truth):
+        return tt.autotune(space, reference=lambda x, y, flag: x * 2, writes=["y"], db=path,
+                           backend=FakeBackend(truth), progress=False, on_miss=on_miss, name="nn.kin")(
+            lambda cfg, x, y, flag: tt.Launch(_kernel, (1,), (x, y)))
+
+    op("tune", lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64), True)  # K=3 for flag=True
+    server = op("nearest", lambda c: 10.0 + abs(c.K - 3))
+    x, y = torch.randn(100), torch.empty(100)
+    server(x, y, False)  # flag=False: no family member, its kin (flag=True) answers
+    assert server.tuning_count == 0 and server.config_for(x, y, False)["K"] == 3
+    assert torch.equal(y, x * 2)
+
+
 # ---------------------------------------------------------------------- nearest: serving
 
 

@@ -8,7 +8,9 @@ the order of strides) and the same non-size values (flags, strings, dtypes, non-
 distance between two keys of a family is the sum over their sizes (tensor dimensions and positive
 ints) of ``|log2(1 + a) - log2(1 + b)|``: a neighbour twice as large in one dimension is one unit
 away, whatever the dimension's scale. Ties go to the larger neighbour (a config tuned for more work
-rarely starves a smaller problem; the other way round it may leave the GPU idle).
+rarely starves a smaller problem; the other way round it may leave the GPU idle). When the family has
+fewer members than the race takes, its *kin* follow: keys that differ only in a flag (another value of
+``causal``), nearest first.
 
 The distinct configs of the nearest neighbours (``TILETUNE_NEAREST_RACE``, the space's default config
 beside them) race on the caller's arguments in this process (the configs ran correctly on neighbours of
@@ -42,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["Neighbour", "NearestSource", "key_features", "distance", "nearest", "neighbours"]
+__all__ = ["KeyFeatures", "Neighbour", "NearestSource", "key_features", "distance", "nearest", "neighbours"]
 
 #: cold-L2 timing samples per raced config (the median decides), at most
 RACE_SAMPLES = 5
@@ -50,11 +52,21 @@ RACE_SAMPLES = 5
 RACE_FIRST_SAMPLES = 3
 
 
+class KeyFeatures(NamedTuple):
+    """What :func:`neighbours` compares of a key: ``signature`` (equal: one family, sizes line up),
+    ``sizes``, and ``kin``: the signature with its flags masked (the non-size values: booleans, strings,
+    ``None``, non-positive ints, floats), equal for keys that differ only in such values (a causal and a
+    non-causal attention of one shape)."""
+
+    signature: str
+    sizes: tuple[float, ...]
+    kin: str
+
+
 @functools.lru_cache(maxsize=16384)
-def key_features(key_json: str) -> tuple[str, tuple[float, ...]] | None:
-    """``(signature, sizes)`` of a stored key: keys with equal signatures are of one family, and
-    their sizes line up. None for a key that is not JSON. Remembered per key (every miss of an op
-    compares its key with each stored key of the op)."""
+def key_features(key_json: str) -> KeyFeatures | None:
+    """The :class:`KeyFeatures` of a stored key; None for a key that is not JSON. Remembered per key
+    (every miss of an op compares its key with each stored key of the op)."""
     try:
         doc = json.loads(key_json)
     except (TypeError, ValueError):
@@ -102,7 +114,9 @@ def key_features(key_json: str) -> tuple[str, tuple[float, ...]] | None:
         sig.append(("other", repr(x)))
 
     walk(doc)
-    return json.dumps(sig, sort_keys=True, default=str), tuple(sizes)
+    kin = [s[0] if isinstance(s, tuple) and s[0] in ("value", "float") else s for s in sig]
+    return KeyFeatures(json.dumps(sig, sort_keys=True, default=str), tuple(sizes),
+                       json.dumps(kin, sort_keys=True, default=str))
 
 
 def distance(a: Sequence[float], b: Sequence[float]) -> float:
@@ -120,25 +134,31 @@ class Neighbour:
     source: str  # "database" or the table's file
     distance: float
     larger: bool  # at least as large as the problem in every size
+    kin: bool = False  # of the family's kin only: another value of a flag (see :class:`KeyFeatures`)
 
 
 def neighbours(key_json: str, stored: Iterable[tuple[str, dict[str, Any], float | None, str]]) -> list[Neighbour]:
     """The stored winners ``(key, config, median_us, source)`` of the problem's family, nearest first
-    (ties: the larger neighbour first, then the key's text, so every process orders them alike)."""
+    (ties: the larger neighbour first, then the key's text, so every process orders them alike); after
+    them the family's kin, ordered alike: keys that differ from the problem's only in a flag (a non-causal
+    attention whose table holds causal entries only). A kin's config is a better first guess than the
+    default config (the same kernel at the same sizes), but never preferred to a true neighbour's; like
+    every neighbour's config it is raced and checked on the caller's arguments before it is served."""
     mine = key_features(key_json)
     if mine is None:
         return []
-    sig, sizes = mine
     out: dict[str, Neighbour] = {}
     for key, config, median, source in stored:
         if key == key_json or key in out:
             continue
         f = key_features(key)
-        if f is None or f[0] != sig or len(f[1]) != len(sizes):
+        if f is None or len(f.sizes) != len(mine.sizes):
             continue
-        out[key] = Neighbour(key, dict(config), median, source, distance(sizes, f[1]),
-                             all(b >= a for a, b in zip(sizes, f[1])))
-    return sorted(out.values(), key=lambda n: (round(n.distance, 9), not n.larger, n.key))
+        if f.signature != mine.signature and f.kin != mine.kin:
+            continue
+        out[key] = Neighbour(key, dict(config), median, source, distance(mine.sizes, f.sizes),
+                             all(b >= a for a, b in zip(mine.sizes, f.sizes)), f.signature != mine.signature)
+    return sorted(out.values(), key=lambda n: (n.kin, round(n.distance, 9), not n.larger, n.key))
 
 
 def _stored(problem: "Problem") -> list[tuple[str, dict[str, Any], float | None, str]]:
@@ -354,7 +374,7 @@ class NearestSource:
             picks.append((base, None))
         # a neighbour tuned on this very size (distance 0: another layout of the same sizes, or an exact key
         # of this bucket) is not raced: the others are spares, compiled only should it fail its check
-        same = picks[0][1] is not None and picks[0][1].distance == 0.0
+        same = picks[0][1] is not None and picks[0][1].distance == 0.0 and not picks[0][1].kin
         got = race(problem, [c for c, _ in picks], spares=same)
         won = got.won
         for i, reason in sorted(got.why.items()):
@@ -367,8 +387,9 @@ class NearestSource:
                 logger.info("%s: no neighbour's config of %s passed or beat the default config %s, "
                             "provisionally", problem.name, problem.identity.key, cfg)
                 return Choice(cfg, "default", provisional=True)
-            logger.info("%s: nearest neighbour of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d of %d "
-                        "configs, %d checked)", problem.name, problem.identity.key, n.key, n.source, n.distance,
+            logger.info("%s: nearest %s of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d of %d "
+                        "configs, %d checked)", problem.name, "kin (another flag)" if n.kin else "neighbour",
+                        problem.identity.key, n.key, n.source, n.distance,
                         cfg, time.perf_counter() - t0, len(got.compiled), len(picks), len(got.checked))
             return Choice(cfg, "nearest", provisional=True, neighbour=n.key)
         if race_size <= 1:
