@@ -38,7 +38,7 @@ torch = pytest.importorskip("torch")
 
 import tiletune as tt  # noqa: E402
 import tiletune.store as _store  # noqa: E402
-from tiletune.resolve import database  # noqa: E402
+from tiletune.resolve import handle as database  # noqa: E402
 from tiletune.devices.backends import FakeBackend  # noqa: E402
 from tiletune.errors import (  # noqa: E402
     DatabaseCorrupt,

@@ -323,3 +323,64 @@ def test_the_import_contracts_hold():
     env = dict(os.environ, PYTHONPATH=str(root / "src"))
     r = subprocess.run([str(lint)], cwd=root, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """``module -> the tiletune modules it imports``, read from the source (every import: at the top, in
+    functions and under ``TYPE_CHECKING``; ``from pkg import mod`` counts as importing ``pkg.mod``).
+    A package's ``__init__`` is left out: it hands names on (its imports are its submodules')."""
+    import ast
+
+    names: dict[pathlib.Path, str] = {}
+    for p in SRC.rglob("*.py"):
+        parts = ("tiletune",) + p.relative_to(SRC).with_suffix("").parts
+        if parts[-1] != "__init__":
+            names[p] = ".".join(parts)
+    known = set(names.values())
+    graph: dict[str, set[str]] = {}
+    for p, mod in names.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.add(node.module)
+                deps.update(f"{node.module}.{a.name}" for a in node.names)
+        graph[mod] = {d for d in deps if d in known and d != mod}
+    return graph
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    """The miss path as one-way data: no import cycle between modules, inside a package or across."""
+    graph = _module_imports()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []

@@ -201,7 +201,7 @@ def test_auto_without_scikit_learn_uses_local_search(monkeypatch):
     def missing():
         raise tt.errors.TiletuneError("no scikit-learn")
 
-    monkeypatch.setattr(model_mod, "_require_sklearn", missing)
+    monkeypatch.setattr(model_mod, "require_sklearn", missing)
     s = AutoStrategy(SPACE, "sm_90", 0)
     assert s.chosen == "local"
     got = drive(s, batch=2, limit=30)

@@ -655,7 +655,7 @@ def tune_pending(*, device: str = "cuda", db_path: str | None = None,
 
     from tiletune.kernels.library_op import LibraryOp
     from tiletune.resolve import pending
-    from tiletune.resolve.database import open_database
+    from tiletune.resolve.handle import open_database
 
     import tiletune.kernels as kernels
 

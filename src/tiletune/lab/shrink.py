@@ -415,7 +415,7 @@ def _values(result: ShrinkResult, name: str) -> list[Any]:
 def build_space(results: Mapping[str, ShrinkResult]) -> Any:
     """The shrunk :class:`tiletune.Space` itself (what :func:`space_code` prints), built directly from
     the values (stored data is never executed)."""
-    import tiletune as tt
+    from tiletune.space.spaces import Space, per_arch
 
     archs, names, allowed = _allowed(results)
     chosen = frozenset(allowed)
@@ -427,9 +427,9 @@ def build_space(results: Mapping[str, ShrinkResult]) -> Any:
         params: dict[str, Any] = {n: _values(results[archs[0]], n) for n in names}
         baseline: Any = dict(results[archs[0]].baseline)
     else:
-        params = {n: tt.per_arch(**{a: _values(results[a], n) for a in archs}) for n in names}
-        baseline = tt.per_arch(**{a: dict(results[a].baseline) for a in archs})
-    return tt.Space(**params, constraints={"shrunk": shrunk}, baseline=baseline)
+        params = {n: per_arch(**{a: _values(results[a], n) for a in archs}) for n in names}
+        baseline = per_arch(**{a: dict(results[a].baseline) for a in archs})
+    return Space(**params, constraints={"shrunk": shrunk}, baseline=baseline)
 
 
 def verify_replay(table: KeyTable, result: ShrinkResult, *, rounds: int = 10, batch: int = 10,

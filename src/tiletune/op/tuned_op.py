@@ -31,12 +31,14 @@ from tiletune import events, settings
 from tiletune.records import TuneResult
 from tiletune.space.spaces import Config, Space
 from tiletune.store import TuningDB
-from tiletune.space.strategies.base import Budget, StrategySpec
+from tiletune.space.strategies.base import Budget
+from tiletune.space.strategies.registry import StrategySpec
 from tiletune.engine.tuner import TunerOptions
 
 from tiletune.devices.plans import PlanCache
 from tiletune.resolve.chain import Attempt, current_scope, default_chain
-from tiletune.resolve.database import DatabaseHandle, DatabaseSource
+from tiletune.resolve.database import DatabaseSource
+from tiletune.resolve.handle import DatabaseHandle
 from tiletune.resolve.pins import PinSource, verified_pin
 from tiletune.resolve.problem import ON_MISS, OpSpec, Problem
 from tiletune.resolve.tables import TableSource
@@ -570,7 +572,7 @@ class TunedOp:
         open, or failed later (locked, disk full, ...); the op then tunes and launches without storing
         anything, after one :class:`~tiletune.errors.DatabaseWarning` per process and database path
         saying what is wrong and what to do. A read-only database (``db.read_only``) is kept: its
-        records are used, nothing is stored (see :func:`tiletune.resolve.database.open_database`).
+        records are used, nothing is stored (see :func:`tiletune.resolve.handle.open_database`).
         """
         return self._database.db
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from tiletune.errors import DatabaseError
 from tiletune.records import TuneResult, TuningIdentity
+from tiletune.settings import ON_MISS_CHOICES
 
 if TYPE_CHECKING:  # pragma: no cover
     from tiletune.resolve.problem import Choice
@@ -98,10 +99,8 @@ def miss_scope(*, strategy: Any = None, budget: "Budget | None" = None, seed: in
         resolve_strategy(strategy)  # a bad name fails here, not in the middle of a call
     if budget is not None and not isinstance(budget, Budget):
         raise TypeError(f"budget must be a tiletune.Budget, got {type(budget).__name__}")
-    from tiletune.resolve.problem import ON_MISS
-
-    if on_miss is not None and on_miss not in ON_MISS:
-        raise ValueError(f"on_miss={on_miss!r}: choose one of {', '.join(ON_MISS)}")
+    if on_miss is not None and on_miss not in ON_MISS_CHOICES:
+        raise ValueError(f"on_miss={on_miss!r}: choose one of {', '.join(ON_MISS_CHOICES)}")
     scope = MissScope(strategy, budget, seed, dict(strategy_options) if strategy_options else None, on_miss)
     outer = getattr(_scopes, "current", None)
     _scopes.current = scope

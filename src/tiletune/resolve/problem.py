@@ -21,11 +21,12 @@ from tiletune.errors import TiletuneError
 from tiletune.identity import kernel_identity
 from tiletune.keys import args_key_json, key_to_json
 from tiletune.records import TuneResult, TuningIdentity, canonical_json
+from tiletune.settings import ON_MISS_CHOICES
 from tiletune.space.spaces import Config, Space
 
 if TYPE_CHECKING:  # pragma: no cover
     from tiletune.buckets import Buckets
-    from tiletune.resolve.database import DatabaseHandle
+    from tiletune.resolve.handle import DatabaseHandle
 
 __all__ = ["ON_MISS", "OpSpec", "Problem", "Choice", "SOURCES", "IDENTITY_SAMPLE", "identity_configs"]
 
@@ -33,7 +34,7 @@ __all__ = ["ON_MISS", "OpSpec", "Problem", "Choice", "SOURCES", "IDENTITY_SAMPLE
 #: ``autotune``), serve the config of its ``"nearest"`` tuned neighbour at once and record the key
 #: as pending (the default of the library ops; no neighbour: the default config), or launch the
 #: space's ``"default"`` (baseline) config at once and record the key as pending.
-ON_MISS = ("tune", "nearest", "default")
+ON_MISS = ON_MISS_CHOICES
 
 #: Every source a choice can come from, in the order the chain asks them.
 SOURCES = ("capture", "disabled", "single", "pin", "database", "table", "nearest", "default", "peer", "tuned")

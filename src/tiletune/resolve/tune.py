@@ -93,7 +93,8 @@ def tune(problem: "Problem", *, resume: bool = False, on_result: Callable[[Measu
     from tiletune.engine.progress import tuning_progress
     from tiletune.engine.search import DEFAULT_SEARCH_EVALS, default_search, run_search
     from tiletune.resolve.attempt import MissScope, current_scope
-    from tiletune.space.strategies.base import Budget, make_strategy
+    from tiletune.space.strategies.base import Budget
+    from tiletune.space.strategies.registry import make_strategy
 
     spec, arch, identity = problem.spec, problem.arch, problem.identity
     over = current_scope() or MissScope()

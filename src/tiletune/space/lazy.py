@@ -28,12 +28,29 @@ import itertools
 import math
 import random
 import sys
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from tiletune.errors import SpaceError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from tiletune.space.spaces import Config, Scalar, Space
+#: a configuration (:class:`tiletune.space.spaces.Config`) and a parameter's value, as this view sees them:
+#: it only hands them on (the space makes and checks them)
+Config = Any
+Scalar = Any
+
+
+class Space(Protocol):
+    """What the view uses of a :class:`tiletune.space.spaces.Space` (the space owns its view, so this
+    module does not import that one)."""
+
+    names: tuple[str, ...]
+
+    def values(self, name: str, arch: str | None = None) -> Sequence[Scalar]: ...
+
+    def product_size(self, arch: str | None = None) -> int: ...
+
+    def config_of(self, values: Sequence[Scalar]) -> Config: ...
+
+    def first_failure(self, cfg: Config) -> str | None: ...
 
 __all__ = ["LAZY_THRESHOLD", "LazySpace", "is_lazy"]
 
@@ -99,7 +116,7 @@ class LazySpace:
     # ------------------------------------------------------------------ configs and indices
     def config_at(self, idx: Sequence[int]) -> "Config":
         """The config of a value-index vector (not checked against the constraints)."""
-        return self.space._make(tuple(vs[i] for vs, i in zip(self.values, idx)))
+        return self.space.config_of(tuple(vs[i] for vs, i in zip(self.values, idx)))
 
     def index_of(self, cfg: Mapping[str, Any]) -> tuple[int, ...] | None:
         """The value-index vector of ``cfg``, or None if it names other parameters or a value that is
@@ -119,7 +136,7 @@ class LazySpace:
             return self._cache[key]
         cfg = self.config_at(key)
         self.checks += 1
-        ok = self.space._first_failure(cfg) is None
+        ok = self.space.first_failure(cfg) is None
         if not cache:
             return cfg if ok else None
         if len(self._cache) >= _CACHE_LIMIT:
@@ -241,8 +258,8 @@ class LazySpace:
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator["Config"]:
         """The valid configs in space order, streamed (no verdict is cached)."""
-        first = self.space._first_failure
-        make = self.space._make
+        first = self.space.first_failure
+        make = self.space.config_of
         for values in itertools.product(*self.values):
             cfg = make(values)
             if first(cfg) is None:

@@ -904,6 +904,16 @@ class Space:
                 out.append(float(en.lookups[name][_vkey(v)]))
         return out
 
+    def config_of(self, values: Sequence[Scalar]) -> Config:
+        """The config of ``values`` (one per parameter, in space order), unchecked: neither the values
+        nor the constraints (:meth:`first_failure` says which constraint it breaks). For views that
+        walk the product of the values themselves (:class:`~tiletune.space.lazy.LazySpace`)."""
+        return self._make(tuple(values))
+
+    def first_failure(self, cfg: Config) -> str | None:
+        """The name of the first constraint ``cfg`` breaks, or None when it keeps them all."""
+        return self._first_failure(cfg)
+
     # -- internals -------------------------------------------------------------------------
 
     def _make(self, values: tuple[Scalar, ...]) -> Config:

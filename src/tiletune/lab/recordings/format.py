@@ -32,8 +32,8 @@ from tiletune import jsonio as _io
 from tiletune.jsonio import (
     Problem, as_config, as_int, as_list, as_object, as_scalar, as_str, as_time, as_times, join, need, opt_str,
 )
+from tiletune.lab.recordings.header import FORMAT, VERSION, headed
 
-FORMAT = "tiletune-recording"
 
 __all__ = ["FORMAT", "TRUTHS", "RecordedConfigs", "Recording", "import_recording", "load_any", "save_recording"]
 
@@ -75,18 +75,16 @@ def save_recording(
     ``"times-median"``); ``times_us`` (parallel to ``measurements``) the single time of each config that
     ``truth="time"`` scores (None where there is none).
     """
-    doc = {
-        "format": FORMAT,
-        "version": 1,
-        "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) if recorded is None else recorded,
-        "name": name,
-        "key": key,
-        "device": device.as_dict(),
-        "versions": dict(versions),
-        "space": dict(space or {}),
-        "note": note,
-        "measurements": [_compact(m) for m in measurements],
-    }
+    doc = headed(
+        recorded=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) if recorded is None else recorded,
+        name=name,
+        key=key,
+        device=device.as_dict(),
+        versions=dict(versions),
+        space=dict(space or {}),
+        note=note,
+        measurements=[_compact(m) for m in measurements],
+    )
     if truth is not None:
         doc["truth"] = truth
     if times_us is not None:
@@ -130,9 +128,9 @@ def _validate(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, Mapping):
         raise Problem(f"expected an object, got {_io.show(doc)}", "document")
     fmt, version = doc.get("format"), doc.get("version")
-    if fmt != FORMAT or isinstance(version, bool) or version != 1:
+    if fmt != FORMAT or isinstance(version, bool) or version != VERSION:
         raise Problem(f"not a tiletune recording (format {fmt!r}, version {version!r}; "
-                      f"this tiletune reads format {FORMAT!r} version 1)")
+                      f"this tiletune reads format {FORMAT!r} version {VERSION})")
     dev = as_object(need(doc, "device", "document"), "device")
     device = DeviceInfo(
         name=as_str(need(dev, "name", "device"), "device.name"),

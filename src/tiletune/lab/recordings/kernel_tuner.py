@@ -29,7 +29,7 @@ from tiletune.errors import InvalidRecording
 from tiletune.records import Status
 from tiletune import jsonio as _io
 from tiletune.jsonio import Problem, as_config, as_list, as_object, as_scalar, as_str, as_time, as_times, join, need, opt_str
-from tiletune.lab.recordings.format import FORMAT
+from tiletune.lab.recordings.header import headed
 
 #: Kernel Tuner's error markers (the ``time`` of a cache entry) and what they become here.
 #: ``InvalidConfig`` marks a config that breaks the space's restrictions: not part of the space.
@@ -136,20 +136,18 @@ def _document(doc: Any, path: str | os.PathLike, name: str | None, arch: str) ->
                        time_us=_us(as_time(t, join(where, "time"), limit=_MAX_MS)))
         measurements.append(rec)
     kernel = opt_str(top, "kernel_name", "", "unknown")
-    return {
-        "format": FORMAT,
-        "version": 1,
-        "recorded": recorded or "unknown",
-        "name": name or kernel,
-        "key": {"kernel": kernel, "problem_size": top.get("problem_size", "unknown"),
+    return headed(
+        recorded=recorded or "unknown",
+        name=name or kernel,
+        key={"kernel": kernel, "problem_size": top.get("problem_size", "unknown"),
                 "objective": opt_str(top, "objective", "", "time")},
-        "device": {"name": opt_str(top, "device_name", "", "unknown"), "arch": arch, "sm_count": 0},
-        "versions": {"kernel_tuner_cache_schema": opt_str(top, "schema_version", "", "unknown")},
-        "space": {"params": params, "invalid_configs": invalid, "imported_from": "kernel_tuner_cache"},
-        "note": f"imported from the Kernel Tuner cache {Path(path).name}",
-        "truth": "time",
-        "measurements": measurements,
-    }
+        device={"name": opt_str(top, "device_name", "", "unknown"), "arch": arch, "sm_count": 0},
+        versions={"kernel_tuner_cache_schema": opt_str(top, "schema_version", "", "unknown")},
+        space={"params": params, "invalid_configs": invalid, "imported_from": "kernel_tuner_cache"},
+        note=f"imported from the Kernel Tuner cache {Path(path).name}",
+        truth="time",
+        measurements=measurements,
+    )
 
 
 def _us(ms: float) -> float:

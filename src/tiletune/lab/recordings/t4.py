@@ -21,7 +21,7 @@ from tiletune.errors import InvalidRecording
 from tiletune.records import Status, canonical_json
 from tiletune import jsonio as _io
 from tiletune.jsonio import Problem, as_config, as_list, as_object, as_str, as_time, as_times, join, opt_str
-from tiletune.lab.recordings.format import FORMAT
+from tiletune.lab.recordings.header import headed
 
 #: T4 ``invalidity`` values and what they become (``constraints``: not part of the space).
 #: Any other value is imported as a launch error with the value as its reason.
@@ -153,18 +153,16 @@ def _document(
     space: dict[str, Any] = {"invalid_configs": invalid, "imported_from": "t4"}
     if params is not None:
         space["params"] = {str(k): list(v) for k, v in params.items()}
-    return {
-        "format": FORMAT,
-        "version": 1,
-        "recorded": recorded or "unknown",
-        "name": name or Path(path).name.split(".")[0],
-        "key": {"t4_file": Path(path).name},
-        "device": {"name": device, "arch": arch, "sm_count": 0},
-        "versions": {"t4_schema": opt_str(top, "schema_version", "", "unknown")},
-        "space": space,
-        "note": f"imported from the T4 results file {Path(path).name}",
-        "measurements": list(by_key.values()),
-    }
+    return headed(
+        recorded=recorded or "unknown",
+        name=name or Path(path).name.split(".")[0],
+        key={"t4_file": Path(path).name},
+        device={"name": device, "arch": arch, "sm_count": 0},
+        versions={"t4_schema": opt_str(top, "schema_version", "", "unknown")},
+        space=space,
+        note=f"imported from the T4 results file {Path(path).name}",
+        measurements=list(by_key.values()),
+    )
 
 
 def _us(ms: float) -> float:

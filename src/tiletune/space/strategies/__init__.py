@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Iterator, overload
 
-from tiletune.space.strategies.base import (
+from tiletune.space.strategies.base import Budget, Result, Strategy
+from tiletune.space.strategies.evolutionary import EvolutionaryStrategy
+from tiletune.space.strategies.model import ModelStrategy
+from tiletune.space.strategies.registry import (
     STRATEGIES,
-    Budget,
-    Result,
-    Strategy,
     StrategyError,
     StrategySpec,
     make_strategy,
@@ -32,9 +32,7 @@ from tiletune.space.strategies.base import (
     resolve_strategy,
     strategy_names,
 )
-from tiletune.space.strategies.simple import ExhaustiveStrategy, RandomStrategy  # noqa: I001  (registration order: built-ins first)
-from tiletune.space.strategies.evolutionary import EvolutionaryStrategy
-from tiletune.space.strategies.model import ModelStrategy
+from tiletune.space.strategies.simple import ExhaustiveStrategy, RandomStrategy
 
 
 class _StrategyNames(Sequence):  # type: ignore[type-arg]

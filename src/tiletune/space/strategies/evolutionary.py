@@ -20,12 +20,11 @@ previous or next value), with probability ``jump`` one parameter set to a random
 from __future__ import annotations
 
 from tiletune.space.spaces import Config, Space
-from tiletune.space.strategies.base import Strategy, register
+from tiletune.space.strategies.base import Strategy
 
 __all__ = ["EvolutionaryStrategy"]
 
 
-@register("evolutionary")
 class EvolutionaryStrategy(Strategy):
     """Genetic search with tournament selection, uniform crossover and neighbour mutation.
 
@@ -37,6 +36,8 @@ class EvolutionaryStrategy(Strategy):
         jump: probability of setting one parameter to a random value (long-range exploration).
         max_tries: breeding attempts per child before the fallbacks.
     """
+
+    name = "evolutionary"
 
     def __init__(
         self,

@@ -24,12 +24,11 @@ import numpy as np
 
 from tiletune.space.spaces import Space
 from tiletune.space.strategies._index import index_for
-from tiletune.space.strategies.base import Result, Strategy, register
+from tiletune.space.strategies.base import Result, Strategy
 
 __all__ = ["LocalSearchStrategy"]
 
 
-@register("local")
 class LocalSearchStrategy(Strategy):
     """Iterated first-improvement local search with perturbations and restarts (see the module docstring).
 
@@ -38,6 +37,8 @@ class LocalSearchStrategy(Strategy):
         restart_every: every this many perturbations, restart from a random config (0: never).
         n_init: random configs measured before the first move (the start is the best of them).
     """
+
+    name = "local"
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0, *, kick: int = 2,
                  restart_every: int = 3, n_init: int = 1) -> None:

@@ -26,12 +26,12 @@ import numpy as np
 
 from tiletune.errors import TiletuneError
 from tiletune.space.spaces import Config, Space
-from tiletune.space.strategies.base import Strategy, register
+from tiletune.space.strategies.base import Strategy
 
 __all__ = ["ModelStrategy"]
 
 
-def _require_sklearn() -> Any:
+def require_sklearn() -> Any:
     try:
         from sklearn.ensemble import ExtraTreesRegressor
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -49,7 +49,6 @@ def _normal_cdf_pdf(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cdf, pdf
 
 
-@register("model")
 class ModelStrategy(Strategy):
     """Surrogate-model search with an extra-trees ensemble (see the module docstring).
 
@@ -66,6 +65,8 @@ class ModelStrategy(Strategy):
         max_candidates: on a lazy space, the random unseen configs scored per batch.
     """
 
+    name = "model"
+
     def __init__(
         self,
         space: Space,
@@ -80,7 +81,7 @@ class ModelStrategy(Strategy):
         design: str = "random",
         max_candidates: int = 4096,
     ) -> None:
-        self._Regressor = _require_sklearn()
+        self._Regressor = require_sklearn()
         super().__init__(space, arch, seed)
         if n_init < 1:
             raise ValueError(f"n_init must be >= 1, got {n_init!r}")

@@ -19,13 +19,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from tiletune.space.spaces import Config, Space
-from tiletune.space.strategies.base import Result, Strategy, make_strategy, register
+from tiletune.space.strategies.base import Result, Strategy
+from tiletune.space.strategies.registry import make_strategy
 from tiletune.space.strategies.surrogate import SurrogateStrategy
 
 __all__ = ["AutoStrategy", "HybridStrategy"]
 
 
-@register("hybrid")
 class HybridStrategy(SurrogateStrategy):
     """A bandit over three ways of picking the next config, sharing one current config and one model.
 
@@ -65,6 +65,8 @@ class HybridStrategy(SurrogateStrategy):
         tabu: a restart lands more than this many parameters away from every abandoned basin.
         sticky: only a new best overall moves the current config when a global pick found it.
     """
+
+    name = "hybrid"
 
     ARMS = ("walk", "ranked", "global", "exploit")
 
@@ -309,7 +311,6 @@ class HybridStrategy(SurrogateStrategy):
         return out
 
 
-@register("auto")
 class AutoStrategy(Strategy):
     """Picks a strategy by the space (see the module docstring) and delegates every call to it.
 
@@ -317,6 +318,8 @@ class AutoStrategy(Strategy):
         small: spaces with at most this many valid configs are searched at random.
         **opts: passed to the chosen strategy.
     """
+
+    name = "auto"
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0, *, small: int = 24,
                  **opts: Any) -> None:
@@ -326,9 +329,9 @@ class AutoStrategy(Strategy):
             chosen = "random"
         else:
             try:
-                from tiletune.space.strategies.model import _require_sklearn
+                from tiletune.space.strategies.model import require_sklearn
 
-                _require_sklearn()
+                require_sklearn()
                 chosen = "hybrid"
             except Exception:  # noqa: BLE001 - no scikit-learn: the model-free search
                 chosen = "local"

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from tiletune.space.spaces import Config, Space
-from tiletune.space.strategies.base import Strategy, register
+from tiletune.space.strategies.base import Strategy
 
 __all__ = ["ExhaustiveStrategy", "RandomStrategy"]
 
 
-@register("exhaustive")
 class ExhaustiveStrategy(Strategy):
     """Every valid configuration, baseline first, then in space order.
 
     The racing that makes exhaustive search affordable lives in the tuning loop (candidates that
     clearly cannot win stop being measured), so this strategy only fixes the order.
     """
+
+    name = "exhaustive"
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0) -> None:
         super().__init__(space, arch, seed)
@@ -30,13 +31,14 @@ class ExhaustiveStrategy(Strategy):
         return out
 
 
-@register("random")
 class RandomStrategy(Strategy):
     """Uniform random sampling without replacement (baseline first); the yardstick for the others.
 
     On a lazy space (:attr:`Strategy.lazy`), each proposal is drawn by rejection sampling instead of
     from a shuffled list of the whole space.
     """
+
+    name = "random"
 
     def __init__(self, space: Space, arch: str | None = None, seed: int = 0) -> None:
         super().__init__(space, arch, seed)

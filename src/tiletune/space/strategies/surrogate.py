@@ -34,9 +34,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from tiletune.space.spaces import Space
-from tiletune.space.strategies.base import Result, Strategy, register
+from tiletune.space.strategies.base import Result, Strategy
 from tiletune.space.strategies._index import RowArray, index_for
-from tiletune.space.strategies.model import _require_sklearn
+from tiletune.space.strategies.model import require_sklearn
 
 __all__ = ["SurrogateStrategy"]
 
@@ -113,11 +113,10 @@ class _Forest:
 
 
 def _forests() -> tuple[Any, Any]:
-    _require_sklearn()
+    require_sklearn()
     return _Forest, _Forest
 
 
-@register("surrogate")
 class SurrogateStrategy(Strategy):
     """Random-forest surrogate with failure classifier and local candidates (see the module docstring).
 
@@ -134,6 +133,8 @@ class SurrogateStrategy(Strategy):
         design: the first ``n_init`` configs: ``"lhs"`` (a Latin hypercube over the parameters'
             values, snapped to valid configs) or ``"uniform"`` (uniform over the valid configs).
     """
+
+    name = "surrogate"
 
     def __init__(
         self,
