@@ -295,3 +295,22 @@ def test_main_writes_after_every_kernel(monkeypatch, tmp_path):
         (name, [r["kernel"] for r in doc["rows"]], doc["complete"])))
     ts.main(["--kernels", "rmsnorm,matmul", "--reps", "1", "--out", str(tmp_path)])
     assert writes == [("tuning_speed_cold", ["rmsnorm"], False), ("tuning_speed_cold", ["rmsnorm", "matmul"], True)]
+
+
+def test_frontend_cache_benchmark_measures_the_three_first_launches(tmp_path):
+    """benchmarks/frontend_cache.py: real compiles for sm_90 on the host (no GPU): a cold compile, cuTile's
+    disk-cache hit and tiletune's front-end hit, each in a fresh process; the entry is a record of cuTile's key."""
+    pytest.importorskip("cuda.tile")
+    pytest.importorskip("cutile_cache")
+    out = tmp_path / "fc.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frontend_cache.py"), "--kernels", "layernorm",
+                        "--reps", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["kernel"] == "layernorm" and row["frontend_hit"] is True
+    assert row["frontend_cubin_bytes"] == 0 and row["cutile_cache_bytes"] > 0  # the cubin is stored once
+    assert all(row[f"{m}_first_compile_s"] > 0 for m in ("cold", "disk", "frontend"))
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frontend_cache.py"), "--kernels", "nope"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown kernels" in bad.stderr

@@ -190,9 +190,10 @@ class FakeTicket:
     def load(self):
         return self.store.get(self.key)
 
-    def save(self, cubin, symbol):
+    def save(self, cubin, symbol, cutile_key=None):
         time.sleep(0.2)  # a slow disk: nobody may wait for this
         self.store[self.key] = (cubin, symbol)
+        self.store.setdefault("refs", {})[self.key] = cutile_key
         return True
 
 
@@ -234,8 +235,11 @@ def test_kept_jobs_reach_the_front_end_cache_without_the_caller_waiting(fake, fr
     assert time.perf_counter() - t < 0.3  # the 0.2 s front-end cache writes are not waited for
     assert all(r.error is None for r in results)
     assert compile_pool.flush(5)
+    refs = frontend.pop("refs")
     assert frontend == {"k0": (b"cubin-k0", "kernel_symbol"), "k1": (b"cached-k1", "kernel_symbol")}
     assert sorted(stores) == ["k0", "k2"]
+    # one store of the cubins: the front-end entries are records of cuTile's keys (k0 stored just before)
+    assert refs == {"k0": "k0", "k1": "k1"}
 
 
 def test_disk_stores_are_batched_into_one_transaction_and_read_back_without_writing(tmp_path):

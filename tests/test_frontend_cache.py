@@ -332,3 +332,75 @@ def test_attributes_read_through_a_module_are_part_of_the_fingerprint(tmp_path, 
     before = frontend_cache.code_fingerprint(fp_user.f)
     fp_pkg.BLOCK = 128  # what a changed consts.py gives a fresh process (fp_pkg/__init__.py unchanged)
     assert frontend_cache.code_fingerprint(fp_user.f) != before
+
+
+CHILD_LAUNCH_PATH = """
+import hashlib, sys
+sys.path.insert(0, {folder!r})
+import importlib
+from cuda.tile._cext import default_tile_context
+from tiletune.devices.prefetch_kernel import PrefetchKernel
+from test_frontend_cache import _signature
+mod = importlib.import_module({name!r})
+k = PrefetchKernel.with_hints(mod.scale_kernel, dict(occupancy=2))
+cubin = k._compile(_signature(), default_tile_context, (9, 0))[0]
+print(k.frontend_hits, "cuda.tile._compile" in sys.modules, hashlib.sha256(cubin).hexdigest())
+"""
+
+
+def test_on_the_launch_path_the_cubin_is_stored_once_in_cutiles_cache(modules):
+    """A launch compiles through the pool: cuTile's disk cache keeps the cubin, the front-end entry only
+    its key; a later process is served from cuTile's database without the front end, and a cubin cuTile
+    no longer holds is a miss (compiled again), never an error."""
+    import sqlite3
+
+    name = _write_modules(modules)
+    cache = modules / "cache"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(Path(__file__).parent)]),
+           "CUDA_TILE_CACHE_DIR": str(cache)}
+    code = CHILD_LAUNCH_PATH.format(folder=str(modules), name=name)
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.split()
+
+    first = run()
+    assert first[:2] == ["0", "True"]
+    folder = cache / "tiletune-frontend"
+    records = [json.loads(p.read_text()) for p in folder.glob("*.json") if p.name != "versions.json"]
+    assert len(records) == 1 and isinstance(records[0].get("cutile_key"), str)
+    assert list(folder.glob("*.cubin")) == []  # one store: cuTile's
+    db = sqlite3.connect(str(cache / "cache.db"))
+    atime = db.execute("SELECT atime FROM cache WHERE key = ?", (records[0]["cutile_key"],)).fetchone()
+    db.close()
+    assert atime is not None
+
+    second = run()
+    assert second == ["1", "False", first[2]]  # served by reference, cuTile's compiler never imported
+    db = sqlite3.connect(str(cache / "cache.db"))
+    touched = db.execute("SELECT atime FROM cache WHERE key = ?", (records[0]["cutile_key"],)).fetchone()
+    assert touched[0] > atime[0]  # marked used in cuTile's database at exit
+    db.execute("DELETE FROM cache")  # cuTile evicted it
+    db.commit()
+    db.close()
+    third = run()
+    assert third == ["0", "True", first[2]]  # a miss: compiled again, same cubin
+
+
+def test_a_reference_whose_cubin_changed_is_a_miss(tmp_path):
+    from cutile_cache import _cache as cutile
+
+    folder = tmp_path / "tiletune-frontend"
+    t = frontend_cache.Ticket(folder, "entry", "sm_90", "k")
+    cutile.cache_store(str(tmp_path), "ck", b"\x7fELF-one", None)
+    assert t.save(b"\x7fELF-one", "sym", cutile_key="ck")
+    assert t.load() == (b"\x7fELF-one", "sym")
+    import sqlite3
+
+    db = sqlite3.connect(str(tmp_path / "cache.db"))
+    db.execute("UPDATE cache SET blob = ? WHERE key = ?", (b"\x7fELF-two", "ck"))  # another cubin under the key
+    db.commit()
+    db.close()
+    assert t.load() is None
+    assert frontend_cache.Ticket(folder, "other", "sm_90", "k").load() is None

@@ -354,7 +354,7 @@ class CompilePool:
             if cubin is not None:
                 job.kernel.offer(sig, cubin, job.arch)
                 if entry is not None and job.keep:
-                    _writer.submit(functools.partial(entry.save, cubin, sig.symbol))
+                    _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
                 continue
             if job.if_cached:
@@ -412,8 +412,8 @@ class CompilePool:
             job.kernel.offer(sig, cubin, job.arch)
             if ints.cache_dir:
                 _writer.submit(functools.partial(_store_disk, ints, key, cubin, asm_s))
-            if entry is not None:
-                _writer.submit(functools.partial(entry.save, cubin, sig.symbol))
+            if entry is not None:  # after the disk store (one writer, in order): a record of cuTile's key
+                _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key if ints.cache_dir else None))
             out.put(CompileResult(job.tag, time.perf_counter() - t0, cpu_s=front_cpu + asm_s))
         except Exception as exc:
             timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
@@ -481,11 +481,12 @@ class AheadCompile:
         }
 
 
-def compile_signature(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes, str] | None:
-    """``(cubin, symbol)`` of ``kernel`` compiled for ``signature`` on a launch path, the way the pool compiles
-    (front end, cuTile's disk cache, ``tileiras``), except that the cubin is stored in the disk cache in the
-    background instead of before the launch. None when the pool cannot (another cuTile context, internals
-    unavailable): the caller then takes cuTile's own path."""
+def compile_signature(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes, str, str | None] | None:
+    """``(cubin, symbol, key)`` of ``kernel`` compiled for ``signature`` on a launch path, the way the pool
+    compiles (front end, cuTile's disk cache, ``tileiras``), except that the cubin is stored in the disk
+    cache in the background instead of before the launch; ``key`` is the cubin's key in cuTile's disk cache
+    (None without one). None when the pool cannot (another cuTile context, internals unavailable): the
+    caller then takes cuTile's own path."""
     ints = _get_internals()
     if ints is None or context is not ints.context or not hasattr(kernel, "_annotated_function"):
         return None
@@ -513,7 +514,7 @@ def compile_signature(kernel: Any, signature: Any, context: Any, arch: str) -> t
             cubin = Path(cubin_path).read_bytes()
         if ints.cache_dir:
             _writer.submit(functools.partial(_store_disk, ints, key, cubin, asm_s))
-    return cubin, symbol
+    return cubin, symbol, key if ints.cache_dir else None
 
 
 def _store_disk_batch(items: list[tuple[Any, ...]]) -> None:
@@ -553,18 +554,12 @@ def _lookup_disk(ints: _Internals, key: str) -> bytes | None:
     and access-time update (a read, no write lock); cuTile's own lookup when its file cannot be read so."""
     if not hasattr(ints.cache, "_connect"):  # not the SQLite layout read below: cuTile's lookup
         return ints.cache.cache_lookup(ints.cache_dir, key)
-    path = os.path.join(ints.cache_dir, "cache.db")
-    if not os.path.exists(path):
-        return None
     import sqlite3
 
+    from tiletune.devices.frontend_cache import read_cutile_cache
+
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-        try:
-            row = conn.execute("SELECT blob FROM cache WHERE key = ?", (key,)).fetchone()
-        finally:
-            conn.close()
-        return None if row is None else bytes(row[0])
+        return read_cutile_cache(ints.cache_dir, key)
     except sqlite3.Error:
         return ints.cache.cache_lookup(ints.cache_dir, key)
 

@@ -18,13 +18,19 @@ what the bytecode is a function of instead, so a hit skips the whole front end:
   could pick) and the ``CUDA_TILE_*`` variables that can change a compile.
 
 Entries live next to cuTile's own cache (``<cuTile cache dir>/tiletune-frontend``): with cuTile's disk
-cache off this cache is off too, and clearing cuTile's folder clears it. Each entry is the cubin and a
-JSON record of its symbol, size and SHA-256 (checked on read: a damaged entry is a miss). No pickle.
-``TILETUNE_FRONTEND_CACHE=0`` turns the cache off.
+cache off this cache is off too, and clearing cuTile's folder clears it. One store holds the cubins:
+where the compile went through tiletune's compile pool (every launch and tuning compile does), the
+cubin is in cuTile's disk cache under cuTile's own key, and the entry is only a JSON record of that key
+and the cubin's symbol, size and SHA-256: a hit reads the cubin from cuTile's database (read-only) and
+checks it, an entry whose cubin cuTile evicted is a miss. Only a cubin compiled by cuTile's own path
+(whose key tiletune does not see) is kept as a file beside its record. The cuTile entries served this
+way are marked used in cuTile's database at exit (one write per process, off the launch path), so
+cuTile's eviction sees them as used. No pickle. ``TILETUNE_FRONTEND_CACHE=0`` turns the cache off.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import inspect
 import json
@@ -39,7 +45,7 @@ from typing import Any
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["Ticket", "ticket", "lookup", "store", "code_fingerprint", "toolchain_fingerprint", "cache_folder", "MAX_ENTRIES",
+__all__ = ["Ticket", "ticket", "lookup", "store", "read_cutile_cache", "code_fingerprint", "toolchain_fingerprint", "cache_folder", "MAX_ENTRIES",
            "MAX_BYTES", "FORMAT", "stored_toolchain_versions", "store_toolchain_versions"]
 
 #: bumped when the key material or the entry layout changes
@@ -55,6 +61,7 @@ _WANTS_FRONT_END = ("CUDA_TILE_LOGS", "CUDA_TILE_DUMP_TILEIR", "CUDA_TILE_DUMP_B
 _SIMPLE = (int, float, bool, str, bytes, complex, type(None))
 
 _lock = threading.Lock()
+_touched: dict[str, set[str]] = {}  # cuTile cache folder -> keys of cubins served from it by reference
 _file_hashes: dict[str, tuple[tuple[int, int], str]] = {}  # path -> ((mtime_ns, size), sha256)
 _toolchain: str | None = None
 
@@ -326,6 +333,47 @@ def _write_files(folder: Path, files: list[tuple[str, bytes]], what: str) -> boo
     return True
 
 
+# ------------------------------------------------------------------------------ cuTile's disk cache
+def read_cutile_cache(cache_dir: str | os.PathLike, key: str) -> bytes | None:
+    """The cubin cuTile's disk cache in ``cache_dir`` holds under ``key`` (its SQLite file ``cache.db``,
+    table ``cache``), read-only: no schema statements, no write lock. None when the file or the key is
+    absent; ``sqlite3.Error`` when the file cannot be read so (another layout, a damaged file)."""
+    import sqlite3
+
+    path = os.path.join(os.fspath(cache_dir), "cache.db")
+    if not os.path.exists(path):
+        return None
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    try:
+        row = conn.execute("SELECT blob FROM cache WHERE key = ?", (key,)).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else bytes(row[0])
+
+
+def _touch_cutile_entries() -> None:
+    """Mark the cuTile entries this process served by reference as used (cuTile evicts by access time)."""
+    import sqlite3
+    import time
+
+    with _lock:
+        touched = {d: sorted(keys) for d, keys in _touched.items() if keys}
+        _touched.clear()
+    for cache_dir, keys in touched.items():
+        try:
+            conn = sqlite3.connect(os.path.join(cache_dir, "cache.db"), timeout=1.0)
+            try:
+                with conn:
+                    conn.executemany("UPDATE cache SET atime = ? WHERE key = ?", [(time.time(), k) for k in keys])
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            logger.debug("tiletune: front-end cache: cuTile entries not marked used (%s)", exc)
+
+
+atexit.register(_touch_cutile_entries)
+
+
 # ---------------------------------------------------------------------------------------- entries
 class Ticket:
     """One compile's entry: its folder and key, computed before the compile (so what is stored after
@@ -337,11 +385,20 @@ class Ticket:
         self.folder, self.key, self.arch, self.qualname = folder, key, arch, qualname
 
     def load(self) -> tuple[bytes, str] | None:
-        """``(cubin, symbol)`` stored under this key, or None (absent or damaged)."""
+        """``(cubin, symbol)`` stored under this key, or None (absent, damaged, or a reference to a cubin
+        cuTile's disk cache no longer holds)."""
+        import sqlite3
+
         try:
             meta = json.loads((self.folder / f"{self.key}.json").read_text())
-            cubin = (self.folder / f"{self.key}.cubin").read_bytes()
-        except (OSError, ValueError):
+            ref = meta.get("cutile_key") if isinstance(meta, dict) else None
+            if isinstance(ref, str):
+                cubin = read_cutile_cache(self.folder.parent, ref)
+                if cubin is None:
+                    return None
+            else:
+                cubin = (self.folder / f"{self.key}.cubin").read_bytes()
+        except (OSError, ValueError, sqlite3.Error):
             return None
         if (not isinstance(meta, dict) or meta.get("size") != len(cubin)
                 or meta.get("sha256") != hashlib.sha256(cubin).hexdigest() or not isinstance(meta.get("symbol"), str)):
@@ -351,18 +408,31 @@ class Ticket:
             os.utime(self.folder / f"{self.key}.json")  # recently used: evicted last
         except OSError:
             pass
+        if isinstance(ref, str):
+            with _lock:
+                _touched.setdefault(os.fspath(self.folder.parent), set()).add(ref)
         return cubin, meta["symbol"]
 
-    def save(self, cubin: bytes, symbol: str) -> bool:
-        """Keep ``cubin`` for later processes; True if stored."""
+    def save(self, cubin: bytes, symbol: str, cutile_key: str | None = None) -> bool:
+        """Keep ``cubin`` for later processes; True if stored. ``cutile_key``: cuTile's disk cache holds
+        the cubin under this key (or will, once its store is written): the entry is a record of the key
+        only. Without it the cubin is kept as a file beside the record."""
         if not isinstance(cubin, (bytes, bytearray)) or not isinstance(symbol, str):
             return False
-        meta = {"symbol": symbol, "size": len(cubin), "sha256": hashlib.sha256(cubin).hexdigest(),
-                "arch": self.arch, "kernel": self.qualname}
-        # the record goes last: a reader sees it only with its cubin
-        if not _write_files(self.folder, [(f"{self.key}.cubin", bytes(cubin)),
-                                          (f"{self.key}.json", json.dumps(meta).encode())], f"entry {self.key}"):
+        meta: dict[str, Any] = {"symbol": symbol, "size": len(cubin), "sha256": hashlib.sha256(cubin).hexdigest(),
+                                "arch": self.arch, "kernel": self.qualname}
+        if isinstance(cutile_key, str):
+            meta["cutile_key"] = cutile_key
+            files = [(f"{self.key}.json", json.dumps(meta).encode())]
+        else:  # the record goes last: a reader sees it only with its cubin
+            files = [(f"{self.key}.cubin", bytes(cubin)), (f"{self.key}.json", json.dumps(meta).encode())]
+        if not _write_files(self.folder, files, f"entry {self.key}"):
             return False
+        if isinstance(cutile_key, str):
+            try:  # an older entry of this key kept the cubin itself
+                (self.folder / f"{self.key}.cubin").unlink()
+            except OSError:
+                pass
         if random.random() < 1 / 64:
             _evict(self.folder)
         return True
@@ -388,10 +458,12 @@ def lookup(kernel: Any, signature: Any, context: Any, arch: str) -> tuple[bytes,
     return t.load() if t is not None else None
 
 
-def store(kernel: Any, signature: Any, context: Any, arch: str, cubin: bytes, symbol: str) -> bool:
-    """Keep ``cubin`` (compiled for ``signature`` on ``arch``) for later processes; True if stored."""
+def store(kernel: Any, signature: Any, context: Any, arch: str, cubin: bytes, symbol: str,
+          cutile_key: str | None = None) -> bool:
+    """Keep ``cubin`` (compiled for ``signature`` on ``arch``) for later processes; True if stored
+    (``cutile_key``: see :meth:`Ticket.save`)."""
     t = ticket(kernel, signature, context, arch)
-    return t.save(cubin, symbol) if t is not None else False
+    return t.save(cubin, symbol, cutile_key) if t is not None else False
 
 
 def _evict(folder: Path, keep: int | None = None, max_bytes: int | None = None) -> int:
@@ -407,9 +479,12 @@ def _evict(folder: Path, keep: int | None = None, max_bytes: int | None = None) 
                     continue
                 try:
                     used = rec.stat().st_mtime_ns
+                except OSError:
+                    used = 0
+                try:
                     size = rec.with_suffix(".cubin").stat().st_size
                 except OSError:
-                    used, size = 0, 0  # half an entry (or one being written): first to go
+                    size = 0  # a record of cuTile's key: the cubin is cuTile's to keep
                 entries.append((used, size, rec))
         except OSError:
             return 0

@@ -80,9 +80,11 @@ class PrefetchKernel(ct.kernel):
 
         with compiling():  # a tuning worker's watchdog does not count this (see compile_pool.compiling)
             result = None
+            cutile_key = None  # where cuTile's disk cache keeps the cubin (the pool's way only)
             try:  # the pool's way: the disk-cache store happens in the background, after the launch
                 got = compile_signature(self, signature, context, arch)
-                result = None if got is None else (got[0], got[1], None, ())
+                if got is not None:
+                    result, cutile_key = (got[0], got[1], None, ()), got[2]
             except Exception as exc:  # noqa: BLE001 - cuTile's own path reports the error properly
                 logger.debug("tiletune: compile on launch via the pool failed (%s: %s); cuTile's path",
                              type(exc).__name__, exc)
@@ -93,7 +95,7 @@ class PrefetchKernel(ct.kernel):
         # candidate: the cache holds what later processes will launch, not every config ever tried
         if entry is not None and extra is None and not providers and not settings.in_worker():
             try:
-                entry.save(cubin, symbol)
+                entry.save(cubin, symbol, cutile_key)
             except Exception as exc:  # noqa: BLE001 - the launch goes on with the compiled cubin
                 logger.debug("tiletune: front-end cache not written (%s: %s)", type(exc).__name__, exc)
         return result
