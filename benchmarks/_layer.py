@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -379,9 +380,23 @@ def tuning_sessions(by_op: bool = False) -> Any:
 
 #: tiletune log line fragments -> where a config came from
 LOG_SOURCES = ((": tuning table ", "table"), (": database hit", "database"), (": bucket hit", "bucket"),
+               (": nothing compiled holds a config for ", "fallback"),
                (": tuned ", "tuned"), (": refined ", "refined"), (": nearest", "nearest"),
                (": no tuned neighbour of ", "default"), ("or beat the default config", "default"),
                ("met a new problem key during CUDA graph capture", "capture_miss"))
+
+
+def settle_compiles(call: Any, timeout: float = 300.0) -> float:
+    """Wait for the configs that compile in the background while ops run their torch fallbacks
+    (:func:`tiletune.wait_for_compiles`), then ``call()`` once so each such key resolves to its config;
+    returns the seconds waited."""
+    import tiletune
+
+    t0 = time.perf_counter()
+    tiletune.wait_for_compiles(timeout)
+    waited = time.perf_counter() - t0
+    call()
+    return round(waited, 3)
 
 
 class SourceLog:

@@ -698,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TILETUNE_DB"] = str(tmp / "default.db")  # never the user's database
     os.environ.pop("TILETUNE_ON_MISS", None)  # the library's own policy for the served call
     os.environ["TILETUNE_BACKGROUND"] = "0"  # a provisional answer stays as served
+    os.environ["TILETUNE_FALLBACK"] = "0"  # the served config is what is measured: no torch fallback meanwhile
     import _common
     from _common import failure_fields, write_result
 

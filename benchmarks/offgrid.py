@@ -336,6 +336,7 @@ def measure(shape: dict[str, Any], tmp: Path, index: int, log: Any, timer_check:
     sessions = L.tuning_sessions()
     row["served_source"] = served_source(log.snapshot()["sources"], sessions)
     row["served_log"] = log.snapshot()["sources"]
+    row["served_compile_wait_s"] = L.settle_compiles(tt_call)  # a fallback's configs compiled: served from now on
     row["served_ms"] = L.bench_ms(tt_call)
 
     # tuned: the exact shape (unless the served call just did that)

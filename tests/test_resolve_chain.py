@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import tiletune as tt
 from tiletune import events
-from tiletune.devices.backends import FakeBackend, SimulatedCandidate
+from tiletune.devices.backends import FakeBackend, FakeCompilingBackend, SimulatedCandidate
 from tiletune.resolve import pending
 from tiletune.resolve.chain import Attempt, Chain, default_sources
 from tiletune.resolve.nearest import distance, key_features, neighbours
@@ -31,11 +31,15 @@ def _kernel(x, y):
     y.copy_(x * 2)
 
 
-def _op(db, *, on_miss="tune", truth=None, failures=None, **kw):
+def _plan(cfg, x, y):
+    return tt.Launch(_kernel, (1,), (x, y))
+
+
+def _op(db, *, on_miss="tune", truth=None, failures=None, backend=None, **kw):
     truth = truth or (lambda c: 10.0 + c.K)
     return tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=db,
-                       backend=FakeBackend(truth, failures=failures),
-                       progress=False, on_miss=on_miss, **kw)(lambda cfg, x, y: tt.Launch(_kernel, (1,), (x, y)))
+                       backend=backend or FakeBackend(truth, failures=failures),
+                       progress=False, on_miss=on_miss, **kw)(_plan)
 
 
 class Spy:
@@ -384,3 +388,100 @@ def test_no_two_modules_import_each_other_even_through_others():
         if v not in index:
             visit(v)
     assert cycles == []
+
+
+# ---------------------------------------------------------------------- nearest: fallback while compiling
+
+
+def _fb_op(path, backend, *, on_miss="nearest", calls=None):
+    calls = [] if calls is None else calls
+
+    def fallback(x, y):
+        calls.append(x.shape[0])
+        y.copy_(x * 2)
+
+    return _op(path, backend=backend, on_miss=on_miss, name="nn.fb", fallback=fallback), calls
+
+
+def test_a_new_key_whose_config_nothing_compiled_runs_the_fallback_while_it_compiles(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.delenv("TILETUNE_FALLBACK", raising=False)
+    path = tmp_path / "t.db"
+    _op(path, name="nn.fb", truth=lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64))  # K=3 stored
+    gate = threading.Event()
+    backend = FakeCompilingBackend(lambda c: 10.0 + abs(c.K - 3), cached=lambda c: False, ahead_gate=gate)
+    server, calls = _fb_op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    server(x, y)  # nothing compiled holds K=3: it compiles in the background, the fallback answers
+    assert calls == [100] and torch.equal(y, x * 2)
+    assert [[c.K for c in cfgs] for cfgs in backend.ahead] == [[3, 0]]  # the nearest's config, then the default
+    assert server.tuning_count == 0 and backend.launches == [] and backend.compiled == []
+    sessions = len(backend.sessions)
+    y2 = torch.empty(100)
+    server(x, y2)  # still compiling: the fallback again, without asking the chain
+    assert calls == [100, 100] and torch.equal(y2, x * 2) and len(backend.sessions) == sessions
+    assert not tt.wait_for_compiles(0.05)
+    gate.set()
+    assert tt.wait_for_compiles(5)
+    y3 = torch.empty(100)
+    server(x, y3)  # compiled: the nearest config launches from now on, provisionally
+    assert calls == [100, 100] and torch.equal(y3, x * 2)
+    assert server.config_for(x, y3)["K"] == 3 and server.provisional == [server.key_of(x, y3)]
+    assert [c.K for c, _, _ in backend.launches][-1] == 3 and server.tuning_count == 0
+
+
+def test_config_for_and_bind_never_fall_back(tmp_path):
+    import threading
+
+    path = tmp_path / "t.db"
+    _op(path, name="nn.fb", truth=lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64))
+    backend = FakeCompilingBackend(lambda c: 10.0 + abs(c.K - 3), cached=lambda c: False, ahead_gate=threading.Event())
+    server, calls = _fb_op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    assert server.config_for(x, y)["K"] == 3  # a config is asked for: compiled now, no fallback
+    assert calls == [] and backend.ahead == []
+
+
+def test_the_fallback_is_off_when_a_compile_cache_holds_the_config_or_when_turned_off(tmp_path, monkeypatch):
+    import threading
+
+    path = tmp_path / "t.db"
+    _op(path, name="nn.fb", truth=lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64))
+    warm = FakeCompilingBackend(lambda c: 10.0 + abs(c.K - 3), cached=lambda c: c.K == 3, ahead_gate=threading.Event())
+    server, calls = _fb_op(path, warm)
+    x, y = torch.randn(100), torch.empty(100)
+    server(x, y)
+    assert calls == [] and warm.ahead == [] and server.config_for(x, y)["K"] == 3
+    monkeypatch.setenv("TILETUNE_FALLBACK", "0")
+    cold = FakeCompilingBackend(lambda c: 10.0 + abs(c.K - 3), cached=lambda c: False, ahead_gate=threading.Event())
+    server, calls = _fb_op(path, cold)
+    server(torch.randn(101), torch.empty(101))
+    assert calls == [] and cold.ahead == [] and cold.compiled  # compiled at once, as without a fallback
+
+
+def test_without_a_neighbour_the_default_config_compiles_while_the_fallback_runs(tmp_path):
+    backend = FakeCompilingBackend(lambda c: 10.0 + c.K, cached=lambda c: False)  # the compile finishes at once
+    server, calls = _fb_op(tmp_path / "t.db", backend, on_miss="default")
+    x, y = torch.randn(100), torch.empty(100)
+    server(x, y)
+    assert calls == [100] and [[c.K for c in cfgs] for cfgs in backend.ahead] == [[0]] and torch.equal(y, x * 2)
+    server(x, y)  # compiled: the default config, checked once, provisionally
+    assert calls == [100] and server.config_for(x, y)["K"] == 0 and len(server.provisional) == 1
+
+
+def test_a_fallback_must_be_callable():
+    with pytest.raises(TypeError, match="fallback must be a callable"):
+        tt.autotune(SPACE, fallback="torch")(lambda cfg, x: None)
+
+
+def test_a_key_falls_back_once_even_when_its_background_compile_reached_no_cache(tmp_path):
+    path = tmp_path / "t.db"
+    _op(path, name="nn.fb", truth=lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64))
+    backend = FakeCompilingBackend(lambda c: 10.0 + abs(c.K - 3), cached=lambda c: False)
+    backend.compile_ahead = lambda *a, **k: type("Lost", (), {"done": True, "wait": lambda self, t=None: True})()
+    server, calls = _fb_op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    server(x, y)  # falls back; its compile is lost (nothing reached a cache)
+    server(x, y)  # not again: the key compiles now and launches its config
+    assert calls == [100] and server.config_for(x, y)["K"] == 3 and torch.equal(y, x * 2)

@@ -54,6 +54,9 @@ TILETUNE_TABLES                  bool      true       Consult tuning tables (the
                                                       with tiletune) for keys the database does not hold.
 TILETUNE_BACKGROUND              bool      false      Tune keys answered provisionally (nearest neighbour,
                                                       default config) in a background thread.
+TILETUNE_FALLBACK                bool      true       While a served config of an op with a fallback (the
+                                                      library ops) compiles in the background, run the
+                                                      op's torch fallback instead of waiting for it.
 TILETUNE_ON_MISS                 choice    unset      tune, nearest or default: what every op does with a
                                                       key nothing stored answers (unset: each op's own).
 TILETUNE_PINS                    path      unset      A pins file (tiletune.resolve.pins): fixed configs per op
@@ -157,6 +160,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_DEBUG", "bool", False, "full tracebacks from the command line"),
         Variable("TILETUNE_TABLES", "bool", True, "consult the user's and the shipped tuning tables"),
         Variable("TILETUNE_BACKGROUND", "bool", False, "tune provisionally answered keys in a background thread"),
+        Variable("TILETUNE_FALLBACK", "bool", True, "run an op's torch fallback while its served config compiles"),
         Variable("TILETUNE_ON_MISS", "choice", None, "what every op does with a key nothing stored answers"),
         Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.resolve.pins)"),
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
@@ -355,6 +359,13 @@ def background() -> bool:
     return flag("TILETUNE_BACKGROUND", False)
 
 
+def fallback() -> bool:
+    """``TILETUNE_FALLBACK`` (default true): while the config that answers a new key of an op with a
+    fallback compiles in the background (nothing in a compile cache holds it), calls run the op's torch
+    fallback instead of waiting for the compile."""
+    return flag("TILETUNE_FALLBACK", True)
+
+
 ON_MISS_CHOICES = ("tune", "nearest", "default")
 
 
@@ -425,6 +436,7 @@ _CHECKS = {
     "TILETUNE_IN_WORKER": in_worker,
     "TILETUNE_TABLES": tables_enabled,
     "TILETUNE_BACKGROUND": background,
+    "TILETUNE_FALLBACK": fallback,
     "TILETUNE_ON_MISS": on_miss,
     "TILETUNE_PINS": pins_path,
     "TILETUNE_COMPILE_WORKERS": compile_workers,

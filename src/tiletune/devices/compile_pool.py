@@ -459,12 +459,20 @@ class AheadCompile:
 
             logging.getLogger("tiletune").debug("tiletune: compiling ahead failed (%s: %s)", type(exc).__name__, exc)
         finally:
+            flush(60.0)  # done means stored: a lookup right after finds the cubins in the caches
             self.wall_s = time.perf_counter() - self.t0
             self._done.set()
 
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait (up to ``timeout``) for every job and for its disk-cache store; True when all are done."""
+        t = time.perf_counter()
+        if not self._done.wait(timeout):
+            return False
+        return flush(None if timeout is None else max(0.0, timeout - (time.perf_counter() - t)))
 
     def finish(self, timeout: float = 10.0) -> dict[str, float]:
         """Stop starting jobs, wait (up to ``timeout``) for those running and for their disk-cache stores;

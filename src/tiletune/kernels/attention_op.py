@@ -120,8 +120,16 @@ def attention_problem(args: Any) -> dict[str, Any]:
 
 #: The FlashAttention-style kernel as a library op: one plan, a space per head-size regime
 #: (:func:`attention_regime`), keys of :func:`attention_problem`.
+def _fallback(q: Any, k: Any, v: Any, o: Any, causal: bool, qk_scale_log2: float) -> None:
+    """The op in torch (``scaled_dot_product_attention``, top-left causal like the kernel), into ``o``."""
+    import torch.nn.functional as F
+
+    o.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=qk_scale_log2 / LOG2E,
+                                           enable_gqa=k.shape[1] != q.shape[1]))
+
+
 ATTENTION = LibraryOp("tiletune.attention", _space_for, attention_plan, reference=_reference, writes=["o"],
-                      tolerance=_tolerance,
+                      tolerance=_tolerance, fallback=_fallback,
                       buckets=ProblemKey("attention", attention_problem,
                                          {"batch_heads": "pow2", "q_len": "pow2", "kv_len": "pow2"}))
 

@@ -113,6 +113,18 @@ def _reference(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool
     return out.to(c.dtype)
 
 
+def _fallback(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: bool, trans_b: bool, scaled: bool,
+              *_scratch: Any) -> None:
+    """The product in torch (``torch.matmul`` in the inputs' dtype: cuBLAS), into ``c`` (the split-K op's
+    workspace and counters are left as they are)."""
+    import torch
+
+    out = torch.matmul(a.transpose(-1, -2) if trans_a else a, b.transpose(-1, -2) if trans_b else b)
+    if scaled:
+        out = out.float() * (scale_a.float() * scale_b.float())
+    c.copy_(out)
+
+
 def _k_of(a: Any, trans_a: bool) -> int:
     return int(a.shape[1] if trans_a else a.shape[2])
 
@@ -179,10 +191,10 @@ GEMM_BUCKETS = ProblemKey("gemm", gemm_problem, {"M": "pow2"})
 #: The bfloat16 / float16 GEMM (:data:`GEMM_SPACE`, one regime: ``GEMM.op(None)``), launch plan :func:`_plan`,
 #: arguments ``(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled)``.
 GEMM = LibraryOp("tiletune.gemm", lambda regime: GEMM_SPACE, _plan, reference=_reference, writes=["c"],
-                 tolerance=_tolerance, buckets=GEMM_BUCKETS)
+                 tolerance=_tolerance, buckets=GEMM_BUCKETS, fallback=_fallback)
 #: The float32 (tf32) GEMM (:data:`GEMM_TF32_SPACE`, one regime), same plan and arguments.
 GEMM_TF32 = LibraryOp("tiletune.gemm_tf32", lambda regime: GEMM_TF32_SPACE, _plan, reference=_reference,
-                      writes=["c"], tolerance=_tf32_tolerance, buckets=GEMM_BUCKETS)
+                      writes=["c"], tolerance=_tf32_tolerance, buckets=GEMM_BUCKETS, fallback=_fallback)
 #: The float8_e4m3fn GEMM with per-tensor scales (:data:`GEMM_FP8_SPACE`, one regime), same plan and arguments.
 GEMM_FP8 = LibraryOp("tiletune.gemm_fp8", lambda regime: GEMM_FP8_SPACE, _plan, reference=_reference,
                      writes=["c"], tolerance=_fp8_tolerance, buckets=GEMM_BUCKETS)
@@ -242,7 +254,7 @@ def _splitk_space_for(regime: tuple[int, int, int, int]) -> Space:
 SPLITK_SEARCH_EVALS = 40
 GEMM_SPLITK = LibraryOp("tiletune.gemm_splitk", _splitk_space_for, _splitk_plan, reference=_splitk_reference,
                         writes=["c"], inplace=["ws", "sem"], tolerance=_splitk_tolerance,
-                        buckets=GEMM_BUCKETS, budget=Budget(max_evals=SPLITK_SEARCH_EVALS))
+                        buckets=GEMM_BUCKETS, budget=Budget(max_evals=SPLITK_SEARCH_EVALS), fallback=_fallback)
 
 
 class _Pool:

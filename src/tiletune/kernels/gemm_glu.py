@@ -79,6 +79,15 @@ def _reference(a: Any, bg: Any, bu: Any, c: Any, trans_b: bool) -> Any:
     return (F.silu(prod(bg)) * prod(bu)).to(c.dtype)
 
 
+def _fallback(a: Any, bg: Any, bu: Any, c: Any, trans_b: bool) -> None:
+    """The op in torch: both products by ``torch.matmul`` (cuBLAS), the activation in float32, into ``c``."""
+    import torch.nn.functional as F
+
+    g = a @ (bg.t() if trans_b else bg)
+    u = a @ (bu.t() if trans_b else bu)
+    c.copy_(F.silu(g.float()) * u.float())
+
+
 def _k_of(a: Any) -> int:
     return int(a.shape[1])
 
@@ -95,7 +104,7 @@ def _tolerance(a: Any, *_: Any) -> dict[str, Tolerance]:
 
 
 GEMM_SWIGLU = LibraryOp("tiletune.gemm_swiglu", lambda regime: GEMM_SWIGLU_SPACE, _plan, reference=_reference,
-                        writes=["c"], tolerance=_tolerance, buckets=GEMM_SWIGLU_BUCKETS)
+                        writes=["c"], tolerance=_tolerance, buckets=GEMM_SWIGLU_BUCKETS, fallback=_fallback)
 
 
 # --------------------------------------------------------------------------------------------

@@ -121,9 +121,9 @@ def glu_tolerance(*_: Any) -> dict:
 
 
 SWIGLU = LibraryOp("tiletune.swiglu", lambda regime: elementwise_space(), glu_plan, reference=glu_reference,
-                   writes=["y"], tolerance=glu_tolerance, buckets=rows_bucketed("gate", "up", "y"))
+                   writes=["y"], tolerance=glu_tolerance, buckets=rows_bucketed("gate", "up", "y"), fallback="reference")
 GEGLU = LibraryOp("tiletune.geglu", lambda regime: elementwise_space(), glu_plan, reference=glu_reference,
-                  writes=["y"], tolerance=glu_tolerance, buckets=rows_bucketed("gate", "up", "y"))
+                  writes=["y"], tolerance=glu_tolerance, buckets=rows_bucketed("gate", "up", "y"), fallback="reference")
 
 
 def prepare_glu(x: Any, act: int) -> Prepared:

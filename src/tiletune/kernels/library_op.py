@@ -17,7 +17,7 @@ from tiletune.op.tuned_op import ToleranceFn, TunedOp, autotune, defer_worker_st
 from tiletune.space.spaces import Space
 from tiletune.space.strategies.base import Budget
 
-__all__ = ["LibraryOp"]
+__all__ = ["LibraryOp", "reference_fallback"]
 
 
 class LibraryOp:
@@ -37,6 +37,9 @@ class LibraryOp:
         on_miss: as for :func:`tiletune.autotune`; the library's ops default to ``"nearest"``: a shape
             nobody tuned is served at once by its nearest tuned neighbour's config (checked once) and
             recorded as pending. ``configure(on_miss=...)`` overrides it for every library op.
+        fallback: as for :func:`tiletune.autotune` (the op in torch, run while a new key's config
+            compiles in the background); ``"reference"``: the reference, its results copied into the
+            written arguments (for ops whose reference costs about what torch's own op would).
     """
 
     _overrides: dict[str, Any] = {}  # autotune keywords shared by every library op: see configure
@@ -56,8 +59,16 @@ class LibraryOp:
         budget: Budget | None = None,
         tune_single: bool = True,
         on_miss: str = "nearest",
+        fallback: Callable[..., Any] | str | None = None,
     ) -> None:
         self.name = name
+        if fallback == "reference":
+            if reference is None:
+                raise ValueError(f"{name}: fallback='reference' needs a reference")
+            fallback = reference_fallback(plan, reference, writes, inplace)
+        if fallback is not None and not callable(fallback):
+            raise TypeError(f"{name}: fallback must be a callable, 'reference' or None, got {fallback!r}")
+        self.fallback = fallback
         self.tune_single = bool(tune_single)
         self.on_miss = on_miss
         self.buckets = buckets
@@ -94,6 +105,7 @@ class LibraryOp:
                             name=self.name,
                             buckets=self.buckets,
                             tune_single=self.tune_single,
+                            fallback=self.fallback,
                             **kwargs,
                         )(self.plan)
                     finally:
@@ -148,6 +160,33 @@ class LibraryOp:
         from tiletune.kernels.fastcall import clear_recipes
 
         clear_recipes()  # recipes hold the old ops' choices
+
+
+def reference_fallback(plan: Callable[..., Any], reference: Callable[..., Any], writes: Sequence[str],
+                       inplace: Sequence[str] = ()) -> Callable[..., None]:
+    """A fallback made of an op's reference: ``fallback(*args)`` calls ``reference(*args)`` and copies what it
+    returns (the written arguments' values: outputs, then in-place ones) into those arguments; a
+    :data:`~tiletune.devices.verify.SCRATCH` value, or the argument itself (a reference that wrote it in
+    place), is left as it is."""
+    import inspect
+
+    from tiletune.devices.verify import SCRATCH
+
+    params = list(inspect.signature(plan).parameters)[1:]  # after the config
+    missing = [n for n in (*writes, *inplace) if n not in params]
+    if missing:
+        raise ValueError(f"reference_fallback: {missing} are not parameters of the plan {params}")
+    positions = [params.index(n) for n in (*writes, *inplace)]
+
+    def fallback(*args: Any) -> None:
+        out = reference(*args)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        for pos, value in zip(positions, out):
+            if value is SCRATCH or value is args[pos]:
+                continue
+            args[pos].copy_(value)
+
+    return fallback
 
 
 def _regime_json(regime: Any) -> Any:

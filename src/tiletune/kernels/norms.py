@@ -317,14 +317,14 @@ def _layer_norm_tolerance(x: Any, *_: Any) -> dict:
 
 RMS_NORM = LibraryOp("tiletune.rms_norm", row_space_for(1), rms_norm_plan,
                      reference=rms_norm_reference, writes=["y"], tolerance=_norm_tolerance,
-                     buckets=rows_bucketed("x", "y"))
+                     buckets=rows_bucketed("x", "y"), fallback="reference")
 RMS_NORM_RESIDUAL = LibraryOp("tiletune.rms_norm_residual", row_space_for(2), rms_norm_residual_plan,
                               reference=rms_norm_residual_reference, writes=["y", "h"], tolerance=_norm_tolerance,
-                              buckets=rows_bucketed("x", "r", "y", "h"))
+                              buckets=rows_bucketed("x", "r", "y", "h"), fallback="reference")
 # LayerNorm keeps x and x - mean live at once: it spills where RMSNorm does not (streams=2)
 LAYER_NORM = LibraryOp("tiletune.layer_norm", row_space_for(2), layer_norm_plan,
                        reference=layer_norm_reference, writes=["y"], tolerance=_layer_norm_tolerance,
-                       buckets=rows_bucketed("x", "y"))
+                       buckets=rows_bucketed("x", "y"), fallback="reference")
 
 
 # ---------------------------------------------------------------------------------------------

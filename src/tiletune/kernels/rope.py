@@ -139,7 +139,8 @@ def rope_problem(args: Any) -> dict[str, Any]:
 
 
 ROPE = LibraryOp("tiletune.rope", _space_for, rope_plan, reference=rope_reference, tolerance=rope_tolerance,
-                 inplace=["q1", "q2", "k1", "k2"], buckets=ProblemKey("rope", rope_problem, {"tokens": "pow2"}))
+                 inplace=["q1", "q2", "k1", "k2"], buckets=ProblemKey("rope", rope_problem, {"tokens": "pow2"}),
+                 fallback="reference")
 
 
 def _distinct(q: Any, k: Any, *_: Any) -> bool:

@@ -263,6 +263,7 @@ class TunedOp:
         tune_single: bool = True,
         on_miss: str = "tune",
         background: bool | None = None,
+        fallback: Callable[..., Any] | None = None,
     ) -> None:
         if not isinstance(space, Space):
             raise TypeError(f"autotune needs a tiletune.Space, got {type(space).__name__}")
@@ -296,6 +297,12 @@ class TunedOp:
         self.on_miss = on_miss
         #: tune provisional keys in a background thread (None: ``TILETUNE_BACKGROUND``)
         self.background = background
+        if fallback is not None and not callable(fallback):
+            raise TypeError(f"fallback must be a callable of the plan's arguments, got {type(fallback).__name__}")
+        #: ``fallback(*args)``: the op done another way, run while a new key's config compiles in the background
+        self.fallback = fallback
+        self._ahead: dict[Any, Any] = {}  # key -> its configs compiling in the background (calls fall back)
+        self._fell_back: set[Any] = set()  # keys that fell back once: resolved by compiling from then on
         self._background_thread: threading.Thread | None = None
         #: how another process can make this op again (set by the library's ops; see OpSpec.origin)
         self.origin: Any = None
@@ -355,7 +362,7 @@ class TunedOp:
         key = self._key(args)
         entry = self._cache.get(key)
         if entry is None:
-            return self._miss(args, key)
+            return self._miss(args, key, fall_back=True)
         if _recorders:
             _note_launch(self, key, args)
         elif self._guarded:
@@ -643,12 +650,13 @@ class TunedOp:
             inplace=self.inplace, tolerance=self.tolerance, options=self.options, progress=self.progress,
             strategy=self.strategy, budget=self.budget, seed=self.seed, strategy_options=dict(self.strategy_options),
             user_key=self.key_fn is not None, buckets=self.buckets, tune_single=self.tune_single,
-            on_miss=self.on_miss, origin=self.origin,
+            on_miss=self.on_miss, origin=self.origin, fallback=self.fallback,
         )
 
     def problem(self, args: tuple[Any, ...], key: Any, *, plans: PlanCache | None = None, exact: bool = False,
                 policy: str | None = None, capturing: bool = False, disabled: bool = False,
-                backend: Backend | None = None, device: int | None = None, arch: str | None = None) -> Problem:
+                backend: Backend | None = None, device: int | None = None, arch: str | None = None,
+                may_fall_back: bool = False) -> Problem:
         """The :class:`~tiletune.resolve.problem.Problem` of a call with these arguments and key (on the op's
         backend, or ``backend`` with ``device`` and ``arch`` given: e.g. an offline one)."""
         backend = self.backend if backend is None else backend
@@ -661,10 +669,10 @@ class TunedOp:
             policy = (scope.on_miss if scope is not None else None) or settings.on_miss() or self.on_miss
         return Problem(self.spec(), args, key, backend, dev, arch, plans, self._database,
                        tuning=lambda: self._tuning_backend(backend), exact=exact, capturing=capturing,
-                       disabled=disabled, policy=policy)
+                       disabled=disabled, policy=policy, may_fall_back=may_fall_back)
 
     def _miss(self, args: tuple[Any, ...], key: Any, launch: bool = True, policy: str | None = None,
-              force: bool = False) -> Any:
+              force: bool = False, fall_back: bool = False) -> Any:
         if _recorders:
             _note_launch(self, None, args)  # not a cached choice: nothing a recipe could replay
         with self._lock:
@@ -683,6 +691,12 @@ class TunedOp:
                 if launch:
                     pend.entry(args)
                 return self._outputs(args)
+            ahead = self._ahead.get(key)
+            if ahead is not None:
+                if fall_back and launch and not capturing and not force and not ahead.done:
+                    self.fallback(*args)  # its configs still compile: the call does not wait for them
+                    return self._outputs(args)
+                del self._ahead[key]  # compiled (or a caller that needs a config): resolved below
             bucket = self.buckets.key(args) if self.buckets is not None and not disabled and not force else None
             plans = PlanCache(lambda c: self._launch_spec(c, args))  # this call's plans, for every identity
             cfg = None
@@ -697,13 +711,20 @@ class TunedOp:
                     self._queue_refinement(key, args)
             launched = False
             if cfg is None:
-                problem = self.problem(args, key, plans=plans, policy=policy, capturing=capturing, disabled=disabled)
+                problem = self.problem(args, key, plans=plans, policy=policy, capturing=capturing, disabled=disabled,
+                                       may_fall_back=(fall_back and launch and not force and self.fallback is not None
+                                                      and key not in self._fell_back))
                 attempt = Attempt()
                 try:
                     choice = default_chain().resolve(problem, attempt)
                 finally:
                     if attempt.tuning_started:
                         self.tuning_count += 1
+                if choice.source == "fallback":  # nothing installed: the next call after the compile resolves it
+                    self._ahead[key] = choice.ahead
+                    self._fell_back.add(key)  # once: should the compile not reach a cache, the next one waits
+                    self.fallback(*args)
+                    return self._outputs(args)
                 cfg, launched = choice.config, choice.launched
                 if choice.source == "capture":  # not installed: tuned at the next call outside capture
                     entry, _ = self._entry(cfg, args, backend, dev)
@@ -855,6 +876,7 @@ def autotune(
     tune_single: bool = True,
     on_miss: str = "tune",
     background: bool | None = None,
+    fallback: Callable[..., Any] | None = None,
 ) -> Callable[[Plan], TunedOp]:
     """Make a cuTile launch plan an autotuned op.
 
@@ -919,6 +941,11 @@ def autotune(
             the database's pending file) or in the background.
         background: tune pending keys in a background thread and swap each tuned config in between
             calls (None: the ``TILETUNE_BACKGROUND`` environment variable, off by default).
+        fallback: ``fallback(*args)`` does what the kernel does another way (torch), writing the same
+            arguments. With ``on_miss="nearest"`` or ``"default"``, a new key whose answer nothing has
+            compiled yet (no compile cache holds it) does not wait for the compiler: its config compiles in
+            the background and calls run the fallback until it is ready (``TILETUNE_FALLBACK=0``: off).
+            :func:`tiletune.wait_for_compiles` waits for those compiles.
     """
 
     if strategy is not None:
@@ -948,6 +975,7 @@ def autotune(
             tune_single=tune_single,
             on_miss=on_miss,
             background=background,
+            fallback=fallback,
         )
 
     return wrap

@@ -132,7 +132,7 @@ class Chain:
         finally:
             attempt.close(choice if error is None else None, error)
         scope = current_scope()
-        if scope is not None and choice.source not in ("capture", "disabled", "single"):
+        if scope is not None and choice.source not in ("capture", "disabled", "single", "fallback"):
             scope.resolved.append(Resolved(problem.name, problem.identity, choice.config.as_dict(), choice.source,
                                            choice.result))
         events.emit("choice", op=problem.name, problem=problem, choice=choice)

@@ -37,7 +37,8 @@ __all__ = ["ON_MISS", "OpSpec", "Problem", "Choice", "SOURCES", "IDENTITY_SAMPLE
 ON_MISS = ON_MISS_CHOICES
 
 #: Every source a choice can come from, in the order the chain asks them.
-SOURCES = ("capture", "disabled", "single", "pin", "database", "table", "nearest", "default", "peer", "tuned")
+SOURCES = ("capture", "disabled", "single", "pin", "database", "table", "nearest", "default", "fallback", "peer",
+           "tuned")
 
 #: Configs whose kernels identify the op on a space too big to list: the baseline and this many drawn
 #: with a fixed seed (the same in every process).
@@ -68,6 +69,9 @@ class OpSpec:
     #: how another process can make this op again (``tiletune tune --pending``): for a library op,
     #: ``{"library": its name, "regime": its regime as JSON}``; None for other ops
     origin: Any = None
+    #: ``fallback(*args)``: the op done another way (torch), writing what the kernel writes, run while the
+    #: config that answers a new key compiles in the background (None: the call waits for the compile)
+    fallback: Callable[..., Any] | None = None
 
     def config_from(self, values: Mapping[str, Any], arch: str) -> Config | None:
         """The space's config with these values on ``arch``, or None when they are not one of its
@@ -135,7 +139,9 @@ class Problem:
 
     ``exact``: the identity keys the call's exact shape even when the op declares buckets (bucket
     refinement); ``capturing``: the call is being captured into a CUDA graph (nothing may compile,
-    wait or tune); ``policy``: what a key nothing stored answers gets (:data:`ON_MISS`).
+    wait or tune); ``policy``: what a key nothing stored answers gets (:data:`ON_MISS`);
+    ``may_fall_back``: the caller can run the op's fallback instead of a config (a call, not
+    ``config_for`` or ``bind``), so a config nothing has compiled yet may compile in the background.
     """
 
     spec: OpSpec
@@ -151,6 +157,7 @@ class Problem:
     capturing: bool = False
     disabled: bool = False
     policy: str = "tune"
+    may_fall_back: bool = False
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -201,6 +208,9 @@ class Choice:
     ``provisional``: the config answers the key for now (a neighbour's, the baseline during a capture
     or under ``on_miss="default"``); the key is recorded as pending and tuned later.
     ``neighbour``: for ``"nearest"``, the stored key whose config was taken.
+    ``"fallback"``: no config yet (``config`` is None): the configs that will answer the key compile in
+    the background (``ahead``, with ``done`` and ``wait(timeout)``); until then calls run the op's
+    fallback, and the next call after the compile resolves the key again.
     """
 
     config: Config
@@ -211,6 +221,7 @@ class Choice:
     seconds: float = 0.0
     provisional: bool = False
     neighbour: str | None = None
+    ahead: Any = None
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:

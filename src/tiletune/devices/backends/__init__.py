@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tiletune.devices.backends.base import Backend, Candidate, CheckOutcome, CompileOutcome, Launch, TuningSession
-from tiletune.devices.backends.simulated import FakeBackend, ModelTiming, SimulatedCandidate, SimulatedSession, TimingSource
+from tiletune.devices.backends.simulated import FakeBackend, FakeCompilingBackend, ModelTiming, SimulatedCandidate, SimulatedSession, TimingSource
 
 _default: Backend | None = None
 
@@ -34,6 +34,7 @@ __all__ = [
     "CheckOutcome",
     "CompileOutcome",
     "FakeBackend",
+    "FakeCompilingBackend",
     "Launch",
     "ModelTiming",
     "SimulatedCandidate",

@@ -103,11 +103,13 @@ class CutileBackend:
         return LaunchParts(self.ct.launch, self._raw_stream, self.hinted.get(kernel, config.hints), device_index)
 
     def compile_ahead(self, plan: Callable[..., Any], args: Sequence[Any], configs: Sequence[Config],
-                      device_index: int) -> AheadCompile | None:
+                      device_index: int, keep: bool = False) -> AheadCompile | None:
         """Start compiling ``configs`` (``plan(cfg, *args)`` -> a Launch or its tuple) in this process into
         cuTile's disk cache, in the background (see :class:`~tiletune.devices.compile_pool.AheadCompile`).
         None when nothing can be compiled so: cuTile's internals or its disk cache unavailable, no config
-        whose plan gives a cuTile kernel. Two cores are left to the worker process starting meanwhile."""
+        whose plan gives a cuTile kernel. Two cores are left to the worker process starting meanwhile.
+        ``keep``: configs a caller will launch (a new key's answer compiling while the op's fallback
+        runs): kept in the front-end cache too."""
         from tiletune.devices import compile_pool
         from tiletune.devices.prefetch_kernel import PrefetchKernel
 
@@ -125,7 +127,7 @@ class CutileBackend:
                 kernel = PrefetchKernel.with_hints(spec.kernel, cfg.hints)
             except Exception:  # noqa: BLE001 - a plan that rejects a config fails in the session itself
                 continue
-            jobs.append(CompileJob(i, kernel, tuple(spec.args), arch))
+            jobs.append(CompileJob(i, kernel, tuple(spec.args), arch, keep=keep))
         if not jobs:
             return None
         workers = self.workers or settings.compile_workers() or max(1, cpu_count() - 2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
@@ -243,6 +244,35 @@ class SimulatedBackend:
         return LaunchParts(launch, lambda d: None, kernel, device_index)
 
 
+class FakeAhead:
+    """A background compile of :meth:`FakeBackend.compile_ahead`: done once its gate is set."""
+
+    def __init__(self, gate: threading.Event | None, finish: Callable[[], None]) -> None:
+        self._done = threading.Event()
+
+        def run() -> None:
+            if gate is not None:
+                gate.wait()
+            finish()
+            self._done.set()
+
+        if gate is None:
+            run()
+        else:
+            threading.Thread(target=run, name="tiletune-fake-ahead", daemon=True).start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def finish(self, timeout: float = 10.0) -> dict[str, float]:
+        self._done.wait(timeout)
+        return {}
+
+
 class FakeBackend(SimulatedBackend):
     """A CPU stand-in for the cuTile backend, for tests and demos.
 
@@ -326,3 +356,25 @@ class FakeBackend(SimulatedBackend):
         )
         self.sessions.append(session)
         return session
+
+
+class FakeCompilingBackend(FakeBackend):
+    """A :class:`FakeBackend` that also compiles ahead, in the background, as the cuTile backend does for a
+    new key served by an op's fallback meanwhile (:meth:`compile_ahead`)."""
+
+    def __init__(self, timing: Callable[[Config], float], *, ahead_gate: threading.Event | None = None,
+                 **kwargs: Any) -> None:
+        """``ahead_gate``: compiles started by :meth:`compile_ahead` finish when it is set (None: at once);
+        the other arguments as for :class:`FakeBackend`."""
+        super().__init__(timing, **kwargs)
+        self.ahead_gate = ahead_gate
+        #: the config lists :meth:`compile_ahead` was asked to compile, in order
+        self.ahead: list[list[Config]] = []
+
+    def compile_ahead(self, plan: Callable[..., Any], args: Sequence[Any], configs: Sequence[Config],
+                      device_index: int, keep: bool = False) -> FakeAhead:
+        """Compile ``configs`` in the background (in the compile cache once done): the simulated
+        :meth:`tiletune.devices.backends.cutile.CutileBackend.compile_ahead`."""
+        cfgs = list(configs)
+        self.ahead.append(cfgs)
+        return FakeAhead(self.ahead_gate, lambda: self.compiled.extend(cfgs))

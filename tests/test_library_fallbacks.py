@@ -1,0 +1,121 @@
+"""The library ops' fallbacks (the op in torch, run while a new key's config compiles in the background)
+write what the kernel writes: each is checked on CPU tensors against the op's reference with the op's own
+tolerance, the way a candidate config is checked (tiletune.devices.verify)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cuda.tile")  # the op modules import it (the fallbacks themselves are torch)
+
+from tiletune.devices.verify import ArgGuard, Checker  # noqa: E402
+from tiletune.kernels import attention_op, gemm, gemm_glu, glu, norms, rope, softmax_op  # noqa: E402
+from tiletune.kernels.library_op import LibraryOp, reference_fallback  # noqa: E402
+
+bf16 = torch.bfloat16
+
+
+def _r(*shape, dtype=bf16):
+    return torch.randn(*shape, dtype=torch.float32).to(dtype)
+
+
+def _e(*shape, dtype=bf16):
+    return torch.empty(*shape, dtype=dtype)
+
+
+def _gemm(m, n, k, trans_b=False, split=False):
+    a = _r(1, m, k)
+    b = _r(1, n, k) if trans_b else _r(1, k, n)
+    args = [a, b, _e(1, m, n), torch.ones(1), torch.ones(1), False, trans_b, False]
+    if split:
+        args += [torch.full((4, 64, n), 7.0), torch.zeros(8, dtype=torch.int32)]
+    return tuple(args)
+
+
+def _attention(b, h, hkv, s, d, causal):
+    q, k, v = _r(b, h, s, d), _r(b, hkv, s, d), _r(b, hkv, s, d)
+    return (q, k, v, torch.empty_like(q), causal, (1.0 / math.sqrt(d)) * attention_op.LOG2E)
+
+
+def _rope(b, s, h, hk, r):
+    q, k = _r(b, s, h, r), _r(b, s, hk, r)
+    ang = torch.rand(b, s, r // 2) * 6.0
+    c, sn = ang.cos().to(bf16), ang.sin().to(bf16)
+    return (q[..., : r // 2], q[..., r // 2:], k[..., : r // 2], k[..., r // 2:], c, c, sn, sn)
+
+
+CASES = {
+    "gemm": (gemm.GEMM, lambda: _gemm(37, 96, 200)),
+    "gemm_nt": (gemm.GEMM, lambda: _gemm(5, 64, 300, trans_b=True)),
+    "gemm_splitk": (gemm.GEMM_SPLITK, lambda: _gemm(16, 64, 512, trans_b=True, split=True)),
+    "gemm_swiglu": (gemm_glu.GEMM_SWIGLU, lambda: (_r(24, 128), _r(96, 128), _r(96, 128), _e(24, 96), True)),
+    "attention_causal_gqa": (attention_op.ATTENTION, lambda: _attention(2, 8, 2, 40, 64, True)),
+    "attention": (attention_op.ATTENTION, lambda: _attention(1, 4, 4, 33, 128, False)),
+    "rms_norm": (norms.RMS_NORM, lambda: (_r(17, 256), _r(256), _e(17, 256), 1e-6, True)),
+    "rms_norm_residual": (norms.RMS_NORM_RESIDUAL,
+                          lambda: (_r(9, 320), _r(9, 320), _r(320), _e(9, 320), _e(9, 320), 1e-5, True)),
+    "layer_norm": (norms.LAYER_NORM, lambda: (_r(11, 192), _r(192), _r(192), _e(11, 192), 1e-5, True, True)),
+    "softmax": (softmax_op.SOFTMAX, lambda: (_r(13, 1000), _e(13, 1000))),
+    "swiglu": (glu.SWIGLU, lambda: (_r(7, 300), _r(7, 300), _e(7, 300), glu.ACT_SILU)),
+    "rope": (rope.ROPE, lambda: _rope(2, 5, 8, 2, 64)),
+}
+
+
+def _positions(lib: LibraryOp) -> tuple[list[int], list[int]]:
+    params = list(inspect.signature(lib.plan).parameters)[1:]
+    return [params.index(n) for n in lib.writes], [params.index(n) for n in lib.inplace]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_fallback_writes_what_the_reference_expects(case):
+    torch.manual_seed(0)
+    lib, make = CASES[case]
+    assert lib.fallback is not None
+    args = make()
+    writes, inplace = _positions(lib)
+    guard = ArgGuard(args, writes, inplace)
+    tol = lib.tolerance(*args) if callable(lib.tolerance) else lib.tolerance
+    checker = Checker(lib.reference, guard, tol)  # the expected values, from the untouched arguments
+    guard.prepare_checked_run()  # outputs poisoned: the fallback must write every element
+    lib.fallback(*args)
+    assert checker.compare() is None
+
+
+def test_a_wrong_fallback_fails_the_same_check():
+    """The check above can fail: a fallback that forgets the weight does not pass."""
+    args = (_r(17, 256), _r(256) + 3.0, _e(17, 256), 1e-6, True)
+    guard = ArgGuard(args, [2], [])
+    checker = Checker(norms.RMS_NORM.reference, guard, norms.RMS_NORM.tolerance(*args))
+    guard.prepare_checked_run()
+    args[2].copy_(norms.rms_norm_reference(args[0], args[1], args[2], 1e-6, False))
+    assert checker.compare() is not None
+
+
+def test_reference_fallback_skips_scratch_and_values_written_in_place():
+    from tiletune.devices.verify import SCRATCH
+
+    def plan(cfg, x, out, scratch, acc):
+        return None
+
+    def reference(x, out, scratch, acc):
+        acc.add_(1)  # written in place by the reference itself
+        return x * 2, SCRATCH, acc
+
+    fb = reference_fallback(plan, reference, ["out"], ["scratch", "acc"])
+    x, out, scratch, acc = torch.ones(3), torch.zeros(3), torch.full((3,), 5.0), torch.zeros(3)
+    fb(x, out, scratch, acc)
+    assert out.tolist() == [2.0] * 3 and scratch.tolist() == [5.0] * 3 and acc.tolist() == [1.0] * 3
+    with pytest.raises(ValueError, match="not parameters of the plan"):
+        reference_fallback(plan, reference, ["y"])
+
+
+def test_library_op_fallback_settings_are_checked():
+    with pytest.raises(ValueError, match="needs a reference"):
+        LibraryOp("t.x", lambda r: None, lambda cfg, x: None, fallback="reference")
+    with pytest.raises(TypeError, match="fallback must be a callable"):
+        LibraryOp("t.y", lambda r: None, lambda cfg, x: None, fallback=3)
+    LibraryOp._instances[:] = [i for i in LibraryOp._instances if i.name not in ("t.x", "t.y")]
