@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cuda.tile")  # the op modules import it (the fallbacks themselves are torch)
 
 from tiletune.devices.verify import ArgGuard, Checker  # noqa: E402
-from tiletune.kernels import attention_op, gemm, gemm_glu, glu, norms, rope, softmax_op  # noqa: E402
+from tiletune.kernels import attention_op, decode_attention_op as dec, gemm, gemm_glu, glu, norms, rope, softmax_op  # noqa: E402
 from tiletune.kernels.library_op import LibraryOp, reference_fallback  # noqa: E402
 
 bf16 = torch.bfloat16
@@ -48,7 +48,19 @@ def _rope(b, s, h, hk, r):
     return (q[..., : r // 2], q[..., r // 2:], k[..., : r // 2], k[..., r // 2:], c, c, sn, sn)
 
 
+def _decode(direct: bool):
+    b, h, hkv, cap, d = 3, 8, 2, 700, 128
+    q, k, v = _r(b, h, 1, d), _r(b, hkv, cap, d), _r(b, hkv, cap, d)
+    lens = torch.tensor([700, 333, 65], dtype=torch.int32)
+    call = dec.prepare_decode(q, k, v, lens, True, 1.0 / math.sqrt(d), sms=1 if direct else 132,
+                              allow_direct=direct)
+    assert call.direct == direct
+    return call.direct_args if direct else call.partial_args
+
+
 CASES = {
+    "decode_partial": (dec.DECODE_PARTIAL, lambda: _decode(False)),
+    "decode_direct": (dec.DECODE_DIRECT, lambda: _decode(True)),
     "gemm": (gemm.GEMM, lambda: _gemm(37, 96, 200)),
     "gemm_nt": (gemm.GEMM, lambda: _gemm(5, 64, 300, trans_b=True)),
     "gemm_splitk": (gemm.GEMM_SPLITK, lambda: _gemm(16, 64, 512, trans_b=True, split=True)),
@@ -119,3 +131,22 @@ def test_library_op_fallback_settings_are_checked():
     with pytest.raises(TypeError, match="fallback must be a callable"):
         LibraryOp("t.y", lambda r: None, lambda cfg, x: None, fallback=3)
     LibraryOp._instances[:] = [i for i in LibraryOp._instances if i.name not in ("t.x", "t.y")]
+
+
+def test_the_decode_split_path_run_by_fallbacks_is_attention_over_the_cache():
+    """The partial op's fallback writes the partials the combine kernel reads: combined (by the combine
+    op's reference, what its kernel computes), they are attention over each entry's visible positions."""
+    torch.manual_seed(1)
+    b, h, hkv, cap, d = 2, 8, 2, 640, 64
+    q, k, v = _r(b, h, 1, d), _r(b, hkv, cap, d), _r(b, hkv, cap, d)
+    lens = torch.tensor([640, 200], dtype=torch.int32)
+    call = dec.prepare_decode(q, k, v, lens, True, 1.0 / math.sqrt(d), sms=132, allow_direct=False)
+    assert not call.direct and call.splits > 1
+    dec.DECODE_PARTIAL.fallback(*call.partial_args)
+    po, pl, o = call.combine_args
+    o.copy_(dec.decode_combine_reference(po, pl, o))
+    for i, n in enumerate(lens.tolist()):
+        kk = k[i:i + 1, :, :n].repeat_interleave(h // hkv, dim=1).float()
+        vv = v[i:i + 1, :, :n].repeat_interleave(h // hkv, dim=1).float()
+        want = torch.softmax(q[i:i + 1].float() @ kk.transpose(-1, -2) / math.sqrt(d), dim=-1) @ vv
+        assert torch.allclose(o[i:i + 1].float(), want, atol=2e-2, rtol=2e-2)

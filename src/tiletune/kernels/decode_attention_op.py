@@ -307,7 +307,7 @@ DECODE_KEY = ProblemKey("decode_attention", decode_problem, {"batch": "pow2", "k
 #: ``po`` and ``pl``).
 DECODE_PARTIAL = LibraryOp(
     "tiletune.decode_attention", lambda regime: DECODE_SPACE, decode_partial_plan, reference=decode_partial_reference,
-    writes=["po", "pl"], tolerance=_partial_tolerance, buckets=DECODE_KEY,
+    writes=["po", "pl"], tolerance=_partial_tolerance, buckets=DECODE_KEY, fallback="reference",
 )
 
 #: The direct kernels' library op (one split; ``G % GB == 0`` with the output, any ``G`` with its grouped
@@ -316,6 +316,7 @@ DECODE_PARTIAL = LibraryOp(
 DECODE_DIRECT = LibraryOp(
     "tiletune.decode_attention_direct", lambda regime: DECODE_SPACE, decode_direct_plan,
     reference=decode_direct_reference, writes=["o"], tolerance=_direct_tolerance, buckets=DECODE_KEY,
+    fallback="reference",
 )
 
 #: The combine kernel's library op (:data:`DECODE_COMBINE_SPACE`, one regime; writes ``o``). One config:
