@@ -3,7 +3,9 @@
 # Usage (device): bash benchmarks/run_session_h200.sh PART   (PART: a = tests + first forward + fault space +
 # compile tax; b = nearest quality + hf patch + cold tuning speed;
 # c = off-grid rows (seed $SEED, default 7) + hf patch; d = fault space + cold tuning speed + fault/worker GPU
-# tests + hf patch; e = first forward + nearest quality + race/compile GPU tests). Results under $OUT/r (tarred by the caller).
+# tests + hf patch; e = first forward + nearest quality + race/compile GPU tests; f = the torch fallback while
+# compiling (2026-12-05): its GPU test, compile pool and warm-model tests, first forward (cold rows are its case),
+# off-grid non-causal attention served by causal kin). Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -40,6 +42,12 @@ e)
   (cd benchmarks && timeout 230 python nearest_quality.py --out $R --per-family 40 --seed ${SEED:-3} --budget-s 195 > $R/nq.log 2>&1; tail -2 $R/nq.log)
   timeout 110 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_warm_model.py tests/test_gpu_compile_pool.py \
     tests/test_gpu_hf_patch.py > $R/pytest_e.txt 2>&1; tail -4 $R/pytest_e.txt
+  ;;
+f)
+  timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_fallback.py tests/test_gpu_compile_pool.py \
+    tests/test_gpu_warm_model.py > $R/pytest_f.txt 2>&1; tail -4 $R/pytest_f.txt
+  (cd benchmarks && timeout 220 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --seed ${SEED:-4} --budget-s 200 > $R/ff.log 2>&1; tail -2 $R/ff.log)
+  (cd benchmarks && timeout 150 python offgrid.py --out $R --seed ${SEED:-4} --per-family 30 --families attention_gqa --budget-s 130 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"

@@ -34,6 +34,7 @@ never during a CUDA graph capture, nor for ``config_for`` / ``bind``). :func:`wa
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
@@ -373,6 +374,23 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
         ok = bool(ahead.wait(left)) and ok
     return ok
+
+
+def _stop_compiles_at_exit() -> None:
+    """At exit: start no more background compiles; wait a little for those running (their ``tileiras``
+    subprocesses and disk-cache stores), so the interpreter never ends under a running compile thread."""
+    with _ahead_lock:
+        pending = [a for a in _AHEAD if not a.done]
+    for ahead in pending:
+        finish = getattr(ahead, "finish", None)
+        if finish is not None:
+            try:
+                finish(5.0)
+            except Exception:  # noqa: BLE001 - exiting: nothing to report to
+                pass
+
+
+atexit.register(_stop_compiles_at_exit)
 
 
 def _may_fall_back(problem: "Problem") -> bool:
