@@ -25,6 +25,18 @@ import nearest_quality as nq  # noqa: E402
 from offgrid import MODEL_DIMS, projection  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """``main`` sets its process's tiletune variables (a benchmark process of its own on the GPU host):
+    in this test process they are put back after each test."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 # --------------------------------------------------------------------------------------------
 # shapes
 # --------------------------------------------------------------------------------------------

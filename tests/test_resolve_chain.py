@@ -393,6 +393,13 @@ def test_no_two_modules_import_each_other_even_through_others():
 # ---------------------------------------------------------------------- nearest: fallback while compiling
 
 
+@pytest.fixture
+def fallback_on(monkeypatch):
+    """The fallback as a user gets it (a benchmark's main() run in-process may have set TILETUNE_FALLBACK)."""
+    monkeypatch.delenv("TILETUNE_FALLBACK", raising=False)
+    monkeypatch.delenv("TILETUNE_ON_MISS", raising=False)
+
+
 def _fb_op(path, backend, *, on_miss="nearest", calls=None):
     calls = [] if calls is None else calls
 
@@ -403,10 +410,9 @@ def _fb_op(path, backend, *, on_miss="nearest", calls=None):
     return _op(path, backend=backend, on_miss=on_miss, name="nn.fb", fallback=fallback), calls
 
 
-def test_a_new_key_whose_config_nothing_compiled_runs_the_fallback_while_it_compiles(tmp_path, monkeypatch):
+def test_a_new_key_whose_config_nothing_compiled_runs_the_fallback_while_it_compiles(tmp_path, fallback_on):
     import threading
 
-    monkeypatch.delenv("TILETUNE_FALLBACK", raising=False)
     path = tmp_path / "t.db"
     _op(path, name="nn.fb", truth=lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64))  # K=3 stored
     gate = threading.Event()
@@ -431,7 +437,7 @@ def test_a_new_key_whose_config_nothing_compiled_runs_the_fallback_while_it_comp
     assert [c.K for c, _, _ in backend.launches][-1] == 3 and server.tuning_count == 0
 
 
-def test_config_for_and_bind_never_fall_back(tmp_path):
+def test_config_for_and_bind_never_fall_back(tmp_path, fallback_on):
     import threading
 
     path = tmp_path / "t.db"
@@ -443,7 +449,7 @@ def test_config_for_and_bind_never_fall_back(tmp_path):
     assert calls == [] and backend.ahead == []
 
 
-def test_the_fallback_is_off_when_a_compile_cache_holds_the_config_or_when_turned_off(tmp_path, monkeypatch):
+def test_the_fallback_is_off_when_a_compile_cache_holds_the_config_or_when_turned_off(tmp_path, monkeypatch, fallback_on):
     import threading
 
     path = tmp_path / "t.db"
@@ -460,7 +466,7 @@ def test_the_fallback_is_off_when_a_compile_cache_holds_the_config_or_when_turne
     assert calls == [] and cold.ahead == [] and cold.compiled  # compiled at once, as without a fallback
 
 
-def test_without_a_neighbour_the_default_config_compiles_while_the_fallback_runs(tmp_path):
+def test_without_a_neighbour_the_default_config_compiles_while_the_fallback_runs(tmp_path, fallback_on):
     backend = FakeCompilingBackend(lambda c: 10.0 + c.K, cached=lambda c: False)  # the compile finishes at once
     server, calls = _fb_op(tmp_path / "t.db", backend, on_miss="default")
     x, y = torch.randn(100), torch.empty(100)
@@ -475,7 +481,7 @@ def test_a_fallback_must_be_callable():
         tt.autotune(SPACE, fallback="torch")(lambda cfg, x: None)
 
 
-def test_a_key_falls_back_once_even_when_its_background_compile_reached_no_cache(tmp_path):
+def test_a_key_falls_back_once_even_when_its_background_compile_reached_no_cache(tmp_path, fallback_on):
     path = tmp_path / "t.db"
     _op(path, name="nn.fb", truth=lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64))
     backend = FakeCompilingBackend(lambda c: 10.0 + abs(c.K - 3), cached=lambda c: False)
