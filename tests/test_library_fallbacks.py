@@ -58,7 +58,27 @@ def _decode(direct: bool):
     return call.direct_args if direct else call.partial_args
 
 
+def _append():
+    b, hkv, cap, t, d = 2, 2, 50, 3, 64
+    cache_k, cache_v = _r(b, hkv, cap, d), _r(b, hkv, cap, d)
+    k, v = _r(b, hkv, t, d), _r(b, hkv, t, d)
+    return dec.prepare_kv_cache_append(cache_k, cache_v, k, v, torch.tensor([5, 48], dtype=torch.int32)).args
+
+
+def _combine():
+    b, h, hkv, cap, d = 2, 8, 2, 640, 64
+    q, k, v = _r(b, h, 1, d), _r(b, hkv, cap, d), _r(b, hkv, cap, d)
+    call = dec.prepare_decode(q, k, v, torch.tensor([640, 200], dtype=torch.int32), True, 1.0 / math.sqrt(d),
+                              sms=132, allow_direct=False)
+    po, pl, o = call.combine_args
+    po.copy_(torch.randn(po.shape))
+    pl.copy_(torch.randn(pl.shape))
+    return call.combine_args
+
+
 CASES = {
+    "kv_cache_append": (dec.KV_APPEND, _append),
+    "decode_combine": (dec.DECODE_COMBINE, _combine),
     "decode_partial": (dec.DECODE_PARTIAL, lambda: _decode(False)),
     "decode_direct": (dec.DECODE_DIRECT, lambda: _decode(True)),
     "gemm": (gemm.GEMM, lambda: _gemm(37, 96, 200)),

@@ -491,3 +491,29 @@ def test_a_key_falls_back_once_even_when_its_background_compile_reached_no_cache
     server(x, y)  # falls back; its compile is lost (nothing reached a cache)
     server(x, y)  # not again: the key compiles now and launches its config
     assert calls == [100] and server.config_for(x, y)["K"] == 3 and torch.equal(y, x * 2)
+
+
+def test_a_single_config_op_falls_back_while_its_one_config_compiles(tmp_path, fallback_on):
+    """``tune_single=False`` (one config, launched without a session): uncompiled, the fallback runs while
+    it compiles; compiled, it launches at once."""
+    import threading
+
+    one = tt.Space(K=[4])
+    gate = threading.Event()
+    backend = FakeCompilingBackend(lambda c: 10.0, cached=lambda c: False, ahead_gate=gate)
+    calls = []
+
+    def fb(x, y):
+        calls.append(1)
+        y.copy_(x * 2)
+
+    op = tt.autotune(one, reference=lambda x, y: x * 2, writes=["y"], db=tmp_path / "t.db", backend=backend,
+                     progress=False, on_miss="nearest", tune_single=False, fallback=fb, name="nn.one")(_plan)
+    x, y = torch.randn(10), torch.empty(10)
+    op(x, y)
+    assert calls == [1] and torch.equal(y, x * 2) and backend.ahead == [[one.configs("sm_90")[0]]]
+    gate.set()
+    assert tt.wait_for_compiles(5)
+    y2 = torch.empty(10)
+    op(x, y2)
+    assert calls == [1] and torch.equal(y2, x * 2) and op.config_for(x, y2)["K"] == 4 and backend.launches

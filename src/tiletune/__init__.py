@@ -36,7 +36,7 @@ from tiletune.errors import (
     SpaceError,
     TiletuneError,
 )
-from tiletune.resolve.nearest import wait_for_compiles
+from tiletune.resolve.fallback import wait_for_compiles
 from tiletune.resolve.pins import PinError, pin
 from tiletune.records import DeviceInfo, Measurement, Status, TuneResult, TuningIdentity
 from tiletune.space.spaces import Config, PerArch, Space, per_arch

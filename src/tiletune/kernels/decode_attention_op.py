@@ -325,7 +325,7 @@ DECODE_DIRECT = LibraryOp(
 DECODE_COMBINE = LibraryOp(
     "tiletune.decode_combine", lambda regime: DECODE_COMBINE_SPACE, decode_combine_plan,
     reference=decode_combine_reference, writes=["o"], tolerance=_combine_tolerance,
-    buckets=_rows_bucketed(po=0, pl=0, o=0), tune_single=False,
+    buckets=_rows_bucketed(po=0, pl=0, o=0), tune_single=False, fallback="reference",
 )
 
 
@@ -603,6 +603,7 @@ KV_APPEND = LibraryOp(
     inplace=["cache_k", "cache_v"], tune_single=False, buckets=ProblemKey("kv_cache_append", _append_problem,
                                                                           {"batch": "pow2", "tokens": "pow2",
                                                                            "capacity": "pow2"}),
+    fallback="reference",  # the reference appends in place
 )
 
 

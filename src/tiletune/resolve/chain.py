@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from tiletune import events
 from tiletune.errors import DatabaseError, TiletuneError
 from tiletune.resolve.attempt import Attempt, MissScope, Resolved, current_scope, miss_scope
+from tiletune.resolve import fallback
 from tiletune.resolve.database import DatabaseSource
 from tiletune.resolve.nearest import NearestSource
 from tiletune.resolve.peers import PeerSource
@@ -96,7 +97,13 @@ class SingleSource:
         if problem.spec.tune_single:
             return None
         cfg = problem.spec.single(problem.arch)
-        return None if cfg is None else Choice(cfg, "single")
+        if cfg is None:
+            return None
+        if fallback.may_fall_back(problem) and fallback.not_compiled(problem, cfg):
+            fell = fallback.fall_back(problem, [cfg])  # the op's fallback while it compiles
+            if fell is not None:
+                return fell
+        return Choice(cfg, "single")
 
 
 # ---------------------------------------------------------------------- the chain

@@ -26,26 +26,21 @@ never stalls the call. Only a default config that fails its check is tuned at on
 
 A call of an op with a *fallback* (``autotune(fallback=...)``: the library ops' torch versions) does not
 wait for the compiler either: when no compile cache holds the nearest config (a fresh machine), the first
-configs compile in the background (:data:`AHEAD_CONFIGS`, into cuTile's disk cache and the front-end
-cache) and the answer is ``"fallback"``: the op runs its fallback for this key until the compile is done,
-then the next call resolves the key again and finds the configs compiled (``TILETUNE_FALLBACK=0``: off;
-never during a CUDA graph capture, nor for ``config_for`` / ``bind``). :func:`wait_for_compiles` waits.
+configs compile in the background and the answer is ``"fallback"`` (:mod:`tiletune.resolve.fallback`).
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import logging
 import math
-import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 from tiletune.errors import DatabaseError
+from tiletune.resolve import fallback
 
 if TYPE_CHECKING:  # pragma: no cover
     from tiletune.resolve.attempt import Attempt
@@ -54,8 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["KeyFeatures", "Neighbour", "NearestSource", "key_features", "distance", "nearest", "neighbours",
-           "wait_for_compiles"]
+__all__ = ["KeyFeatures", "Neighbour", "NearestSource", "key_features", "distance", "nearest", "neighbours"]
 
 #: cold-L2 timing samples per raced config (the median decides), at most
 RACE_SAMPLES = 5
@@ -352,75 +346,6 @@ def _pick(session: Any, cands: Sequence[Any], n: int, why: dict[int, str], check
     return None
 
 
-#: configs compiled in the background for a new key that nothing compiled holds a config of (the
-#: nearest neighbour's and the next one; a call after the compile races them)
-AHEAD_CONFIGS = 2
-
-
-_AHEAD: "weakref.WeakSet[Any]" = weakref.WeakSet()  # background compiles of new keys' configs
-_ahead_lock = threading.Lock()
-
-
-def wait_for_compiles(timeout: float | None = None) -> bool:
-    """Wait (up to ``timeout`` seconds) for the configs compiling in the background for new keys (while
-    their ops run their fallbacks) and for their cubins to be stored; True when every one is done. The
-    next call of each such key then launches its config. For benchmarks and warm-ups: serving never
-    needs to wait."""
-    deadline = None if timeout is None else time.perf_counter() + timeout
-    with _ahead_lock:
-        pending = list(_AHEAD)
-    ok = True
-    for ahead in pending:
-        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        ok = bool(ahead.wait(left)) and ok
-    return ok
-
-
-def _stop_compiles_at_exit() -> None:
-    """At exit: start no more background compiles; wait a little for those running (their ``tileiras``
-    subprocesses and disk-cache stores), so the interpreter never ends under a running compile thread."""
-    with _ahead_lock:
-        pending = [a for a in _AHEAD if not a.done]
-    for ahead in pending:
-        finish = getattr(ahead, "finish", None)
-        if finish is not None:
-            try:
-                finish(5.0)
-            except Exception:  # noqa: BLE001 - exiting: nothing to report to
-                pass
-
-
-atexit.register(_stop_compiles_at_exit)
-
-
-def _may_fall_back(problem: "Problem") -> bool:
-    from tiletune import settings
-
-    return (problem.may_fall_back and problem.spec.fallback is not None and not problem.capturing
-            and hasattr(problem.backend, "compile_ahead") and settings.fallback())
-
-
-def _fall_back(problem: "Problem", cfgs: Sequence["Config"]) -> "Choice | None":
-    """Compile ``cfgs`` in the background and answer with the op's fallback meanwhile; None when the
-    backend cannot compile them so (the caller then compiles as before)."""
-    from tiletune.resolve.problem import Choice
-
-    plan = problem.spec.plan if getattr(problem.backend, "ships_plan", False) else problem.plans
-    try:
-        ahead = problem.backend.compile_ahead(plan, problem.args, list(cfgs), problem.device,  # type: ignore[attr-defined]
-                                              keep=True)
-    except Exception as exc:  # noqa: BLE001 - an optimisation: the call compiles as before
-        logger.debug("%s: compiling ahead failed (%s: %s)", problem.name, type(exc).__name__, exc)
-        ahead = None
-    if ahead is None:
-        return None
-    with _ahead_lock:
-        _AHEAD.add(ahead)
-    logger.info("%s: nothing compiled holds a config for %s: %d config(s) compile in the background, the "
-                "op's fallback runs meanwhile", problem.name, problem.identity.key, len(cfgs))
-    return Choice(None, "fallback", provisional=True, ahead=ahead)  # type: ignore[arg-type]
-
-
 class NearestSource:
     """``on_miss="nearest"``: the nearest stored neighbour's config, checked once (none: as ``"default"``);
     ``on_miss="default"``: the baseline config, checked once. Both are provisional (the key is recorded as
@@ -460,10 +385,10 @@ class NearestSource:
         same = picks[0][1] is not None and picks[0][1].distance == 0.0 and not picks[0][1].kin
         cfgs = [c for c, _ in picks]
         got = None
-        if _may_fall_back(problem):
+        if fallback.may_fall_back(problem):
             got = race(problem, cfgs[:1] if same else cfgs, cold=0)  # what compile caches hold, nothing compiled now
             if 0 not in got.compiled:  # the nearest config is not compiled: it compiles in the background
-                fell = _fall_back(problem, cfgs[:AHEAD_CONFIGS])
+                fell = fallback.fall_back(problem, cfgs[:fallback.AHEAD_CONFIGS])
                 if fell is not None:
                     return fell
                 got = None
@@ -496,10 +421,10 @@ class NearestSource:
         from tiletune.resolve.problem import Choice
 
         cfg = problem.spec.baseline(problem.arch)
-        if _may_fall_back(problem):
+        if fallback.may_fall_back(problem):
             got = race(problem, [cfg], cold=0)  # a compile cache holds it: checked; else it compiles meanwhile
             if not got.compiled:
-                fell = _fall_back(problem, [cfg])
+                fell = fallback.fall_back(problem, [cfg])
                 if fell is not None:
                     return fell
             elif got.won is not None:

@@ -133,6 +133,27 @@ class CutileBackend:
         workers = self.workers or settings.compile_workers() or max(1, cpu_count() - 2)
         return AheadCompile(CompilePool(workers, self.compile_timeout_s), jobs)
 
+    def is_compiled(self, plan: Callable[..., Any], args: Sequence[Any], cfg: Config, device_index: int) -> bool | None:
+        """Whether a compile cache holds ``cfg``'s kernel for these arguments (the front-end cache, or
+        cuTile's disk cache once its compiler is loaded): the cubin is then offered to the kernel object a
+        launch uses. None when it cannot be told (a plan that fails, cuTile's internals unavailable)."""
+        from tiletune.devices import compile_pool
+
+        if compile_pool._get_internals() is None:
+            return None
+        try:
+            spec = plan(cfg, *args)
+            spec = spec if isinstance(spec, Launch) else Launch(*spec)
+            kernel = self.hinted.get(spec.kernel, cfg.hints)
+        except Exception:  # noqa: BLE001 - the launch itself reports a failing plan
+            return None
+        job = CompileJob(0, kernel, tuple(spec.args), self.device_info(device_index).arch, keep=True, if_cached=True)
+        for r in CompilePool(1, self.compile_timeout_s).compile_all([job]):
+            if r.skipped:
+                return False
+            return r.error is None or None
+        return None
+
     def open_session(
         self,
         plan: Callable[..., Launch],

@@ -371,6 +371,10 @@ class FakeCompilingBackend(FakeBackend):
         #: the config lists :meth:`compile_ahead` was asked to compile, in order
         self.ahead: list[list[Config]] = []
 
+    def is_compiled(self, plan: Callable[..., Any], args: Sequence[Any], cfg: Config, device_index: int) -> bool | None:
+        """Whether the simulated compile cache holds ``cfg`` (:meth:`CutileBackend.is_compiled`)."""
+        return self.cached is None or self.cached(cfg) or cfg in self.compiled
+
     def compile_ahead(self, plan: Callable[..., Any], args: Sequence[Any], configs: Sequence[Config],
                       device_index: int, keep: bool = False) -> FakeAhead:
         """Compile ``configs`` in the background (in the compile cache once done): the simulated
