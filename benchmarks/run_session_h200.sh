@@ -44,10 +44,10 @@ e)
     tests/test_gpu_hf_patch.py > $R/pytest_e.txt 2>&1; tail -4 $R/pytest_e.txt
   ;;
 f)
-  timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_fallback.py tests/test_gpu_compile_pool.py \
+  timeout 170 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_fallback.py tests/test_gpu_compile_pool.py \
     tests/test_gpu_warm_model.py > $R/pytest_f.txt 2>&1; tail -4 $R/pytest_f.txt
   (cd benchmarks && timeout 220 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --seed ${SEED:-4} --budget-s 200 > $R/ff.log 2>&1; tail -2 $R/ff.log)
-  (cd benchmarks && timeout 150 python offgrid.py --out $R --seed ${SEED:-4} --per-family 30 --families attention_gqa --budget-s 130 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
+  (cd benchmarks && timeout 120 python offgrid.py --out $R --seed ${SEED:-4} --per-family 30 --families attention_gqa --budget-s 100 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"
