@@ -14,6 +14,12 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "h200"
 
+# Steady-state timings measure kernels: a library op on a fresh machine would otherwise run its torch
+# fallback while its config compiles in the background (tiletune.resolve.fallback), and a timing loop
+# could measure both. Scripts that measure what a user's first call costs (first_forward.py, offgrid.py's
+# served call) turn it back on for that phase.
+os.environ.setdefault("TILETUNE_FALLBACK", "0")
+
 
 def environment() -> dict[str, Any]:
     """GPU, driver, software versions and the date, for every result file."""

@@ -168,9 +168,9 @@ def run_shape(item: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
     from _common import failure_fields, fresh_env, run_child
 
     rows = []
-    cold = fresh_env(TILETUNE_LOG="1", TILETUNE_TABLES="1")
+    cold = fresh_env(TILETUNE_LOG="1", TILETUNE_TABLES="1", TILETUNE_FALLBACK="1")  # as a user's process
     envs = (("cold", cold, False),
-            ("warm", {**fresh_env(TILETUNE_LOG="1", TILETUNE_TABLES="1"),
+            ("warm", {**fresh_env(TILETUNE_LOG="1", TILETUNE_TABLES="1", TILETUNE_FALLBACK="1"),
                       "CUDA_TILE_CACHE_DIR": cold["CUDA_TILE_CACHE_DIR"]}, item["tune"]))
     for cache, env, tune in envs:
         spec = {"model": item["model"], "shape": item["shape"], "tune": tune}
