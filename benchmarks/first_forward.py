@@ -27,7 +27,7 @@ layer's tuning (20-40 s on an H200), so it runs in the warm process of the first
 shapes of each model only (the value is put on both rows of the shape; null elsewhere).
 
     python benchmarks/first_forward.py [--out DIR] [--quick] [--seed 0] [--shapes 6] [--tuned-rows 2]
-        [--models llama3-8b,qwen2.5-7b] [--budget-s 450 (--quick 300)] [--child-timeout 300]
+        [--models llama3-8b,qwen2.5-7b] [--budget-s 450 (--quick 300)] [--child-timeout 300] [--profile]
 
 ``--quick``: 2 shapes per model (one prefill, one decode: the first two of the full run's list), 1 tuned
 row per model. Writes ``first_forward.json`` after every shape (a run cut short keeps what it measured).
@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="start no new shape after this many seconds of the run (default 450; --quick 300; "
                          "0: no limit)")
     ap.add_argument("--child-timeout", type=float, default=300.0, help="seconds one fresh process may take")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile each first forward: its top 40 functions by cumulative time (key 'profile')")
     args = ap.parse_args(argv)
     if args.shapes is None:
         args.shapes = QUICK_SHAPES if args.quick else 6
@@ -121,11 +123,22 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     torch.cuda.synchronize()
     out: dict[str, Any] = {"setup_s": time.perf_counter() - t_start}
 
+    prof = None
+    if spec.get("profile"):
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     t0 = time.perf_counter()
     with torch.no_grad():
         y_served = layer(*args)
         torch.cuda.synchronize()
     out["first_forward_s"] = time.perf_counter() - t0
+    if prof is not None:
+        prof.disable()
+        from _common import profile_rows
+
+        out["profile"] = profile_rows(prof, 40)
     out["tuning_sessions"], out["tuning_by_op"] = L.tuning_sessions(by_op=True)
     snap = log.snapshot()
     out["log_sources"], out["log_tuned_ops"], out["log_warnings"] = snap["sources"], snap["tuned_ops"], snap["warnings"]
@@ -163,7 +176,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 CHILD = "import json, first_forward as f; print('RESULT ' + json.dumps(f.child(json.loads(%r))))"
 
 
-def run_shape(item: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+def run_shape(item: dict[str, Any], timeout: float, profile: bool = False) -> list[dict[str, Any]]:
     """The cold and the warm row of one shape (each a fresh process)."""
     from _common import failure_fields, fresh_env, run_child
 
@@ -173,7 +186,7 @@ def run_shape(item: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
             ("warm", {**fresh_env(TILETUNE_LOG="1", TILETUNE_TABLES="1", TILETUNE_FALLBACK="1"),
                       "CUDA_TILE_CACHE_DIR": cold["CUDA_TILE_CACHE_DIR"]}, item["tune"]))
     for cache, env, tune in envs:
-        spec = {"model": item["model"], "shape": item["shape"], "tune": tune}
+        spec = {"model": item["model"], "shape": item["shape"], "tune": tune, "profile": profile}
         t0 = time.perf_counter()
         try:
             r = run_child(CHILD % json.dumps(spec), env, timeout=timeout)
@@ -218,7 +231,7 @@ def document(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list
     from _layer import dims
 
     return {"quick": args.quick, "seed": args.seed, "complete": complete, "wall_s": round(wall_s, 1),
-            "settings": {"shapes_per_model": args.shapes, "tuned_rows_per_model": args.tuned_rows,
+            "settings": {"shapes_per_model": args.shapes, "profiled": args.profile, "tuned_rows_per_model": args.tuned_rows,
                          "budget_s": args.budget_s, "database": "empty per process",
                          "tables": "shipped (TILETUNE_TABLES=1)", "dtype": "bfloat16",
                          "timer": "triton.testing.do_bench median"},
@@ -241,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[{spent:6.1f} s] {item['model']} {shape_label(item['shape'])}"
               + (" (+ exact tuning)" if item["tune"] else ""), flush=True)
-        for r in run_shape(item, args.child_timeout):
+        for r in run_shape(item, args.child_timeout, args.profile):
             rows.append(r)
             print("    " + json.dumps({k: r.get(k) for k in ROW_KEYS[3:]} | {"log_sources": r.get("log_sources"),
                                                                              "error": r.get("error")}), flush=True)

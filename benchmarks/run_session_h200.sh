@@ -5,7 +5,8 @@
 # c = off-grid rows (seed $SEED, default 7) + hf patch; d = fault space + cold tuning speed + fault/worker GPU
 # tests + hf patch; e = first forward + nearest quality + race/compile GPU tests; f = the torch fallback while
 # compiling (2026-12-05): its GPU test, compile pool and warm-model tests, first forward (cold rows are its case),
-# off-grid non-causal attention served by causal kin). Results under $OUT/r (tarred by the caller).
+# off-grid non-causal attention served by causal kin); g = first forward profiled (seed 5), the warm-model and
+# fallback GPU tests, off-grid attention (seed 5). Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -48,6 +49,11 @@ f)
     tests/test_gpu_warm_model.py > $R/pytest_f.txt 2>&1; tail -4 $R/pytest_f.txt
   (cd benchmarks && timeout 220 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --seed ${SEED:-4} --budget-s 200 > $R/ff.log 2>&1; tail -2 $R/ff.log)
   (cd benchmarks && timeout 120 python offgrid.py --out $R --seed ${SEED:-4} --per-family 30 --families attention_gqa --budget-s 100 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
+  ;;
+g)
+  (cd benchmarks && timeout 230 python first_forward.py --out $R --shapes 3 --tuned-rows 1 --seed ${SEED:-5} --budget-s 200 --profile > $R/ff.log 2>&1; tail -2 $R/ff.log)
+  timeout 170 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_warm_model.py tests/test_gpu_fallback.py > $R/pytest_g.txt 2>&1; tail -4 $R/pytest_g.txt
+  (cd benchmarks && timeout 120 python offgrid.py --out $R --seed ${SEED:-5} --per-family 30 --families attention_gqa --budget-s 100 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"

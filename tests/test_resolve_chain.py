@@ -151,6 +151,20 @@ def test_neighbours_are_ordered_nearest_first_ties_to_the_larger():
     assert neighbours(key(64), [(key(64), {"K": 1}, 5.0, "db")]) == []  # the key itself is no neighbour
 
 
+def test_winners_tuned_on_another_device_follow_this_devices_and_may_share_the_key():
+    def key(m):
+        return json.dumps([{"shape": [m, 64], "dtype": "bfloat16", "contiguous": True}])
+
+    stored = [(key(100), {"K": 1}, 1.0, "h200.json", True),  # the very key, tuned on another device
+              (key(2000), {"K": 2}, 1.0, "database", False),  # this device's, far
+              (key(90), {"K": 3}, 1.0, "h200.json", True)]
+    got = neighbours(key(100), stored)
+    assert [(n.config["K"], n.foreign) for n in got] == [(2, False), (1, True), (3, True)]
+    assert got[1].distance == 0.0
+    # this device's winner of the key is the answer itself (never a neighbour), a foreign one at it is not
+    assert neighbours(key(100), [(key(100), {"K": 1}, 1.0, "database", False)]) == []
+
+
 def test_keys_that_differ_only_in_a_flag_are_kin_and_follow_the_family():
     def key(m, causal):
         return json.dumps([{"shape": [m, 64], "dtype": "bfloat16", "contiguous": True}, causal])

@@ -115,8 +115,42 @@ def test_other_device_or_versions_fall_back_to_tuning_with_one_line(folders, cap
     assert op.tuning_count == 2
     lines = [r.getMessage() for r in caplog.records if "tuning table" in r.getMessage()]
     assert len(lines) == 2, lines
-    assert any("made for NVIDIA B200 (sm_100, 148 SMs)" in m and "tuning instead" in m for m in lines)
+    assert any("made for NVIDIA B200 (sm_100, 148 SMs)" in m and "not used" in m for m in lines)
     assert any("made with cuda_tile 9.9" in m for m in lines)
+
+
+def test_a_table_of_another_device_of_this_arch_offers_neighbours_never_exact_answers(folders, caplog):
+    """The shipped H200 table on an H100: its winners are first guesses for the nearest-neighbour policy
+    (raced and checked here), not answers; a table of another architecture offers nothing."""
+    db = tuned_db(folders, shapes=(16,))  # the winner at 16: TM=128 on "Fake H200"
+    tables.install(table_file(folders, db, device=DeviceInfo("Fake H100", "sm_90", 132), name="h100.json"))
+    tables.install(table_file(folders, db, device=DeviceInfo("NVIDIA B200", "sm_100", 148), config={"TM": 32},
+                              name="b200.json"))
+    be = FakeBackend(model, noise=0.0)  # a "Fake H200": the tables above were made for other devices
+    ident = db.winners()[0].identity
+    assert [(t.device.name, e.config) for e, t in tables.family(ident)] == [("Fake H100", {"TM": 128})]
+    assert tables.lookup(ident) is None  # never an exact answer
+    got = []
+
+    def hear(op=None, problem=None, choice=None, **_):
+        got.append(choice)
+
+    from tiletune import events
+
+    op = tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=TuningDB(folders / "fresh.db"),
+                     backend=be, progress=False, name="double", on_miss="nearest")(plan)
+    events.subscribe("choice", hear)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiletune"):
+            for n in (16, 24):  # the table's own key and a new one
+                x = torch.randn(n)
+                torch.testing.assert_close(op(x, torch.empty(n)), x * 2)
+    finally:
+        events.unsubscribe("choice", hear)
+    assert op.tuning_count == 0
+    assert [(c.source, c.config.as_dict()) for c in got] == [("nearest", {"TM": 128})] * 2
+    lines = [r.getMessage() for r in caplog.records if "tuning table" in r.getMessage()]
+    assert any("Fake H100" in m and "neighbours' configs" in m for m in lines), lines
 
 
 def test_tables_can_be_turned_off(folders, monkeypatch):

@@ -140,21 +140,25 @@ class Neighbour:
     distance: float
     larger: bool  # at least as large as the problem in every size
     kin: bool = False  # of the family's kin only: another value of a flag (see :class:`KeyFeatures`)
+    foreign: bool = False  # tuned on another device of this architecture (a table made for it)
 
 
-def neighbours(key_json: str, stored: Iterable[tuple[str, dict[str, Any], float | None, str]]) -> list[Neighbour]:
-    """The stored winners ``(key, config, median_us, source)`` of the problem's family, nearest first
+def neighbours(key_json: str, stored: Iterable[tuple[Any, ...]]) -> list[Neighbour]:
+    """The stored winners ``(key, config, median_us, source[, foreign])`` of the problem's family, nearest first
     (ties: the larger neighbour first, then the key's text, so every process orders them alike); after
     them the family's kin, ordered alike: keys that differ from the problem's only in a flag (a non-causal
     attention whose table holds causal entries only). A kin's config is a better first guess than the
     default config (the same kernel at the same sizes), but never preferred to a true neighbour's; like
-    every neighbour's config it is raced and checked on the caller's arguments before it is served."""
+    every neighbour's config it is raced and checked on the caller's arguments before it is served.
+    Winners tuned on another device of this architecture (``foreign``) come after this device's, in the
+    same order: a first guess where this device knows none, never preferred to what was tuned here."""
     mine = key_features(key_json)
     if mine is None:
         return []
     out: dict[str, Neighbour] = {}
-    for key, config, median, source in stored:
-        if key == key_json or key in out:
+    for key, config, median, source, *rest in stored:
+        foreign = bool(rest and rest[0])
+        if (key == key_json and not foreign) or key in out:  # the key itself is no neighbour, unless tuned elsewhere
             continue
         f = key_features(key)
         if f is None or len(f.sizes) != len(mine.sizes):
@@ -162,27 +166,29 @@ def neighbours(key_json: str, stored: Iterable[tuple[str, dict[str, Any], float 
         if f.signature != mine.signature and f.kin != mine.kin:
             continue
         out[key] = Neighbour(key, dict(config), median, source, distance(mine.sizes, f.sizes),
-                             all(b >= a for a, b in zip(mine.sizes, f.sizes)), f.signature != mine.signature)
-    return sorted(out.values(), key=lambda n: (n.kin, round(n.distance, 9), not n.larger, n.key))
+                             all(b >= a for a, b in zip(mine.sizes, f.sizes)), f.signature != mine.signature,
+                             foreign)
+    return sorted(out.values(), key=lambda n: (n.foreign, n.kin, round(n.distance, 9), not n.larger, n.key))
 
 
-def _stored(problem: "Problem") -> list[tuple[str, dict[str, Any], float | None, str]]:
-    """The op's winners on this device: the database's, then the tables'."""
+def _stored(problem: "Problem") -> list[tuple[str, dict[str, Any], float | None, str, bool]]:
+    """The op's winners on this device: the database's, then the tables'; then the winners of tables made
+    for another device of this architecture (foreign: see :func:`tiletune.resolve.tables.family`)."""
     from tiletune.resolve import tables
 
     ident = problem.identity
-    out: list[tuple[str, dict[str, Any], float | None, str]] = []
+    out: list[tuple[str, dict[str, Any], float | None, str, bool]] = []
     db = problem.database.db
     if db is not None:
         try:
             for w in db.winners(kernel_id=ident.kernel_id):
                 wi = w.identity
                 if wi.space_hash == ident.space_hash and wi.device == ident.device:
-                    out.append((wi.key, dict(w.config), w.median_us, "database"))
+                    out.append((wi.key, dict(w.config), w.median_us, "database", False))
         except DatabaseError as exc:
             problem.database.failed(db, exc, problem.name)
     for entry, table in tables.family(ident):
-        out.append((entry.key, dict(entry.config), entry.median_us, table.source))
+        out.append((entry.key, dict(entry.config), entry.median_us, table.source, table.device != ident.device))
     return out
 
 
@@ -382,7 +388,8 @@ class NearestSource:
             picks.append((base, None))
         # a neighbour tuned on this very size (distance 0: another layout of the same sizes, or an exact key
         # of this bucket) is not raced: the others are spares, compiled only should it fail its check
-        same = picks[0][1] is not None and picks[0][1].distance == 0.0 and not picks[0][1].kin
+        same = (picks[0][1] is not None and picks[0][1].distance == 0.0 and not picks[0][1].kin
+                and not picks[0][1].foreign)
         cfgs = [c for c, _ in picks]
         got = None
         if fallback.may_fall_back(problem):
@@ -408,7 +415,9 @@ class NearestSource:
                             "provisionally", problem.name, problem.identity.key, cfg)
                 return Choice(cfg, "default", provisional=True)
             logger.info("%s: nearest %s of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d of %d "
-                        "configs, %d checked)", problem.name, "kin (another flag)" if n.kin else "neighbour",
+                        "configs, %d checked)", problem.name,
+                        "kin (another flag)" if n.kin else "neighbour (tuned on another device)" if n.foreign
+                        else "neighbour",
                         problem.identity.key, n.key, n.source, n.distance,
                         cfg, time.perf_counter() - t0, len(got.compiled), len(picks), len(got.checked))
             return Choice(cfg, "nearest", provisional=True, neighbour=n.key)

@@ -108,6 +108,15 @@ class TuningTable:
             return "made with " + ", ".join(f"{k} {self.versions.get(k)}" for k in differ)
         return None
 
+    def serves_as_neighbours(self, identity: TuningIdentity) -> bool:
+        """Whether this table, made for another device of ``identity``'s architecture with the same
+        software versions, may offer its winners as neighbours' configs (never as exact answers): a
+        config valid on one sm_90 part is valid on another, and a first guess tuned there beats the
+        default config; like every neighbour's it is raced and checked on this device before it is served."""
+        return (self.device != identity.device and self.device.arch == identity.device.arch
+                and self.versions == {k: v for k, v in _versions_of(identity.versions).items()
+                                      if k in MATCHED_VERSIONS})
+
     def lookup(self, identity: TuningIdentity) -> TableEntry | None:
         """The entry for exactly this identity (device and versions checked by :meth:`mismatch`)."""
         return self.entries.get((identity.kernel_id, identity.space_hash, identity.key))
@@ -245,9 +254,11 @@ def lookup(identity: TuningIdentity) -> tuple[TableEntry, TuningTable] | None:
             mark = (table.source, identity.device)
             if mark not in _skipped and table.lookup(identity) is not None:
                 _skipped.add(mark)
-                logger.warning("tiletune: tuning table %s is %s; this is %s (%s) with %s: tuning instead",
+                logger.warning("tiletune: tuning table %s is %s; this is %s (%s) with %s: %s",
                                table.source, why, identity.device.name, identity.device.arch,
-                               ", ".join(f"{k} {v}" for k, v in _versions_of(identity.versions).items()))
+                               ", ".join(f"{k} {v}" for k, v in _versions_of(identity.versions).items()),
+                               "its winners serve only as neighbours' configs, checked here"
+                               if table.serves_as_neighbours(identity) else "not used")
             continue
         entry = table.lookup(identity)
         if entry is not None:
@@ -279,24 +290,31 @@ def family(identity: TuningIdentity, siblings: bool = True) -> list[tuple[TableE
     served ``default`` ran 1.07-1.17x their exact tuning). A sibling's config is a candidate only where it
     is one of this space's valid configs (the caller maps it with ``Problem.config_from``, which drops the
     others), and like every neighbour's it is compiled, checked and raced on the caller's arguments
-    before it is served. The same space's entries come first, so at an equal key they win."""
+    before it is served. The same space's entries come first, so at an equal key they win.
+
+    Last come the entries of tables made for another device of the same architecture and versions
+    (:meth:`TuningTable.serves_as_neighbours`: the shipped H200 table on an H100), in the same order:
+    a user whose GPU no table was made for gets tuned first guesses rather than the default config."""
     from tiletune import settings
 
     if not settings.tables_enabled():
         return []
-    out = []
-    rest = []
+    groups: list[list[tuple[TableEntry, TuningTable]]] = [[], [], [], []]
     for table in tables():
-        if table.mismatch(identity) is not None:
+        if table.mismatch(identity) is None:
+            here = 0
+        elif table.serves_as_neighbours(identity):
+            here = 2
+        else:
             continue
         for (kernel_id, space_hash, _key), entry in table.entries.items():
             if kernel_id != identity.kernel_id:
                 continue
             if space_hash == identity.space_hash:
-                out.append((entry, table))
+                groups[here].append((entry, table))
             elif siblings:
-                rest.append((entry, table))
-    return out + rest
+                groups[here + 1].append((entry, table))
+    return [e for g in groups for e in g]
 
 
 class TableSource:
