@@ -20,7 +20,7 @@ a)
   tail -4 $R/pytest_a.txt
   (cd benchmarks && timeout 120 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
   (cd benchmarks && timeout 130 python compile_tax.py --out $R --quick > $R/ctax.log 2>&1; tail -2 $R/ctax.log)
-  (cd benchmarks && timeout 230 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --budget-s 210 > $R/ff.log 2>&1; tail -2 $R/ff.log)
+  (cd benchmarks && timeout $(( ${FF_S:-200} + 30 )) python first_forward.py --out $R --shapes 6 --tuned-rows 1 --budget-s 210 > $R/ff.log 2>&1; tail -2 $R/ff.log)
   ;;
 b)
   (cd benchmarks && timeout 250 python nearest_quality.py --out $R --per-family 12 --seed 11 --budget-s 230 > $R/nq.log 2>&1; tail -2 $R/nq.log)
@@ -40,7 +40,7 @@ d)
   ;;
 e)
   (cd benchmarks && timeout 190 python first_forward.py --out $R --shapes 6 --tuned-rows 1 --seed ${SEED:-3} --budget-s 170 > $R/ff.log 2>&1; tail -2 $R/ff.log)
-  (cd benchmarks && timeout 230 python nearest_quality.py --out $R --per-family 40 --seed ${SEED:-3} --budget-s 195 > $R/nq.log 2>&1; tail -2 $R/nq.log)
+  (cd benchmarks && timeout $(( ${FF_S:-200} + 30 )) python nearest_quality.py --out $R --per-family 40 --seed ${SEED:-3} --budget-s 195 > $R/nq.log 2>&1; tail -2 $R/nq.log)
   timeout 110 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_warm_model.py tests/test_gpu_compile_pool.py \
     tests/test_gpu_hf_patch.py > $R/pytest_e.txt 2>&1; tail -4 $R/pytest_e.txt
   ;;
@@ -51,9 +51,9 @@ f)
   (cd benchmarks && timeout 120 python offgrid.py --out $R --seed ${SEED:-4} --per-family 30 --families attention_gqa --budget-s 100 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
   ;;
 g)
-  (cd benchmarks && timeout 230 python first_forward.py --out $R --shapes 3 --tuned-rows 1 --seed ${SEED:-5} --budget-s 200 --profile > $R/ff.log 2>&1; tail -2 $R/ff.log)
+  (cd benchmarks && timeout $(( ${FF_S:-200} + 30 )) python first_forward.py --out $R --shapes 3 --tuned-rows 1 --seed ${SEED:-5} --budget-s ${FF_S:-200} --profile > $R/ff.log 2>&1; tail -2 $R/ff.log)
   timeout 170 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_warm_model.py tests/test_gpu_fallback.py > $R/pytest_g.txt 2>&1; tail -4 $R/pytest_g.txt
-  (cd benchmarks && timeout 120 python offgrid.py --out $R --seed ${SEED:-5} --per-family 30 --families attention_gqa --budget-s 100 > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
+  (cd benchmarks && timeout 120 python offgrid.py --out $R --seed ${SEED:-5} --per-family 30 --families attention_gqa --budget-s ${OG_S:-100} > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"
