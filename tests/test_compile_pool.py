@@ -274,9 +274,10 @@ def test_disk_stores_are_batched_into_one_transaction_and_read_back_without_writ
     assert atimes == (3,)
 
 
-def test_if_cached_jobs_are_answered_from_the_caches_or_skipped(fake, frontend):
+def test_if_cached_jobs_are_answered_from_the_front_end_cache_or_skipped(fake, frontend):
     """A job marked ``if_cached`` (a raced config beside the one a caller needs) is handed its cubin when
-    the front-end cache or cuTile's disk cache holds it, and otherwise skipped: no ``tileiras`` for it."""
+    the front-end cache holds it, and otherwise skipped: no front end, no ``tileiras`` for it, even when
+    cuTile's disk cache holds its cubin (its key is the front end's output)."""
     ints, active, stores, _ = fake(delay=0.05, cached={"k1"})
     ints.KernelSignature = SimpleNamespace(from_kernel_args=lambda k, args, conv: Sig(("sig", k.name)))
     frontend["k2"] = (b"frontend-k2", "kernel_symbol")
@@ -285,13 +286,13 @@ def test_if_cached_jobs_are_answered_from_the_caches_or_skipped(fake, frontend):
     ints.comp.compile_cubin = lambda path, *a, **k: (assembled.append(Path(path).read_bytes().decode()),
                                                      real(path, *a, **k))[1]
     js = [CompileJob(0, FakeKernel("k0"), (0,), "sm_90"),  # needed: compiled whatever the caches hold
-          CompileJob(1, FakeKernel("k1"), (1,), "sm_90", if_cached=True),  # in the disk cache
+          CompileJob(1, FakeKernel("k1"), (1,), "sm_90", if_cached=True),  # in the disk cache only: skipped
           CompileJob(2, FakeKernel("k2"), (2,), "sm_90", if_cached=True),  # in the front-end cache
           CompileJob(3, FakeKernel("k3"), (3,), "sm_90", if_cached=True)]  # nowhere: skipped
     results = {r.tag: r for r in CompilePool(workers=4).compile_all(js)}
     assert assembled == ["k0"]
     assert results[0].error is None and not results[0].skipped and not results[0].cached
-    assert results[1].cached and not results[1].skipped and js[1].kernel.offers[0][1] == b"cached-k1"
+    assert results[1].skipped and not results[1].cached and js[1].kernel.offers == []
     assert results[2].cached and js[2].kernel.offers[0][1] == b"frontend-k2"
     assert results[3].skipped and results[3].error is None and js[3].kernel.offers == []
     assert compile_pool.flush(5)
@@ -305,7 +306,6 @@ def test_if_cached_jobs_do_not_load_the_compiler_to_look_in_the_disk_cache(fake,
     ints, _, _, _ = fake(cached={"k1"})
     ints.KernelSignature = SimpleNamespace(from_kernel_args=lambda k, args, conv: Sig(("sig", k.name)))
     frontend["k0"] = (b"frontend-k0", "kernel_symbol")
-    monkeypatch.setattr(compile_pool, "compiler_loaded", lambda: False)
     monkeypatch.setattr(ints.comp, "compile_tile", lambda *a, **k: pytest.fail("the front end ran"))
     js = [CompileJob(0, FakeKernel("k0"), (0,), "sm_90"),
           CompileJob(1, FakeKernel("k1"), (1,), "sm_90", if_cached=True)]

@@ -84,8 +84,9 @@ class CompileJob:
     #: a caller will launch this cubin (not a tuning worker's candidate): keep it in the front-end cache
     #: for later processes
     keep: bool = False
-    #: compile only what a cache holds: answered from the front-end cache, or from cuTile's disk cache once
-    #: the compiler is loaded anyway (by an earlier job); otherwise skipped (no front end, no ``tileiras``)
+    #: compile only what the front-end cache holds; otherwise skipped: no front end (a few tenths of a second
+    #: of Python per kernel, the cost a raced config or an "is it compiled?" question must not pay on a call's
+    #: path), no ``tileiras``. cuTile's disk cache is not asked: its key is the front end's output
     if_cached: bool = False
 
 
@@ -180,13 +181,6 @@ def load_internals() -> bool:
     there (a spare taking over after a fault) does not pay for loading them: cuTile's compiler included."""
     ints = _get_internals()
     return ints is not None and ints.compiler_version is not None
-
-
-def compiler_loaded() -> bool:
-    """Whether cuTile's compiler is loaded in this process already (asking loads nothing; a stand-in for
-    the internals, as the tests install, counts as loaded)."""
-    ints = _internals
-    return ints is not None and (not isinstance(ints, _Internals) or ints._compiler is not None)
 
 
 def _get_internals() -> _Internals | None:
@@ -337,7 +331,7 @@ class CompilePool:
                 job.kernel.offer(sig, hit[0], job.arch)
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=time.thread_time() - c0))
                 continue
-            if job.if_cached and not compiler_loaded():
+            if job.if_cached:  # only the front-end cache answers it: the front end would cost more than it saves
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, skipped=True))
                 continue
             if not self.parallel:
@@ -356,9 +350,6 @@ class CompilePool:
                 if entry is not None and job.keep:
                     _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
-                continue
-            if job.if_cached:
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, skipped=True, cpu_s=front_cpu))
                 continue
             executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, front_cpu,
                             entry if job.keep else None, stop)

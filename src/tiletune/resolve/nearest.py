@@ -222,9 +222,9 @@ def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = Non
     # ``cold=0``: only what a compile cache holds is compiled and raced; nothing else is compiled
     """Serve the fastest of ``cfgs`` that passes its check on the problem's arguments, in this process.
 
-    1. **Compile** together (in parallel) the first ``cold`` configs, and the others only when a compile
-       cache holds them (cuTile's front-end or disk cache: no ``tileiras`` run for a config that is only
-       raced). Should none of those pass, the skipped ones are compiled and raced in turn.
+    1. **Compile** together (in parallel) the first ``cold`` configs, and the others only when the front-end
+       cache holds them (no front end, no ``tileiras`` run for a config that is only raced). Should none of
+       those pass, the skipped ones are compiled and raced in turn.
     2. **Time first** the compiled configs (interleaved cold-L2 samples: :data:`RACE_FIRST_SAMPLES` each,
        up to ``samples`` (default :data:`RACE_SAMPLES`) for the leader and those whose samples overlap
        its), launched where they cannot touch the caller's memory (the session's ``race_samples``: the

@@ -134,9 +134,10 @@ class CutileBackend:
         return AheadCompile(CompilePool(workers, self.compile_timeout_s), jobs)
 
     def is_compiled(self, plan: Callable[..., Any], args: Sequence[Any], cfg: Config, device_index: int) -> bool | None:
-        """Whether a compile cache holds ``cfg``'s kernel for these arguments (the front-end cache, or
-        cuTile's disk cache once its compiler is loaded): the cubin is then offered to the kernel object a
-        launch uses. None when it cannot be told (a plan that fails, cuTile's internals unavailable)."""
+        """Whether the front-end cache holds ``cfg``'s kernel for these arguments (asked without running the
+        front end: cuTile's disk cache, whose key is the front end's output, is left to the compile that
+        follows a False): the cubin is then offered to the kernel object a launch uses. None when it cannot
+        be told (a plan that fails, cuTile's internals unavailable)."""
         from tiletune.devices import compile_pool
 
         if compile_pool._get_internals() is None:
