@@ -86,9 +86,14 @@ def test_attention_reference_matches_naive_math():
     v = torch.randn(2, 2, 40, 16, generator=g)
     for causal in (False, True):
         got = at.attention_reference(q, k, v, causal, 0.3)
-        kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
-        want = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=0.3)
+        kk, vv = k.repeat_interleave(2, 1).double(), v.repeat_interleave(2, 1).double()
+        s = (q.double() @ kk.transpose(-1, -2)) * 0.3
+        if causal:
+            s = s.masked_fill(~torch.ones(33, 40, dtype=torch.bool).tril(), float("-inf"))
+        want = (s.softmax(-1) @ vv).float()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    qh = q.to(torch.bfloat16)  # the result comes back in q's dtype
+    assert at.attention_reference(qh, k.to(torch.bfloat16), v.to(torch.bfloat16), True).dtype == torch.bfloat16
 
 
 def test_layernorm_helpers():

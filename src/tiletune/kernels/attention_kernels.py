@@ -243,32 +243,27 @@ def attention_reference(q, k, v, causal: bool = False, scale: float | None = Non
 
     Same semantics as ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
     is_causal=causal, scale=scale)`` (with GQA: ``k``/``v`` heads are repeated ``H // Hkv``
-    times).  Computed a batch entry and a group of heads at a time, so the fp32 score matrix
-    stays under about 4 GiB (S = 16k: two heads at a time).
+    times; causal: the mask is ``ones(Sq, Sk).tril()``), computed by torch's
+    ``scaled_dot_product_attention`` on float32 copies, a batch entry and a group of heads at a
+    time: a fused kernel on a GPU (no score matrix in memory), so checking a long prefill costs
+    milliseconds.
     """
     import torch
 
     h, hkv = q.shape[1], k.shape[1]
     if h % hkv:
         raise ValueError(f"attention_reference: {h} query heads is not a multiple of {hkv} kv heads")
-    sq, sk = q.shape[2], k.shape[2]
     scale = (1.0 / math.sqrt(q.shape[-1])) if scale is None else float(scale)
-    out = torch.empty_like(q)
-    mask = None
-    if causal:
-        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
-    heads = max(1, min(h, (1 << 30) // max(1, sq * sk)))  # score elements per chunk <= 2^30
     group = h // hkv
+    # heads per call: a backend that does materialise the scores (torch's math one) stays under ~4 GiB
+    heads = max(1, min(h, (1 << 30) // max(1, q.shape[2] * k.shape[2])))
+    out = torch.empty_like(q)
     for i in range(q.shape[0]):
         for h0 in range(0, h, heads):
             h1 = min(h, h0 + heads)
-            qf = q[i, h0:h1].float()
             kv_heads = torch.arange(h0, h1, device=q.device) // group
-            kf = k[i].index_select(0, kv_heads).float()
-            vf = v[i].index_select(0, kv_heads).float()
-            s = (qf @ kf.transpose(-1, -2)) * scale
-            if mask is not None:
-                s = s.masked_fill_(~mask, float("-inf"))
-            out[i, h0:h1] = (s.softmax(dim=-1) @ vf).to(q.dtype)
-            del s
+            kf = k[i].index_select(0, kv_heads).float().unsqueeze(0)
+            vf = v[i].index_select(0, kv_heads).float().unsqueeze(0)
+            out[i, h0:h1] = torch.nn.functional.scaled_dot_product_attention(
+                q[i:i + 1, h0:h1].float(), kf, vf, is_causal=bool(causal), scale=scale)[0].to(q.dtype)
     return out
