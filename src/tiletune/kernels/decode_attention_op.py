@@ -178,31 +178,35 @@ def _split_attention(q5: Any, k: Any, v: Any, lens: Any, ns: int, causal: bool,
     out_l = torch.full((bsz * hkv * ns, g, sq), _NEG_INF, dtype=torch.float32, device=q5.device)
     lens_l = [min(max(int(x), 1), cap) for x in lens.reshape(-1).tolist()]
     qi = torch.arange(rows, device=q5.device) % sq
-    for b in range(bsz):
-        n = lens_l[b]
+    groups: dict[int, list[int]] = {}
+    for b, n in enumerate(lens_l):  # sequences of one length share the arithmetic: one batch of work each
+        groups.setdefault(n, []).append(b)
+    for n, members in groups.items():
         per = -(-(-(-n // GRANULE)) // ns) * GRANULE
         width = ns * per
-        qf = q5[b].float().reshape(hkv, rows, d)
-        kf = k[b, :, :n].float()
-        vf = v[b, :, :n].float()
-        s = (qf @ kf.transpose(-1, -2)) * float(qk_scale_log2)  # (Hkv, rows, n), base-2 units
+        idx = torch.tensor(members, device=q5.device)
+        nb = len(members)
+        qf = q5.index_select(0, idx).float().reshape(nb, hkv, rows, d)
+        kf = k.index_select(0, idx)[:, :, :n].float()
+        vf = v.index_select(0, idx)[:, :, :n].float()
+        s = (qf @ kf.transpose(-1, -2)) * float(qk_scale_log2)  # (nb, Hkv, rows, n), base-2 units
         j = torch.arange(n, device=q5.device)
         if causal:
             s = s.masked_fill(~(j[None, :] <= (n - sq + qi)[:, None]), _NEG_INF)
-        s = torch.nn.functional.pad(s, (0, width - n), value=_NEG_INF).reshape(hkv, rows, ns, per)
-        vp = torch.nn.functional.pad(vf, (0, 0, 0, width - n)).reshape(hkv, ns, per, d)
-        m = s.amax(dim=-1)  # (Hkv, rows, ns)
+        s = torch.nn.functional.pad(s, (0, width - n), value=_NEG_INF).reshape(nb, hkv, rows, ns, per)
+        vp = torch.nn.functional.pad(vf, (0, 0, 0, width - n)).reshape(nb, hkv, ns, per, d)
+        m = s.amax(dim=-1)  # (nb, Hkv, rows, ns)
         m_use = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
         p = torch.exp2(s - m_use[..., None])
         lsum = p.sum(dim=-1)
-        o = torch.einsum("hrsp,hspd->hrsd", p, vp)
+        o = torch.einsum("bhrsp,bhspd->bhrsd", p, vp)
         seen = lsum > 0
         o = o / torch.where(seen, lsum, torch.ones_like(lsum))[..., None]
         lse = torch.where(seen, m + torch.log2(torch.where(seen, lsum, torch.ones_like(lsum))),
                           torch.full_like(m, _NEG_INF))
-        r0 = b * hkv * ns
-        out_o[r0:r0 + hkv * ns] = o.permute(0, 2, 1, 3).reshape(hkv * ns, g, sq, d)
-        out_l[r0:r0 + hkv * ns] = lse.permute(0, 2, 1).reshape(hkv * ns, g, sq)
+        rows_of = (idx[:, None] * (hkv * ns) + torch.arange(hkv * ns, device=q5.device)[None, :]).reshape(-1)
+        out_o[rows_of] = o.permute(0, 1, 3, 2, 4).reshape(nb * hkv * ns, g, sq, d)
+        out_l[rows_of] = lse.permute(0, 1, 3, 2).reshape(nb * hkv * ns, g, sq)
     return out_o, out_l
 
 
