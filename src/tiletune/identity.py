@@ -8,12 +8,30 @@ from __future__ import annotations
 import hashlib
 import inspect
 import textwrap
+import weakref
 from typing import Any, Callable, Iterable
 
 
+_SOURCES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
 def function_source(fn: Callable[..., Any]) -> str:
-    """Source text of a function (dedented); falls back to its bytecode and constants."""
+    """Source text of a function (dedented); falls back to its bytecode and constants. Remembered per
+    function object (every new key of an op hashes its plan's and kernels' sources)."""
     fn = inspect.unwrap(fn)
+    try:
+        return _SOURCES[fn]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referable: computed
+        pass
+    src = _function_source(fn)
+    try:
+        _SOURCES[fn] = src
+    except TypeError:
+        pass
+    return src
+
+
+def _function_source(fn: Callable[..., Any]) -> str:
     try:
         return textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
