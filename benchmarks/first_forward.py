@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "0: no limit)")
     ap.add_argument("--child-timeout", type=float, default=300.0, help="seconds one fresh process may take")
     ap.add_argument("--profile", action="store_true",
-                    help="cProfile each first forward: its top 40 functions by cumulative time (key 'profile')")
+                    help="cProfile each first forward: its top 120 functions by cumulative time (key 'profile')")
     args = ap.parse_args(argv)
     if args.shapes is None:
         args.shapes = QUICK_SHAPES if args.quick else 6
@@ -138,7 +138,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         prof.disable()
         from _common import profile_rows
 
-        out["profile"] = profile_rows(prof, 40)
+        out["profile"] = profile_rows(prof, 120)
     out["tuning_sessions"], out["tuning_by_op"] = L.tuning_sessions(by_op=True)
     snap = log.snapshot()
     out["log_sources"], out["log_tuned_ops"], out["log_warnings"] = snap["sources"], snap["tuned_ops"], snap["warnings"]
