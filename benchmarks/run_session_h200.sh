@@ -6,7 +6,8 @@
 # tests + hf patch; e = first forward + nearest quality + race/compile GPU tests; f = the torch fallback while
 # compiling (2026-12-05): its GPU test, compile pool and warm-model tests, first forward (cold rows are its case),
 # off-grid non-causal attention served by causal kin); g = first forward profiled (seed 5), the warm-model and
-# fallback GPU tests, off-grid attention (seed 5). Results under $OUT/r (tarred by the caller).
+# fallback GPU tests, off-grid attention (seed 5); h = the same after the
+# front-end-only race and the SDPA references (seed 6, Qwen first), compile-pool and fallback GPU tests. Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -54,6 +55,14 @@ g)
   (cd benchmarks && timeout $(( ${FF_S:-200} + 30 )) python first_forward.py --out $R --shapes 3 --tuned-rows 1 --seed ${SEED:-5} --budget-s ${FF_S:-200} --profile > $R/ff.log 2>&1; tail -2 $R/ff.log)
   timeout 170 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_warm_model.py tests/test_gpu_fallback.py > $R/pytest_g.txt 2>&1; tail -4 $R/pytest_g.txt
   (cd benchmarks && timeout 120 python offgrid.py --out $R --seed ${SEED:-5} --per-family 30 --families attention_gqa --budget-s ${OG_S:-100} > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
+  ;;
+h)
+  (cd benchmarks && timeout $(( ${FF_S:-200} + 30 )) python first_forward.py --out $R --shapes 3 --tuned-rows 1 --seed ${SEED:-6} \
+    --models ${MODELS:-qwen2.5-7b,llama3-8b} --budget-s ${FF_S:-200} --profile > $R/ff.log 2>&1; tail -2 $R/ff.log)
+  timeout 120 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_compile_pool.py tests/test_gpu_fallback.py \
+    > $R/pytest_h.txt 2>&1; tail -4 $R/pytest_h.txt
+  (cd benchmarks && timeout $(( ${OG_S:-90} + 20 )) python offgrid.py --out $R --seed ${SEED:-6} --per-family 30 --families attention_gqa \
+    --budget-s ${OG_S:-90} > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"
