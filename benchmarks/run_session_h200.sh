@@ -7,7 +7,8 @@
 # compiling (2026-12-05): its GPU test, compile pool and warm-model tests, first forward (cold rows are its case),
 # off-grid non-causal attention served by causal kin); g = first forward profiled (seed 5), the warm-model and
 # fallback GPU tests, off-grid attention (seed 5); h = the same after the
-# front-end-only race and the SDPA references (seed 6, Qwen first), compile-pool and fallback GPU tests. Results under $OUT/r (tarred by the caller).
+# front-end-only race and the SDPA references (seed 6, Qwen first), compile-pool and fallback GPU tests;
+# i = fault space, cold tuning speed and compile-pool/fault GPU tests after the forked front ends. Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -63,6 +64,13 @@ h)
     > $R/pytest_h.txt 2>&1; tail -4 $R/pytest_h.txt
   (cd benchmarks && timeout $(( ${OG_S:-90} + 20 )) python offgrid.py --out $R --seed ${SEED:-6} --per-family 30 --families attention_gqa \
     --budget-s ${OG_S:-90} > $R/offgrid.log 2>&1; tail -3 $R/offgrid.log)
+  ;;
+i)
+  (cd benchmarks && timeout 70 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  (cd benchmarks && timeout ${TS_S:-260} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
+    > $R/ts.log 2>&1; tail -3 $R/ts.log)
+  timeout ${TEST_S:-100} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_compile_pool.py tests/test_gpu_faults.py \
+    > $R/pytest_i.txt 2>&1; tail -4 $R/pytest_i.txt
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"

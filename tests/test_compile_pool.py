@@ -371,3 +371,43 @@ def test_finishing_a_compile_ahead_early_stops_what_has_not_started(fake):
     got = ahead.finish(5.0)
     assert time.perf_counter() - t < 0.5  # waits for the one running, not for the four others
     assert got["ahead_compiled"] == 1 and got["ahead_stopped"] == 4
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_front_ends_run_in_forked_processes(fake, tmp_path):
+    """Several front ends at once run in forked children (they queue behind one interpreter lock in one
+    process); the cubins, the errors and the hand-over are those of the in-process path."""
+    import os
+
+    ints, _, _, _ = fake(delay=0.01, frontend_fail=("bad",))
+    pids = tmp_path / "pids"
+    inner = ints.comp.compile_tile
+
+    def compile_tile(name, sigs, **kw):
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return inner(name, sigs, **kw)
+
+    ints.comp.compile_tile = compile_tile
+    js = jobs(["k0", "k1", "bad", "k3", "k4", "k5"])
+    results = {r.tag: r for r in CompilePool(workers=3, fork_front_ends=True).compile_all(js)}
+    assert "not a power of two" in results[2].error and results[2].error.startswith("TypeError")
+    assert all(results[i].error is None for i in (0, 1, 3, 4, 5))
+    for j in js:
+        if j.kernel.name != "bad":
+            assert [c for _, c, _ in j.kernel.offers] == [b"cubin-" + j.kernel.name.encode()]
+    ran = {int(x) for x in pids.read_text().split()}
+    assert os.getpid() not in ran and len(ran) >= 1
+
+
+def test_front_ends_stay_in_process_for_a_few_jobs_or_when_asked(fake, tmp_path, monkeypatch):
+    import os
+
+    ints, _, _, _ = fake(delay=0.01)
+    seen: list[int] = []
+    inner = ints.comp.compile_tile
+    ints.comp.compile_tile = lambda name, sigs, **kw: seen.append(os.getpid()) or inner(name, sigs, **kw)
+    list(CompilePool(workers=3, fork_front_ends=True).compile_all(jobs(["a", "b"])))  # fewer than FORK_MIN
+    monkeypatch.setenv("TILETUNE_FRONTEND_PROCS", "1")
+    list(CompilePool(workers=3, fork_front_ends=True).compile_all(jobs(["c", "d", "e", "f"])))
+    assert seen == [os.getpid()] * 6

@@ -390,6 +390,12 @@ def compile_workers() -> int | None:
     return count("TILETUNE_COMPILE_WORKERS")
 
 
+def frontend_procs() -> int | None:
+    """``TILETUNE_FRONTEND_PROCS``: forked processes that run cuTile's front end when several configs compile
+    at once (1: all in the compiling process), or None (as many as compile workers)."""
+    return count("TILETUNE_FRONTEND_PROCS")
+
+
 def timer_backlog_us() -> float:
     """``TILETUNE_TIMER_BACKLOG_US``: microseconds of GPU spin queued before each sample the tuner takes
     (:class:`tiletune.devices.measure.ColdL2Timer`'s ``backlog_us``); 0 (the default, also when unset or empty)

@@ -259,14 +259,28 @@ def flush(timeout: float | None = None) -> bool:
 atexit.register(flush, 30.0)
 
 
+#: front ends needed at once from which they run in forked processes (fewer: in this process)
+FORK_MIN = 3
+
+
+class _FrontEndError(Exception):
+    """A front end that failed in a forked process: its message, as the child described it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "front end failed"
+
+
 class CompilePool:
     """Compiles jobs ahead of their first launch, ``workers`` assembler processes at a time."""
 
-    def __init__(self, workers: int | None = None, timeout_s: float | None = 300.0) -> None:
+    def __init__(self, workers: int | None = None, timeout_s: float | None = 300.0,
+                 fork_front_ends: bool | None = None) -> None:
         from tiletune import settings
 
         self.workers = workers or settings.compile_workers() or cpu_count()
         self.timeout_s = timeout_s
+        #: run front ends in forked processes: None (default) only with cuTile's real internals
+        self.fork_front_ends = fork_front_ends
 
     @property
     def parallel(self) -> bool:
@@ -315,6 +329,7 @@ class CompilePool:
     ) -> None:
         ints = _get_internals()
         assert ints is not None
+        fronts: list[tuple[CompileJob, Any, Any, float, float]] = []  # jobs whose front end must run
         for job in jobs:
             if stop is not None and stop.is_set():
                 out.put(CompileResult(job.tag, 0.0, deferred=True))
@@ -337,22 +352,82 @@ class CompilePool:
             if not self.parallel:
                 out.put(CompileResult(job.tag, 0.0, skipped=job.if_cached, deferred=not job.if_cached))
                 continue
-            try:
-                sig, key, bytecode = self._bytecode(ints, job, sig)
-            except Exception as exc:  # front-end errors: bad tile shapes, type errors, ...
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc),
-                                      cpu_s=time.thread_time() - c0))
+            fronts.append((job, sig, entry, t0, time.thread_time() - c0))
+        for (job, sig, entry, t0, cpu), got in self._front_ends(ints, fronts, stop):
+            if got is None:  # stopped before its front end ran
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, deferred=True, cpu_s=cpu))
                 continue
+            if isinstance(got, BaseException):  # front-end errors: bad tile shapes, type errors, ...
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, cpu_s=cpu,
+                                      error=str(got) if isinstance(got, _FrontEndError) else _describe(got)))
+                continue
+            sig, key, bytecode = got
             cubin = _lookup_disk(ints, key) if ints.cache_dir else None
-            front_cpu = time.thread_time() - c0
             if cubin is not None:
                 job.kernel.offer(sig, cubin, job.arch)
                 if entry is not None and job.keep:
                     _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=cpu))
                 continue
-            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, front_cpu,
+            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, cpu,
                             entry if job.keep else None, stop)
+
+    def _front_ends(self, ints: _Internals, fronts: list[tuple[CompileJob, Any, Any, float, float]],
+                    stop: threading.Event | None) -> Iterator[tuple[tuple[CompileJob, Any, Any, float, float], Any]]:
+        """Run the front end of each of ``fronts``: ``(front, (sig, key, bytecode) | the exception | None when
+        stopped)`` in completion order, the CPU time of the front end added to the front's ``cpu``. Several
+        run in forked processes (:mod:`tiletune.devices.forked`) when :meth:`_forks` allows; whatever a child
+        did not deliver runs here."""
+        from tiletune.devices import forked
+
+        rest = list(range(len(fronts)))
+        procs = self._forks(ints, fronts)
+        if procs > 1:
+            # children get the jobs whose signature this process already knows (it names the cubin);
+            # the rest, and whatever a child does not deliver, run here
+            signed = [i for i in rest if fronts[i][1] is not None]
+
+            def compute(k: int) -> tuple[str, bytes]:
+                i = signed[k]
+                _, key, bytecode = self._bytecode(ints, fronts[i][0], fronts[i][1])
+                return key, bytecode
+
+            rest = [i for i in rest if fronts[i][1] is None]
+            for d in forked.run_forked(len(signed), compute, procs, timeout_s=self.timeout_s or 300.0, stop=stop):
+                i = signed[d.index]
+                job, sig, entry, t0, cpu = fronts[i]
+                front = (job, sig, entry, t0, cpu + d.cpu_s)
+                if d.ok is None:
+                    rest.append(i)
+                elif d.ok:
+                    yield front, (sig, *d.value)
+                else:
+                    yield front, _FrontEndError(d.value)
+        for i in rest:
+            front = fronts[i]
+            if stop is not None and stop.is_set():
+                yield front, None
+                continue
+            c0 = time.thread_time()
+            try:
+                got: Any = self._bytecode(ints, front[0], front[1])
+            except Exception as exc:  # noqa: BLE001 - reported as this job's compile error
+                got = exc
+            job, sig, entry, t0, cpu = front
+            yield (job, sig, entry, t0, cpu + time.thread_time() - c0), got
+
+    def _forks(self, ints: Any, fronts: Sequence[Any]) -> int:
+        """Processes for the front ends of ``fronts``: 1 (in-process) for fewer than :data:`FORK_MIN`, for
+        stand-ins of cuTile's internals (unless :attr:`fork_front_ends` says otherwise) and where
+        ``TILETUNE_FRONTEND_PROCS=1``; else up to that many (default: :attr:`workers`)."""
+        from tiletune import settings
+        from tiletune.devices import forked
+
+        wanted = settings.frontend_procs()
+        fork = self.fork_front_ends if self.fork_front_ends is not None else isinstance(ints, _Internals)
+        if not fork or len(fronts) < FORK_MIN or not forked.available() or wanted == 1:
+            return 1
+        return max(1, min(wanted or self.workers, len(fronts)))
 
     def _bytecode(self, ints: _Internals, job: CompileJob, sig: Any = None) -> tuple[Any, str, bytes]:
         kernel = job.kernel

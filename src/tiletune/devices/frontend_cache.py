@@ -265,12 +265,14 @@ def _entry_key(kernel: Any, signature: Any, arch: str) -> str | None:
     code = code_fingerprint(pyfunc)
     if code is None:
         return None
-    try:
-        from cuda.tile.compilation import mangle_kernel_name
+    sig = getattr(signature, "symbol", None)
+    if not (isinstance(sig, str) and sig.startswith(pyfunc.__name__ + "_K")):
+        try:  # a signature without its mangled name (the launcher's carries it: naming costs ~2 ms)
+            from cuda.tile.compilation import mangle_kernel_name
 
-        sig = mangle_kernel_name(pyfunc.__name__, signature)
-    except Exception:  # noqa: BLE001 - a signature cuTile cannot name: its own path
-        return None
+            sig = mangle_kernel_name(pyfunc.__name__, signature)
+        except Exception:  # noqa: BLE001 - a signature cuTile cannot name: its own path
+            return None
     env = sorted((k, v) for k, v in os.environ.items()
                  if (k.startswith("CUDA_TILE_") or k.startswith("EXPERIMENTAL_CUDA_TILE_")) and k not in _NEUTRAL_ENV)
     material = json.dumps({"format": FORMAT, "toolchain": toolchain_fingerprint(), "arch": arch, "code": code,

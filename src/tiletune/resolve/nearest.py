@@ -55,6 +55,11 @@ __all__ = ["KeyFeatures", "Neighbour", "NearestSource", "key_features", "distanc
 RACE_SAMPLES = 5
 #: samples per raced config first: the leader and the configs whose samples overlap its get the rest
 RACE_FIRST_SAMPLES = 3
+#: a race whose first sample of every config takes at least this long (microseconds) is timed with fewer
+#: samples (:data:`LONG_RACE_SAMPLES` first, :data:`LONG_RACE_SAMPLES` + 1 at most): launch noise is small
+#: against such a kernel, and its samples cost GPU time on the call's path
+LONG_RACE_US = 1000.0
+LONG_RACE_SAMPLES = 2
 
 
 class KeyFeatures(NamedTuple):
@@ -305,10 +310,22 @@ def _median(xs: Sequence[float]) -> float:
 def _time(session: Any, cands: Sequence[Any], n: int) -> dict[int, list[float] | str] | None:
     """Samples of unchecked candidates from ``session.race_samples``: :data:`RACE_FIRST_SAMPLES` each, then
     up to ``n`` for the leader (lowest median) and every candidate whose samples overlap the leader's (a
-    clear winner stops early). None when the session cannot time them apart from the caller's memory."""
+    clear winner stops early); fewer when one sample of each says they are long (:data:`LONG_RACE_US`).
+    None when the session cannot time them apart from the caller's memory."""
     first = min(n, RACE_FIRST_SAMPLES)
-    got = session.race_samples(cands, first)
-    if got is None or n <= first:
+    got = session.race_samples(cands, 1)
+    if got is None:
+        return None
+    timed = {o: t for o, t in got.items() if not isinstance(t, str) and t}
+    if timed and min(min(t) for t in timed.values()) >= LONG_RACE_US:  # long kernels: fewer samples
+        first, n = min(first, LONG_RACE_SAMPLES), min(n, LONG_RACE_SAMPLES + 1)
+    if first > 1 and timed:
+        more = session.race_samples([c for c in cands if c.order in timed], first - 1)
+        if more is None:
+            return got
+        for o, t in more.items():
+            got[o] = t if isinstance(t, str) else [*got[o], *t]
+    if n <= first:
         return got
     timed = {o: t for o, t in got.items() if not isinstance(t, str) and t}
     if len(timed) <= 1:
