@@ -64,6 +64,9 @@ TILETUNE_PINS                    path      unset      A pins file (tiletune.reso
 TILETUNE_COMPILE_WORKERS         count     unset      Compile (``tileiras``) processes per tuning session;
                                                       unset: every core this process may use. A campaign
                                                       sets it to split the cores between its GPU workers.
+TILETUNE_FRONTEND_PROCS          count     unset      Forked processes that run cuTile's front end when
+                                                      several configs compile at once (1: in-process);
+                                                      unset: as many as compile processes.
 TILETUNE_TIMER_BACKLOG_US        us        0          GPU spin queued before each tuning sample so a busy
                                                       host cannot leak into short kernels' samples (0:
                                                       off; the L2 flush alone covers the launch).
@@ -164,6 +167,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_ON_MISS", "choice", None, "what every op does with a key nothing stored answers"),
         Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.resolve.pins)"),
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
+        Variable("TILETUNE_FRONTEND_PROCS", "count", None, "forked processes for cuTile's front end"),
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
         Variable("TILETUNE_FRONTEND_CACHE", "bool", True, "cubins keyed by kernel code, hints and signature"),
         Variable("TILETUNE_NEAREST_RACE", "count", 3, "neighbour configs raced on a new shape (1: the nearest only)"),
@@ -446,6 +450,7 @@ _CHECKS = {
     "TILETUNE_ON_MISS": on_miss,
     "TILETUNE_PINS": pins_path,
     "TILETUNE_COMPILE_WORKERS": compile_workers,
+    "TILETUNE_FRONTEND_PROCS": frontend_procs,
     "TILETUNE_TIMER_BACKLOG_US": timer_backlog_us,
 }
 
