@@ -411,3 +411,17 @@ def test_front_ends_stay_in_process_for_a_few_jobs_or_when_asked(fake, tmp_path,
     monkeypatch.setenv("TILETUNE_FRONTEND_PROCS", "1")
     list(CompilePool(workers=3, fork_front_ends=True).compile_all(jobs(["c", "d", "e", "f"])))
     assert seen == [os.getpid()] * 6
+
+
+def test_only_a_worker_forks_front_ends_by_default(fake, monkeypatch):
+    """The caller's process runs other threads (a model's, other ops' background compiles): a child forked
+    there could inherit a lock held; a tuning worker forks."""
+    ints, _, _, _ = fake()
+    monkeypatch.setattr(compile_pool, "_Internals", type(ints))  # the fake stands for the real internals
+    pool = CompilePool(workers=4)
+    fronts = [object()] * 5
+    monkeypatch.delenv("TILETUNE_IN_WORKER", raising=False)
+    assert pool._forks(ints, fronts) == 1
+    monkeypatch.setenv("TILETUNE_IN_WORKER", "1")
+    assert pool._forks(ints, fronts) == 4
+    assert pool._forks(ints, fronts[:2]) == 1

@@ -65,8 +65,9 @@ TILETUNE_COMPILE_WORKERS         count     unset      Compile (``tileiras``) pro
                                                       unset: every core this process may use. A campaign
                                                       sets it to split the cores between its GPU workers.
 TILETUNE_FRONTEND_PROCS          count     unset      Forked processes that run cuTile's front end when
-                                                      several configs compile at once (1: in-process);
-                                                      unset: as many as compile processes.
+                                                      several configs compile at once in a tuning worker
+                                                      (1: in the worker); unset: as many as compile
+                                                      processes.
 TILETUNE_TIMER_BACKLOG_US        us        0          GPU spin queued before each tuning sample so a busy
                                                       host cannot leak into short kernels' samples (0:
                                                       off; the L2 flush alone covers the launch).

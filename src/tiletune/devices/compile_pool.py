@@ -261,6 +261,9 @@ atexit.register(flush, 30.0)
 
 #: front ends needed at once from which they run in forked processes (fewer: in this process)
 FORK_MIN = 3
+#: seconds without any front end delivered after which the forked children are given up (their configs
+#: then run in-process): a front end takes well under a second; a child stuck on an inherited lock, forever
+FORK_SILENCE_S = 20.0
 
 
 class _FrontEndError(Exception):
@@ -393,7 +396,7 @@ class CompilePool:
                 return key, bytecode
 
             rest = [i for i in rest if fronts[i][1] is None]
-            for d in forked.run_forked(len(signed), compute, procs, timeout_s=self.timeout_s or 300.0, stop=stop):
+            for d in forked.run_forked(len(signed), compute, procs, timeout_s=FORK_SILENCE_S, stop=stop):
                 i = signed[d.index]
                 job, sig, entry, t0, cpu = fronts[i]
                 front = (job, sig, entry, t0, cpu + d.cpu_s)
@@ -417,14 +420,17 @@ class CompilePool:
             yield (job, sig, entry, t0, cpu + time.thread_time() - c0), got
 
     def _forks(self, ints: Any, fronts: Sequence[Any]) -> int:
-        """Processes for the front ends of ``fronts``: 1 (in-process) for fewer than :data:`FORK_MIN`, for
-        stand-ins of cuTile's internals (unless :attr:`fork_front_ends` says otherwise) and where
-        ``TILETUNE_FRONTEND_PROCS=1``; else up to that many (default: :attr:`workers`)."""
+        """Processes for the front ends of ``fronts``: 1 (in-process) for fewer than :data:`FORK_MIN`, outside
+        a tuning worker process and for stand-ins of cuTile's internals (unless :attr:`fork_front_ends` says
+        otherwise), and where ``TILETUNE_FRONTEND_PROCS=1``; else up to that many (default:
+        :attr:`workers`). Only a worker forks by default: the caller's process runs other threads (a model's,
+        other ops' background compiles) whose locks a child could inherit held."""
         from tiletune import settings
         from tiletune.devices import forked
 
         wanted = settings.frontend_procs()
-        fork = self.fork_front_ends if self.fork_front_ends is not None else isinstance(ints, _Internals)
+        fork = self.fork_front_ends if self.fork_front_ends is not None else (
+            isinstance(ints, _Internals) and settings.in_worker())
         if not fork or len(fronts) < FORK_MIN or not forked.available() or wanted == 1:
             return 1
         return max(1, min(wanted or self.workers, len(fronts)))
