@@ -200,7 +200,8 @@ class FakeTicket:
 @pytest.fixture
 def frontend(monkeypatch):
     entries: dict = {}
-    monkeypatch.setattr(compile_pool, "_frontend_ticket", lambda ints, job, sig: FakeTicket(entries, job.kernel.name))
+    monkeypatch.setattr(compile_pool, "_frontend_ticket", lambda ints, job, sig, candidates=False: FakeTicket(
+        entries.setdefault("candidates", {}) if candidates else entries, job.kernel.name))
     return entries
 
 
@@ -236,6 +237,8 @@ def test_kept_jobs_reach_the_front_end_cache_without_the_caller_waiting(fake, fr
     assert all(r.error is None for r in results)
     assert compile_pool.flush(5)
     refs = frontend.pop("refs")
+    # the tuning candidate's entry goes to the candidates' folder, never among the served configs'
+    assert frontend.pop("candidates") == {"k2": (b"cubin-k2", "kernel_symbol"), "refs": {"k2": "k2"}}
     assert frontend == {"k0": (b"cubin-k0", "kernel_symbol"), "k1": (b"cached-k1", "kernel_symbol")}
     assert sorted(stores) == ["k0", "k2"]
     # one store of the cubins: the front-end entries are records of cuTile's keys (k0 stored just before)
@@ -425,3 +428,19 @@ def test_only_a_worker_forks_front_ends_by_default(fake, monkeypatch):
     monkeypatch.setenv("TILETUNE_IN_WORKER", "1")
     assert pool._forks(ints, fronts) == 4
     assert pool._forks(ints, fronts[:2]) == 1
+
+
+def test_a_candidate_compiled_before_is_answered_without_the_front_end(fake, frontend, monkeypatch):
+    """A worker that replaces one lost to a fault (or a later session) compiles the remaining candidates
+    again: their entries in the candidates' folder answer them, no front end, no assembler."""
+    ints, _, _, _ = fake(delay=0.01)
+    ints.KernelSignature = SimpleNamespace(from_kernel_args=lambda k, args, conv: Sig(("sig", k.name)))
+    first = list(CompilePool(workers=2).compile_all(jobs(["c0", "c1", "c2"])))
+    assert all(r.error is None and not r.cached for r in first)
+    assert compile_pool.flush(5)
+    monkeypatch.setattr(ints.comp, "compile_tile", lambda *a, **k: pytest.fail("the front end ran again"))
+    again = jobs(["c0", "c1", "c2"])
+    results = list(CompilePool(workers=2).compile_all(again))
+    assert all(r.cached and r.error is None for r in results)
+    assert [j.kernel.offers[0][1] for j in again] == [b"cubin-c0", b"cubin-c1", b"cubin-c2"]
+    assert set(frontend) == {"candidates"}  # nothing among the served configs' entries

@@ -404,3 +404,17 @@ def test_a_reference_whose_cubin_changed_is_a_miss(tmp_path):
     db.close()
     assert t.load() is None
     assert frontend_cache.Ticket(folder, "other", "sm_90", "k").load() is None
+
+
+def test_candidates_have_their_own_folder_beside_the_cache(modules):
+    """Tuning candidates' entries live beside the served configs' (their own eviction), and a record of
+    cuTile's key there reads cuTile's cache of the same folder."""
+    name = _write_modules(modules)
+    ctx = _context(modules / "cache")
+    served = frontend_cache.ticket(_kernel(name, occupancy=2), _signature(), ctx, "sm_90")
+    cand = frontend_cache.ticket(_kernel(name, occupancy=2), _signature(), ctx, "sm_90", candidates=True)
+    assert served.key == cand.key
+    assert cand.folder == modules / "cache" / frontend_cache.CANDIDATES_FOLDER
+    assert cand.folder.parent == served.folder.parent
+    assert cand.save(b"\x7fELF-cubin", "sym") and cand.load() == (b"\x7fELF-cubin", "sym")
+    assert served.load() is None

@@ -82,7 +82,7 @@ class CompileJob:
     args: tuple[Any, ...]
     arch: str  # "sm_90"
     #: a caller will launch this cubin (not a tuning worker's candidate): keep it in the front-end cache
-    #: for later processes
+    #: for later processes (a candidate's entry goes to the candidates' folder, evicted on its own)
     keep: bool = False
     #: compile only what the front-end cache holds; otherwise skipped: no front end (a few tenths of a second
     #: of Python per kernel, the cost a raced config or an "is it compiled?" question must not pay on a call's
@@ -343,6 +343,11 @@ class CompilePool:
                 sig = launch_signature(ints, job.kernel, job.args)
                 entry = _frontend_ticket(ints, job, sig)
                 hit = entry.load() if entry is not None else None
+                if hit is None:  # a tuning candidate's entry (this or an earlier session compiled it)
+                    spare = _frontend_ticket(ints, job, sig, candidates=True)
+                    hit = spare.load() if spare is not None else None
+                    if not job.keep:
+                        entry = spare  # where a candidate's compile is recorded
             except Exception:  # noqa: BLE001 - arguments cuTile cannot sign: the front end names the problem below
                 sig = entry = hit = None
             if hit is not None:  # compiled by an earlier process: no front end, no compiler import
@@ -368,12 +373,11 @@ class CompilePool:
             cubin = _lookup_disk(ints, key) if ints.cache_dir else None
             if cubin is not None:
                 job.kernel.offer(sig, cubin, job.arch)
-                if entry is not None and job.keep:
+                if entry is not None:
                     _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=cpu))
                 continue
-            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, cpu,
-                            entry if job.keep else None, stop)
+            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, cpu, entry, stop)
 
     def _front_ends(self, ints: _Internals, fronts: list[tuple[CompileJob, Any, Any, float, float]],
                     stop: threading.Event | None) -> Iterator[tuple[tuple[CompileJob, Any, Any, float, float], Any]]:
@@ -656,11 +660,12 @@ def _store_disk(ints: _Internals, key: str, cubin: bytes, asm_s: float) -> None:
     ints.cache.cache_store(ints.cache_dir, key, cubin, meta.to_dict())
 
 
-def _frontend_ticket(ints: _Internals, job: CompileJob, sig: Any) -> Any:
-    """The front-end cache's entry of this job (None: cache off, or a kernel it cannot fingerprint)."""
+def _frontend_ticket(ints: _Internals, job: CompileJob, sig: Any, candidates: bool = False) -> Any:
+    """The front-end cache's entry of this job (None: cache off, or a kernel it cannot fingerprint);
+    ``candidates``: in the tuning candidates' folder."""
     from tiletune.devices import frontend_cache
 
-    return frontend_cache.ticket(job.kernel, sig, ints.context, job.arch)
+    return frontend_cache.ticket(job.kernel, sig, ints.context, job.arch, candidates=candidates)
 
 
 def _needs_v2(constraint: Any) -> bool:

@@ -26,6 +26,9 @@ checks it, an entry whose cubin cuTile evicted is a miss. Only a cubin compiled 
 (whose key tiletune does not see) is kept as a file beside its record. The cuTile entries served this
 way are marked used in cuTile's database at exit (one write per process, off the launch path), so
 cuTile's eviction sees them as used. No pickle. ``TILETUNE_FRONTEND_CACHE=0`` turns the cache off.
+Tuning candidates' entries live in a folder of their own beside it (``tiletune-candidates``, the same
+records and eviction): a worker that replaces one lost to a fault, or a later session, compiles them
+without the front end, and a tuning session never evicts a served config's entry.
 """
 
 from __future__ import annotations
@@ -440,14 +443,23 @@ class Ticket:
         return True
 
 
-def ticket(kernel: Any, signature: Any, context: Any, arch: str) -> Ticket | None:
+#: the folder (beside :func:`cache_folder`'s) of tuning candidates' entries: a worker that replaces one lost to
+#: a fault, or a later session, compiles them without the front end; kept apart (with its own eviction) so a
+#: tuning session never evicts the entries of configs that are served
+CANDIDATES_FOLDER = "tiletune-candidates"
+
+
+def ticket(kernel: Any, signature: Any, context: Any, arch: str, candidates: bool = False) -> Ticket | None:
     """The entry of this kernel object's compile of ``signature`` on ``arch`` in ``context``'s cuTile
-    cache, or None (cache off, kernel not fingerprintable, signature cuTile cannot name)."""
+    cache, or None (cache off, kernel not fingerprintable, signature cuTile cannot name). ``candidates``:
+    in the tuning candidates' folder (:data:`CANDIDATES_FOLDER`) instead."""
     if not _enabled():
         return None
     folder = cache_folder(context)
     if folder is None:
         return None
+    if candidates:
+        folder = folder.parent / CANDIDATES_FOLDER
     key = _entry_key(kernel, signature, arch)
     if key is None:
         return None
