@@ -8,7 +8,9 @@
 # off-grid non-causal attention served by causal kin); g = first forward profiled (seed 5), the warm-model and
 # fallback GPU tests, off-grid attention (seed 5); h = the same after the
 # front-end-only race and the SDPA references (seed 6, Qwen first), compile-pool and fallback GPU tests;
-# i = fault space, cold tuning speed and compile-pool/fault GPU tests after the forked front ends. Results under $OUT/r (tarred by the caller).
+# i = fault space, cold tuning speed and compile-pool/fault GPU tests after the forked front ends;
+# j (2026-12-06) = where a worker's start goes (probe_worker_start) and the fault space; k = the same after
+# the zygote, with its GPU test and the fault tests; l = cold tuning speed. Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -71,6 +73,20 @@ i)
     > $R/ts.log 2>&1; tail -3 $R/ts.log)
   timeout ${TEST_S:-100} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_compile_pool.py tests/test_gpu_faults.py \
     > $R/pytest_i.txt 2>&1; tail -4 $R/pytest_i.txt
+  ;;
+j)
+  (cd benchmarks && timeout 150 python probe_worker_start.py --out $R --reps 3 > $R/probe_ws.log 2>&1; tail -3 $R/probe_ws.log)
+  (cd benchmarks && timeout 70 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  ;;
+k)
+  (cd benchmarks && timeout 120 python probe_worker_start.py --out $R --reps 2 > $R/probe_ws.log 2>&1; tail -3 $R/probe_ws.log)
+  timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote.py tests/test_gpu_faults.py \
+    > $R/pytest_k.txt 2>&1; tail -4 $R/pytest_k.txt
+  (cd benchmarks && timeout 90 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  ;;
+l)
+  (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
+    > $R/ts.log 2>&1; tail -3 $R/ts.log)
   ;;
 esac
 echo "part $1 took $(( $(date +%s) - t0 )) s"

@@ -549,7 +549,7 @@ def test_library_ops_leave_the_worker_unstarted_until_a_call_tunes(monkeypatch):
     from tiletune.kernels.library_op import LibraryOp
 
     started = []
-    monkeypatch.setattr(workers, "prestart", lambda *a: started.append(a))
+    monkeypatch.setattr(workers, "prestart", lambda *a, **k: started.append(a))
     monkeypatch.setattr("tiletune.devices.backends.prewarm_default", lambda: None)
     fam = LibraryOp("tiletune.test_deferred", lambda regime: SPACE, lambda cfg, x, y: tt.Launch(lambda *a: None, (1,), (x, y)),
                     writes=["y"])

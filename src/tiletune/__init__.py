@@ -88,3 +88,7 @@ __all__ = [
     "wait_for_compiles",
     "__version__",
 ]
+
+from tiletune.devices.workers.zygote import start_at_import as _start_zygote
+
+_start_zygote()  # on a machine with an NVIDIA GPU: workers' imports start now, beside the program's

@@ -38,6 +38,12 @@ TILETUNE_PREWARM                 bool      true       Import cuTile's compiler i
                                                       their first call).
 TILETUNE_WORKER_PRESTART         bool      true       Start the GPU worker when the first isolated op is
                                                       defined (false: at its first tuning).
+TILETUNE_WORKER_ZYGOTE           choice    auto       ``auto``, ``on`` or ``off`` (also the boolean words):
+                                                      a process started on ``import tiletune`` that
+                                                      imports torch, cuda.tile and the ops' kernel
+                                                      modules and forks tuning workers, so a worker
+                                                      (first, spare or replacement) pays only for its CUDA
+                                                      context. auto: on where an NVIDIA GPU is visible.
 TILETUNE_WORKER_START_TIMEOUT    seconds   180        How long a new worker may take to start (torch,
                                                       cuda.tile, CUDA context).
 TILETUNE_WATCHDOG_S              seconds   20         Deadline of a worker request before anything of the
@@ -81,6 +87,7 @@ TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside 
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
 TILETUNE_WORKER_SYSPATH          JSON      internal   Internal: the caller's sys.path, for a worker.
+TILETUNE_ZYGOTE_SKIP             text      internal   Internal: modules a new zygote does not import.
 ===============================  ========  =========  ====================================================
 
 :func:`check_all` reads every documented variable and returns the problems (the command line
@@ -114,6 +121,7 @@ __all__ = [
     "isolation",
     "prewarm",
     "worker_prestart",
+    "worker_zygote",
     "worker_start_timeout_s",
     "tables_enabled",
     "background",
@@ -157,6 +165,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_ISOLATION", "choice", None, "default isolation of the live backend"),
         Variable("TILETUNE_PREWARM", "bool", True, "import cuda.tile in the background"),
         Variable("TILETUNE_WORKER_PRESTART", "bool", True, "start the worker when an op is defined"),
+        Variable("TILETUNE_WORKER_ZYGOTE", "choice", "auto", "fork workers from a process with their imports done"),
         Variable("TILETUNE_WORKER_START_TIMEOUT", "seconds", 180.0, "worker start-up deadline"),
         Variable("TILETUNE_WATCHDOG_S", "seconds", 20.0, "first worker request deadline"),
         Variable("TILETUNE_WATCHDOG_FACTOR", "factor", 20.0, "worker request deadline factor"),
@@ -176,6 +185,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
         Variable("TILETUNE_WORKER_SYSPATH", "text", None, "internal: caller's sys.path (JSON)"),
+        Variable("TILETUNE_ZYGOTE_SKIP", "text", None, "internal: modules the zygote does not import"),
     )
 }
 
@@ -329,6 +339,21 @@ def worker_prestart() -> bool:
     return flag("TILETUNE_WORKER_PRESTART", True)
 
 
+def worker_zygote() -> str:
+    """``TILETUNE_WORKER_ZYGOTE``: ``auto`` (default), ``on`` (also 1/true/yes) or ``off`` (also 0/false/no)."""
+    raw = text("TILETUNE_WORKER_ZYGOTE")
+    if raw is None:
+        return "auto"
+    word = raw.strip().lower()
+    if word == "auto":
+        return "auto"
+    if word in TRUE_WORDS:
+        return "on"
+    if word in FALSE_WORDS:
+        return "off"
+    raise ValueError(f"TILETUNE_WORKER_ZYGOTE={raw!r}: choose one of auto, on, off (or a boolean word)")
+
+
 def worker_start_timeout_s() -> float:
     """``TILETUNE_WORKER_START_TIMEOUT`` in seconds (default 180)."""
     return seconds("TILETUNE_WORKER_START_TIMEOUT", 180.0)
@@ -439,6 +464,7 @@ _CHECKS = {
     "TILETUNE_ISOLATION": isolation,
     "TILETUNE_PREWARM": prewarm,
     "TILETUNE_WORKER_PRESTART": worker_prestart,
+    "TILETUNE_WORKER_ZYGOTE": worker_zygote,
     "TILETUNE_WORKER_START_TIMEOUT": worker_start_timeout_s,
     "TILETUNE_WATCHDOG_S": watchdog_s,
     "TILETUNE_WATCHDOG_FACTOR": watchdog_factor,

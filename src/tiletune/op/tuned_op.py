@@ -343,8 +343,10 @@ class TunedOp:
             prewarm_default()
             if self.isolation == "process":
                 from tiletune.devices.workers import prestart
+                from tiletune.devices.workers.zygote import plan_modules
 
-                prestart()
+                tol = self.tolerance if callable(self.tolerance) else None
+                prestart(modules=plan_modules([plan, reference, tol]))
 
     # ------------------------------------------------------------------ hot path
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection, Listener, wait
-from typing import Any, Callable, Deque, Mapping
+from typing import Any, Callable, Deque, Mapping, Sequence
 
 from tiletune import settings
 from tiletune.devices.workers.protocol import BusyEvent, CompiledEvent, PhaseEvent, ProtocolError, Reply, decode_reply
@@ -47,6 +47,13 @@ __all__ = ["WorkerFault", "WorkerProcess", "worker_for", "prestart", "shutdown_a
 #: Seconds a new worker may take to import torch and cuda.tile and create its CUDA context; None:
 #: ``TILETUNE_WORKER_START_TIMEOUT`` (default 180), read at each start.
 START_TIMEOUT_S: float | None = None
+
+#: How a worker is started from scratch (a worker forked by the zygote runs the same entry point).
+DEFAULT_COMMAND = [sys.executable, "-m", "tiletune.devices.workers.worker_main"]
+
+#: Seconds to wait for the zygote's fork (it may be importing a kernel package first: that import
+#: would otherwise happen in the worker, so waiting for it costs nothing).
+ZYGOTE_FORK_WAIT_S = 60.0
 
 #: Seconds to wait for the exit status of a worker whose connection broke (for the fault's message:
 #: "exit code 7", "killed by signal SIGSEGV"); a child still tearing down its CUDA context is not
@@ -124,7 +131,8 @@ class WorkerProcess:
         #: seconds from SIGKILL until it was gone (measured on the reaper thread).
         self.backend_spec = backend_spec
         self.device_index = device_index
-        self.command = command or [sys.executable, "-m", "tiletune.devices.workers.worker_main"]
+        self.command = command or DEFAULT_COMMAND
+        self.forked = False  # the current child came from the zygote
         self.extra_env = dict(env or {})
         self.events: Deque[CompiledEvent] = collections.deque()
         self.lock = threading.RLock()  # one tuning session at a time per worker
@@ -202,8 +210,10 @@ class WorkerProcess:
                     listener.close()
                     _unlink_quietly(address)
                     raise WorkerFault("died", "the worker pool was shut down")
-                self.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+                self.proc = self._forked(env) if self.command == DEFAULT_COMMAND else None
+                if self.proc is None:
+                    self.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                                 stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
         finally:
             log.close()
         try:
@@ -219,6 +229,18 @@ class WorkerProcess:
         self.info = dict(reply.body)
         self.start_s.append(time.perf_counter() - t0)
         logger.debug("tiletune worker pid %s started in %.2f s", self.info.get("pid"), self.start_s[-1])
+
+    def _forked(self, env: dict[str, str]) -> Any:
+        """A child forked by the zygote (torch, cuda.tile and the kernels' modules imported already), or
+        None: no zygote here, or it cannot fork now (the caller then starts one from scratch)."""
+        from tiletune.devices.workers.zygote import zygote
+
+        z = zygote()
+        if z is None:
+            return None
+        proc = z.fork(env, os.getcwd(), self._log_path, timeout=ZYGOTE_FORK_WAIT_S)
+        self.forked = proc is not None
+        return proc
 
     def _accept(self, listener: Listener, timeout: float) -> Connection:
         result: list[Any] = []
@@ -640,15 +662,22 @@ def worker_for(backend_key: str, device_index: int, factory: Callable[[], Worker
         return w
 
 
-def prestart(device_index: int | None = None) -> None:
+def prestart(device_index: int | None = None, modules: Sequence[str] = ()) -> None:
     """Start the live cuTile worker for the current (or given) GPU in the background.
 
-    Called by every isolated op when it is defined; only the first call per GPU argument does
-    anything. Does nothing inside a worker, with ``TILETUNE_WORKER_PRESTART=0``, before torch is
-    imported, or when torch sees no GPU.
+    Called by every isolated op when it is defined, with the modules its plan needs (``modules``):
+    the zygote (:mod:`tiletune.devices.workers.zygote`) imports them, so the workers it forks need not.
+    Only the first call per GPU argument starts a worker. Does nothing inside a worker, with
+    ``TILETUNE_WORKER_PRESTART=0``, before torch is imported, or when torch sees no GPU.
     """
     if in_worker() or not settings.worker_prestart():
         return
+    if modules:
+        from tiletune.devices.workers.zygote import zygote
+
+        z = zygote()
+        if z is not None:
+            z.preload(modules)
     if "torch" not in sys.modules:
         # torch imported on a side thread races the caller's own first import and, in a process that
         # ends at once, module teardown (torch's finalizers then print tracebacks at exit); a program
@@ -721,6 +750,10 @@ def shutdown_all(final: bool = True) -> None:
     for t in threads:
         t.join(10.0)
     collect_shared()
+    if final:
+        from tiletune.devices.workers.zygote import shutdown
+
+        shutdown()
 
 
 atexit.register(shutdown_all)

@@ -241,6 +241,7 @@ class WorkerSession:
         try:
             worker.ensure()
             self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
+            self.stats["worker_forked"] = bool(getattr(worker, "forked", False))  # by the zygote, imports done
             self._gen0 = worker.generation
             self._spares_used0 = worker.spares_used
             self._reaped0 = len(worker.reap_s)
