@@ -110,6 +110,7 @@ class Zygote:
         self.skip = set(skip)
         self.env_key = import_time_env(os.environ if env is None else env)
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._tokens = itertools.count(1)
         self._replies: dict[int, dict] = {}
@@ -178,7 +179,7 @@ class Zygote:
     def _send(self, cmd: dict) -> bool:
         data = (json.dumps(cmd) + "\n").encode()
         try:
-            with self._lock:
+            with self._write_lock:  # not the state lock: a full pipe must not stop the event reader
                 if self.dead:
                     return False
                 assert self.proc.stdin is not None
