@@ -332,8 +332,9 @@ def test_compiles_are_pipelined_over_the_pool_and_results_stream_before_the_last
     t = time.perf_counter()
     arrivals = [time.perf_counter() - t for _ in CompilePool(workers=3).compile_all(jobs([f"k{i}" for i in range(9)]))]
     assert active["peak"] == 3
-    assert arrivals[-1] == pytest.approx(3 * 0.2, abs=0.25)  # ceil(9/3) rounds, not 9 x 0.2
-    assert arrivals[0] < 0.35 and arrivals[0] < arrivals[-1] - 0.3  # the first came long before the last
+    # ceil(9/3) = 3 rounds (0.6 s), far from 9 x 0.2 in sequence; the bound leaves room for a loaded CI host
+    assert 3 * 0.2 - 0.05 <= arrivals[-1] < 9 * 0.2 * 0.7
+    assert arrivals[0] < 0.5 and arrivals[0] < arrivals[-1] - 0.2  # the first came long before the last
 
 
 def test_the_pool_takes_every_core_by_default(monkeypatch):
