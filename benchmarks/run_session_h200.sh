@@ -10,7 +10,7 @@
 # front-end-only race and the SDPA references (seed 6, Qwen first), compile-pool and fallback GPU tests;
 # i = fault space, cold tuning speed and compile-pool/fault GPU tests after the forked front ends;
 # j (2026-12-06) = where a worker's start goes (probe_worker_start) and the fault space; k = the same after
-# the zygote, with its GPU test and the fault tests; l = cold tuning speed. Results under $OUT/r (tarred by the caller).
+# the zygote, with its GPU test and the fault tests; l = cold tuning speed; m = k and l in one call (short). Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -83,6 +83,15 @@ k)
   timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote.py tests/test_gpu_faults.py \
     > $R/pytest_k.txt 2>&1; tail -4 $R/pytest_k.txt
   (cd benchmarks && timeout 90 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  ;;
+m)
+  (cd benchmarks && timeout 60 python probe_worker_start.py --out $R --reps 1 > $R/probe_ws.log 2>&1; tail -2 $R/probe_ws.log)
+  cp -r $R/. ${OUT:-/tmp/out}/r/ 2>/dev/null
+  timeout 100 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote.py > $R/pytest_m.txt 2>&1; tail -3 $R/pytest_m.txt
+  (cd benchmarks && timeout 80 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  cp -r $R/. ${OUT:-/tmp/out}/r/ 2>/dev/null
+  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
+    > $R/ts.log 2>&1; tail -3 $R/ts.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
