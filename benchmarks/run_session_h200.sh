@@ -90,8 +90,9 @@ m)
   timeout 100 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote.py > $R/pytest_m.txt 2>&1; tail -3 $R/pytest_m.txt
   (cd benchmarks && timeout 80 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
   cp -r $R/. ${OUT:-/tmp/out}/r/ 2>/dev/null
-  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
-    > $R/ts.log 2>&1; tail -3 $R/ts.log)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO  # written where the device tool collects it even if the call is cut short
+  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
+    > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
