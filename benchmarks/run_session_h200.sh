@@ -10,7 +10,8 @@
 # front-end-only race and the SDPA references (seed 6, Qwen first), compile-pool and fallback GPU tests;
 # i = fault space, cold tuning speed and compile-pool/fault GPU tests after the forked front ends;
 # j (2026-12-06) = where a worker's start goes (probe_worker_start) and the fault space; k = the same after
-# the zygote, with its GPU test and the fault tests; l = cold tuning speed; m = k and l in one call (short). Results under $OUT/r (tarred by the caller).
+# the zygote, with its GPU test and the fault tests; l = cold tuning speed; m = k and l in one call (short);
+# n = the zygote without kernel packages (workers import those), its test, fault space, TileGym matmul speed. Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -92,6 +93,14 @@ m)
   cp -r $R/. ${OUT:-/tmp/out}/r/ 2>/dev/null
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO  # written where the device tool collects it even if the call is cut short
   (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
+    > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
+  ;;
+n)
+  timeout 100 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote.py > $R/pytest_n.txt 2>&1; tail -3 $R/pytest_n.txt
+  (cd benchmarks && timeout 80 python fault_matrix.py --fault-space --out $R > $R/fault.log 2>&1; tail -2 $R/fault.log)
+  cp -r $R/. ${OUT:-/tmp/out}/r/ 2>/dev/null
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${TS_S:-280} python tuning_speed.py --out $TSO --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul} \
     > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
   ;;
 l)

@@ -137,7 +137,6 @@ def test_fork_hazards_see_python_threads_and_extra_os_threads():
 def test_a_worker_forked_by_the_zygote_serves_and_reports_its_exit(fresh_zygote, monkeypatch):
     z = zmod.zygote()
     assert z is not None
-    z.preload(["json", "zyg_no_such_module"])  # a module that fails is skipped, not fatal
     _wait_ready(z)
     assert not z.hazard, z.info
     w = WorkerProcess(FakeBackend(lambda c: 1.0), 0)
@@ -150,9 +149,10 @@ def test_a_worker_forked_by_the_zygote_serves_and_reports_its_exit(fresh_zygote,
         assert os.readlink(f"/proc/{pid}/cwd") == os.getcwd()
         assert os.getpgid(pid) == pid  # a process group of its own, as a worker started from scratch
         proc = w.proc
-        w.kill()  # SIGKILL: its status arrives through the zygote
+        os.kill(pid, signal.SIGKILL)  # its status arrives through the zygote
         assert proc.wait(10) == -signal.SIGKILL
         assert w._exit_text() == "killed by signal SIGKILL"
+        w.kill()
         w.start()  # the next one is forked too
         assert w.forked and z.forks == 2
         assert w.close() == 0 and w.graceful_exits == 1
@@ -180,13 +180,11 @@ def test_an_import_that_starts_a_thread_makes_the_zygote_refuse_and_workers_star
     (tmp_path / "zyg_threaded.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("TILETUNE_ZYGOTE_IMPORTS", "json, zyg_threaded,zyg_no_such_module")
     z = zmod.zygote()
     _wait_ready(z)
-    z.preload(["zyg_threaded"])
-    t0 = time.monotonic()
-    while not z.hazard and time.monotonic() - t0 < 60:
-        time.sleep(0.02)
     assert "Python threads run" in z.hazard and z.hazard_module == "zyg_threaded"
+    assert "json" in z.info["modules"]
     assert z.fork(dict(os.environ), os.getcwd(), "/dev/null", 5) is None
     w = WorkerProcess(FakeBackend(lambda c: 1.0), 0)
     try:
@@ -195,6 +193,27 @@ def test_an_import_that_starts_a_thread_makes_the_zygote_refuse_and_workers_star
         assert z2 is not z and "zyg_threaded" in z2.skip
         assert w.alive and w.forked
         w.request({"op": "ping"}, 10)
+    finally:
+        w.close(final=True)
+
+
+def test_workers_import_the_modules_the_ops_plans_need_as_they_start(fresh_zygote, monkeypatch, tmp_path):
+    from tiletune.devices.workers import client
+
+    marker = tmp_path / "imported-by"
+    (tmp_path / "zyg_kernel_pkg.py").write_text(
+        f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(client, "_preload", [])
+    monkeypatch.setattr(client, "_prestarted", {None})  # recorded, no worker of its own started here
+    client.prestart(modules=["zyg_kernel_pkg"])
+    assert client._preload == ["zyg_kernel_pkg"]
+    w = WorkerProcess(FakeBackend(lambda c: 1.0), 0)
+    try:
+        w.start()
+        assert w.forked
+        assert marker.read_text().split() == [str(w.proc.pid)]  # imported there, before the first request
+        assert "zyg_kernel_pkg" not in sys.modules or sys.modules["zyg_kernel_pkg"] is not None
     finally:
         w.close(final=True)
 

@@ -40,10 +40,13 @@ TILETUNE_WORKER_PRESTART         bool      true       Start the GPU worker when 
                                                       defined (false: at its first tuning).
 TILETUNE_WORKER_ZYGOTE           choice    auto       ``auto``, ``on`` or ``off`` (also the boolean words):
                                                       a process started on ``import tiletune`` that
-                                                      imports torch, cuda.tile and the ops' kernel
-                                                      modules and forks tuning workers, so a worker
-                                                      (first, spare or replacement) pays only for its CUDA
-                                                      context. auto: on where an NVIDIA GPU is visible.
+                                                      imports torch and cuda.tile and forks tuning
+                                                      workers, so a worker (first, spare or replacement)
+                                                      skips those imports. auto: on where an NVIDIA GPU is
+                                                      visible.
+TILETUNE_ZYGOTE_IMPORTS          text      unset      Comma-separated packages the zygote imports beside
+                                                      torch and cuda.tile (packages that do not touch the
+                                                      GPU when imported; one that does is skipped).
 TILETUNE_WORKER_START_TIMEOUT    seconds   180        How long a new worker may take to start (torch,
                                                       cuda.tile, CUDA context).
 TILETUNE_WATCHDOG_S              seconds   20         Deadline of a worker request before anything of the
@@ -88,6 +91,7 @@ TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a wor
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
 TILETUNE_WORKER_SYSPATH          JSON      internal   Internal: the caller's sys.path, for a worker.
 TILETUNE_ZYGOTE_SKIP             text      internal   Internal: modules a new zygote does not import.
+TILETUNE_WORKER_PRELOAD          JSON      internal   Internal: modules a new worker imports first.
 ===============================  ========  =========  ====================================================
 
 :func:`check_all` reads every documented variable and returns the problems (the command line
@@ -186,6 +190,8 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
         Variable("TILETUNE_WORKER_SYSPATH", "text", None, "internal: caller's sys.path (JSON)"),
         Variable("TILETUNE_ZYGOTE_SKIP", "text", None, "internal: modules the zygote does not import"),
+        Variable("TILETUNE_WORKER_PRELOAD", "text", None, "internal: modules a new worker imports first (JSON)"),
+        Variable("TILETUNE_ZYGOTE_IMPORTS", "text", None, "modules the zygote imports beside torch and cuda.tile"),
     )
 }
 

@@ -197,6 +197,9 @@ class WorkerProcess:
         env["TILETUNE_WORKER_AUTHKEY"] = authkey.hex()
         env["TILETUNE_IN_WORKER"] = "1"
         env["TILETUNE_WORKER_SYSPATH"] = json.dumps([p for p in sys.path if p])
+        with _workers_lock:
+            if _preload:
+                env["TILETUNE_WORKER_PRELOAD"] = json.dumps(list(_preload))
         # the worker imports the very tiletune this process runs (a source tree on sys.path, e.g. a
         # checkout under test, would otherwise lose to an installed copy found first in the child)
         root = os.path.dirname(os.path.dirname(os.path.abspath(settings.__file__)))
@@ -651,6 +654,7 @@ def _discard(spares: list[WorkerProcess]) -> None:
 _workers: dict[tuple[str, int], WorkerProcess] = {}
 _workers_lock = threading.Lock()
 _prestarted: set[int | None] = set()  # prestart() arguments already handled
+_preload: list[str] = []  # modules the ops' plans need: each new worker imports them as it starts
 
 
 def worker_for(backend_key: str, device_index: int, factory: Callable[[], WorkerProcess]) -> WorkerProcess:
@@ -665,19 +669,15 @@ def worker_for(backend_key: str, device_index: int, factory: Callable[[], Worker
 def prestart(device_index: int | None = None, modules: Sequence[str] = ()) -> None:
     """Start the live cuTile worker for the current (or given) GPU in the background.
 
-    Called by every isolated op when it is defined, with the modules its plan needs (``modules``):
-    the zygote (:mod:`tiletune.devices.workers.zygote`) imports them, so the workers it forks need not.
+    Called by every isolated op when it is defined, with the modules its plan needs (``modules``): every
+    worker started from now on imports them as it starts (before its first session asks for them).
     Only the first call per GPU argument starts a worker. Does nothing inside a worker, with
     ``TILETUNE_WORKER_PRESTART=0``, before torch is imported, or when torch sees no GPU.
     """
     if in_worker() or not settings.worker_prestart():
         return
-    if modules:
-        from tiletune.devices.workers.zygote import zygote
-
-        z = zygote()
-        if z is not None:
-            z.preload(modules)
+    with _workers_lock:
+        _preload.extend(m for m in modules if m not in _preload)
     if "torch" not in sys.modules:
         # torch imported on a side thread races the caller's own first import and, in a process that
         # ends at once, module teardown (torch's finalizers then print tracebacks at exit); a program

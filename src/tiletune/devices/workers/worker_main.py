@@ -482,6 +482,21 @@ def _trace_enabled() -> bool:
         return False
 
 
+def _preload(raw: str | None) -> None:
+    """Import the modules the caller's plans need (their kernels' packages) before the first request:
+    a session's plan would import them on arrival otherwise. One that fails is left to that moment."""
+    if not raw:
+        return
+    import importlib
+    import json
+
+    for name in json.loads(raw):
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - the session that needs it reports it
+            pass
+
+
 def main() -> None:
     """Entry point: connect to the caller named in the environment and serve it."""
     from multiprocessing.connection import Client
@@ -501,6 +516,7 @@ def main() -> None:
         import torch.multiprocessing  # noqa: F401  (CUDA IPC rebuild functions)
     except ImportError:
         pass
+    _preload(os.environ.get("TILETUNE_WORKER_PRELOAD"))
     Worker(conn).serve()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,15 +1,15 @@
 """Caller side of the zygote (:mod:`tiletune.devices.workers.zygote_main`): tuning workers forked from
-a process that has imported torch, cuda.tile and the kernels' packages already.
+a process that has imported torch and cuda.tile already.
 
-A worker started from scratch imports all of that before it can open a session (seconds, and a
-kernel package such as TileGym's more); forked from the zygote it starts with them imported and pays
-for its CUDA context only. That matters three times: the first tuning session (the zygote starts
-when ``tiletune`` is imported on a machine with an NVIDIA GPU, so its imports overlap the user's
-program), the warm spare that replaces a worker lost to a fault, and every later replacement.
+A worker started from scratch imports both before it can open a session (seconds); forked from the
+zygote it starts with them imported and pays for its CUDA context and its kernels' own packages
+(imported as it starts, :func:`plan_modules`). That matters three times: the first tuning session
+(the zygote starts when ``tiletune`` is imported on a machine with an NVIDIA GPU, so its imports
+overlap the user's program), the warm spare that replaces a worker lost to a fault, and every later
+replacement.
 
 :func:`zygote` is the process-wide one (None where it cannot serve: no GPU, ``TILETUNE_WORKER_ZYGOTE=0``,
-inside a worker). :meth:`Zygote.preload` imports an op's modules there (called when an op is
-defined); :meth:`Zygote.fork` asks for a worker and returns a :class:`ForkedProcess` (a
+inside a worker). :meth:`Zygote.fork` asks for a worker and returns a :class:`ForkedProcess` (a
 :class:`subprocess.Popen` look-alike) or None, and the caller then starts the worker from scratch: a
 zygote that could not start, died, or whose imports made forking unsafe (CUDA touched, a thread
 started) never blocks a worker, it only stops saving time. A caller whose environment changed since
@@ -115,13 +115,11 @@ class Zygote:
         self._tokens = itertools.count(1)
         self._replies: dict[int, dict] = {}
         self._exits: dict[int, int] = {}
-        self._preloaded: set[str] = set()
         self.ready = False
         self.dead = False
         self.hazard = ""  # why the zygote refuses forks ("" while it forks)
         self.hazard_module = ""
         self.info: dict[str, Any] = {}
-        self.preload_s: list[float] = []
         self.forks = 0
         self._log_dir = tempfile.mkdtemp(prefix="tiletune-zygote-")
         self.log_path = os.path.join(self._log_dir, "zygote.log")
@@ -165,14 +163,12 @@ class Zygote:
             if kind == "ready":
                 self.ready = True
                 self.info = ev
-            elif kind == "preloaded":
-                self.preload_s.append(float(ev.get("s", 0.0)))
             elif kind in ("forked", "refused"):
                 self._replies[int(ev["token"])] = ev
             elif kind == "exit":
                 self._exits[int(ev["pid"])] = int(ev["status"])
             self._changed.notify_all()
-        if kind in ("ready", "preloaded") and ev.get("hazard"):
+        if kind == "ready" and ev.get("hazard"):
             logger.debug("tiletune zygote: forking is unsafe after importing %s (%s); workers start from scratch",
                          ev.get("hazard_module"), ev.get("hazard"))
 
@@ -197,15 +193,6 @@ class Zygote:
     def usable(self) -> bool:
         """Alive and not known to refuse forks."""
         return not self.dead and not self.hazard and self.proc.poll() is None
-
-    def preload(self, modules: Iterable[str]) -> None:
-        """Import ``modules`` in the zygote (in its order of arrival, before any later fork); those
-        asked for before are not asked again."""
-        with self._lock:
-            new = [m for m in modules if m not in self._preloaded and m not in self.skip]
-            self._preloaded.update(new)
-        if new:
-            self._send({"op": "preload", "modules": new})
 
     def fork(self, env: dict[str, str], cwd: str, log_path: str, timeout: float) -> ForkedProcess | None:
         """A worker forked with ``env`` in ``cwd``, its output in ``log_path``; None when the zygote

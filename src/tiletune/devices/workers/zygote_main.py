@@ -1,20 +1,21 @@
-"""The zygote: a process that has imported torch, cuda.tile and the kernels' modules without touching
-the GPU, and forks tuning workers on request.
+"""The zygote: a process that has imported torch and cuda.tile without touching the GPU, and forks
+tuning workers on request.
 
-A worker started from scratch spends seconds importing torch, cuda.tile and the package its kernel
-lives in before it can open a session; forked from here it starts with all of that imported and pays
-only for its CUDA context. Started by :mod:`tiletune.devices.workers.zygote` as
+A worker started from scratch spends seconds importing torch and cuda.tile before it can open a
+session; forked from here it starts with them imported and pays for its CUDA context and its
+kernels' packages only. Started by :mod:`tiletune.devices.workers.zygote` as
 ``python -m tiletune.devices.workers.zygote_main``; it talks to its caller over its standard input
 (commands) and output (events), one JSON object per line, and leaves when its input closes.
 
-Commands: ``{"op": "preload", "modules": [...]}`` imports modules (the kernels' packages);
-``{"op": "fork", "token": n, "env": {...}, "cwd": path, "log": path}`` forks a worker, which takes
-the caller's environment and folder as they are now, writes its output to ``log`` and runs
-:func:`tiletune.devices.workers.worker_main.main`.
+Commands: ``{"op": "fork", "token": n, "env": {...}, "cwd": path, "log": path}`` forks a worker, which
+takes the caller's environment and folder as they are now, writes its output to ``log`` and runs
+:func:`tiletune.devices.workers.worker_main.main`. The kernels' own packages are imported by each
+worker as it starts (``TILETUNE_WORKER_PRELOAD``), not here: many touch the GPU when imported (TileGym
+does), after which no process may fork; ``TILETUNE_ZYGOTE_IMPORTS`` names packages known not to.
 
-Events: ``ready`` (imports done), ``preloaded``, ``forked`` (its pid) or ``refused``, and ``exit`` (a
-worker's exit status, as :attr:`subprocess.Popen.returncode` gives it): the zygote reaps its workers,
-so their statuses reach the caller through it.
+Events: ``ready`` (imports done), ``forked`` (its pid) or ``refused``, and ``exit`` (a worker's exit
+status, as :attr:`subprocess.Popen.returncode` gives it): the zygote reaps its workers, so their
+statuses reach the caller through it.
 
 Forking is only safe while this process runs one thread and holds no CUDA state: after every import
 it checks (torch's CUDA not initialised, no ``/dev/nvidia*`` descriptor open, one OS thread) and, once
@@ -137,7 +138,8 @@ class Zygote:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup descriptor
         t0 = time.perf_counter()
-        done, failed = self.load(list(BASE_MODULES))
+        extra = [m for m in os.environ.get("TILETUNE_ZYGOTE_IMPORTS", "").split(",") if m.strip()]
+        done, failed = self.load(list(BASE_MODULES) + [m.strip() for m in extra])
         self.emit({"event": "ready", "pid": os.getpid(), "import_s": round(time.perf_counter() - t0, 3),
                    "modules": done, "failed": failed, "hazard": self.hazard, "hazard_module": self.hazard_module})
         while True:
@@ -177,12 +179,7 @@ class Zygote:
 
     def handle(self, cmd: dict) -> None:
         op = cmd.get("op")
-        if op == "preload":
-            t0 = time.perf_counter()
-            done, failed = self.load([str(m) for m in cmd.get("modules", [])])
-            self.emit({"event": "preloaded", "modules": done, "failed": failed, "hazard": self.hazard,
-                       "hazard_module": self.hazard_module, "s": round(time.perf_counter() - t0, 3)})
-        elif op == "fork":
+        if op == "fork":
             token = cmd.get("token")
             if self.hazard:
                 self.emit({"event": "refused", "token": token, "why": self.hazard})
