@@ -7,6 +7,7 @@ same shape (signature, bytecode, assembler with a delay, disk cache) so the pool
 from __future__ import annotations
 
 import threading
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ def make_internals(tmp_path: Path, *, delay=0.05, fail=(), frontend_fail=(), tim
     stores: list[str] = []
 
     def compile_tile(name, sigs, **kw):
+        active.setdefault("nice_front", []).append(os.getpriority(os.PRIO_PROCESS, 0))
         if name in frontend_fail:
             raise TypeError(f"tile shape of {name} is not a power of two")
         return SimpleNamespace(bytecode=name.encode())
@@ -44,6 +46,7 @@ def make_internals(tmp_path: Path, *, delay=0.05, fail=(), frontend_fail=(), tim
         with lock:
             active["now"] += 1
             active["peak"] = max(active["peak"], active["now"])
+            active.setdefault("nice", []).append(os.getpriority(os.PRIO_PROCESS, 0))  # this thread's
         try:
             time.sleep(delay)
             if name in fail:
@@ -111,6 +114,15 @@ def test_compiles_in_parallel_and_hands_cubins_over(fake):
         assert j.kernel.offers == [(("sig", j.kernel.name, j.args), b"cubin-" + j.kernel.name.encode(), "sm_90")]
     assert compile_pool.flush(5)
     assert sorted(stores) == sorted(f"k{i}" for i in range(8))  # and it reached the disk cache
+
+
+def test_compiles_run_below_the_process_priority_so_checks_and_timing_run_first(fake):
+    _, active, _, _ = fake(delay=0.01)
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    list(CompilePool(workers=2).compile_all(jobs(["a", "b", "c"])))
+    want = min(19, base + compile_pool.COMPILE_NICE)
+    assert active["nice"] == [want] * 3 and active["nice_front"] == [want] * 3
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the calling thread keeps its priority
 
 
 def test_failures_and_timeouts_are_results_not_exceptions(fake):

@@ -174,6 +174,21 @@ _internals: _Internals | None = None
 _internals_error: str | None = None
 
 
+#: Niceness the compile threads take over the process's own (Linux: per thread, and inherited by the
+#: ``tileiras`` and front-end processes they start): when compiles fill every core, the checks, the
+#: timing and the replies the watchdog waits for still run at once.
+COMPILE_NICE = 5
+
+
+def lower_priority() -> None:
+    """Run the calling thread (and the processes it starts) at :data:`COMPILE_NICE` over the process."""
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + COMPILE_NICE))
+    except (AttributeError, OSError):  # not Linux, or not allowed: compiles keep the process's priority
+        pass
+
+
 def load_internals() -> bool:
     """Load the cuda-tile internals the pool uses (once per process; True when they are available).
 
@@ -311,9 +326,14 @@ class CompilePool:
                     CompileResult(job.tag, 0.0, deferred=True)
             return
         results: "queue.Queue[CompileResult]" = queue.Queue()
-        executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tiletune-tileiras")
-        producer = threading.Thread(target=self._produce, args=(jobs, executor, results, stop),
-                                    name="tiletune-bytecode", daemon=True)
+        executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tiletune-tileiras",
+                                      initializer=lower_priority)
+
+        def produce() -> None:
+            lower_priority()
+            self._produce(jobs, executor, results, stop)
+
+        producer = threading.Thread(target=produce, name="tiletune-bytecode", daemon=True)
         producer.start()
         try:
             for _ in range(len(jobs)):
