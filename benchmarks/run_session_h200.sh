@@ -11,7 +11,8 @@
 # i = fault space, cold tuning speed and compile-pool/fault GPU tests after the forked front ends;
 # j (2026-12-06) = where a worker's start goes (probe_worker_start) and the fault space; k = the same after
 # the zygote, with its GPU test and the fault tests; l = cold tuning speed; m = k and l in one call (short);
-# n = the zygote without kernel packages (workers import those), its test, fault space, TileGym matmul speed. Results under $OUT/r (tarred by the caller).
+# n = the zygote without kernel packages (workers import those), its test, fault space, TileGym matmul speed;
+# o = fault space and TileGym matmul speed (2 repetitions: the last of the session's device time). Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -101,6 +102,12 @@ n)
   cp -r $R/. ${OUT:-/tmp/out}/r/ 2>/dev/null
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   (cd benchmarks && timeout ${TS_S:-280} python tuning_speed.py --out $TSO --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul} \
+    > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
+  ;;
+o)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 80 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; tail -1 $TSO/fault.log)
+  (cd benchmarks && timeout ${TS_S:-165} python tuning_speed.py --out $TSO --reps ${REPS:-2} --kernels ${KERNELS:-tilegym_matmul} \
     > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
   ;;
 l)
