@@ -3,7 +3,7 @@
 
 Runs mutmut (3.x) over each module against its own CPU test files, in a scratch copy of the
 repository (the working tree is never mutated: other people edit it), and writes
-``benchmarks/results/mutation.json``::
+``benchmarks/results/mutation.json.gz`` (gzipped JSON; any other name: plain JSON)::
 
     {"tool", "tool_version", "date", "commit", "modules", "mutants", "killed", "score",
      "equivalent", "score_excluding_equivalent", "unexplained",
@@ -50,7 +50,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "benchmarks" / "results" / "mutation.json"
+OUT = ROOT / "benchmarks" / "results" / "mutation.json.gz"
+
+
+def _write(out: Path, doc: dict) -> None:
+    text = json.dumps(doc, indent=1) + "\n"
+    if out.name.endswith(".gz"):
+        import gzip
+
+        out.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        out.write_text(text)
 
 #: Module -> its CPU test files (missing ones are left out and named in the result).
 TESTS: dict[str, list[str]] = {
@@ -492,7 +502,7 @@ def main() -> int:
         for sv in doc["survivors"]:
             sv["explanation"] = explain(sv["module"], sv.get("original", ""), sv.get("mutated", ""), sv["mutant"])
         finalize(doc)
-        out.write_text(json.dumps(doc, indent=1) + "\n")
+        _write(out, doc)
         print(f"re-explained {len(doc['survivors'])} survivors, {doc['unexplained']} unexplained")
         return 0
     import mutmut
@@ -559,7 +569,7 @@ def main() -> int:
     }
     finalize(doc)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    _write(out, doc)
     print(f"wrote {out}: {killed}/{mutants} killed ({doc['score']:.1%})" if mutants else f"wrote {out}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
