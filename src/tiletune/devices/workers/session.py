@@ -34,7 +34,7 @@ check (a candidate's first launch) is watched in phases, which the worker report
 (:mod:`tiletune.devices.launch_marks`): its kernel, from launch to end, may take ``max(kernel_floor_s,
 watchdog_factor x`` the slowest median so far, ``check_slack_factor x`` the slowest checked kernel so
 far, twice the longest a kernel with a fatal error took to be reported) (more while a killed worker's
-context is still torn down), so an endless kernel costs a few tenths of a second when the session's kernels are short; the phases before the launch (the guard,
+context is still torn down), so an endless kernel costs about a second when the session's kernels are short; the phases before the launch (the guard,
 module loads, cuTile's launch path: slow in a new worker) and after the kernel (the reference, the
 comparison) are given ``check_slack_factor`` x their slowest time so far in the session, at least
 ``check_slack_s`` (a legitimately slow first launch is not taken for a hang). A worker that reports
@@ -102,7 +102,9 @@ class IsolationOptions:
 
     watchdog_factor: float = field(default_factory=lambda: settings.watchdog_factor())
     watchdog_floor_s: float = 0.5
-    kernel_floor_s: float = 0.4
+    #: a kernel's floor: a GPU may report an illegal address well after the launch (the driver handles
+    #: the fault first); a floor below that reports such a fault as a hang
+    kernel_floor_s: float = 1.0
     check_slack_s: float = 0.5
     check_slack_min_s: float = 0.1
     check_slack_factor: float = 4.0
