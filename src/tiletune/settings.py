@@ -47,6 +47,11 @@ TILETUNE_WORKER_ZYGOTE           choice    auto       ``auto``, ``on`` or ``off`
 TILETUNE_ZYGOTE_IMPORTS          text      unset      Comma-separated packages the zygote imports beside
                                                       torch and cuda.tile (packages that do not touch the
                                                       GPU when imported; one that does is skipped).
+TILETUNE_SHIP_KERNELS            choice    value      How a cuTile kernel that a plan shipped by value (a
+                                                      script's, a closure's) names reaches a tuning worker:
+                                                      ``value`` (its function and the helpers of its module
+                                                      that it calls; its package is not imported there) or
+                                                      ``reference`` (the worker imports its module).
 TILETUNE_WORKER_START_TIMEOUT    seconds   180        How long a new worker may take to start (torch,
                                                       cuda.tile, CUDA context).
 TILETUNE_WATCHDOG_S              seconds   20         Deadline of a worker request before anything of the
@@ -126,6 +131,7 @@ __all__ = [
     "prewarm",
     "worker_prestart",
     "worker_zygote",
+    "ship_kernels",
     "worker_start_timeout_s",
     "tables_enabled",
     "background",
@@ -170,6 +176,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_PREWARM", "bool", True, "import cuda.tile in the background"),
         Variable("TILETUNE_WORKER_PRESTART", "bool", True, "start the worker when an op is defined"),
         Variable("TILETUNE_WORKER_ZYGOTE", "choice", "auto", "fork workers from a process with their imports done"),
+        Variable("TILETUNE_SHIP_KERNELS", "choice", "value", "cuTile kernels travel to workers by value or reference"),
         Variable("TILETUNE_WORKER_START_TIMEOUT", "seconds", 180.0, "worker start-up deadline"),
         Variable("TILETUNE_WATCHDOG_S", "seconds", 20.0, "first worker request deadline"),
         Variable("TILETUNE_WATCHDOG_FACTOR", "factor", 20.0, "worker request deadline factor"),
@@ -360,6 +367,21 @@ def worker_zygote() -> str:
     raise ValueError(f"TILETUNE_WORKER_ZYGOTE={raw!r}: choose one of auto, on, off (or a boolean word)")
 
 
+SHIP_KERNELS_CHOICES = ("value", "reference")
+
+
+def ship_kernels() -> str:
+    """``TILETUNE_SHIP_KERNELS``: ``value`` (default) or ``reference``: how a cuTile kernel reached while
+    shipping a plan to a worker travels (:mod:`tiletune.devices.workers.shipping`)."""
+    raw = text("TILETUNE_SHIP_KERNELS")
+    if raw is None:
+        return "value"
+    word = raw.lower()
+    if word not in SHIP_KERNELS_CHOICES:
+        raise ValueError(f"TILETUNE_SHIP_KERNELS={raw!r}: choose one of value, reference (or unset it)")
+    return word
+
+
 def worker_start_timeout_s() -> float:
     """``TILETUNE_WORKER_START_TIMEOUT`` in seconds (default 180)."""
     return seconds("TILETUNE_WORKER_START_TIMEOUT", 180.0)
@@ -471,6 +493,7 @@ _CHECKS = {
     "TILETUNE_PREWARM": prewarm,
     "TILETUNE_WORKER_PRESTART": worker_prestart,
     "TILETUNE_WORKER_ZYGOTE": worker_zygote,
+    "TILETUNE_SHIP_KERNELS": ship_kernels,
     "TILETUNE_WORKER_START_TIMEOUT": worker_start_timeout_s,
     "TILETUNE_WATCHDOG_S": watchdog_s,
     "TILETUNE_WATCHDOG_FACTOR": watchdog_factor,
