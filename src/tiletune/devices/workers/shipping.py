@@ -4,12 +4,19 @@ Only for the caller -> worker direction of a live session, never for stored data
 answers are JSON (:mod:`tiletune.devices.workers.protocol`), and nothing here is written to disk.
 
 * Functions go by reference when the worker can import them: a plan decorated by ``@tt.autotune`` in
-  an importable module is found as ``module.<name>.plan``; a cuTile kernel bound to a module name
-  likewise. Anything else (a ``__main__`` script, a notebook cell, a closure) goes by value through
-  ``cloudpickle``. A kernel shipped by value is rebuilt from its Python function, compiler options
-  and evaluated annotations. Code shipped by value keeps its file name (cloudpickle would rename it),
-  and the lines of a file that exists only in the caller's :mod:`linecache` (a notebook cell) travel
-  with it, because cuTile parses a kernel's source text and keys its disk cache on the file name.
+  an importable module is found as ``module.<name>.plan``, another function bound to its name in an
+  imported module likewise. Anything else (a ``__main__`` script, a notebook cell, a closure) goes by
+  value through ``cloudpickle``. A cuTile kernel reached while pickling goes by value wherever it is
+  defined, so the worker never imports its package: its Python function and the functions of its
+  module that its code names, transitively, in one globals dict where cuTile resolves them (modules
+  and classes go as cloudpickle decides). A kernel that cannot (it names a tensor or something
+  unpicklable), or any under ``TILETUNE_SHIP_KERNELS=reference``, goes by reference when its module
+  binds it to its name. The worker rebuilds a kernel from its function, compiler options and
+  evaluated annotations, once per payload (:func:`_rebuild_kernel_from_bytes`: a kernel object holds
+  cuTile's in-memory compile cache). Code shipped by value keeps its file name (cloudpickle would
+  rename it), and the lines of a file that exists only in the caller's :mod:`linecache` (a notebook
+  cell) travel with it, because cuTile parses a kernel's source text and keys its disk cache on the
+  file name.
 * CUDA tensors go by CUDA IPC (PyTorch's own reduction), through *staging copies*: the caller copies
   each storage into a private buffer and shares that buffer, never the caller's own memory; the worker
   copies them into buffers of its own at once (:func:`own_copy`) and drops its IPC views, so a wild
@@ -40,15 +47,22 @@ storage is still alive or in limbo. Hence:
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import io
 import linecache
+import logging
 import os
 import sys
+import threading
 import weakref
 from typing import Any
 
+from tiletune import settings
 from tiletune.errors import TiletuneError
 from tiletune.keys import imported_torch
+
+logger = logging.getLogger("tiletune")
 
 __all__ = ["IsolationUnavailable", "Unshippable", "collect_shared", "dumps", "held_shares", "loads", "own_copy"]
 
@@ -88,6 +102,34 @@ def _rebuild_kernel(cls_name: str, pyfunc: Any, options: dict, annotations: dict
     if annotations:
         pyfunc.__annotations__ = dict(annotations)
     return ct.kernel(pyfunc, **options)
+
+
+#: Worker side: the kernels rebuilt from by-value payloads, by the SHA-256 of the payload, least recently
+#: used first (a kernel object holds cuTile's in-memory compile cache: the same kernel shipped by later
+#: sessions gets the same object back).
+_kernels: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+_kernels_lock = threading.Lock()
+KERNEL_MEMO_SIZE = 256
+
+
+def _rebuild_kernel_from_bytes(digest: str, payload: bytes) -> Any:
+    """The kernel pickled by value into ``payload`` (:func:`_kernel_by_value`), rebuilt once per worker:
+    a payload met again (``digest``, its SHA-256) gets the kernel object rebuilt the first time."""
+    with _kernels_lock:
+        got = _kernels.get(digest)
+        if got is not None:
+            _kernels.move_to_end(digest)
+            return got
+    import pickle
+
+    cls_name, pyfunc, options, annotations = pickle.loads(payload)
+    kernel = _rebuild_kernel(cls_name, pyfunc, options, annotations)
+    with _kernels_lock:
+        kernel = _kernels.setdefault(digest, kernel)  # another thread's, had it rebuilt it meanwhile
+        _kernels.move_to_end(digest)
+        while len(_kernels) > KERNEL_MEMO_SIZE:
+            _kernels.popitem(last=False)
+    return kernel
 
 
 def _rebuild_cpu_tensor(data: bytes, dtype: Any, size: tuple, stride: tuple, offset: int) -> Any:
@@ -141,8 +183,12 @@ def _code_reduce_keeping_filename(obj: Any) -> Any:
     return _make_code, (ctor, args, filename, lines)
 
 
-def _pickler_class() -> type:
-    import collections
+class _NotByValue(Exception):
+    """A kernel's by-value pickle met something that must not travel inside it (a tensor)."""
+
+
+def _pickler_classes() -> tuple[type, type]:
+    """The pickler of :func:`dumps` and the one that pickles a single kernel by value into bytes."""
     import types
 
     import cloudpickle
@@ -153,10 +199,15 @@ def _pickler_class() -> type:
         )
         probe = False  # set on a probe's instance: see dumps(probe=True)
         staged: dict = {}  # a dump's own: the staging copies of the storages shared so far (see _staged)
+        kernels_by_value = True  # set by dumps() from TILETUNE_SHIP_KERNELS
 
         def reducer_override(self, obj: Any) -> Any:
             kernel_cls = _cutile_kernel_class()
             if kernel_cls is not None and isinstance(obj, kernel_cls):
+                if self.kernels_by_value:
+                    payload = _kernel_by_value(obj)
+                    if payload is not None:
+                        return _rebuild_kernel_from_bytes, (hashlib.sha256(payload).hexdigest(), payload)
                 pyfunc = obj._pyfunc
                 bound = _module_binding(pyfunc)
                 if bound is not None and bound[2] is obj:
@@ -186,10 +237,67 @@ def _pickler_class() -> type:
                 raise Unshippable(f"a tensor on device {obj.device} cannot be sent to a worker")
             return super().reducer_override(obj)
 
-    return _Pickler
+    class _KernelPickler(_Pickler):
+        """Pickles one kernel's function by value, with the functions of its module that it reaches
+        (cloudpickle would send those by reference, i.e. import the module in the worker). A tensor
+        raises (:class:`_NotByValue`): a kernel that names one goes the other way."""
+
+        home: Any = None  # the kernel function's globals
+        home_name: str | None = None  # and its module's name
+
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, types.FunctionType) and (obj.__globals__ is self.home or (
+                self.home_name is not None and getattr(obj, "__module__", None) == self.home_name
+            )):  # the second: a helper wrapped in its module by a decorator of another (``ct.function``)
+                return self._dynamic_function_reduce(obj)  # private, present in cloudpickle 3.x
+            torch = imported_torch()
+            if torch is not None and isinstance(obj, torch.Tensor):
+                raise _NotByValue(f"it names a tensor on {obj.device}")
+            return super().reducer_override(obj)
+
+    return _Pickler, _KernelPickler
 
 
-_PICKLER: type | None = None
+_PICKLERS: tuple[type, type] | None = None
+
+
+def _picklers() -> tuple[type, type]:
+    global _PICKLERS
+    if _PICKLERS is None:
+        _PICKLERS = _pickler_classes()
+    return _PICKLERS
+
+
+_in_progress = threading.local()  # ids of the kernels this thread is pickling by value
+
+
+def _kernel_by_value(obj: Any) -> bytes | None:
+    """The cuTile kernel ``obj`` pickled by value (its class name, Python function, compiler options and
+    evaluated annotations: the arguments of :func:`_rebuild_kernel`), or None when it cannot be."""
+    import dataclasses
+
+    busy = getattr(_in_progress, "ids", None)
+    if busy is None:
+        busy = _in_progress.ids = set()
+    if id(obj) in busy:  # a kernel whose function names the kernel itself: that inner one goes the other way
+        return None
+    busy.add(id(obj))
+    try:
+        pyfunc = obj._pyfunc
+        buf = io.BytesIO()
+        pickler = _picklers()[1](buf, protocol=5)
+        pickler.home = pyfunc.__globals__
+        pickler.home_name = pyfunc.__module__
+        pickler.kernels_by_value = True
+        pickler.dump((type(obj).__name__, pyfunc, dataclasses.asdict(obj._compiler_options),
+                      _evaluated_annotations(pyfunc)))
+    except Exception as exc:  # noqa: BLE001 - anything: the kernel goes by reference (or the enclosing pickle)
+        logger.debug("tiletune: kernel %s does not go to the worker by value (%s: %s)",
+                     getattr(getattr(obj, "_pyfunc", None), "__qualname__", obj), type(exc).__name__, exc)
+        return None
+    finally:
+        busy.discard(id(obj))
+    return buf.getvalue()
 
 
 def _cutile_kernel_class() -> type | None:
@@ -284,13 +392,14 @@ def dumps(obj: Any, probe: bool = False) -> bytes:
     Otherwise CUDA tensors are shared through staging copies (module docstring), which this function
     drops before it returns: they wait in torch's limbo until the consumer has released them and the
     caller runs :func:`collect_shared` (after the worker's reply).
+
+    Raises :class:`ValueError` when ``TILETUNE_SHIP_KERNELS`` holds neither ``value`` nor ``reference``.
     """
-    global _PICKLER
-    if _PICKLER is None:
-        _PICKLER = _pickler_class()
+    by_value = settings.ship_kernels() == "value"  # an invalid value raises ValueError, naming the variable
     buf = io.BytesIO()
-    pickler = _PICKLER(buf, protocol=5)
+    pickler = _picklers()[0](buf, protocol=5)
     pickler.probe = probe
+    pickler.kernels_by_value = by_value
     pickler.staged = {}
     try:
         pickler.dump(obj)
