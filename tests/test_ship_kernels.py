@@ -25,6 +25,7 @@ pytest.importorskip("cloudpickle")
 
 from tiletune import settings  # noqa: E402
 from tiletune.devices.workers import shipping  # noqa: E402
+from tiletune.devices.workers.zygote import plan_modules  # noqa: E402
 
 FAKE_TILE = '''
 """A stand-in for cuda.tile: kernel objects that keep their Python function and compiler options."""
@@ -246,6 +247,54 @@ def test_ship_kernels_reference_restores_the_import(heavy, monkeypatch):
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
         shipping.dumps(_plan_for(heavy.kern.kernel_fn))
     assert settings.check_all() == [msg]
+
+
+USER_OPS = '''
+from heavypkg.kern import kernel_fn
+
+
+class _Op:  # what @tt.autotune binds to the plan's name
+    def __init__(self, plan):
+        self.plan = plan
+
+
+def plan(cfg, x):
+    return kernel_fn, (x,)
+
+
+PLAN = plan
+plan = _Op(plan)
+
+
+def later(cfg, x):  # a plan being decorated: its name is bound once its op is made
+    return kernel_fn, (x,)
+
+
+LATER = later
+del later
+'''
+
+
+def test_plan_modules_leaves_out_kernels_that_travel_by_value(heavy, monkeypatch):
+    ns: dict = {"__name__": "__main__", "KERNEL": heavy.kern.kernel_fn, "json": json}
+    exec(textwrap.dedent('''
+        def plan(cfg, x):
+            return KERNEL, (json.dumps(x),)
+    '''), ns)
+    mods = plan_modules([ns["plan"]])
+    assert "heavypkg.kern" not in mods and "heavypkg" not in mods  # the kernel goes by value
+    assert "json" in mods and "math" in mods  # what the plan and the kernel's helpers name: imported there
+    monkeypatch.setenv("TILETUNE_SHIP_KERNELS", "reference")
+    assert "heavypkg.kern" in plan_modules([ns["plan"]])
+    monkeypatch.setenv("TILETUNE_SHIP_KERNELS", "copy")
+    assert "heavypkg.kern" in plan_modules([ns["plan"]])  # an invalid value: listed (dumps reports it)
+    monkeypatch.delenv("TILETUNE_SHIP_KERNELS")
+
+    (heavy.root / "userops.py").write_text(USER_OPS)
+    userops = importlib.import_module("userops")
+    for plan in (userops.PLAN, userops.LATER):  # imported by name in the worker: its module and kernels listed
+        mods = plan_modules([plan])
+        assert mods[0] == "userops" and "heavypkg.kern" in mods, mods
 
 
 REAL_KERNEL = '''

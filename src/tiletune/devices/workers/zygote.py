@@ -315,12 +315,45 @@ def start_at_import() -> None:
         pass
 
 
+def _imported_by_name(fn: Any) -> bool:
+    """Whether a worker gets the function ``fn`` by importing its module (cloudpickle's rule: a function
+    bound to its name in an imported module other than ``__main__``; tiletune's: a plan bound there under
+    ``@tt.autotune``), rather than by value. A name not bound yet counts as bound: a plan being decorated
+    is bound to its name once its op is made."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None) or ""
+    if not module or module in ("__main__", "__mp_main__") or not qualname or "<" in qualname:
+        return False
+    obj: Any = sys.modules.get(module)
+    if obj is None:
+        return False
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except Exception:  # noqa: BLE001 - not bound (yet)
+            return True
+    return obj is fn or getattr(obj, "plan", None) is fn
+
+
 def plan_modules(functions: Iterable[Callable[..., Any] | None], limit: int = 64) -> list[str]:
     """The modules a worker imports to load these functions (a plan, its reference...): their own
     modules and those of the objects their code names (kernels, helpers), following functions of the
-    same module (such as ``__main__``) one level at a time; ``__main__`` and builtins left out."""
+    same module (such as ``__main__``) one level at a time; ``__main__`` and builtins left out.
+
+    A function the worker gets by value (a script's, a notebook's, a closure) brings no import of its own
+    module, and a cuTile kernel it names travels by value (:mod:`tiletune.devices.workers.shipping`, unless
+    ``TILETUNE_SHIP_KERNELS=reference``): that kernel's module is not listed either, only the modules its
+    code names. A function imported by name brings its module, and with it the kernels it names."""
     mods: list[str] = []
     seen_code: set[int] = set()
+    kernel_cls = None
+    try:
+        from tiletune.devices.workers.shipping import _cutile_kernel_class
+
+        if settings.ship_kernels() == "value":
+            kernel_cls = _cutile_kernel_class()
+    except ValueError:  # an invalid TILETUNE_SHIP_KERNELS: list as for kernels by reference (dumps reports it)
+        pass
 
     def add(name: str | None) -> None:
         if name and name not in ("__main__", "builtins", "__mp_main__") and name in sys.modules and name not in mods:
@@ -332,9 +365,11 @@ def plan_modules(functions: Iterable[Callable[..., Any] | None], limit: int = 64
             if isinstance(c, types.CodeType):
                 yield from codes(c)
 
-    todo = [f for f in functions if f is not None]
+    # (function, home): home is the globals of the by-value kernel whose pickle the function is part of
+    # (a function of that kernel's module goes by value with it), else None
+    todo: list[tuple[Any, Any]] = [(f, None) for f in functions if f is not None]
     while todo and len(mods) < limit:
-        fn = todo.pop(0)
+        fn, home = todo.pop(0)
         fn = getattr(fn, "__func__", fn)
         code = getattr(fn, "__code__", None)
         if code is None:
@@ -343,7 +378,9 @@ def plan_modules(functions: Iterable[Callable[..., Any] | None], limit: int = 64
         if id(code) in seen_code:
             continue
         seen_code.add(id(code))
-        add(getattr(fn, "__module__", None))
+        by_value = home is not None or not _imported_by_name(fn)
+        if not by_value:
+            add(getattr(fn, "__module__", None))
         g = getattr(fn, "__globals__", {})
         for c in codes(code):
             for name in c.co_names:
@@ -353,10 +390,16 @@ def plan_modules(functions: Iterable[Callable[..., Any] | None], limit: int = 64
                 if isinstance(obj, types.ModuleType):
                     add(obj.__name__)
                 elif isinstance(obj, types.FunctionType):
-                    if obj.__globals__ is g:
-                        todo.append(obj)
+                    if home is not None and (obj.__globals__ is home or obj.__module__ == fn.__module__):
+                        todo.append((obj, home))  # pickled by value with its kernel
+                    elif obj.__globals__ is g:
+                        todo.append((obj, None))
                     else:
                         add(obj.__module__)
+                elif by_value and kernel_cls is not None and isinstance(obj, kernel_cls):
+                    pyfunc = getattr(obj, "_pyfunc", None)
+                    if isinstance(pyfunc, types.FunctionType):
+                        todo.append((pyfunc, pyfunc.__globals__))  # by value: its module is not imported
                 elif not isinstance(obj, (int, float, str, bytes, tuple)):
                     add(getattr(obj, "__module__", None))
                     inner = getattr(obj, "_pyfunc", None) or getattr(obj, "__wrapped__", None)  # a cuTile kernel
