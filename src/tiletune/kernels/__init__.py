@@ -43,6 +43,54 @@ _DECODE_OPS = {"decode_attention": "decode_attention_op", "kv_cache_append": "de
 _FUSED_OPS = {"matmul_swiglu": "gemm_glu"}
 
 
+_background: Any = None  # the thread of load_in_background(), once started
+
+
+def load_in_background() -> bool:
+    """Import the op modules (and cuda.tile with them) on a daemon thread, once per process.
+
+    Called when this package is imported: a program builds its model between ``import tiletune.kernels``
+    and its first forward, so the ops' imports (cuda.tile's among them) and their definitions (which
+    start the tuning worker and cuTile's prewarm) happen then, not inside that forward. Only where it
+    pays and is safe: a GPU visible (read from the driver's files, without CUDA), torch already imported
+    by the program (a side thread must not race the program's own torch import), cuda.tile installed,
+    not inside a tuning worker, and ``TILETUNE_PREWARM`` not off. Returns whether it started the thread.
+    An attribute the program reads while the thread imports its module waits for that import (Python's
+    module locks), so nothing is imported twice. The interpreter waits for the thread at exit.
+    """
+    global _background
+    import importlib.util
+    import threading
+
+    from tiletune import settings
+    from tiletune.devices.workers import in_worker
+    from tiletune.devices.workers.zygote import gpu_visible
+    from tiletune.keys import imported_torch
+
+    if _background is not None or not settings.prewarm() or in_worker() or imported_torch() is None:
+        return False
+    if not gpu_visible() or importlib.util.find_spec("cuda.tile") is None:
+        return False
+
+    modules = sorted({*_MEMORY_OPS.values(), *_DECODE_OPS.values(), "gemm", "attention_op"})
+
+    def work() -> None:
+        import importlib
+
+        for module in modules:
+            try:
+                importlib.import_module(f"{__name__}.{module}")
+            except Exception:  # noqa: BLE001 - best effort: the first use imports it and reports the error
+                pass
+
+    _background = threading.Thread(target=work, name="tiletune-kernels-import", daemon=True)
+    _background.start()
+    import atexit
+
+    atexit.register(_background.join, 10.0)  # never tear modules down under an import in progress
+    return True
+
+
 def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional dependency
     if name in ("matmul", "attention"):
         import importlib
@@ -58,3 +106,9 @@ def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional 
         globals()[name] = fn
         return fn
     raise AttributeError(f"module 'tiletune.kernels' has no attribute {name!r}")
+
+
+try:
+    load_in_background()
+except Exception:  # noqa: BLE001 - never fail an import over a speed-up
+    pass

@@ -1,0 +1,55 @@
+"""``import tiletune.kernels`` imports the op modules on a side thread where that pays (a GPU visible,
+torch already imported by the program), so a model's first forward does not import them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    {pre}
+    import tiletune.devices.workers.zygote as z
+    z.gpu_visible = lambda: {gpu}
+    import tiletune.kernels as K
+    started = K._background is not None
+    if started:
+        K._background.join(120)
+    print("RESULT " + json.dumps({{"started": started,
+                                   "norms": "tiletune.kernels.norms" in sys.modules,
+                                   "gemm": "tiletune.kernels.gemm" in sys.modules,
+                                   "again": K.load_in_background()}}))
+    """
+)
+
+
+def _run(pre: str = "import torch", gpu: bool = True, **env: str) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_")}
+    e.update(TILETUNE_WORKER_PRESTART="0", TILETUNE_WORKER_ZYGOTE="0", TILETUNE_DB=":memory:", **env)
+    out = subprocess.run([sys.executable, "-c", CHILD.format(pre=pre, gpu=gpu)], env=e, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]  # quiet at exit too
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_the_op_modules_load_in_the_background_where_a_gpu_is_visible():
+    pytest.importorskip("cuda.tile")
+    got = _run()
+    assert got == {"started": True, "norms": True, "gemm": True, "again": False}
+
+
+@pytest.mark.parametrize("case", ["no_gpu", "prewarm_off", "torch_not_imported"])
+def test_nothing_loads_in_the_background_otherwise(case):
+    kw = {"no_gpu": {"gpu": False}, "prewarm_off": {"TILETUNE_PREWARM": "0"}, "torch_not_imported": {"pre": ""}}[case]
+    got = _run(**kw)
+    assert got["started"] is False and got["norms"] is False and got["gemm"] is False
