@@ -53,3 +53,48 @@ def test_nothing_loads_in_the_background_otherwise(case):
     kw = {"no_gpu": {"gpu": False}, "prewarm_off": {"TILETUNE_PREWARM": "0"}, "torch_not_imported": {"pre": ""}}[case]
     got = _run(**kw)
     assert got["started"] is False and got["norms"] is False and got["gemm"] is False
+
+
+FORK_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {path!r})
+    import torch
+    import tiletune.devices.workers.zygote as z
+    import tiletune.kernels as K
+    if K._background is not None:  # a GPU machine: the op modules' own import ran first
+        K._background.join()
+        K._background = None
+    z.gpu_visible = lambda: True
+    assert K.load_in_background(modules=["slowmod"])
+    time.sleep(0.3)  # the side thread is inside slowmod's import now
+    pid = os.fork()
+    if pid == 0:  # the child imports what the parent's thread was importing
+        import slowmod
+        os._exit(0 if slowmod.DONE else 3)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            print("RESULT", os.waitstatus_to_exitcode(status))
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        print("RESULT hung")
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_waits_for_the_background_import(tmp_path):
+    """A child forked while the side thread imports a module would find that module half imported, its
+    lock held by a thread it does not have, and hang on importing it; the fork waits for the thread."""
+    pytest.importorskip("cuda.tile")
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(1.5)\nDONE = True\n")
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_")}
+    e.update(TILETUNE_WORKER_PRESTART="0", TILETUNE_WORKER_ZYGOTE="0", TILETUNE_DB=":memory:")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", FORK_CHILD.format(path=str(tmp_path))], env=e,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RESULT 0" in out.stdout, (out.stdout, out.stderr[-2000:])

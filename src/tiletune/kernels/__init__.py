@@ -46,7 +46,7 @@ _FUSED_OPS = {"matmul_swiglu": "gemm_glu"}
 _background: Any = None  # the thread of load_in_background(), once started
 
 
-def load_in_background() -> bool:
+def load_in_background(modules: "list[str] | None" = None) -> bool:
     """Import the op modules (and cuda.tile with them) on a daemon thread, once per process.
 
     Called when this package is imported: a program builds its model between ``import tiletune.kernels``
@@ -56,7 +56,10 @@ def load_in_background() -> bool:
     by the program (a side thread must not race the program's own torch import), cuda.tile installed,
     not inside a tuning worker, and ``TILETUNE_PREWARM`` not off. Returns whether it started the thread.
     An attribute the program reads while the thread imports its module waits for that import (Python's
-    module locks), so nothing is imported twice. The interpreter waits for the thread at exit.
+    module locks), so nothing is imported twice. ``os.fork()`` (a data loader's workers, say) waits for
+    the thread first, so no child inherits an import half done (its lock held by a thread the child does
+    not have); so does the interpreter's exit. ``modules``: full module names (tests), by default every
+    op module of this package.
     """
     global _background
     import importlib.util
@@ -71,23 +74,31 @@ def load_in_background() -> bool:
         return False
     if not gpu_visible() or importlib.util.find_spec("cuda.tile") is None:
         return False
-
-    modules = sorted({*_MEMORY_OPS.values(), *_DECODE_OPS.values(), "gemm", "attention_op"})
+    if modules is None:
+        modules = [f"{__name__}.{m}" for m in sorted({*_MEMORY_OPS.values(), *_DECODE_OPS.values(), "gemm", "attention_op"})]
 
     def work() -> None:
         import importlib
 
         for module in modules:
             try:
-                importlib.import_module(f"{__name__}.{module}")
+                importlib.import_module(module)
             except Exception:  # noqa: BLE001 - best effort: the first use imports it and reports the error
                 pass
 
-    _background = threading.Thread(target=work, name="tiletune-kernels-import", daemon=True)
-    _background.start()
-    import atexit
+    thread = _background = threading.Thread(target=work, name="tiletune-kernels-import", daemon=True)
 
-    atexit.register(_background.join, 10.0)  # never tear modules down under an import in progress
+    def wait(timeout: float) -> None:
+        if thread.is_alive() and threading.current_thread() is not thread:
+            thread.join(timeout)
+
+    import atexit
+    import os
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=lambda: wait(30.0))
+    atexit.register(wait, 10.0)  # never tear modules down under an import in progress
+    thread.start()
     return True
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
@@ -395,6 +396,7 @@ def prewarm() -> None:
 
     Called when a tuned op is defined, so this one-off cost overlaps with whatever the program does
     before its first call instead of landing on that call. ``TILETUNE_PREWARM=0`` turns it off.
+    ``os.fork()`` waits for the thread, so no child inherits the compiler's import half done.
     """
     global _prewarm_started
     import threading
@@ -413,7 +415,15 @@ def prewarm() -> None:
         except Exception:  # best effort: the first call does this itself otherwise
             pass
 
-    threading.Thread(target=work, name="tiletune-prewarm", daemon=True).start()
+    thread = threading.Thread(target=work, name="tiletune-prewarm", daemon=True)
+
+    def before_fork() -> None:
+        if thread.is_alive() and threading.current_thread() is not thread:
+            thread.join(30.0)
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=before_fork)
+    thread.start()
 
 
 @functools.lru_cache(maxsize=1)
