@@ -12,7 +12,11 @@
 # j (2026-12-06) = where a worker's start goes (probe_worker_start) and the fault space; k = the same after
 # the zygote, with its GPU test and the fault tests; l = cold tuning speed; m = k and l in one call (short);
 # n = the zygote without kernel packages (workers import those), its test, fault space, TileGym matmul speed;
-# o = fault space and TileGym matmul speed (2 repetitions: the last of the session's device time). Results under $OUT/r (tarred by the caller).
+# o = fault space and TileGym matmul speed (2 repetitions: the last of the session's device time);
+# p (2026-12-06) = the GPU tests of kernels by value, the zygote, quiet exit and faults, then the fault space and
+# cold tuning speed of all three kernels; q = first forward (12 shapes, seed $SEED) and nearest quality of
+# the two worst families (softmax, matmul_linear; 40 shapes each as the budget allows).
+# Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
 python -m compileall -q src benchmarks
@@ -109,6 +113,20 @@ o)
   (cd benchmarks && timeout 80 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; tail -1 $TSO/fault.log)
   (cd benchmarks && timeout ${TS_S:-165} python tuning_speed.py --out $TSO --reps ${REPS:-2} --kernels ${KERNELS:-tilegym_matmul} \
     > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
+  ;;
+p)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_ship_kernels.py tests/test_gpu_zygote.py \
+    tests/test_gpu_ipc.py tests/test_gpu_faults.py > $TSO/pytest_p.txt 2>&1; tail -3 $TSO/pytest_p.txt
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
+  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-3} > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
+  ;;
+q)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 260 python first_forward.py --out $TSO --shapes 6 --tuned-rows 1 --seed ${SEED:-15} --budget-s 220 \
+    > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log)
+  (cd benchmarks && timeout 270 python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-15} \
+    --families softmax,matmul_linear --budget-s 240 > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
