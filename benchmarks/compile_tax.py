@@ -45,6 +45,12 @@ comparison, the eager and reduce-overhead steps): the top 15 CPU ops by self tim
         [--models llama3-8b,qwen2.5-7b] [--phases prefill,decode] [--budget-s 450] [--full-tuning]
 
 ``--quick``: 1 shape per phase per model (4 rows). Writes ``compile_tax.json`` after every row.
+
+``--stack N``: every route runs N copies of the layer in sequence in one module (one compiled frame, as
+when a whole model is compiled: torch.compile's per-frame costs, its guards and wrappers, are then paid once
+per N layers; each op's own cost N times); ``rel_err_vs_torch`` is then against the plain-torch stack. The
+copies share the layer's weights and caches (host costs are what this measures). Writes
+``compile_tax_stack<N>.json``, rows with ``stack``.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="output folder (default $OUT)")
     ap.add_argument("--quick", action="store_true", help="1 shape per phase per model")
+    ap.add_argument("--stack", type=int, default=1, help="layers in sequence in one module (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per-phase", type=int, default=None, help="shapes per phase per model (default 3; --quick 1)")
     ap.add_argument("--models", default=",".join(MODELS))
@@ -297,7 +304,27 @@ COMPILED = (
 )
 
 
-def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: bool) -> dict[str, Any]:
+def stacked(layer: Any, n: int) -> Any:
+    """``layer`` n times in sequence, in one module (the same module object: weights and caches shared)."""
+    import torch
+
+    if n == 1:
+        return layer
+
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([layer] * n)
+
+        def forward(self, x: Any, *rest: Any) -> Any:
+            for one in self.layers:
+                x = one(x, *rest)
+            return x
+
+    return Stack()
+
+
+def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: bool, stack: int = 1) -> dict[str, Any]:
     import torch
     import torch._dynamo
 
@@ -306,11 +333,11 @@ def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: b
 
     d = L.dims(model)
     inp = L.Inputs(d, shape, "cuda")
-    mods = {"tiletune": L.tiletune_layer(d, w, shape["phase"], inp.caches()),
-            "torch": L.torch_layer(d, w, shape["phase"], inp.caches(), shape.get("L"))}
+    mods = {"tiletune": stacked(L.tiletune_layer(d, w, shape["phase"], inp.caches()), stack),
+            "torch": stacked(L.torch_layer(d, w, shape["phase"], inp.caches(), shape.get("L")), stack)}
     mod = mods["tiletune"]
     args = inp.args()
-    row: dict[str, Any] = {"model": model, "phase": shape["phase"], "shape": dict(shape)}
+    row: dict[str, Any] = {"model": model, "phase": shape["phase"], "shape": dict(shape), "stack": stack}
     notes: list[str] = []
     counters = torch._dynamo.utils.counters["inductor"]
     n_iter = max(5, min(200, int(2e5 // max(1, L.tokens(shape)))))
@@ -324,7 +351,8 @@ def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: b
         torch.cuda.synchronize()
         row["tune_s"] = round(time.perf_counter() - t0, 2)
         row["tuning_sessions"] = L.tuning_sessions() - s0
-        ref = L.reference_forward(d, w, inp, inp.caches())
+        ref = L.reference_forward(d, w, inp, inp.caches()) if stack == 1 else \
+            stacked(L.torch_layer(d, w, shape["phase"], inp.caches(), shape.get("L")), stack)(*args)
         row["rel_err_vs_torch"] = L.rel_err(y, ref)
         del ref
 
@@ -413,7 +441,7 @@ def document(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list
                        "alignment asserts (decode rows), (layer, mode='reduce-overhead', dynamic=False) and the "
                        "plain-torch layer (fullgraph=True, dynamic=False); torch._dynamo.reset() before each",
             "host_timer": "perf_counter around N back-to-back forwards, no sync inside (decoder_layer.host_us)",
-            "layers": {m: dims(m).as_dict() for m in args.models},
+            "layers": {m: dims(m).as_dict() for m in args.models}, "stack": args.stack,
             "skipped_for_budget": skipped, "rows": rows}
 
 
@@ -434,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     L.use_fresh_database(str(tmp / "tuning.db"), tables=True, **({"options": options} if options else {}))
     tuner = "library defaults" if args.full_tuning else "short measurements (min 3, max 10 samples, 0.05 s)"
 
+    if args.stack < 1:
+        raise SystemExit("--stack takes a positive number of layers")
+    name = NAME if args.stack == 1 else f"{NAME}_stack{args.stack}"
     rows: list[dict[str, Any]] = []
     skipped: list[Any] = []
     weights: dict[str, Any] = {}
@@ -450,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
             weights[model] = L.make_weights(L.dims(model), "cuda", seed=0)
         try:
-            r = measure_row(model, shape, weights[model], args.profile)
+            r = measure_row(model, shape, weights[model], args.profile, stack=args.stack)
         except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
             r = {"model": model, "phase": shape["phase"], "shape": shape, **failure_fields(exc)}
             torch.cuda.empty_cache()
@@ -459,9 +490,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                          "error": r.get("error")}), flush=True)
         for line in r.get("notes", [])[:5]:
             print("    note: " + line[:200], flush=True)
-        write_result(NAME, document(args, rows, skipped, time.perf_counter() - t0, False, tuner), args.out,
+        write_result(name, document(args, rows, skipped, time.perf_counter() - t0, False, tuner), args.out,
                      commit=True)
-    write_result(NAME, document(args, rows, skipped, time.perf_counter() - t0, True, tuner), args.out, commit=True)
+    write_result(name, document(args, rows, skipped, time.perf_counter() - t0, True, tuner), args.out, commit=True)
     return 0
 
 

@@ -15,7 +15,8 @@
 # o = fault space and TileGym matmul speed (2 repetitions: the last of the session's device time);
 # p (2026-12-06) = the GPU tests of kernels by value, the zygote, quiet exit and faults, then the fault space and
 # cold tuning speed of all three kernels; q = first forward (12 shapes, seed $SEED) and nearest quality of
-# the two worst families (softmax, matmul_linear; 40 shapes each as the budget allows).
+# the two worst families (softmax, matmul_linear; 40 shapes each as the budget allows); r = the compile tax of
+# decode, one layer and a stack of 8 in one compiled frame (as when a whole model is compiled).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -127,6 +128,12 @@ q)
     > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log)
   (cd benchmarks && timeout 270 python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-15} \
     --families softmax,matmul_linear --budget-s 240 > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log)
+  ;;
+r)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 200 python compile_tax.py --out $TSO --quick --phases decode --budget-s 150 > $TSO/ctax1.log 2>&1; tail -1 $TSO/ctax1.log)
+  (cd benchmarks && timeout 260 python compile_tax.py --out $TSO --quick --phases decode --stack 8 --budget-s 200 \
+    > $TSO/ctax8.log 2>&1; tail -1 $TSO/ctax8.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \

@@ -339,6 +339,32 @@ def test_compile_tax_args_and_plan():
         compile_tax.parse_args(["--phases", "train"])
 
 
+def test_compile_tax_stack_runs_the_layer_n_times_in_one_compiled_frame():
+    import torch
+
+    class Layer(torch.nn.Module):  # a layer that writes its cache in place, as the decode layer does
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", torch.full((4,), 0.5), persistent=False)
+            self.register_buffer("cache", torch.zeros(4), persistent=False)
+
+        def forward(self, x, pos):
+            self.cache.add_(x.sum() * pos)
+            return x * self.w + 1
+
+    assert compile_tax.parse_args(["--stack", "4"]).stack == 4 and compile_tax.parse_args([]).stack == 1
+    one = Layer()
+    assert compile_tax.stacked(one, 1) is one
+    x, pos = torch.arange(4.0), torch.tensor(2.0)
+    eager = compile_tax.stacked(Layer(), 3)
+    want = ((x * 0.5 + 1) * 0.5 + 1) * 0.5 + 1
+    torch.testing.assert_close(eager(x, pos), want)
+    assert len(list(eager.buffers())) == 2  # one layer's buffers: shared, not copied
+    torch._dynamo.reset()
+    compiled = torch.compile(compile_tax.stacked(Layer(), 3), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, pos), want)
+
+
 def test_compile_tax_ratios():
     got = compile_tax.ratios({"eager_us": 100.0, "compiled_us": 120.0, "graph_us": 80.0, "graph_copy_us": 82.5,
                               "reduce_overhead_us": 88.0, "eager_host_us": 50.0, "compiled_host_us": 75.0,
@@ -415,7 +441,7 @@ def test_compile_tax_main_writes_the_schema(tmp_path, monkeypatch):
     monkeypatch.setattr(L, "use_fresh_database", lambda path, tables, **kw: used.append((path, tables, kw)))
     monkeypatch.setattr(L, "make_weights", lambda d, device="cuda", seed=0, dtype=None: {"model": d.model})
 
-    def fake_row(model, shape, w, profile):
+    def fake_row(model, shape, w, profile, stack=1):
         assert w == {"model": model}
         row = {"model": model, "phase": shape["phase"], "shape": shape, "eager_us": 100.0, "graph_us": 80.0,
                "compiled_us": 110.0, "reduce_overhead_us": 84.0, "notes": ["[reduce_overhead] skipping cudagraphs"]}
