@@ -590,3 +590,19 @@ def test_make_table_attention_variants():
     both = make_table.attention_variants(calls, "both")
     assert [c.kwargs["causal"] for c in both] == [True, False, True, False]
     assert both[1].args == calls[0].args and calls[0].kwargs["causal"] is True  # the originals untouched
+
+
+def test_compile_tax_cpu_writes_one_row_per_stack(tmp_path):
+    """benchmarks/compile_tax_cpu.py: the tiny decode layer eager over stand-ins and compiled over the
+    public ops bound to the same stand-ins gives the same output, one row per stack."""
+    pytest.importorskip("cuda.tile")
+    import compile_tax_cpu
+
+    assert compile_tax_cpu.main(["--out", str(tmp_path), "--stacks", "1,2", "--rounds", "1", "--forwards", "2"]) == 0
+    doc = json.loads((tmp_path / "compile_tax_cpu.json").read_text())
+    assert [r["stack"] for r in doc["rows"]] == [1, 2]
+    for r in doc["rows"]:
+        assert r["same_output"] is True and r["eager_us"] > 0 and r["compiled_us"] > 0
+        assert r["extra_us_per_layer"] == pytest.approx((r["compiled_us"] - r["eager_us"]) / r["stack"], abs=0.11)
+    with pytest.raises(SystemExit):
+        compile_tax_cpu.main(["--out", str(tmp_path), "--stacks", "0"])
