@@ -23,7 +23,10 @@ from typing import Any, Mapping
 from tiletune.records import Status
 
 __all__ = ["ProtocolError", "encode_reply", "decode_reply", "Reply", "CompiledEvent", "BusyEvent", "PhaseEvent",
-           "candidate_wire"]
+           "candidate_wire", "WORKER_STATS"]
+
+#: Counters a worker reports in its session-end reply (integers), merged into the session's stats.
+WORKER_STATS = ("prefetch_hits", "prefetch_misses")
 
 #: the phases a worker may report (those of :data:`tiletune.devices.launch_marks.PHASES`)
 _PHASES = ("launched", "ran")

@@ -61,7 +61,7 @@ from tiletune.devices.backends.base import Backend, Candidate, CheckOutcome, Com
 from tiletune import settings
 from tiletune.records import DeviceInfo, Status
 from tiletune.devices.workers.client import WorkerFault, WorkerProcess, worker_for
-from tiletune.devices.workers.protocol import ProtocolError, candidate_wire, samples_from, status_from
+from tiletune.devices.workers.protocol import WORKER_STATS, ProtocolError, candidate_wire, samples_from, status_from
 from tiletune.devices.workers.shipping import IsolationUnavailable, Unshippable, collect_shared, dumps
 
 logger = logging.getLogger("tiletune")
@@ -72,9 +72,6 @@ __all__ = ["IsolationOptions", "IsolatedBackend", "WorkerSession", "CandidateFau
 #: Counters of the worker's own session reported back when it closes (``prefetch_hits``: first
 #: launches answered by a cubin compiled ahead; ``prefetch_misses``: first launches that compiled
 #: again although cubins compiled ahead were waiting, i.e. a signature mismatch).
-WORKER_STATS = ("prefetch_hits", "prefetch_misses")
-
-
 class CandidateFault(Exception):
     """A candidate took its worker down or timed out; ``status`` is LAUNCH_ERROR or TIMEOUT."""
 

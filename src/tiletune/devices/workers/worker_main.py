@@ -389,7 +389,7 @@ class Worker:
             del served
             if error is not None:
                 return {"ok": False, "error": error, "shares_held": drop_shares()}
-            from tiletune.devices.workers.session import WORKER_STATS
+            from tiletune.devices.workers.protocol import WORKER_STATS
 
             return {"ok": True, "shares_held": drop_shares(),
                     "stats": {k: v for k, v in stats.items() if k in WORKER_STATS and isinstance(v, int)}}
