@@ -22,10 +22,12 @@ from tiletune.devices.workers import WorkerProcess
 from tiletune.devices.workers import zygote as zmod
 
 
-@pytest.fixture
-def fresh_zygote(monkeypatch, tmp_path):
-    """Zygotes on (this machine has no GPU), none shared with other tests."""
+@pytest.fixture(params=["fork", "spawn"])
+def fresh_zygote(monkeypatch, tmp_path, request):
+    """Zygotes on (this machine has no GPU), none shared with other tests; started either way (a fork of
+    this process where it may be forked, else and with ``spawn`` a fresh interpreter)."""
     monkeypatch.setenv("TILETUNE_WORKER_ZYGOTE", "on")
+    monkeypatch.setenv("TILETUNE_ZYGOTE_START", request.param)
     monkeypatch.setattr(zmod, "_zygote", None)
     monkeypatch.setattr(zmod, "_skip", set())
     monkeypatch.setattr(zmod, "_closed", False)

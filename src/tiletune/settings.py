@@ -44,6 +44,11 @@ TILETUNE_WORKER_ZYGOTE           choice    auto       ``auto``, ``on`` or ``off`
                                                       workers, so a worker (first, spare or replacement)
                                                       skips those imports. auto: on where an NVIDIA GPU is
                                                       visible.
+TILETUNE_ZYGOTE_START            choice    fork       How the zygote starts: ``fork`` (a fork of the
+                                                      importing process where that is safe: one Python
+                                                      thread, CUDA untouched, at most 1.5 GiB of private
+                                                      memory; else a fresh interpreter) or ``spawn``
+                                                      (always a fresh interpreter).
 TILETUNE_ZYGOTE_IMPORTS          text      unset      Comma-separated packages the zygote imports beside
                                                       torch and cuda.tile (packages that do not touch the
                                                       GPU when imported; one that does is skipped).
@@ -131,6 +136,7 @@ __all__ = [
     "prewarm",
     "worker_prestart",
     "worker_zygote",
+    "zygote_start",
     "ship_kernels",
     "worker_start_timeout_s",
     "tables_enabled",
@@ -176,6 +182,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_PREWARM", "bool", True, "import cuda.tile in the background"),
         Variable("TILETUNE_WORKER_PRESTART", "bool", True, "start the worker when an op is defined"),
         Variable("TILETUNE_WORKER_ZYGOTE", "choice", "auto", "fork workers from a process with their imports done"),
+        Variable("TILETUNE_ZYGOTE_START", "choice", "fork", "the zygote forks from the importing process or spawns"),
         Variable("TILETUNE_SHIP_KERNELS", "choice", "value", "cuTile kernels travel to workers by value or reference"),
         Variable("TILETUNE_WORKER_START_TIMEOUT", "seconds", 180.0, "worker start-up deadline"),
         Variable("TILETUNE_WATCHDOG_S", "seconds", 20.0, "first worker request deadline"),
@@ -367,6 +374,21 @@ def worker_zygote() -> str:
     raise ValueError(f"TILETUNE_WORKER_ZYGOTE={raw!r}: choose one of auto, on, off (or a boolean word)")
 
 
+ZYGOTE_START_CHOICES = ("fork", "spawn")
+
+
+def zygote_start() -> str:
+    """``TILETUNE_ZYGOTE_START``: ``fork`` (default: the zygote is a fork of the process importing
+    tiletune, where that is safe) or ``spawn`` (a fresh interpreter)."""
+    raw = text("TILETUNE_ZYGOTE_START")
+    if raw is None:
+        return "fork"
+    word = raw.strip().lower()
+    if word not in ZYGOTE_START_CHOICES:
+        raise ValueError(f"TILETUNE_ZYGOTE_START={raw!r}: choose one of fork, spawn (or unset it)")
+    return word
+
+
 SHIP_KERNELS_CHOICES = ("value", "reference")
 
 
@@ -493,6 +515,7 @@ _CHECKS = {
     "TILETUNE_PREWARM": prewarm,
     "TILETUNE_WORKER_PRESTART": worker_prestart,
     "TILETUNE_WORKER_ZYGOTE": worker_zygote,
+    "TILETUNE_ZYGOTE_START": zygote_start,
     "TILETUNE_SHIP_KERNELS": ship_kernels,
     "TILETUNE_WORKER_START_TIMEOUT": worker_start_timeout_s,
     "TILETUNE_WATCHDOG_S": watchdog_s,

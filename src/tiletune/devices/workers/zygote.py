@@ -14,6 +14,12 @@ inside a worker). :meth:`Zygote.fork` asks for a worker and returns a :class:`Fo
 zygote that could not start, died, or whose imports made forking unsafe (CUDA touched, a thread
 started) never blocks a worker, it only stops saving time. A caller whose environment changed since
 the zygote started (variables that cuTile or torch read on import) gets a fresh zygote.
+
+How the zygote starts (``TILETUNE_ZYGOTE_START``): by default as a fork of the process that imports
+tiletune, where :func:`caller_fork_hazard` finds that safe (one Python thread, CUDA untouched, no GPU
+device file open, at most :data:`FORK_MAX_PRIVATE_BYTES` of private memory): it then has the caller's
+imports (torch, cuda.tile, the kernels' packages) in milliseconds. Otherwise, and with ``spawn``, as a
+fresh interpreter that imports torch and cuda.tile itself (seconds, beside the program).
 """
 
 from __future__ import annotations
@@ -103,6 +109,112 @@ class ForkedProcess:
         self.send_signal(signal.SIGTERM)
 
 
+#: The most private memory (``RssAnon``) a process may hold and still be forked into the zygote: the
+#: zygote keeps every page of it alive for the life of the process (a large tensor the caller frees later
+#: would stay in memory), so a process holding more gets a fresh interpreter instead.
+FORK_MAX_PRIVATE_BYTES = 3 << 29  # 1.5 GiB
+
+
+def _private_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def caller_fork_hazard() -> str:
+    """Why this process may not be forked into the zygote now ("" when it may): not Linux, a Python
+    thread besides this one (a lock it holds would stay held in the copy), CUDA initialised or a GPU
+    device file open (a copy could never use CUDA), too much private memory
+    (:data:`FORK_MAX_PRIVATE_BYTES`), interpreter shutting down. Native threads that libraries start on
+    import (OpenBLAS's pool) are tolerated, as the spawned zygote tolerates those of ``import torch``."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return "not Linux"
+    if sys.is_finalizing():
+        return "the interpreter is exiting"
+    if threading.active_count() > 1:
+        return f"{threading.active_count()} Python threads run"
+    from tiletune.devices.workers.zygote_main import fork_hazards
+
+    hazard = fork_hazards(allowed_threads=1 << 30)  # CUDA state, GPU device files (threads judged above)
+    if hazard:
+        return hazard
+    private = _private_bytes()
+    if private > FORK_MAX_PRIVATE_BYTES:
+        return f"{private >> 20} MiB of private memory"
+    return ""
+
+
+class _CallerFork:
+    """The zygote forked from this process, seen as the :class:`subprocess.Popen` the spawned one is:
+    ``pid``, ``stdin`` (commands), ``stdout`` (events), ``poll``, ``wait``, ``kill``."""
+
+    def __init__(self, pid: int, stdin: Any, stdout: Any) -> None:
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped by someone else (a SIGCHLD handler of the program's)
+                    self.returncode = 1
+                else:
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["tiletune-zygote"], timeout or 0.0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+
+def _fork_caller(log_path: str, skip: set[str]) -> _CallerFork:
+    """Fork this process into the zygote (:func:`tiletune.devices.workers.zygote_main.serve_forked`)."""
+    import warnings
+
+    from tiletune.devices.workers import zygote_main
+
+    cmd_r, cmd_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    try:
+        with warnings.catch_warnings():  # Python 3.12 warns of native threads (OpenBLAS's): tolerated, see above
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except BaseException:
+        for fd in (cmd_r, cmd_w, ev_r, ev_w):
+            os.close(fd)
+        raise
+    if pid == 0:  # pragma: no cover - the child never returns (covered through its behaviour in tests)
+        zygote_main.serve_forked(cmd_r, ev_w, log_path, skip)
+    os.close(cmd_r)
+    os.close(ev_w)
+    return _CallerFork(pid, os.fdopen(cmd_w, "wb"), os.fdopen(ev_r, "rb"))
+
+
 class Zygote:
     """One zygote process and the thread that reads its events."""
 
@@ -131,10 +243,23 @@ class Zygote:
         root = os.path.dirname(os.path.dirname(os.path.abspath(settings.__file__)))
         env_now["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env_now.get("PYTHONPATH", "").split(os.pathsep) if p])
         env_now.setdefault("PYTHONUNBUFFERED", "1")
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tiletune.devices.workers.zygote_main"], env=env_now,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                         cwd=os.getcwd(), start_new_session=True)
+        self.started_by = "spawn"  # or "fork": a fork of this process (its imports done already)
+        self.fork_refused = ""  # why this process could not be forked (when that was wanted)
+        self.proc: Any = None
+        try:
+            start = settings.zygote_start()
+        except ValueError:  # an invalid TILETUNE_ZYGOTE_START (settings reports it): the safe way
+            start = "spawn"
+        if start == "fork" and env is None:
+            self.fork_refused = caller_fork_hazard()
+            if not self.fork_refused:
+                self.proc = _fork_caller(self.log_path, self.skip)
+                self.started_by = "fork"
+        if self.proc is None:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen([sys.executable, "-m", "tiletune.devices.workers.zygote_main"],
+                                             env=env_now, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                             cwd=os.getcwd(), start_new_session=True)
         self._reader = threading.Thread(target=self._read, name="tiletune-zygote-events", daemon=True)
         self._reader.start()
 

@@ -3,8 +3,9 @@ tuning workers on request.
 
 A worker started from scratch spends seconds importing torch and cuda.tile before it can open a
 session; forked from here it starts with them imported and pays for its CUDA context and its
-kernels' packages only. Started by :mod:`tiletune.devices.workers.zygote` as
-``python -m tiletune.devices.workers.zygote_main``; it talks to its caller over its standard input
+kernels' packages only. Started by :mod:`tiletune.devices.workers.zygote`: as a fork of the process
+that imported tiletune where that is safe (:func:`serve_forked`), else as
+``python -m tiletune.devices.workers.zygote_main``. It talks to its caller over its standard input
 (commands) and output (events), one JSON object per line, and leaves when its input closes.
 
 Commands: ``{"op": "fork", "token": n, "env": {...}, "cwd": path, "log": path}`` forks a worker, which
@@ -228,6 +229,18 @@ class Zygote:
         os._exit(code)
 
 
+def serve(skip: set[str]) -> None:
+    """Run the command loop on this process's standard input and output; leaves through ``os._exit``."""
+    try:
+        Zygote(skip).run()
+    finally:
+        try:
+            sys.stdout.flush()
+        except BaseException:  # noqa: BLE001 - leaving anyway
+            pass
+        os._exit(0)
+
+
 def main() -> None:
     os.environ["TILETUNE_IN_WORKER"] = "1"
     extra = os.environ.get("TILETUNE_WORKER_SYSPATH")
@@ -235,12 +248,131 @@ def main() -> None:
         for p in json.loads(extra):
             if p not in sys.path:
                 sys.path.append(p)
-    skip = {m for m in os.environ.get("TILETUNE_ZYGOTE_SKIP", "").split(",") if m}
+    serve({m for m in os.environ.get("TILETUNE_ZYGOTE_SKIP", "").split(",") if m})
+
+
+def forget_import_locks() -> list[str]:
+    """In a process forked in the middle of an import (``import tiletune`` forks the zygote), release
+    this thread's hold on the import machinery: the modules being imported (``tiletune`` and whatever
+    imported it) stay locked by this thread for good, as it never returns from that import, so any
+    other thread importing a submodule of theirs would wait for ever (a worker's compile threads
+    do). Their locks are dropped from importlib's table, so later imports take fresh ones. Returns
+    the names of those modules."""
+    import _thread
+    import importlib._bootstrap as bootstrap
+
+    locks = getattr(bootstrap, "_module_locks", None)
+    if not isinstance(locks, dict):
+        return []
+    me = _thread.get_ident()
+    dropped: list[str] = []
+    for name, ref in list(locks.items()):
+        try:
+            lock = ref() if callable(ref) else ref
+        except Exception:  # noqa: BLE001 - an entry of another shape: leave it
+            continue
+        if lock is not None and getattr(lock, "owner", None) == me:
+            locks.pop(name, None)
+            dropped.append(name)
+    return dropped
+
+
+_KEPT: list = []  # the caller's logging handlers, detached but never finalised here
+
+
+def _detach_logging() -> None:
+    """Take the caller's logging handlers off every logger: their files' descriptors were closed here,
+    and a number reused by then (a worker's connection) would receive their records. The handlers stay
+    referenced (:data:`_KEPT`), so none is finalised and flushes what the caller had buffered into such
+    a number. Records then go where a fresh interpreter's would (warnings to standard error: the log)."""
+    import logging
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        if lg.handlers:
+            _KEPT.append(list(lg.handlers))
+            lg.handlers = []
+
+
+def isolate(commands: int, events: int, log_path: str) -> None:
+    """Make a fork of the caller a process of its own (see :func:`serve_forked`): a session of its own,
+    ``commands`` / ``events`` / ``log_path`` as its standard input / output / error, every other
+    descriptor closed, the caller's garbage frozen, its logging handlers detached, ``sys`` streams on
+    the log, its Python signal handlers reset."""
+    os.setsid()
+    import gc
+
+    gc.freeze()
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(commands, 0)
+    os.dup2(events, 1)
+    os.dup2(log, 2)
+    os.closerange(3, 1 << 20)
+    _detach_logging()
+    sys.stdin = open(0, "rb", buffering=0, closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     try:
-        Zygote(skip).run()
-    finally:
-        sys.stdout.flush()
-        os._exit(0)
+        signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        pass
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+            if sig == signal.SIGINT:
+                signal.signal(sig, signal.default_int_handler)
+            elif callable(handler):
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError, RuntimeError):
+            pass
+
+
+def serve_forked(commands: int, events: int, log_path: str, skip: set[str]) -> None:
+    """The zygote as a fork of the process that imported tiletune (its imports done already): made a
+    process of its own before it serves. Never returns.
+
+    * a session of its own (the caller's terminal signals and job-control groups do not reach it);
+    * ``commands`` / ``events`` become its standard input / output, its standard error goes to
+      ``log_path``, and every other descriptor the caller had is closed: a pipe, socket or lock file
+      of the caller's must not stay open here (a child of the caller waiting for end-of-file on a pipe
+      would wait for this process too). The caller's garbage is frozen first (``gc.freeze``), so no
+      object of the caller's is finalised here and closes a descriptor number reused by now;
+    * ``sys.stdout`` / ``sys.stderr`` write to the log (output the caller buffered is never flushed
+      here: this process leaves through ``os._exit``), the caller's logging handlers are detached
+      (:func:`_detach_logging`), Python signal handlers of the caller's are reset (none of the
+      caller's code runs here);
+    * the import locks this thread holds (it was forked inside ``import tiletune``) are dropped
+      (:func:`forget_import_locks`), and the caller's modules whose import was under way (the module
+      that imported tiletune, what imported it) are removed from ``sys.modules``: partly run here,
+      they are imported anew where a worker needs them;
+    * torch runs one CPU thread (a thread pool the caller started is not in this copy of it).
+    """
+    code = 1
+    try:
+        isolate(commands, events, log_path)
+        os.environ["TILETUNE_IN_WORKER"] = "1"
+        for name in forget_import_locks():
+            # a module of the caller's whose import was under way when it forked (the one that imported
+            # tiletune, and what imported that one) holds only what ran before that line here: forgotten,
+            # so that a worker needing it (a plan defined there) imports it whole, as a fresh process would
+            if name != "tiletune" and not name.startswith("tiletune."):
+                sys.modules.pop(name, None)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                torch.set_num_threads(1)
+            except Exception:  # noqa: BLE001 - a torch without it
+                pass
+        code = 0
+        serve(skip)
+    except BaseException:  # noqa: BLE001 - never return into the caller's code
+        try:
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
