@@ -13,10 +13,12 @@ unpatched. Per row:
 
 ``unpatched_eager_ms``, ``unpatched_compile_ms`` (``torch.compile(model)``, default mode),
 ``patched_ms`` (after ``apply_tiletune(model)``), ``patched_compile_ms``: median of
-``triton.testing.do_bench`` after warm-up calls (the first patched call of a shape tunes the ops into a
-tuning database at a temporary path, before any timing; compiles happen in the warm-up too);
-``logits_rel_err`` = ``||patched - unpatched|| / ||unpatched||`` of the eager logits (decode: the same
-cache on both sides). A compile that fails leaves its column None and the error in ``errors``.
+``triton.testing.do_bench`` after warm-up calls (the first patched call of a shape resolves the ops' keys,
+into a tuning database at a temporary path; keys whose configs were still compiling ran the ops' torch
+fallbacks, so the benchmark waits for those compiles, ``tiletune.wait_for_compiles``, and records
+``compile_wait_s``, before any logits are compared or anything is timed);
+``logits_rel_err`` = ``||patched - unpatched|| / ||unpatched||`` of the eager logits after that wait
+(decode: the same cache on both sides). A compile that fails leaves its column None and the error in ``errors``.
 
 Per compiled column ``X`` (``unpatched_compile``, ``patched_compile``), what Dynamo did over the whole
 timing (first call, warm-up and ``do_bench``): ``X_graphs`` (graphs compiled), ``X_graph_breaks``,
@@ -170,6 +172,7 @@ class Row:
 def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0: float) -> dict[str, Any]:
     import torch
 
+    import tiletune
     import tiletune.kernels.hf as tthf
 
     row: dict[str, Any] = {"model": name, "phase": phase, "batch": bsz, "seq": seq, "unpatched_eager_ms": None,
@@ -203,9 +206,16 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
         report = tthf.apply_tiletune(model)
         try:
             t_first = time.perf_counter()
-            got = r.forward_with(model)().float()  # the first patched call of this shape: tunes
+            r.forward_with(model)()  # the first patched call of this shape (ops may run their torch fallbacks)
             torch.cuda.synchronize()
             row["first_patched_call_s"] = round(time.perf_counter() - t_first, 3)
+            # keys served while their configs compiled ran the ops' torch fallbacks: wait for those compiles,
+            # so that the logits and the timings below are the cuTile kernels' (one call resolves each key)
+            t_wait = time.perf_counter()
+            row["compiles_done"] = bool(tiletune.wait_for_compiles(120.0))
+            row["compile_wait_s"] = round(time.perf_counter() - t_wait, 3)
+            r.forward_with(model)()
+            got = r.forward_with(model)().float()
             row["logits_rel_err"] = rel_err(got, want)
             row["patched_ms"] = bench_ms(r.forward_with(model))
             compiled("patched_compile_ms")
