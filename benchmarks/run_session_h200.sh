@@ -16,7 +16,10 @@
 # p (2026-12-06) = the GPU tests of kernels by value, the zygote, quiet exit and faults, then the fault space and
 # cold tuning speed of all three kernels; q = first forward (12 shapes, seed $SEED) and nearest quality of
 # the two worst families (softmax, matmul_linear; 40 shapes each as the budget allows); r = the compile tax of
-# decode, one layer and a stack of 8 in one compiled frame (as when a whole model is compiled).
+# decode, one layer and a stack of 8 in one compiled frame (as when a whole model is compiled); s = r with
+# tighter budgets, then the patched Hugging Face models (after the graph-break fix); t = GPU tests of the
+# zygote forked from the caller, fault space, cold tuning speed of rmsnorm and matmul; u = TileGym matmul's
+# cold tuning speed, the patched HF models after waiting for background compiles, first forward (seed $SEED).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -134,6 +137,29 @@ r)
   (cd benchmarks && timeout 200 python compile_tax.py --out $TSO --quick --phases decode --budget-s 150 > $TSO/ctax1.log 2>&1; tail -1 $TSO/ctax1.log)
   (cd benchmarks && timeout 260 python compile_tax.py --out $TSO --quick --phases decode --stack 8 --budget-s 200 \
     > $TSO/ctax8.log 2>&1; tail -1 $TSO/ctax8.log)
+  ;;
+s)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 170 python compile_tax.py --out $TSO --quick --phases decode --budget-s 120 > $TSO/ctax1.log 2>&1; tail -1 $TSO/ctax1.log)
+  (cd benchmarks && timeout 200 python compile_tax.py --out $TSO --quick --phases decode --stack 8 --budget-s 150 \
+    > $TSO/ctax8.log 2>&1; tail -1 $TSO/ctax8.log)
+  (cd benchmarks && timeout 170 python hf_patch.py --out $TSO --quick --budget-s 130 > $TSO/hf.log 2>&1; tail -2 $TSO/hf.log)
+  ;;
+t)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout 170 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote_fork.py tests/test_gpu_ship_kernels.py \
+    tests/test_gpu_zygote.py tests/test_gpu_faults.py > $TSO/pytest_t.txt 2>&1; tail -3 $TSO/pytest_t.txt
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
+  (cd benchmarks && timeout ${TS_S:-270} python tuning_speed.py --out $TSO --reps ${REPS:-3} --kernels ${KERNELS:-rmsnorm,matmul} \
+    > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
+  ;;
+u)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${TS_S:-200} python tuning_speed.py --out $TSO --reps ${REPS:-3} --kernels tilegym_matmul \
+    > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
+  (cd benchmarks && timeout 150 python hf_patch.py --out $TSO --quick --budget-s 120 > $TSO/hf.log 2>&1; tail -2 $TSO/hf.log)
+  (cd benchmarks && timeout ${FF_S:-200} python first_forward.py --out $TSO --shapes 6 --tuned-rows 1 --seed ${SEED:-16} \
+    --budget-s $(( ${FF_S:-200} - 30 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
