@@ -254,3 +254,45 @@ def test_the_callers_log_handlers_never_write_into_a_descriptor_the_fork_reuses(
     """
     got = result(run(body))
     assert got["code"] == (0 if detach else 3)
+
+
+def test_a_plan_a_forked_worker_cannot_load_is_tuned_in_a_worker_started_from_scratch(tmp_path):
+    """A module that imports differently in a copy of the zygote than in a fresh interpreter (here: it
+    refuses to load where the zygote imported a marker module): the forked worker cannot open the
+    session, so the op's workers start from scratch and the session runs there, isolated, instead of
+    falling back to tuning in the caller's process."""
+    (tmp_path / "zsmark.py").write_text("import builtins\nbuiltins._ZS_IN_ZYGOTE = True\n")
+    (tmp_path / "zsplan.py").write_text(textwrap.dedent("""
+        import builtins
+        if getattr(builtins, "_ZS_IN_ZYGOTE", False):
+            raise ImportError("zsplan refuses to load in a copy of the zygote")
+        import tiletune as tt
+
+        def kern(x, y):
+            y.copy_(x * 2)
+
+        def plan(cfg, x, y):
+            return tt.Launch(kern, (1,), (x, y))
+    """))
+    got = result(run("""
+        import warnings
+        warnings.simplefilter("error", RuntimeWarning)  # "tuning in this process without isolation"
+        import torch
+        import tiletune as tt
+        import zsplan
+        from tiletune.devices.backends import FakeBackend
+        from tiletune.devices.workers import IsolatedBackend, zygote as zmod
+        be = FakeBackend(lambda c: 10.0 + c.K, noise=0.002, compile_s=0.0)
+        op = tt.autotune(tt.Space(K=[0, 1, 2], baseline=dict(K=0)), reference=lambda x, y: x * 2, writes=["y"],
+                         db=False, backend=IsolatedBackend(be, worker_spec=be), progress=False, name="zs")(zsplan.plan)
+        x, y = torch.randn(16), torch.empty(16)
+        op(x, y)
+        (r,) = op.results.values()
+        print("RESULT " + json.dumps({"by": zmod._zygote.started_by, "imports": zmod._zygote.info.get("modules"),
+              "isolation": r.stats.get("isolation"), "retried": r.stats.get("fork_refused_session"),
+              "forked": r.stats.get("worker_forked"), "ok": bool(torch.equal(y, x * 2)), "winner": dict(r.winner)}))
+    """, TILETUNE_ZYGOTE_IMPORTS="zsmark",
+        PYTHONPATH=os.pathsep.join([str(tmp_path), SRC, os.environ.get("PYTHONPATH", "")])))
+    assert "zsmark" in got["imports"]
+    assert got["isolation"] == "process" and got["retried"] is True and got["forked"] is False
+    assert got["ok"] and got["winner"] == {"K": 0}

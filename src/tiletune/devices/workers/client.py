@@ -133,6 +133,7 @@ class WorkerProcess:
         self.device_index = device_index
         self.command = command or DEFAULT_COMMAND
         self.forked = False  # the current child came from the zygote
+        self.fork_ok = True  # False: children start from scratch (a forked one could not open a session)
         self.extra_env = dict(env or {})
         self.events: Deque[CompiledEvent] = collections.deque()
         self.lock = threading.RLock()  # one tuning session at a time per worker
@@ -238,7 +239,8 @@ class WorkerProcess:
         None: no zygote here, or it cannot fork now (the caller then starts one from scratch)."""
         from tiletune.devices.workers.zygote import zygote
 
-        z = zygote()
+        self.forked = False
+        z = zygote() if self.fork_ok else None
         if z is None:
             return None
         proc = z.fork(env, os.getcwd(), self._log_path, timeout=ZYGOTE_FORK_WAIT_S)
@@ -313,6 +315,7 @@ class WorkerProcess:
 
     def _new_spare(self) -> "WorkerProcess":
         sp = WorkerProcess(self.backend_spec, self.device_index, self.command, self.extra_env)
+        sp.fork_ok = self.fork_ok
         sp._on_started = self._spare_done.set
         return sp
 
@@ -368,6 +371,7 @@ class WorkerProcess:
         self.kill()  # the dead one's remains (reaped in the background)
         self.proc, self.conn, self.info = sp.proc, sp.conn, dict(sp.info)
         self._tmp_dir, self._log_path = sp._tmp_dir, sp._log_path
+        self.forked = sp.forked
         sp.proc, sp.conn, sp._tmp_dir = None, None, ""
         self.events.clear()
         self.generation += 1

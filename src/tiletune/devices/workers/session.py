@@ -263,6 +263,23 @@ class WorkerSession:
         t_open = time.perf_counter()
         reply = w.request(dict(self.payload, op="open", session=self.sid), self.options.open_timeout_s)
         collect_shared()  # the worker has copied the arguments and released its views of their staging copies
+        if not reply.ok and w.forked and w.fork_ok:
+            # a copy of the zygote could not load the plan (a module it holds differs from a fresh import):
+            # workers of this op start from scratch from now on, and this one is retried that way, rather
+            # than the session falling back to tuning unisolated in this process
+            logger.warning("tiletune: a worker forked from the zygote could not open %s's session (%s); "
+                           "starting its workers from scratch", self.payload.get("name") or "an op", str(reply.error)[:300])
+            self.stats["fork_refused_session"] = True
+            spares = len(w.spares)
+            w.fork_ok = False
+            w.keep_spares(0)
+            w.kill()
+            w.start()
+            if spares:
+                w.keep_spares(spares)
+            self.stats["worker_forked"] = bool(w.forked)
+            reply = w.request(dict(self.payload, op="open", session=self.sid), self.options.open_timeout_s)
+            collect_shared()
         if not reply.ok:
             raise Unshippable(f"the worker could not open the session: {reply.error}")
         self._opened_gen = w.generation
