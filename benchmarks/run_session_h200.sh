@@ -157,7 +157,7 @@ u)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   (cd benchmarks && timeout ${TS_S:-200} python tuning_speed.py --out $TSO --reps ${REPS:-3} --kernels tilegym_matmul \
     > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
-  (cd benchmarks && timeout 150 python hf_patch.py --out $TSO --quick --budget-s 120 > $TSO/hf.log 2>&1; tail -2 $TSO/hf.log)
+  (cd benchmarks && timeout 150 python hf_patch.py --out $TSO --quick --phases decode,prefill --budget-s 120 > $TSO/hf.log 2>&1; tail -2 $TSO/hf.log)
   (cd benchmarks && timeout ${FF_S:-200} python first_forward.py --out $TSO --shapes 6 --tuned-rows 1 --seed ${SEED:-16} \
     --budget-s $(( ${FF_S:-200} - 30 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log)
   ;;

@@ -50,3 +50,10 @@ def test_one_clean_graph_counts_nothing(monkeypatch):
     x = torch.ones(4)
     _, counts = hf_patch.timed_compiled(lambda: f(x))
     assert counts == {"graphs": 1, "graph_breaks": 0, "reasons": {}, "recompiles": 0}
+
+
+def test_phases_pick_and_order_the_rows():
+    shapes = [("prefill", 1, 1024), ("decode", 8, 1024), ("prefill", 4, 2048), ("decode", 32, 2048)]
+    assert hf_patch.select_shapes(shapes, ["decode", "prefill"]) == [
+        ("decode", 8, 1024), ("decode", 32, 2048), ("prefill", 1, 1024), ("prefill", 4, 2048)]
+    assert hf_patch.select_shapes(shapes[:2], ["decode"]) == [("decode", 8, 1024)]
