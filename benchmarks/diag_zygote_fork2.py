@@ -41,24 +41,19 @@ def main() -> None:
 
     import tiletune as tt
     from tiletune.devices.workers import zygote as zmod
-    from tiletune.lab.examples.rmsnorm_kernels import RMSNORM_BASELINE, next_power_of_2, rmsnorm_kernel
+    from tiletune.lab.examples import rmsnorm_kernels as rk
 
     z = zmod._zygote
     print("zygote", z and z.started_by, z and z.fork_refused, flush=True)
     x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
-
-    def ref(x, w, y, eps):
-        xf = x.float()
-        return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w.float()).to(y.dtype)
-
-    @tt.autotune(tt.Space(occupancy=[1, 2, 4], baseline=RMSNORM_BASELINE), reference=ref, writes=["y"], db=False,
-                 progress=False, name="diag_fork_rmsnorm")
-    def op(cfg, x, w, y, eps):
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        return tt.Launch(rmsnorm_kernel, (max(1, min(x.shape[0], sms * cfg.occupancy)),),
-                         (x, w, y, eps, next_power_of_2(x.shape[1])))
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    op = tt.autotune(tt.Space(occupancy=[1, 2, 4], baseline=rk.RMSNORM_BASELINE),
+                     reference=lambda x, w, y, eps: rk.rmsnorm_reference(x, w, eps), writes=["y"], db=False,
+                     progress=False, name="diag_fork_rmsnorm")(
+        lambda cfg, x, w, y, eps: tt.Launch(rk.rmsnorm_kernel, rk.rmsnorm_grid(cfg, x.shape[0], sms),
+                                            rk.rmsnorm_args(cfg, x, w, y, eps)))
 
     box: dict = {}
 

@@ -24,22 +24,20 @@ if TOUCH:
 t0 = time.perf_counter()
 import tiletune as tt
 from tiletune.devices.workers import zygote as zmod
-from tiletune.lab.examples.rmsnorm_kernels import RMSNORM_BASELINE, next_power_of_2, rmsnorm_kernel
+from tiletune.lab.examples import rmsnorm_kernels as rk
 z = zmod._zygote
 x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
 y = torch.empty_like(x)
 
 def ref(x, w, y, eps):
-    xf = x.float()
-    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w.float()).to(y.dtype)
+    return rk.rmsnorm_reference(x, w, eps)
 
-@tt.autotune(tt.Space(occupancy=[1, 2, 4], baseline=RMSNORM_BASELINE), reference=ref, writes=["y"], db=False,
+@tt.autotune(tt.Space(occupancy=[1, 2, 4], baseline=rk.RMSNORM_BASELINE), reference=ref, writes=["y"], db=False,
              progress=False, name="zygote_fork_rmsnorm")
 def op(cfg, x, w, y, eps):
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    return tt.Launch(rmsnorm_kernel, (max(1, min(x.shape[0], sms * cfg.occupancy)),),
-                     (x, w, y, eps, next_power_of_2(x.shape[1])))
+    return tt.Launch(rk.rmsnorm_kernel, rk.rmsnorm_grid(cfg, x.shape[0], sms), rk.rmsnorm_args(cfg, x, w, y, eps))
 
 t1 = time.perf_counter()
 op(x, w, y, 1e-6)

@@ -64,7 +64,34 @@ def gpu_visible() -> bool:
         return os.path.exists("/dev/nvidia0")
 
 
-class ForkedProcess:
+class _Signalled:
+    """``send_signal`` / ``kill`` / ``terminate`` of a :class:`subprocess.Popen` look-alike with a ``pid``
+    and a ``poll`` (a process that has ended is not signalled)."""
+
+    pid: int
+
+    def poll(self) -> int | None:  # pragma: no cover - defined by each subclass
+        raise NotImplementedError
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+
+class ForkedProcess(_Signalled):
     """A worker forked by the zygote, seen as a :class:`subprocess.Popen`: ``pid``, ``poll``,
     ``wait``, ``kill``, ``terminate``, ``returncode``. The zygote reaps it and reports its exit status;
     should the zygote itself be gone, a process that no longer exists counts as ended (status 1)."""
@@ -91,22 +118,6 @@ class ForkedProcess:
         assert self.returncode is not None
         return self.returncode
 
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        import signal
-
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        import signal
-
-        self.send_signal(signal.SIGTERM)
 
 
 #: The most private memory (``RssAnon``) a process may hold and still be forked into the zygote: the
@@ -149,7 +160,7 @@ def caller_fork_hazard() -> str:
     return ""
 
 
-class _CallerFork:
+class _CallerFork(_Signalled):
     """The zygote forked from this process, seen as the :class:`subprocess.Popen` the spawned one is:
     ``pid``, ``stdin`` (commands), ``stdout`` (events), ``poll``, ``wait``, ``kill``."""
 
@@ -178,18 +189,6 @@ class _CallerFork:
             time.sleep(0.005)
         assert self.returncode is not None
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        import signal
-
-        self.send_signal(signal.SIGKILL)
 
 
 def _fork_caller(log_path: str, skip: set[str]) -> _CallerFork:
