@@ -40,7 +40,9 @@ Writes tuning_speed_cold.json::
 repetitions; ``ratio`` = median tiletune_s / median exhaustive_s. ``breakdown`` holds tiletune's own
 ``TuneResult.stats`` (numbers as they are, number lists as ``<name>_sum`` / ``<name>_n``), the
 measurements' compile seconds (``compile_s_sum``: summed over configs, which compile in parallel,
-so it can exceed the wall time) and ``outside_session_s`` (timed call minus the session clock).
+so it can exceed the wall time) and ``outside_session_s`` (timed call minus the session clock), which
+``miss_s`` (the miss's start to the chain's answer, the session inside it), ``store_s``, ``install_s`` and
+``first_launch_s`` (the caller preparing and enqueuing the winner) break down.
 
 ``--quick``: 1 repetition, kernels ``tilegym_matmul`` and ``rmsnorm`` (about 2 min on the H200;
 the full run about 6-7 min).

@@ -531,3 +531,27 @@ def test_a_single_config_op_falls_back_while_its_one_config_compiles(tmp_path, f
     y2 = torch.empty(10)
     op(x, y2)
     assert calls == [1] and torch.equal(y2, x * 2) and op.config_for(x, y2)["K"] == 4 and backend.launches
+
+
+def test_a_tuned_keys_time_outside_its_session_is_recorded_in_its_stats():
+    """``miss_s`` (the miss's start to the chain's answer, the tuning inside it), ``store_s``, and the
+    caller's ``install_s`` / ``first_launch_s`` of the winner: where a first call's time went around
+    its session."""
+    import torch
+
+    import tiletune as tt
+    from tiletune.devices.backends import FakeBackend
+
+    be = FakeBackend(lambda c: 10.0 + c.K, noise=0.002, compile_s=0.0)
+
+    def kern(x, y):
+        y.copy_(x * 2)
+
+    op = tt.autotune(tt.Space(K=[0, 1, 2], baseline=dict(K=0)), reference=lambda x, y: x * 2, writes=["y"],
+                     db=False, backend=be, progress=False)(lambda cfg, x, y: tt.Launch(kern, (1,), (x, y)))
+    x, y = torch.randn(16), torch.empty(16)
+    op(x, y)
+    (r,) = op.results.values()
+    assert r.stats["miss_s"] >= r.wall_s > 0
+    assert r.stats["store_s"] >= 0 and r.stats["install_s"] >= 0 and r.stats["first_launch_s"] >= 0
+    assert torch.equal(y, x * 2)

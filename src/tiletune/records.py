@@ -160,7 +160,8 @@ class TuneResult:
     #: ``compile_wall_s`` and ``compile_cpu_s`` besides; see ``tiletune.engine.tuner.PhaseTimer``);
     #: a worker session adds ``worker_restarts``, ``spares_used``, ``spares_max``, ``reap_s`` and
     #: ``faults`` (each with ``waited_s``, ``lost_s``, ``spare``, ``spare_wait_s``, ``start_s``, ``open_s``,
-    #: ``reap_wait_s``; see ``tiletune.devices.workers.session``).
+    #: ``reap_wait_s``; see ``tiletune.devices.workers.session``); a key tuned on a call adds ``miss_s``
+    #: (the miss's start to the chain's answer), ``store_s``, ``install_s`` and ``first_launch_s``.
     stats: Mapping[str, Any] = field(default_factory=dict)
 
     @property

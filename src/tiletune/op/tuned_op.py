@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 import weakref
 from contextvars import ContextVar
 from operator import itemgetter
@@ -712,6 +713,7 @@ class TunedOp:
                     logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
                     self._queue_refinement(key, args)
             launched = False
+            tuned = None  # the tuning result of this miss (its install and first launch are timed into it)
             if cfg is None:
                 problem = self.problem(args, key, plans=plans, policy=policy, capturing=capturing, disabled=disabled,
                                        may_fall_back=(fall_back and launch and not force and self.fallback is not None
@@ -736,7 +738,7 @@ class TunedOp:
                         pend.entry(args)
                     return self._outputs(args)
                 if choice.result is not None:
-                    self.results[key] = choice.result
+                    self.results[key] = tuned = choice.result
                 if bucket is not None and choice.source not in ("disabled", "single"):
                     self._bucket_configs[bucket] = cfg
                     if choice.result is None and not choice.provisional:  # the bucket's winner, tuned on another shape
@@ -745,14 +747,19 @@ class TunedOp:
                     self._provisional[key] = _ArgTemplate(args)
                 else:
                     self._provisional.pop(key, None)
+            t_install = time.perf_counter()
             entry = self._install(cfg, args, key, backend, dev)
             if pend is not None:
                 del self._pending[key]
                 _choices_changed()
             elif force:
                 _choices_changed()
+            t_launch = time.perf_counter()
             if launch and not launched:
                 entry(args)
+            if tuned is not None and isinstance(tuned.stats, dict):
+                tuned.stats["install_s"] = round(t_launch - t_install, 4)  # the winner's launch prepared here
+                tuned.stats["first_launch_s"] = round(time.perf_counter() - t_launch, 4)  # enqueued, not run
             if self._provisional and self._background_enabled():
                 self._start_background()
             return self._outputs(args)

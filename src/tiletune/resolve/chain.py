@@ -132,7 +132,11 @@ class Chain:
             if choice is None:
                 raise TiletuneError(f"{problem.name}: no source answered for {problem.key!r}")
             choice = replace(choice, seconds=time.perf_counter() - problem.started)
+            t_store = time.perf_counter()
             self.store(problem, choice, attempt)
+            if choice.result is not None and isinstance(choice.result.stats, dict):  # time outside its session
+                choice.result.stats["miss_s"] = round(choice.seconds, 4)  # the miss's start to the answer
+                choice.result.stats["store_s"] = round(time.perf_counter() - t_store, 4)
         except BaseException as exc:
             error = exc
             raise
