@@ -119,7 +119,6 @@ class ForkedProcess(_Signalled):
         return self.returncode
 
 
-
 #: The most private memory (``RssAnon``) a process may hold and still be forked into the zygote: the
 #: zygote keeps every page of it alive for the life of the process (a large tensor the caller frees later
 #: would stay in memory), so a process holding more gets a fresh interpreter instead.
