@@ -20,6 +20,8 @@
 # tighter budgets, then the patched Hugging Face models (after the graph-break fix); t = GPU tests of the
 # zygote forked from the caller, fault space, cold tuning speed of rmsnorm and matmul; u = TileGym matmul's
 # cold tuning speed, the patched HF models after waiting for background compiles, first forward (seed $SEED).
+# v (2026-12-06 evening) = the zygote-fork GPU tests (rewritten), fault space, cold tuning speed of matmul and
+# rmsnorm with each session's compile trace (TILETUNE_COMPILE_TRACE), the patched HF models decode first.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -160,6 +162,16 @@ u)
   (cd benchmarks && timeout 150 python hf_patch.py --out $TSO --quick --phases decode,prefill --budget-s 120 > $TSO/hf.log 2>&1; tail -2 $TSO/hf.log)
   (cd benchmarks && timeout ${FF_S:-200} python first_forward.py --out $TSO --shapes 6 --tuned-rows 1 --seed ${SEED:-16} \
     --budget-s $(( ${FF_S:-200} - 30 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log)
+  ;;
+v)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout 150 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote_fork.py tests/test_gpu_faults.py \
+    > $TSO/pytest_v.txt 2>&1; tail -3 $TSO/pytest_v.txt
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
+  (cd benchmarks && timeout ${TS_S:-200} python tuning_speed.py --out $TSO --reps ${REPS:-2} --kernels ${KERNELS:-matmul,rmsnorm} \
+    > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
+  (cd benchmarks && timeout ${HF_S:-150} python hf_patch.py --out $TSO --quick --phases decode,prefill --budget-s $(( ${HF_S:-150} - 25 )) \
+    > $TSO/hf.log 2>&1; tail -2 $TSO/hf.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \

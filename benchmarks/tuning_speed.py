@@ -179,6 +179,7 @@ def plan(cfg, *args):
 
 torch.cuda.synchronize()
 t0 = time.perf_counter()
+call_at = time.time()
 op = tt.autotune(SPACE, reference=REFERENCE, writes=WRITES, name=NAME, tolerance=TOLERANCE, progress=False)(plan)
 op(*ARGS)
 torch.cuda.synchronize()
@@ -205,7 +206,7 @@ if isinstance(stats.get("session_clock_s"), (int, float)):
     stats["outside_session_s"] = wall - stats["session_clock_s"]
 print("RESULT " + json.dumps({"wall_s": wall, "configs": len(SPACE.candidates("sm_90")), "pick": dict(r.winner),
                               "pick_us": r.winner_median_us, "ok": len(r.successes), "failed": len(r.failures),
-                              "isolation": r.stats.get("isolation", "none"), "stats": stats,
+                              "isolation": r.stats.get("isolation", "none"), "stats": stats, "call_at": call_at,
                               "kernel_version": VERSION}))
 """
 
@@ -373,7 +374,50 @@ def run_timed(code: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
 def run_side(kernel: str, side: str, timeout: float) -> dict[str, Any]:
     if side == "exhaustive":  # no tiletune op is defined there: no worker starts
         return run_timed(SETUP[kernel] + EXHAUSTIVE, cold_env(TILETUNE_WORKER_PRESTART="0"), timeout)
-    return run_timed(SETUP[kernel] + TILETUNE, cold_env(), timeout)
+    env = cold_env()
+    trace = Path(env["TILETUNE_DB"]).with_name("compile-trace.jsonl")
+    env["TILETUNE_COMPILE_TRACE"] = str(trace)
+    got = run_timed(SETUP[kernel] + TILETUNE, env, timeout)
+    if trace.exists():
+        jobs = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+        got["compile_trace"] = compile_trace_summary(jobs, got.get("call_at"))
+    return got
+
+
+def compile_trace_summary(jobs: Sequence[dict[str, Any]], call_at: float | None) -> dict[str, Any]:
+    """Where a session's compiles spent their wall time, from ``TILETUNE_COMPILE_TRACE`` lines: seconds after
+    the timed call began (``call_at``; else after the first front end) of the first front end's start, the
+    last front end's end, the first and last assembler start and the last end; summed front-end and
+    assembler seconds; the mean assemblers running at once while any ran; the longest assembler run; the
+    summed wait between a bytecode's arrival and its assembler's start; front ends per process."""
+    if not jobs:
+        return {"jobs": 0}
+    base = call_at if call_at is not None else min(j["front"][0] for j in jobs)
+    fronts = [j["front"] for j in jobs]
+    asms = [j["asm"] for j in jobs]
+    asm_sum = sum(b - a for a, b in asms)
+    asm_span = max(b for _, b in asms) - min(a for a, _ in asms)
+    per_pid: dict[str, int] = {}
+    for j in jobs:
+        per_pid[str(j["front_pid"])] = per_pid.get(str(j["front_pid"]), 0) + 1
+    r = lambda x: round(x, 3)  # noqa: E731
+    return {
+        "jobs": len(jobs),
+        "front_first_start": r(min(a for a, _ in fronts) - base),
+        "front_last_end": r(max(b for _, b in fronts) - base),
+        "front_sum_s": r(sum(b - a for a, b in fronts)),
+        "asm_first_start": r(min(a for a, _ in asms) - base),
+        "asm_last_start": r(max(a for a, _ in asms) - base),
+        "asm_last_end": r(max(b for _, b in asms) - base),
+        "asm_sum_s": r(asm_sum),
+        "asm_max_s": r(max(b - a for a, b in asms)),
+        "asm_mean_running": r(asm_sum / asm_span) if asm_span > 0 else None,
+        "queue_wait_sum_s": r(sum(max(0.0, j["asm"][0] - j["queued"]) for j in jobs)),
+        "front_procs": len(per_pid),
+        "front_per_proc_max": max(per_pid.values()),
+        "bytecode_bytes": [j.get("bytecode") for j in jobs],
+        "asm_s": [r(b - a) for a, b in asms],
+    }
 
 
 def retime(kernel: str, picks: list[dict[str, Any]], rounds: int, timeout: float) -> dict[str, float]:
@@ -404,6 +448,8 @@ def measure_kernel(kernel: str, reps: int, rounds: int, timeout: float) -> tuple
             r[f"{side}_ok"], r[f"{side}_failed"] = got["ok"], got["failed"]
             if side == "tiletune":
                 r["tiletune_stats"] = got.get("stats", {})
+                if got.get("compile_trace"):
+                    r["compile_trace"] = got["compile_trace"]
                 r["isolation"] = got.get("isolation")
             print(f"    {got['wall_s']:.2f} s tuning, {got['process_s']:.2f} s process, pick {got['pick']}", flush=True)
         rows.append(r)

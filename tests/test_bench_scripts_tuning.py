@@ -138,6 +138,24 @@ def test_pick_gap_sign():
     assert ts.pick_gap(95.0, 100.0) == pytest.approx(-0.05)
 
 
+def test_compile_trace_summary_spans_concurrency_and_waits():
+    jobs = [  # two front ends in one child, one in another; two assemblers overlap for 1 s
+        {"front_pid": 11, "front": [100.1, 100.3], "queued": 100.3, "asm": [100.3, 101.3], "bytecode": 10},
+        {"front_pid": 11, "front": [100.3, 100.5], "queued": 100.5, "asm": [100.8, 101.8], "bytecode": 20},
+        {"front_pid": 12, "front": [100.1, 100.4], "queued": 100.4, "asm": [100.4, 100.9], "bytecode": 30},
+    ]
+    got = ts.compile_trace_summary(jobs, call_at=100.0)
+    assert got["jobs"] == 3 and got["front_procs"] == 2 and got["front_per_proc_max"] == 2
+    assert got["front_first_start"] == 0.1 and got["front_last_end"] == 0.5 and got["front_sum_s"] == 0.7
+    assert got["asm_first_start"] == 0.3 and got["asm_last_start"] == 0.8 and got["asm_last_end"] == 1.8
+    assert got["asm_sum_s"] == 2.5 and got["asm_max_s"] == 1.0
+    assert got["asm_mean_running"] == round(2.5 / 1.5, 3)
+    assert got["queue_wait_sum_s"] == 0.3  # the second waited from 100.5 to 100.8
+    assert got["bytecode_bytes"] == [10, 20, 30]
+    assert ts.compile_trace_summary([], 5.0) == {"jobs": 0}
+    assert ts.compile_trace_summary(jobs, None)["front_first_start"] == 0.0
+
+
 def test_distinct_picks_once_each_in_order():
     A, B = {"TM": 64, "TN": 128}, {"TN": 128, "TM": 128}
     reps = [_rep(1, 1, A, B), _rep(1, 1, dict(reversed(list(A.items()))), A), {"exhaustive_pick": None}]

@@ -457,3 +457,32 @@ def test_a_candidate_compiled_before_is_answered_without_the_front_end(fake, fro
     assert all(r.cached and r.error is None for r in results)
     assert [j.kernel.offers[0][1] for j in again] == [b"cubin-c0", b"cubin-c1", b"cubin-c2"]
     assert set(frontend) == {"candidates"}  # nothing among the served configs' entries
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("fork", [True, False])
+def test_compile_trace_records_each_jobs_front_end_and_assembler(fake, tmp_path, monkeypatch, fork):
+    """TILETUNE_COMPILE_TRACE: one JSON line per assembled job, its front end (in a forked child or here)
+    before its bytecode reached the assemblers, and that before its assembler ran."""
+    import json
+
+    fake(delay=0.05)
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("TILETUNE_COMPILE_TRACE", str(trace))
+    results = list(CompilePool(workers=2, fork_front_ends=fork).compile_all(jobs(["a", "b", "c", "d"])))
+    assert all(r.error is None for r in results)
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert sorted(x["tag"] for x in lines) == ["0", "1", "2", "3"]
+    for x in lines:
+        assert x["front"][0] <= x["front"][1] <= x["queued"] <= x["asm"][0] <= x["asm"][1]
+        assert x["asm"][1] - x["asm"][0] >= 0.04  # the fake assembler's delay
+        assert (x["front_pid"] != os.getpid()) == fork and x["pool_pid"] == os.getpid()
+
+
+def test_no_compile_trace_unless_asked(fake, tmp_path, monkeypatch):
+    fake(delay=0.01)
+    monkeypatch.delenv("TILETUNE_COMPILE_TRACE", raising=False)
+    pool = CompilePool(workers=2)
+    assert pool.trace_path is None
+    list(pool.compile_all(jobs(["a", "b"])))
+    assert not list(tmp_path.glob("*.jsonl"))

@@ -470,6 +470,12 @@ def compile_workers() -> int | None:
     return count("TILETUNE_COMPILE_WORKERS")
 
 
+def compile_trace() -> str | None:
+    """``TILETUNE_COMPILE_TRACE``: a file to which each compile pool appends one JSON line per compiled job
+    (the process, when its front end and its assembler ran, and the bytecode's size), or None (unset)."""
+    return path("TILETUNE_COMPILE_TRACE")
+
+
 def frontend_procs() -> int | None:
     """``TILETUNE_FRONTEND_PROCS``: forked processes that run cuTile's front end when several configs compile
     at once (1: all in the compiling process), or None (as many as compile workers)."""
@@ -530,6 +536,7 @@ _CHECKS = {
     "TILETUNE_PINS": pins_path,
     "TILETUNE_COMPILE_WORKERS": compile_workers,
     "TILETUNE_FRONTEND_PROCS": frontend_procs,
+    "TILETUNE_COMPILE_TRACE": compile_trace,
     "TILETUNE_TIMER_BACKLOG_US": timer_backlog_us,
 }
 

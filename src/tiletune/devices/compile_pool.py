@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
 import os
 import queue
 import tempfile
@@ -42,6 +43,7 @@ from typing import Any, Hashable, Iterator, Sequence
 
 _compiling = 0  # compiles running on a launch path in this process (see compiling())
 _compiling_lock = threading.Lock()
+_trace_lock = threading.Lock()  # one line at a time in TILETUNE_COMPILE_TRACE
 
 
 @contextlib.contextmanager
@@ -299,6 +301,8 @@ class CompilePool:
         self.timeout_s = timeout_s
         #: run front ends in forked processes: None (default) only with cuTile's real internals
         self.fork_front_ends = fork_front_ends
+        #: ``TILETUNE_COMPILE_TRACE``: JSON lines, one per job that ran a front end (:meth:`_trace`)
+        self.trace_path = settings.compile_trace()
 
     @property
     def parallel(self) -> bool:
@@ -389,7 +393,7 @@ class CompilePool:
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cpu_s=cpu,
                                       error=str(got) if isinstance(got, _FrontEndError) else _describe(got)))
                 continue
-            sig, key, bytecode = got
+            sig, key, bytecode, front_at = got
             cubin = _lookup_disk(ints, key) if ints.cache_dir else None
             if cubin is not None:
                 job.kernel.offer(sig, cubin, job.arch)
@@ -397,7 +401,8 @@ class CompilePool:
                     _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=cpu))
                 continue
-            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, cpu, entry, stop)
+            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, cpu, entry, stop,
+                            (*front_at, time.time()))
 
     def _front_ends(self, ints: _Internals, fronts: list[tuple[CompileJob, Any, Any, float, float]],
                     stop: threading.Event | None) -> Iterator[tuple[tuple[CompileJob, Any, Any, float, float], Any]]:
@@ -414,10 +419,11 @@ class CompilePool:
             # the rest, and whatever a child does not deliver, run here
             signed = [i for i in rest if fronts[i][1] is not None]
 
-            def compute(k: int) -> tuple[str, bytes]:
+            def compute(k: int) -> tuple[str, bytes, tuple[int, float, float]]:
                 i = signed[k]
+                t = time.time()
                 _, key, bytecode = self._bytecode(ints, fronts[i][0], fronts[i][1])
-                return key, bytecode
+                return key, bytecode, (os.getpid(), t, time.time())
 
             rest = [i for i in rest if fronts[i][1] is None]
             for d in forked.run_forked(len(signed), compute, procs, timeout_s=FORK_SILENCE_S, stop=stop):
@@ -436,8 +442,9 @@ class CompilePool:
                 yield front, None
                 continue
             c0 = time.thread_time()
+            t = time.time()
             try:
-                got: Any = self._bytecode(ints, front[0], front[1])
+                got: Any = (*self._bytecode(ints, front[0], front[1]), (os.getpid(), t, time.time()))
             except Exception as exc:  # noqa: BLE001 - reported as this job's compile error
                 got = exc
             job, sig, entry, t0, cpu = front
@@ -477,6 +484,18 @@ class CompilePool:
         key = ints.cache.cache_key(ints.compiler_version, job.arch, opt, bytecode, debug)
         return sig, key, bytecode
 
+    def _trace(self, job: CompileJob, front_at: tuple[int, float, float, float], asm_start: float,
+               asm_end: float, size: int) -> None:
+        """Append one job's timeline (wall-clock seconds) to :attr:`trace_path`: ``front`` where its front end
+        ran (pid, start, end), ``queued`` when its bytecode reached the assemblers, ``asm`` when its
+        ``tileiras`` ran. Diagnostics: a file that cannot be written is left alone."""
+        pid, f0, f1, queued = front_at
+        line = json.dumps({"tag": repr(job.tag), "front_pid": pid, "front": [f0, f1], "queued": queued,
+                           "asm": [asm_start, asm_end], "asm_thread": threading.current_thread().name,
+                           "bytecode": size, "pool_pid": os.getpid()})
+        with contextlib.suppress(OSError), _trace_lock, open(self.trace_path, "a") as f:  # type: ignore[arg-type]
+            f.write(line + "\n")
+
     def _assemble(
         self,
         ints: _Internals,
@@ -489,6 +508,7 @@ class CompilePool:
         front_cpu: float = 0.0,
         entry: Any = None,
         stop: threading.Event | None = None,
+        front_at: tuple[int, float, float, float] | None = None,
     ) -> None:
         if stop is not None and stop.is_set():  # queued, not started: left to whoever compiles it next
             out.put(CompileResult(job.tag, time.perf_counter() - t0, deferred=True, cpu_s=front_cpu))
@@ -500,11 +520,14 @@ class CompilePool:
                 src = Path(d) / "kernel.bytecode"
                 src.write_bytes(bytecode)
                 t_asm = time.perf_counter()
+                asm_at = time.time()
                 cubin_path = ints.comp.compile_cubin(
                     str(src), job.kernel._compiler_options, job.arch, timeout_sec=self.timeout_s
                 )
                 asm_s = time.perf_counter() - t_asm
                 cubin = Path(cubin_path).read_bytes()
+            if self.trace_path and front_at is not None:
+                self._trace(job, front_at, asm_at, asm_at + asm_s, len(bytecode))
             job.kernel.offer(sig, cubin, job.arch)
             if ints.cache_dir:
                 _writer.submit(functools.partial(_store_disk, ints, key, cubin, asm_s))
