@@ -415,6 +415,10 @@ def compile_trace_summary(jobs: Sequence[dict[str, Any]], call_at: float | None)
         "queue_wait_sum_s": r(sum(max(0.0, j["asm"][0] - j["queued"]) for j in jobs)),
         "front_procs": len(per_pid),
         "front_per_proc_max": max(per_pid.values()),
+        "tags": [j.get("tag") for j in jobs],
+        "pool_pids": sorted({j.get("pool_pid") for j in jobs}, key=str),
+        "front_at": [[r(j["front"][0] - base), r(j["front"][1] - base)] for j in jobs],
+        "asm_at": [r(j["asm"][0] - base) for j in jobs],
         "bytecode_bytes": [j.get("bytecode") for j in jobs],
         "asm_s": [r(b - a) for a, b in asms],
     }

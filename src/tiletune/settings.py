@@ -87,6 +87,9 @@ TILETUNE_FRONTEND_PROCS          count     unset      Forked processes that run 
                                                       several configs compile at once in a tuning worker
                                                       (1: in the worker); unset: as many as compile
                                                       processes.
+TILETUNE_COMPILE_TRACE           path      unset      A file to which compile pools append one JSON line per
+                                                      compiled config: when its front end and its
+                                                      assembler ran (diagnostics).
 TILETUNE_TIMER_BACKLOG_US        us        0          GPU spin queued before each tuning sample so a busy
                                                       host cannot leak into short kernels' samples (0:
                                                       off; the L2 flush alone covers the launch).
@@ -196,6 +199,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_PINS", "path", None, "pins file: fixed configs per op and key (tiletune.resolve.pins)"),
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
         Variable("TILETUNE_FRONTEND_PROCS", "count", None, "forked processes for cuTile's front end"),
+        Variable("TILETUNE_COMPILE_TRACE", "path", None, "JSON lines of each compile's front end and assembler times"),
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
         Variable("TILETUNE_FRONTEND_CACHE", "bool", True, "cubins keyed by kernel code, hints and signature"),
         Variable("TILETUNE_NEAREST_RACE", "count", 3, "neighbour configs raced on a new shape (1: the nearest only)"),
