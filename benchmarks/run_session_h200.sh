@@ -22,6 +22,9 @@
 # cold tuning speed, the patched HF models after waiting for background compiles, first forward (seed $SEED).
 # v (2026-12-06 evening) = the zygote-fork GPU tests (rewritten), fault space, cold tuning speed of matmul and
 # rmsnorm with each session's compile trace (TILETUNE_COMPILE_TRACE), the patched HF models decode first.
+# w (2026-12-06 night) = GPU tests (zygote fork, faults, compile pool), the compile order A/B (largest tiles first
+# against the space's order, tiletune side only, cold), fault space, cold tuning speed of matmul and rmsnorm;
+# x = the patched HF models (decode first) alone.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -172,6 +175,21 @@ v)
     > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
   (cd benchmarks && timeout ${HF_S:-150} python hf_patch.py --out $TSO --quick --phases decode,prefill --budget-s $(( ${HF_S:-150} - 25 )) \
     > $TSO/hf.log 2>&1; tail -2 $TSO/hf.log)
+  ;;
+w)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout 150 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote_fork.py tests/test_gpu_faults.py \
+    tests/test_gpu_compile_pool.py > $TSO/pytest_w.txt 2>&1; tail -3 $TSO/pytest_w.txt
+  (cd benchmarks && timeout ${AB_S:-130} python tuning_speed.py --order-ab --out $TSO --reps ${AB_REPS:-3} --kernels matmul \
+    > $TSO/ab.log 2>&1; tail -2 $TSO/ab.log)
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
+  (cd benchmarks && timeout ${TS_S:-200} python tuning_speed.py --out $TSO --reps ${REPS:-2} --kernels ${KERNELS:-matmul,rmsnorm} \
+    > $TSO/ts.log 2>&1; tail -3 $TSO/ts.log)
+  ;;
+x)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${HF_S:-300} python hf_patch.py --out $TSO --quick --phases decode,prefill --budget-s $(( ${HF_S:-300} - 25 )) \
+    > $TSO/hf.log 2>&1; tail -4 $TSO/hf.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \

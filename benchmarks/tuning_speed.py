@@ -46,6 +46,11 @@ so it can exceed the wall time) and ``outside_session_s`` (timed call minus the 
 
 ``--quick``: 1 repetition, kernels ``tilegym_matmul`` and ``rmsnorm`` (about 2 min on the H200;
 the full run about 6-7 min).
+
+``--order-ab``: instead, only the tiletune side, ``--reps`` times per kernel with
+``TILETUNE_COMPILE_ORDER=largest`` and ``given`` each (alternating which goes first), every run cold as
+above; writes ``compile_order_ab.json``: ``{"rows": [{"kernel", "largest_s", "given_s", "ratio", "runs"}]}``
+(medians; ``ratio`` = largest / given; each run keeps its compile-trace summary).
 """
 
 from __future__ import annotations
@@ -322,6 +327,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kernels", default=None, help="comma-separated subset of " + ",".join(KERNELS))
     ap.add_argument("--rounds", type=int, default=30, help="interleaved re-timing rounds (10 samples per config each)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one child process may take")
+    ap.add_argument("--order-ab", action="store_true",
+                    help="only tiletune, TILETUNE_COMPILE_ORDER=largest against given (compile_order_ab.json)")
     args = ap.parse_args(argv)
     if args.reps is None:
         args.reps = 1 if args.quick else 3
@@ -371,10 +378,10 @@ def run_timed(code: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
     raise RuntimeError(f"child printed no RESULT line:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
-def run_side(kernel: str, side: str, timeout: float) -> dict[str, Any]:
+def run_side(kernel: str, side: str, timeout: float, **extra: str) -> dict[str, Any]:
     if side == "exhaustive":  # no tiletune op is defined there: no worker starts
         return run_timed(SETUP[kernel] + EXHAUSTIVE, cold_env(TILETUNE_WORKER_PRESTART="0"), timeout)
-    env = cold_env()
+    env = cold_env(**extra)
     trace = Path(env["TILETUNE_DB"]).with_name("compile-trace.jsonl")
     env["TILETUNE_COMPILE_TRACE"] = str(trace)
     got = run_timed(SETUP[kernel] + TILETUNE, env, timeout)
@@ -471,9 +478,49 @@ def measure_kernel(kernel: str, reps: int, rounds: int, timeout: float) -> tuple
     return row, breakdown
 
 
+ORDERS = ("largest", "given")
+
+
+def order_ab(kernel: str, reps: int, timeout: float) -> dict[str, Any]:
+    """The tiletune side alone, cold, ``reps`` times under each ``TILETUNE_COMPILE_ORDER`` (alternating
+    which goes first): median seconds of each and their ratio (largest / given)."""
+    runs: list[dict[str, Any]] = []
+    for rep in range(reps):
+        for order in (ORDERS if rep % 2 == 0 else ORDERS[::-1]):
+            print(f"  {kernel} rep {rep}: compile order {order} ...", flush=True)
+            run: dict[str, Any] = {"rep": rep, "order": order}
+            try:
+                got = run_side(kernel, "tiletune", timeout, TILETUNE_COMPILE_ORDER=order)
+            except Exception as exc:  # noqa: BLE001 - one failing run must not lose the others
+                run["error"] = failure_fields(exc)["error"]
+                runs.append(run)
+                continue
+            run.update({"tiletune_s": got["wall_s"], "pick": got["pick"], "pick_us": got["pick_us"],
+                        "compile_trace": got.get("compile_trace"),
+                        "stats": {k: v for k, v in got.get("stats", {}).items() if k.startswith(("phase_", "ahead_"))
+                                  or k in ("session_clock_s", "outside_session_s", "worker_wait_s")}})
+            print(f"    {got['wall_s']:.2f} s", flush=True)
+            runs.append(run)
+    med = {o: median([r.get("tiletune_s") for r in runs if r["order"] == o]) for o in ORDERS}
+    ratio = med["largest"] / med["given"] if med["largest"] and med["given"] else None
+    return {"kernel": kernel, "largest_s": med["largest"], "given_s": med["given"], "ratio": ratio, "runs": runs}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     t0 = time.perf_counter()
+    if args.order_ab:
+        ab_rows = []
+        for kernel in args.kernels:
+            print(f"[{time.perf_counter() - t0:6.1f} s] {kernel} (compile order A/B)", flush=True)
+            ab_rows.append(order_ab(kernel, args.reps, args.timeout))
+            print(f"  largest {ab_rows[-1]['largest_s']} s, given {ab_rows[-1]['given_s']} s", flush=True)
+            write_result("compile_order_ab", {
+                "method": "tiletune side only, each run in a fresh process with empty caches (as tuning_speed_cold); "
+                          "TILETUNE_COMPILE_ORDER largest vs given, alternating which goes first; medians",
+                "reps": args.reps, "rows": ab_rows, "complete": len(ab_rows) == len(args.kernels),
+                "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        return
     rows, breakdown = [], {}
     for kernel in args.kernels:
         print(f"[{time.perf_counter() - t0:6.1f} s] {kernel}", flush=True)

@@ -315,6 +315,33 @@ def test_main_writes_after_every_kernel(monkeypatch, tmp_path):
     assert writes == [("tuning_speed_cold", ["rmsnorm"], False), ("tuning_speed_cold", ["rmsnorm", "matmul"], True)]
 
 
+def test_compile_order_ab_alternates_the_orders_and_takes_medians(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_side(kernel, side, timeout, **extra):
+        assert side == "tiletune"
+        calls.append(extra["TILETUNE_COMPILE_ORDER"])
+        if len(calls) == 3:
+            raise RuntimeError("child failed (1)")
+        wall = {"largest": 4.0, "given": 5.0}[extra["TILETUNE_COMPILE_ORDER"]] + len(calls) * 0.01
+        return {"wall_s": wall, "pick": {"TM": 128}, "pick_us": 100.0, "compile_trace": {"jobs": 32},
+                "stats": {"phase_compile_wall_s": 1.0, "samples": 5, "outside_session_s": 0.5}}
+
+    monkeypatch.setattr(ts, "run_side", fake_side)
+    writes = []
+    monkeypatch.setattr(ts, "write_result", lambda name, doc, out: writes.append((name, doc)))
+    ts.main(["--order-ab", "--kernels", "matmul", "--reps", "3", "--out", str(tmp_path)])
+    assert calls == ["largest", "given", "given", "largest", "largest", "given"]
+    (name, doc), = writes
+    (row,) = doc["rows"]
+    assert name == "compile_order_ab" and doc["complete"]
+    assert row["largest_s"] == pytest.approx(4.04) and row["given_s"] == pytest.approx((5.02 + 5.06) / 2)
+    assert row["ratio"] == pytest.approx(row["largest_s"] / row["given_s"])
+    assert "child failed" in row["runs"][2]["error"]
+    assert row["runs"][0]["stats"] == {"phase_compile_wall_s": 1.0, "outside_session_s": 0.5}
+    assert row["runs"][0]["compile_trace"] == {"jobs": 32}
+
+
 def test_frontend_cache_benchmark_measures_the_three_first_launches(tmp_path):
     """benchmarks/frontend_cache.py: real compiles for sm_90 on the host (no GPU): a cold compile, cuTile's
     disk-cache hit and tiletune's front-end hit, each in a fresh process; the entry is a record of cuTile's key."""

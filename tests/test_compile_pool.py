@@ -486,3 +486,56 @@ def test_no_compile_trace_unless_asked(fake, tmp_path, monkeypatch):
     assert pool.trace_path is None
     list(pool.compile_all(jobs(["a", "b"])))
     assert not list(tmp_path.glob("*.jsonl"))
+
+
+def _order_recorder(ints):
+    fronts, asms = [], []
+    front, asm = ints.comp.compile_tile, ints.comp.compile_cubin
+    ints.comp.compile_tile = lambda name, sigs, **kw: fronts.append(name) or front(name, sigs, **kw)
+    ints.comp.compile_cubin = lambda path, *a, **k: asms.append(Path(path).read_bytes().decode()) or asm(path, *a, **k)
+    return fronts, asms
+
+
+def tiled(shapes):
+    """Jobs whose launch arguments carry their tile sizes as integers (as a cuTile kernel's constants)."""
+    return [CompileJob(i, FakeKernel(n), ("tensor", *tile), "sm_90") for i, (n, tile) in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("order", ["largest", "given"])
+def test_the_biggest_tiles_compile_first_unless_told_otherwise(fake, monkeypatch, order):
+    """A session's slowest compiles (the biggest tiles) start first instead of making its tail;
+    TILETUNE_COMPILE_ORDER=given keeps the space's order."""
+    ints, _, _, _ = fake(delay=0.01)
+    fronts, asms = _order_recorder(ints)
+    monkeypatch.setenv("TILETUNE_COMPILE_ORDER", order)
+    shapes = [("s64", (64, 64, 32)), ("s256", (256, 128, 64)), ("s128a", (128, 128, 32)), ("s128b", (128, 128, 32))]
+    results = list(CompilePool(workers=1).compile_all(tiled(shapes)))
+    assert sorted(r.tag for r in results) == [0, 1, 2, 3] and all(r.error is None for r in results)
+    want = ["s256", "s128a", "s128b", "s64"] if order == "largest" else ["s64", "s256", "s128a", "s128b"]
+    assert fronts == want and asms == want
+
+
+def test_the_biggest_bytecode_waiting_gets_the_next_assembler(fake, monkeypatch):
+    """Among jobs whose bytecode waits for a free assembler (alike in tile size), the biggest goes first."""
+    ints, _, _, _ = fake(delay=0.15)
+    fronts, asms = _order_recorder(ints)
+    monkeypatch.delenv("TILETUNE_COMPILE_ORDER", raising=False)
+    names = ["first", "b", "dddd", "cc"]
+    list(CompilePool(workers=1).compile_all(tiled([(n, (64, 64)) for n in names])))
+    assert fronts == names  # one tile size: the given order
+    assert asms == ["first", "dddd", "cc", "b"]  # "first" had the assembler to itself; then by size
+
+
+def test_tile_volume_multiplies_the_integer_arguments_only():
+    job = CompileJob(0, FakeKernel("k"), ("tensor", 128, 64, True, 2.5, 0, -4), "sm_90")
+    assert compile_pool.tile_volume(job) == 128 * 64 * 1 * 4
+    assert compile_pool.tile_volume(CompileJob(0, FakeKernel("k"), ("t",), "sm_90")) == 1
+
+
+def test_an_invalid_compile_order_is_named_and_the_default_kept(monkeypatch):
+    from tiletune import settings
+
+    monkeypatch.setenv("TILETUNE_COMPILE_ORDER", "fastest")
+    with pytest.raises(ValueError, match="TILETUNE_COMPILE_ORDER='fastest'"):
+        settings.compile_order()
+    assert compile_pool._largest_first()

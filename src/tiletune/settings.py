@@ -90,6 +90,11 @@ TILETUNE_FRONTEND_PROCS          count     unset      Forked processes that run 
 TILETUNE_COMPILE_TRACE           path      unset      A file to which compile pools append one JSON line per
                                                       compiled config: when its front end and its
                                                       assembler ran (diagnostics).
+TILETUNE_COMPILE_ORDER           choice    largest    Which configs of a session compile first: ``largest``
+                                                      (the biggest tiles first, and the biggest bytecode
+                                                      first among those waiting for an assembler, so the
+                                                      slowest compiles do not start last) or ``given``
+                                                      (the space's order).
 TILETUNE_TIMER_BACKLOG_US        us        0          GPU spin queued before each tuning sample so a busy
                                                       host cannot leak into short kernels' samples (0:
                                                       off; the L2 flush alone covers the launch).
@@ -200,6 +205,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_COMPILE_WORKERS", "count", None, "compile processes per tuning session"),
         Variable("TILETUNE_FRONTEND_PROCS", "count", None, "forked processes for cuTile's front end"),
         Variable("TILETUNE_COMPILE_TRACE", "path", None, "JSON lines of each compile's front end and assembler times"),
+        Variable("TILETUNE_COMPILE_ORDER", "choice", "largest", "Compile the biggest tiles first, or in the space's order"),
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
         Variable("TILETUNE_FRONTEND_CACHE", "bool", True, "cubins keyed by kernel code, hints and signature"),
         Variable("TILETUNE_NEAREST_RACE", "count", 3, "neighbour configs raced on a new shape (1: the nearest only)"),
@@ -474,6 +480,20 @@ def compile_workers() -> int | None:
     return count("TILETUNE_COMPILE_WORKERS")
 
 
+COMPILE_ORDER_CHOICES = ("largest", "given")
+
+
+def compile_order() -> str:
+    """``TILETUNE_COMPILE_ORDER``: ``largest`` (default: longest compiles first) or ``given`` (the jobs' order)."""
+    raw = text("TILETUNE_COMPILE_ORDER")
+    if raw is None:
+        return "largest"
+    word = raw.lower()
+    if word not in COMPILE_ORDER_CHOICES:
+        raise ValueError(f"TILETUNE_COMPILE_ORDER={raw!r}: choose one of largest, given (or unset it)")
+    return word
+
+
 def compile_trace() -> str | None:
     """``TILETUNE_COMPILE_TRACE``: a file to which each compile pool appends one JSON line per compiled job
     (the process, when its front end and its assembler ran, and the bytecode's size), or None (unset)."""
@@ -541,6 +561,7 @@ _CHECKS = {
     "TILETUNE_COMPILE_WORKERS": compile_workers,
     "TILETUNE_FRONTEND_PROCS": frontend_procs,
     "TILETUNE_COMPILE_TRACE": compile_trace,
+    "TILETUNE_COMPILE_ORDER": compile_order,
     "TILETUNE_TIMER_BACKLOG_US": timer_backlog_us,
 }
 

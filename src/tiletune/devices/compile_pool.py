@@ -29,6 +29,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import heapq
+import itertools
 import json
 import os
 import queue
@@ -385,6 +387,19 @@ class CompilePool:
                 out.put(CompileResult(job.tag, 0.0, skipped=job.if_cached, deferred=not job.if_cached))
                 continue
             fronts.append((job, sig, entry, t0, time.thread_time() - c0))
+        largest = _largest_first()
+        if largest:  # the slowest compiles start first rather than make the session's tail
+            fronts.sort(key=lambda f: -tile_volume(f[0]))
+        # jobs waiting for an assembler: (-tile volume, -bytecode size, seq, _assemble's arguments)
+        waiting: list[tuple[int, int, int, tuple[Any, ...]]] = []
+        waiting_lock = threading.Lock()
+        seq = itertools.count()
+
+        def assemble_biggest() -> None:  # one per submitted job: the biggest one waiting goes first
+            with waiting_lock:
+                a = heapq.heappop(waiting)[-1]
+            self._assemble(*a)
+
         for (job, sig, entry, t0, cpu), got in self._front_ends(ints, fronts, stop):
             if got is None:  # stopped before its front end ran
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, deferred=True, cpu_s=cpu))
@@ -401,8 +416,13 @@ class CompilePool:
                     _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
                 out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=cpu))
                 continue
-            executor.submit(self._assemble, ints, job, sig, key, bytecode, t0, out, cpu, entry, stop,
-                            (*front_at, time.time()))
+            a = (ints, job, sig, key, bytecode, t0, out, cpu, entry, stop, (*front_at, time.time()))
+            if largest:
+                with waiting_lock:
+                    heapq.heappush(waiting, (-tile_volume(job), -len(bytecode), next(seq), a))
+                executor.submit(assemble_biggest)
+            else:
+                executor.submit(self._assemble, *a)
 
     def _front_ends(self, ints: _Internals, fronts: list[tuple[CompileJob, Any, Any, float, float]],
                     stop: threading.Event | None) -> Iterator[tuple[tuple[CompileJob, Any, Any, float, float], Any]]:
@@ -642,6 +662,26 @@ def compile_signature(kernel: Any, signature: Any, context: Any, arch: str) -> t
         if ints.cache_dir:
             _writer.submit(functools.partial(_store_disk, ints, key, cubin, asm_s))
     return cubin, symbol, key if ints.cache_dir else None
+
+
+def tile_volume(job: CompileJob) -> int:
+    """How big a job's tiles are, for ordering only: the product of its integer launch arguments (a cuTile
+    kernel's tile sizes are integer constants; the dimensions that every config of a session shares scale
+    every job alike). Bigger tiles unroll into more code for the assembler."""
+    v = 1
+    for a in job.args:
+        if isinstance(a, int) and not isinstance(a, bool):
+            v *= max(1, abs(a))
+    return v
+
+
+def _largest_first() -> bool:
+    from tiletune import settings
+
+    try:
+        return settings.compile_order() == "largest"
+    except ValueError:  # an invalid TILETUNE_COMPILE_ORDER (settings reports it): the default
+        return True
 
 
 def _store_disk_batch(items: list[tuple[Any, ...]]) -> None:
