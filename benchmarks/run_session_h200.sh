@@ -24,7 +24,8 @@
 # rmsnorm with each session's compile trace (TILETUNE_COMPILE_TRACE), the patched HF models decode first.
 # w (2026-12-06 night) = GPU tests (zygote fork, faults, compile pool), the compile order A/B (largest tiles first
 # against the space's order, tiletune side only, cold), fault space, cold tuning speed of matmul and rmsnorm;
-# x = the patched HF models (decode first) alone.
+# x = the patched HF models (decode first) alone; y = the timeline of cold misses (TILETUNE_COMPILE_TRACE marks:
+# the caller's sources and session, the worker's requests, the pool), tiletune side only, three kernels.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -190,6 +191,11 @@ x)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   (cd benchmarks && timeout ${HF_S:-300} python hf_patch.py --out $TSO --quick --phases decode,prefill --budget-s $(( ${HF_S:-300} - 25 )) \
     > $TSO/hf.log 2>&1; tail -4 $TSO/hf.log)
+  ;;
+y)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${AB_S:-200} python tuning_speed.py --order-ab --out $TSO --reps ${AB_REPS:-1} \
+    --kernels ${KERNELS:-rmsnorm,matmul,tilegym_matmul} > $TSO/ab.log 2>&1; tail -2 $TSO/ab.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \

@@ -386,19 +386,23 @@ def run_side(kernel: str, side: str, timeout: float, **extra: str) -> dict[str, 
     env["TILETUNE_COMPILE_TRACE"] = str(trace)
     got = run_timed(SETUP[kernel] + TILETUNE, env, timeout)
     if trace.exists():
-        jobs = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
-        got["compile_trace"] = compile_trace_summary(jobs, got.get("call_at"))
+        lines = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+        got["compile_trace"] = compile_trace_summary([x for x in lines if "front" in x], got.get("call_at"),
+                                                     [x for x in lines if "mark" in x])
     return got
 
 
-def compile_trace_summary(jobs: Sequence[dict[str, Any]], call_at: float | None) -> dict[str, Any]:
+def compile_trace_summary(jobs: Sequence[dict[str, Any]], call_at: float | None,
+                          marks: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Where a session's compiles spent their wall time, from ``TILETUNE_COMPILE_TRACE`` lines: seconds after
     the timed call began (``call_at``; else after the first front end) of the first front end's start, the
     last front end's end, the first and last assembler start and the last end; summed front-end and
     assembler seconds; the mean assemblers running at once while any ran; the longest assembler run; the
-    summed wait between a bytecode's arrival and its assembler's start; front ends per process."""
+    summed wait between a bytecode's arrival and its assembler's start; front ends per process; and the
+    timeline's marks (``tiletune.devices.timeline``: the miss, each source asked, the session's start,
+    its worker's requests, the pool's start...) as ``[name, seconds after the call, pid, details]``."""
     if not jobs:
-        return {"jobs": 0}
+        return {"jobs": 0, "marks": _marks(marks, call_at)}
     base = call_at if call_at is not None else min(j["front"][0] for j in jobs)
     fronts = [j["front"] for j in jobs]
     asms = [j["asm"] for j in jobs]
@@ -428,7 +432,19 @@ def compile_trace_summary(jobs: Sequence[dict[str, Any]], call_at: float | None)
         "asm_at": [r(j["asm"][0] - base) for j in jobs],
         "bytecode_bytes": [j.get("bytecode") for j in jobs],
         "asm_s": [r(b - a) for a, b in asms],
+        "marks": _marks(marks, base),
     }
+
+
+def _marks(marks: Sequence[dict[str, Any]], base: float | None) -> list[list[Any]]:
+    if not marks:
+        return []
+    base = base if base is not None else min(m["t"] for m in marks)
+    out = []
+    for m in sorted(marks, key=lambda m: m["t"]):
+        extra = {k: v for k, v in m.items() if k not in ("mark", "t", "pid")}
+        out.append([m["mark"], round(m["t"] - base, 4), m["pid"], extra])
+    return out
 
 
 def retime(kernel: str, picks: list[dict[str, Any]], rounds: int, timeout: float) -> dict[str, float]:

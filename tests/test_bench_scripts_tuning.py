@@ -152,8 +152,12 @@ def test_compile_trace_summary_spans_concurrency_and_waits():
     assert got["asm_mean_running"] == round(2.5 / 1.5, 3)
     assert got["queue_wait_sum_s"] == 0.3  # the second waited from 100.5 to 100.8
     assert got["bytecode_bytes"] == [10, 20, 30]
-    assert ts.compile_trace_summary([], 5.0) == {"jobs": 0}
+    assert ts.compile_trace_summary([], 5.0) == {"jobs": 0, "marks": []}
     assert ts.compile_trace_summary(jobs, None)["front_first_start"] == 0.0
+    marks = [{"mark": "session_start", "t": 100.05, "pid": 7, "op": "x"}, {"mark": "miss", "t": 100.01, "pid": 7}]
+    assert ts.compile_trace_summary(jobs, 100.0, marks)["marks"] == [["miss", 0.01, 7, {}],
+                                                                    ["session_start", 0.05, 7, {"op": "x"}]]
+    assert ts.compile_trace_summary([], 100.0, marks)["marks"][0] == ["miss", 0.01, 7, {}]
 
 
 def test_distinct_picks_once_each_in_order():

@@ -471,7 +471,7 @@ def test_compile_trace_records_each_jobs_front_end_and_assembler(fake, tmp_path,
     monkeypatch.setenv("TILETUNE_COMPILE_TRACE", str(trace))
     results = list(CompilePool(workers=2, fork_front_ends=fork).compile_all(jobs(["a", "b", "c", "d"])))
     assert all(r.error is None for r in results)
-    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    lines = [x for x in map(json.loads, trace.read_text().splitlines()) if "front" in x]  # marks aside
     assert sorted(x["tag"] for x in lines) == ["0", "1", "2", "3"]
     for x in lines:
         assert x["front"][0] <= x["front"][1] <= x["queued"] <= x["asm"][0] <= x["asm"][1]
@@ -539,3 +539,28 @@ def test_an_invalid_compile_order_is_named_and_the_default_kept(monkeypatch):
     with pytest.raises(ValueError, match="TILETUNE_COMPILE_ORDER='fastest'"):
         settings.compile_order()
     assert compile_pool._largest_first()
+
+
+def test_timeline_marks_the_pool_and_is_silent_unless_asked(fake, tmp_path, monkeypatch):
+    """TILETUNE_COMPILE_TRACE also gets the timeline's marks (the pool's start, its front ends ready),
+    wall-clock and with this process's pid; unset, nothing is written anywhere."""
+    import json
+
+    from tiletune.devices import timeline
+
+    fake(delay=0.01)
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("TILETUNE_COMPILE_TRACE", str(trace))
+    t0 = time.time()
+    list(CompilePool(workers=2).compile_all(jobs(["a", "b"])))
+    timeline.mark("custom", detail=3)
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    marks = [x for x in lines if "mark" in x]
+    assert [m["mark"] for m in marks] == ["pool_start", "fronts_ready", "custom"]
+    assert marks[0]["jobs"] == 2 and marks[1]["fronts"] == 2 and marks[2]["detail"] == 3
+    assert all(m["pid"] == os.getpid() and t0 <= m["t"] <= time.time() for m in marks)
+    assert len([x for x in lines if "front" in x]) == 2
+    monkeypatch.delenv("TILETUNE_COMPILE_TRACE")
+    trace.unlink()
+    timeline.mark("nothing")
+    assert not trace.exists()

@@ -45,7 +45,6 @@ from typing import Any, Hashable, Iterator, Sequence
 
 _compiling = 0  # compiles running on a launch path in this process (see compiling())
 _compiling_lock = threading.Lock()
-_trace_lock = threading.Lock()  # one line at a time in TILETUNE_COMPILE_TRACE
 
 
 @contextlib.contextmanager
@@ -356,8 +355,11 @@ class CompilePool:
         out: "queue.Queue[CompileResult]",
         stop: threading.Event | None = None,
     ) -> None:
+        from tiletune.devices import timeline
+
         ints = _get_internals()
         assert ints is not None
+        timeline.mark("pool_start", jobs=len(jobs))
         fronts: list[tuple[CompileJob, Any, Any, float, float]] = []  # jobs whose front end must run
         for job in jobs:
             if stop is not None and stop.is_set():
@@ -387,6 +389,7 @@ class CompilePool:
                 out.put(CompileResult(job.tag, 0.0, skipped=job.if_cached, deferred=not job.if_cached))
                 continue
             fronts.append((job, sig, entry, t0, time.thread_time() - c0))
+        timeline.mark("fronts_ready", fronts=len(fronts))
         largest = _largest_first()
         if largest:  # the slowest compiles start first rather than make the session's tail
             fronts.sort(key=lambda f: -tile_volume(f[0]))
@@ -510,11 +513,11 @@ class CompilePool:
         ran (pid, start, end), ``queued`` when its bytecode reached the assemblers, ``asm`` when its
         ``tileiras`` ran. Diagnostics: a file that cannot be written is left alone."""
         pid, f0, f1, queued = front_at
-        line = json.dumps({"tag": repr(job.tag), "front_pid": pid, "front": [f0, f1], "queued": queued,
-                           "asm": [asm_start, asm_end], "asm_thread": threading.current_thread().name,
-                           "bytecode": size, "pool_pid": os.getpid()})
-        with contextlib.suppress(OSError), _trace_lock, open(self.trace_path, "a") as f:  # type: ignore[arg-type]
-            f.write(line + "\n")
+        from tiletune.devices import timeline
+
+        timeline.append(self.trace_path, {  # type: ignore[arg-type]
+            "tag": repr(job.tag), "front_pid": pid, "front": [f0, f1], "queued": queued, "asm": [asm_start, asm_end],
+            "asm_thread": threading.current_thread().name, "bytecode": size, "pool_pid": os.getpid()})
 
     def _assemble(
         self,

@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from operator import itemgetter
 from typing import Any, Callable, Mapping, Sequence
 
+from tiletune.devices import timeline
 from tiletune.devices.backends.base import Backend, Launch, LaunchParts
 from tiletune.op.binding import positional_binder
 from tiletune.errors import TiletuneError
@@ -715,6 +716,7 @@ class TunedOp:
             launched = False
             tuned = None  # the tuning result of this miss (its install and first launch are timed into it)
             if cfg is None:
+                timeline.mark("miss", op=self.name)
                 problem = self.problem(args, key, plans=plans, policy=policy, capturing=capturing, disabled=disabled,
                                        may_fall_back=(fall_back and launch and not force and self.fallback is not None
                                                       and key not in self._fell_back))
@@ -748,6 +750,7 @@ class TunedOp:
                 else:
                     self._provisional.pop(key, None)
             t_install = time.perf_counter()
+            timeline.mark("install", op=self.name)
             entry = self._install(cfg, args, key, backend, dev)
             if pend is not None:
                 del self._pending[key]
@@ -757,6 +760,7 @@ class TunedOp:
             t_launch = time.perf_counter()
             if launch and not launched:
                 entry(args)
+            timeline.mark("launched", op=self.name)
             if tuned is not None and isinstance(tuned.stats, dict):
                 tuned.stats["install_s"] = round(t_launch - t_install, 4)  # the winner's launch prepared here
                 tuned.stats["first_launch_s"] = round(time.perf_counter() - t_launch, 4)  # enqueued, not run

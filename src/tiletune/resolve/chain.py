@@ -29,6 +29,7 @@ import time
 from dataclasses import replace
 from typing import Any, Sequence
 
+from tiletune.devices import timeline
 from tiletune import events
 from tiletune.errors import DatabaseError, TiletuneError
 from tiletune.resolve.attempt import Attempt, MissScope, Resolved, current_scope, miss_scope
@@ -126,6 +127,7 @@ class Chain:
         try:
             for source in self.sources:
                 attempt.visited.append(source.name)
+                timeline.mark("source", name=source.name)
                 choice = source.get(problem, attempt)
                 if choice is not None:
                     break

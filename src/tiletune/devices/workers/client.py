@@ -183,6 +183,9 @@ class WorkerProcess:
             self._ready.set()  # started or failed: waiters look at `alive`
 
     def _start(self) -> None:
+        from tiletune.devices import timeline
+
+        timeline.mark("worker_start", thread=threading.current_thread().name)
         self.kill()
         t0 = time.perf_counter()
         start_timeout = _start_timeout_s()  # an invalid TILETUNE_WORKER_START_TIMEOUT fails before anything starts

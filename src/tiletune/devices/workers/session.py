@@ -57,6 +57,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from tiletune.devices import timeline
 from tiletune.devices.backends.base import Backend, Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
 from tiletune import settings
 from tiletune.records import DeviceInfo, Status
@@ -235,10 +236,12 @@ class WorkerSession:
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
         if options.spare:  # before waiting for the worker: they start alongside a worker still starting
             worker.keep_spares(max(1, options.start_spares, len(worker.spares)))
+        timeline.mark("session_start", op=payload.get("name"))
         t = time.perf_counter()
         worker.lock.acquire()  # a worker started in the background (prestart) holds it until it is up
         try:
             worker.ensure()
+            timeline.mark("session_worker_ready")
             self.stats["worker_wait_s"] = round(time.perf_counter() - t, 4)
             self.stats["worker_forked"] = bool(getattr(worker, "forked", False))  # by the zygote, imports done
             self._gen0 = worker.generation
@@ -263,6 +266,7 @@ class WorkerSession:
         t_open = time.perf_counter()
         reply = w.request(dict(self.payload, op="open", session=self.sid), self.options.open_timeout_s)
         collect_shared()  # the worker has copied the arguments and released its views of their staging copies
+        timeline.mark("session_opened")
         if not reply.ok and w.forked and w.fork_ok:
             # a copy of the zygote could not load the plan (a module it holds differs from a fresh import):
             # workers of this op start from scratch from now on, and this one is retried that way, rather
@@ -464,6 +468,7 @@ class WorkerSession:
                     need_send = False
                     sent_gen = self.worker.generation
                     self._sent.update(in_flight)
+                    timeline.mark("session_compile_sent", n=len(batch))
                     self.worker.request(
                         {"op": "compile", "session": self.sid, "candidates": [self._wire(c) for c in batch]}, 30.0
                     )
@@ -572,6 +577,7 @@ class WorkerSession:
         """Close the worker-side session (the caller's tensors were never touched); the worker drops what
         it held of the session, then this process collects the CUDA memory it had shared
         (``shares_held`` in the stats: the worker's IPC views still alive after the close, 0 normally)."""
+        timeline.mark("session_finish")
         if self._ahead is not None:  # never compiled: nothing more of it is wanted
             self._ahead.finish(0.0)
             self._ahead = None

@@ -146,6 +146,7 @@ class Worker:
 
     # -- requests --------------------------------------------------------------------------
     def serve(self) -> None:
+        from tiletune.devices import timeline
         from tiletune.devices.workers.shipping import loads
 
         while True:
@@ -160,6 +161,7 @@ class Worker:
                 self.send({"id": rid, "ok": False, "error": f"cannot load request: {type(exc).__name__}: {exc}"})
                 continue
             op = msg.get("op")
+            timeline.mark("worker_recv", op=op)
             if op == "exit":  # release the caller's memory before answering: the caller collects then
                 self.send({"id": rid, "ok": True, "shares_held": self.release_all()})
                 return
@@ -184,6 +186,7 @@ class Worker:
             if _trace_enabled():
                 sys.stderr.write(f"tiletune worker: {op} -> {str(reply)[:300]}\n")
             self.send(reply)
+            timeline.mark("worker_reply", op=op)
             if reply.get("fatal"):
                 sys.stderr.write(f"tiletune worker: fatal: {reply.get('error')}\n")
                 sys.stderr.flush()
@@ -217,6 +220,9 @@ class Worker:
                 be = self.backends["cutile"] = CutileBackend()
                 be.torch.cuda.set_device(self.device_index)
                 be.torch.cuda.init()
+                from tiletune.devices import timeline
+
+                timeline.mark("worker_cuda_ready")
                 dev = f"cuda:{self.device_index}"
                 threading.Thread(target=_warm, args=(be.torch, dev), name="tiletune-worker-warm", daemon=True).start()
             return be
@@ -452,10 +458,13 @@ def warm_checks(torch: Any, device: str, dtypes: tuple[str, ...] = WARM_DTYPES) 
 def _warm(torch: Any, device: str) -> None:
     """A new worker's background warm-up, while it waits for its first session: the checking kernels
     (:func:`warm_checks`), then cuTile's compiler (:func:`_warm_compiler`)."""
+    from tiletune.devices import timeline
+
     try:
         warm_checks(torch, device)
     except Exception:  # noqa: BLE001 - best effort
         pass
+    timeline.mark("worker_checks_warm")
     _warm_compiler()
 
 
@@ -467,8 +476,11 @@ def _warm_compiler() -> None:
         from tiletune.devices.backends.cutile import prewarm
         from tiletune.devices.compile_pool import load_internals
 
+        from tiletune.devices import timeline
+
         prewarm()
         load_internals()
+        timeline.mark("worker_compiler_warm")
     except Exception:  # best effort: the first compile does this itself otherwise
         pass
 
@@ -511,12 +523,16 @@ def main() -> None:
         for p in json.loads(extra):
             if p not in sys.path:
                 sys.path.append(p)
+    from tiletune.devices import timeline
+
+    timeline.mark("worker_main")
     conn = Client(address, family="AF_UNIX", authkey=authkey)
     try:
         import torch.multiprocessing  # noqa: F401  (CUDA IPC rebuild functions)
     except ImportError:
         pass
     _preload(os.environ.get("TILETUNE_WORKER_PRELOAD"))
+    timeline.mark("worker_preloaded")
     Worker(conn).serve()
     sys.stdout.flush()
     sys.stderr.flush()
