@@ -25,7 +25,9 @@
 # w (2026-12-06 night) = GPU tests (zygote fork, faults, compile pool), the compile order A/B (largest tiles first
 # against the space's order, tiletune side only, cold), fault space, cold tuning speed of matmul and rmsnorm;
 # x = the patched HF models (decode first) alone; y = the timeline of cold misses (TILETUNE_COMPILE_TRACE marks:
-# the caller's sources and session, the worker's requests, the pool), tiletune side only, three kernels.
+# the caller's sources and session, the worker's requests, the pool), tiletune side only, three kernels;
+# z = after the zygote warms cuTile's compiler: cold tuning speed of the three kernels (with the timeline), the
+# zygote GPU tests, fault space.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -196,6 +198,14 @@ y)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   (cd benchmarks && timeout ${AB_S:-200} python tuning_speed.py --order-ab --out $TSO --reps ${AB_REPS:-1} \
     --kernels ${KERNELS:-rmsnorm,matmul,tilegym_matmul} > $TSO/ab.log 2>&1; tail -2 $TSO/ab.log)
+  ;;
+z)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-matmul,rmsnorm,tilegym_matmul} > $TSO/ts.log 2>&1; tail -4 $TSO/ts.log)
+  timeout 120 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote_fork.py tests/test_gpu_zygote.py \
+    > $TSO/pytest_z.txt 2>&1; tail -3 $TSO/pytest_z.txt
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \

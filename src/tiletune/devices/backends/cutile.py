@@ -407,11 +407,7 @@ def prewarm() -> None:
 
     def work() -> None:
         try:
-            from cuda.tile import _compile as comp
-            from cuda.tile._cext import default_tile_context
-
-            software_versions()
-            comp._get_max_supported_bytecode_version(default_tile_context.config.temp_dir)
+            warm_compiler()
         except Exception:  # best effort: the first call does this itself otherwise
             pass
 
@@ -424,6 +420,17 @@ def prewarm() -> None:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=before_fork)
     thread.start()
+
+
+def warm_compiler() -> None:
+    """Load cuTile's compiler and ask ``tileiras`` its version and bytecode level now, in this thread
+    (cuTile keeps both answers for the life of the process, and a process forked after this inherits
+    them); the toolchain's versions are recorded beside cuTile's cache (:func:`software_versions`)."""
+    from cuda.tile import _compile as comp
+    from cuda.tile._cext import default_tile_context
+
+    software_versions()
+    comp._get_max_supported_bytecode_version(default_tile_context.config.temp_dir)
 
 
 @functools.lru_cache(maxsize=1)

@@ -51,6 +51,11 @@ BASE_MODULES = (
 )
 
 
+#: The step after the imports that warms cuTile's compiler (:func:`Zygote.warm_compiler`); a name in
+#: ``TILETUNE_ZYGOTE_SKIP`` like a module's, should it ever make forking unsafe.
+COMPILER_STEP = "tiletune:compiler"
+
+
 def os_threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -134,6 +139,29 @@ class Zygote:
                 self.hazard, self.hazard_module = hazard, name
         return done, failed
 
+    def warm_compiler(self, failed: dict[str, str]) -> bool:
+        """Load cuTile's compiler, ask ``tileiras`` its version and bytecode level (subprocesses, ended
+        before this returns) and load the compile pool's internals, so that every worker forked from here
+        starts compiling at once instead of paying for them first (a few tenths of a second on each
+        worker's first compile). The toolchain's versions are recorded beside cuTile's cache on the way,
+        where the caller reads them instead of loading the compiler on its first miss. Skipped after a
+        hazard, or when named in the skip list (it made forking unsafe once: treated as a module that
+        did). True when it ran."""
+        if self.hazard or COMPILER_STEP in self.skip:
+            return False
+        try:
+            from tiletune.devices.backends.cutile import warm_compiler
+            from tiletune.devices.compile_pool import load_internals
+
+            warm_compiler()
+            load_internals()
+        except BaseException as exc:  # noqa: BLE001 - each worker does it itself then
+            failed[COMPILER_STEP] = f"{type(exc).__name__}: {exc}"[:300]
+        hazard = fork_hazards(self.allowed_threads)
+        if hazard:
+            self.hazard, self.hazard_module = hazard, COMPILER_STEP
+        return True
+
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         signal.set_wakeup_fd(self.wake_w)
@@ -141,7 +169,10 @@ class Zygote:
         t0 = time.perf_counter()
         extra = [m for m in os.environ.get("TILETUNE_ZYGOTE_IMPORTS", "").split(",") if m.strip()]
         done, failed = self.load(list(BASE_MODULES) + [m.strip() for m in extra])
-        self.emit({"event": "ready", "pid": os.getpid(), "import_s": round(time.perf_counter() - t0, 3),
+        t1 = time.perf_counter()
+        warmed = self.warm_compiler(failed)
+        self.emit({"event": "ready", "pid": os.getpid(), "import_s": round(t1 - t0, 3),
+                   "compiler_s": round(time.perf_counter() - t1, 3) if warmed else None,
                    "modules": done, "failed": failed, "hazard": self.hazard, "hazard_module": self.hazard_module})
         while True:
             self.reap()
