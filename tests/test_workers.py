@@ -512,3 +512,41 @@ def test_a_worker_start_does_not_read_the_toolchain_versions():
         assert w.ready and "pid" in w.info and "versions" not in w.info
     finally:
         w.close()
+
+
+class _StartingWorker:
+    """A worker that has not answered yet, forked by the zygote or started from scratch."""
+
+    def __init__(self, forked: bool) -> None:
+        self.ready, self.forked = False, forked
+
+
+class _AheadRecorder(FakeBackend):
+    def __init__(self) -> None:
+        super().__init__(model)
+        self.asked: list[int] = []
+
+    def compile_ahead(self, plan, args, configs, device_index, keep=False):
+        self.asked.append(len(configs))
+        return None
+
+
+def _plan(cfg, x, y):
+    return tt.Launch(good_kernel, (1,), (x, y))
+
+
+@pytest.mark.parametrize("forked,n,wanted", [(False, 32, True), (True, 4, True), (True, 5, False), (False, 2, True)])
+def test_the_caller_compiles_ahead_only_what_a_starting_worker_would_wait_for(monkeypatch, forked, n, wanted):
+    """A worker started from scratch takes seconds: the caller compiles every config meanwhile. One forked
+    by the zygote answers within a few tenths of a second and forks its front ends: the caller (front ends
+    one at a time) compiles ahead only a small space, else the worker would wait for its assemblies."""
+    from tiletune.devices.workers import session as session_mod
+
+    local = _AheadRecorder()
+    iso = IsolatedBackend(local, worker_spec=local, options=FAST)
+    monkeypatch.setattr(iso, "worker", lambda device_index: _StartingWorker(forked))
+    monkeypatch.setattr(session_mod, "WorkerSession", lambda worker, payload, options, ahead=None: "session")
+    got = iso.open_session(_plan, (torch.zeros(2), torch.zeros(2)), device_index=0, writes=(1,), reference=None,
+                           tolerance=None, name="t", ahead=[object()] * n)
+    assert got == "session"
+    assert local.asked == ([n] if wanted else [])

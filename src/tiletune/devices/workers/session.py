@@ -117,6 +117,10 @@ class IsolationOptions:
     reap_timeout_s: float = 30.0
     #: how long the first compile waits for the caller's compiles ahead still running (and their stores)
     ahead_wait_s: float = 10.0
+    #: most configs the caller compiles ahead for a worker forked by the zygote (up in a few tenths of a
+    #: second, its front ends spread over forked processes): the caller's front ends run one at a time, so
+    #: a bigger space would leave the worker waiting for the caller's assemblies instead of compiling
+    ahead_forked_max: int = 4
 
 
 class IsolatedBackend:
@@ -174,7 +178,9 @@ class IsolatedBackend:
         ``ahead``: configs the session will compile first (an exhaustive search: all of them). While
         the worker is not ready yet (starting), this process compiles them into cuTile's disk cache
         meanwhile, when the local backend can (``compile_ahead``): the worker's compiles then find them
-        there instead of starting only once it is up."""
+        there instead of starting only once it is up. Not for more than
+        :attr:`IsolationOptions.ahead_forked_max` configs when the worker was forked by the zygote (it is
+        about to answer)."""
         payload = {
             "backend": self.worker_spec,
             "plan": plan,
@@ -190,7 +196,8 @@ class IsolatedBackend:
         worker = self.worker(device_index)
         pre = None
         compile_ahead = getattr(self.local, "compile_ahead", None)
-        if ahead and compile_ahead is not None and not worker.ready:
+        if ahead and compile_ahead is not None and not worker.ready and not (
+                getattr(worker, "forked", False) and len(ahead) > self.options.ahead_forked_max):
             try:
                 pre = compile_ahead(plan, tuple(args), list(ahead), device_index)
             except Exception as exc:  # noqa: BLE001 - an optimisation: the worker compiles everything itself
