@@ -27,7 +27,8 @@
 # x = the patched HF models (decode first) alone; y = the timeline of cold misses (TILETUNE_COMPILE_TRACE marks:
 # the caller's sources and session, the worker's requests, the pool), tiletune side only, three kernels;
 # z = after the zygote warms cuTile's compiler: cold tuning speed of the three kernels (with the timeline), the
-# zygote GPU tests, fault space.
+# zygote GPU tests, fault space; zz = the fault space after the baseline-first checks, then cold tuning speed
+# of rmsnorm and matmul (one repetition each), for what device time is left.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -206,6 +207,12 @@ z)
   timeout 120 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_zygote_fork.py tests/test_gpu_zygote.py \
     > $TSO/pytest_z.txt 2>&1; tail -3 $TSO/pytest_z.txt
   (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
+  ;;
+zz)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 45 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
+  (cd benchmarks && timeout ${TS_S:-90} python tuning_speed.py --out $TSO --reps 1 --kernels rmsnorm,matmul \
+    > $TSO/ts.log 2>&1; tail -4 $TSO/ts.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \

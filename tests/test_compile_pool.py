@@ -564,3 +564,13 @@ def test_timeline_marks_the_pool_and_is_silent_unless_asked(fake, tmp_path, monk
     trace.unlink()
     timeline.mark("nothing")
     assert not trace.exists()
+
+
+def test_the_baseline_compiles_before_bigger_tiles(fake, monkeypatch):
+    ints, _, _, _ = fake(delay=0.01)
+    fronts, asms = _order_recorder(ints)
+    monkeypatch.delenv("TILETUNE_COMPILE_ORDER", raising=False)
+    js = tiled([("s64", (64, 64)), ("s256", (256, 256)), ("base", (32, 32)), ("s128", (128, 128))])
+    js[2] = CompileJob(2, js[2].kernel, js[2].args, "sm_90", first=True)
+    list(CompilePool(workers=1).compile_all(js))
+    assert fronts == ["base", "s256", "s128", "s64"] and asms == fronts

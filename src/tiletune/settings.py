@@ -90,7 +90,7 @@ TILETUNE_FRONTEND_PROCS          count     unset      Forked processes that run 
 TILETUNE_COMPILE_TRACE           path      unset      A file to which compile pools append one JSON line per
                                                       compiled config: when its front end and its
                                                       assembler ran (diagnostics).
-TILETUNE_COMPILE_ORDER           choice    largest    Which configs of a session compile first: ``largest``
+TILETUNE_COMPILE_ORDER           choice    largest    Which configs of a session compile first (after its baseline): ``largest``
                                                       (the biggest tiles first, and the biggest bytecode
                                                       first among those waiting for an assembler, so the
                                                       slowest compiles do not start last) or ``given``

@@ -91,6 +91,8 @@ class CompileJob:
     #: of Python per kernel, the cost a raced config or an "is it compiled?" question must not pay on a call's
     #: path), no ``tileiras``. cuTile's disk cache is not asked: its key is the front end's output
     if_cached: bool = False
+    #: compile before the others (the session's baseline, checked first: its time sets the watchdog's deadlines)
+    first: bool = False
 
 
 @dataclass(frozen=True)
@@ -392,9 +394,9 @@ class CompilePool:
         timeline.mark("fronts_ready", fronts=len(fronts))
         largest = _largest_first()
         if largest:  # the slowest compiles start first rather than make the session's tail
-            fronts.sort(key=lambda f: -tile_volume(f[0]))
-        # jobs waiting for an assembler: (-tile volume, -bytecode size, seq, _assemble's arguments)
-        waiting: list[tuple[int, int, int, tuple[Any, ...]]] = []
+            fronts.sort(key=lambda f: (not f[0].first, -tile_volume(f[0])))
+        # jobs waiting for an assembler: (not first, -tile volume, -bytecode size, seq, _assemble's arguments)
+        waiting: list[tuple[bool, int, int, int, tuple[Any, ...]]] = []
         waiting_lock = threading.Lock()
         seq = itertools.count()
 
@@ -422,7 +424,7 @@ class CompilePool:
             a = (ints, job, sig, key, bytecode, t0, out, cpu, entry, stop, (*front_at, time.time()))
             if largest:
                 with waiting_lock:
-                    heapq.heappush(waiting, (-tile_volume(job), -len(bytecode), next(seq), a))
+                    heapq.heappush(waiting, (not job.first, -tile_volume(job), -len(bytecode), next(seq), a))
                 executor.submit(assemble_biggest)
             else:
                 executor.submit(self._assemble, *a)

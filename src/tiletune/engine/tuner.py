@@ -292,8 +292,9 @@ def run_loop(
         else:
             to_compile.append(c)
 
-    # Phase 1: as candidates finish compiling, check them and take a first batch.
-    for outcome in session.compile(to_compile):
+    def take(outcome: Any) -> None:
+        """Phase 1 for one compiled candidate: check it and take its first batch."""
+        nonlocal finished
         st = states[outcome.candidate.order]
         st.compile_s = outcome.seconds
         finished += 1
@@ -303,10 +304,10 @@ def run_loop(
             _log_candidate(name, st)
             record(st)
             report(f"{st.cand.config} {outcome.status.value}")
-            continue
+            return
         if out_of_time() and (best_state() is not None or incumbent is not None):
             st.status, st.reason, st.done = Status.TIMEOUT, "tuning time budget exhausted", "failed"
-            continue
+            return
         check = session.check(st.cand)
         if check.status is not Status.OK:
             st.status, st.reason, st.done = check.status, check.reason, "failed"
@@ -314,7 +315,7 @@ def run_loop(
             _log_candidate(name, st)
             record(st)
             report(f"{st.cand.config} {check.status.value}")
-            continue
+            return
         earlier = resumed.get(st.cand.order)
         if earlier is not None and earlier.samples_us:
             st.add(earlier.samples_us)
@@ -325,6 +326,25 @@ def run_loop(
         judge(st)
         record(st)
         report(f"{st.cand.config} {st.summary.median:.2f} us" if st.summary else str(st.cand.config))
+
+    # Phase 1: as candidates finish compiling, check them and take a first batch. The baseline (the
+    # space's known-good config) goes first while nothing is timed yet: its time sets the watchdog's
+    # deadlines, so a config that never ends, met before it, would be waited for with the session's
+    # first, generous deadline; the others compiled meanwhile wait for it (they are checked right after).
+    base = next((c.order for c in to_compile if c.is_baseline), None)
+    held: list[Any] = []
+    for outcome in session.compile(to_compile):
+        if base is not None and outcome.candidate.order != base and best_state() is None and incumbent is None:
+            held.append(outcome)
+            continue
+        take(outcome)
+        if outcome.candidate.order == base:
+            base = None
+            for h in held:
+                take(h)
+            held.clear()
+    for h in held:  # the baseline never came (not compiled in this batch)
+        take(h)
 
     # Phase 2: race. Contenders get batches, fastest first, until every one has stopped.
     while not out_of_time():

@@ -245,7 +245,7 @@ class CutileSession:
                 yield CompileOutcome(c, Status.COMPILE_ERROR, 0.0, f"launch plan failed: {type(exc).__name__}: {exc}")
                 continue
             jobs.append(CompileJob(c.order, kernel, tuple(spec.args), self.backend.device_info(self.dev).arch,
-                                   keep=keep, if_cached=c.order in only_cached))
+                                   keep=keep, if_cached=c.order in only_cached, first=c.is_baseline))
         for r in self.pool.compile_all(jobs):
             if r.skipped:  # before the stats below: asking them loads the compiler
                 yield CompileOutcome(by_order[r.tag], Status.COMPILE_ERROR, r.seconds,  # type: ignore[index]
