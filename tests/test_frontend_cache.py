@@ -418,3 +418,33 @@ def test_candidates_have_their_own_folder_beside_the_cache(modules):
     assert cand.folder.parent == served.folder.parent
     assert cand.save(b"\x7fELF-cubin", "sym") and cand.load() == (b"\x7fELF-cubin", "sym")
     assert served.load() is None
+
+
+def test_the_toolchain_versions_are_read_once_while_two_threads_ask(monkeypatch):
+    """The prewarm thread and a first miss ask at once: one reads (cuTile's compiler, tileiras), the other
+    waits for that answer."""
+    import threading
+    import time as _time
+
+    from tiletune.devices import frontend_cache
+    from tiletune.devices.backends import cutile as backend
+
+    reads = []
+
+    def slow_read():
+        reads.append(threading.get_ident())
+        _time.sleep(0.2)
+        return {"cuda_tile": "1.7.0", "tileiras": "13.4.0"}
+
+    monkeypatch.setattr(frontend_cache, "stored_toolchain_versions", slow_read)
+    backend.software_versions.cache_clear()
+    try:
+        got = []
+        threads = [threading.Thread(target=lambda: got.append(backend.software_versions())) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(reads) == 1 and len(got) == 2 and got[0] == got[1] and got[0]["tileiras"] == "13.4.0"
+    finally:
+        backend.software_versions.cache_clear()

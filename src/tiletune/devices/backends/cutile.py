@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
@@ -399,7 +400,6 @@ def prewarm() -> None:
     ``os.fork()`` waits for the thread, so no child inherits the compiler's import half done.
     """
     global _prewarm_started
-    import threading
 
     if _prewarm_started or not settings.prewarm():
         return
@@ -433,13 +433,23 @@ def warm_compiler() -> None:
     comp._get_max_supported_bytecode_version(default_tile_context.config.temp_dir)
 
 
-@functools.lru_cache(maxsize=1)
+_versions_lock = threading.Lock()
+
+
 def software_versions() -> dict[str, str]:
     """Versions of cuda-tile, the tileiras assembler and the NVIDIA driver (``"unknown"`` if unreadable).
 
     The first two are read once per toolchain and recorded next to cuTile's cache
     (:func:`tiletune.devices.frontend_cache.stored_toolchain_versions`): asking ``tileiras`` imports cuTile's
-    compiler and starts a subprocess, which a process served from the caches would not otherwise pay."""
+    compiler and starts a subprocess, which a process served from the caches would not otherwise pay.
+    Read once per process: a thread that asks while another reads them (the prewarm thread and a first
+    miss) waits for that answer instead of reading them again."""
+    with _versions_lock:
+        return _software_versions()
+
+
+@functools.lru_cache(maxsize=1)
+def _software_versions() -> dict[str, str]:
     from tiletune.devices import frontend_cache
 
     try:
@@ -472,6 +482,9 @@ def software_versions() -> dict[str, str]:
     except Exception:  # noqa: BLE001 - best effort
         pass
     return out
+
+
+software_versions.cache_clear = _software_versions.cache_clear  # type: ignore[attr-defined]
 
 
 def driver_version() -> str:
