@@ -274,6 +274,18 @@ def text(name: str) -> str | None:
     return raw.strip()
 
 
+def choice(name: str, choices: tuple[str, ...]) -> str:
+    """The choice variable ``name``, lower-cased, one of ``choices`` (the first when unset); ValueError
+    naming the variable and its choices otherwise."""
+    raw = text(name)
+    if raw is None:
+        return choices[0]
+    word = raw.lower()
+    if word not in choices:
+        raise ValueError(f"{name}={raw!r}: choose one of {', '.join(choices)} (or unset it)")
+    return word
+
+
 def path(name: str) -> str | None:
     """The path variable ``name`` (as :func:`text`); ValueError when its ``~`` or ``~user`` names no
     home directory (the path could not be expanded)."""
@@ -390,13 +402,7 @@ ZYGOTE_START_CHOICES = ("fork", "spawn")
 def zygote_start() -> str:
     """``TILETUNE_ZYGOTE_START``: ``fork`` (default: the zygote is a fork of the process importing
     tiletune, where that is safe) or ``spawn`` (a fresh interpreter)."""
-    raw = text("TILETUNE_ZYGOTE_START")
-    if raw is None:
-        return "fork"
-    word = raw.strip().lower()
-    if word not in ZYGOTE_START_CHOICES:
-        raise ValueError(f"TILETUNE_ZYGOTE_START={raw!r}: choose one of fork, spawn (or unset it)")
-    return word
+    return choice("TILETUNE_ZYGOTE_START", ZYGOTE_START_CHOICES)
 
 
 SHIP_KERNELS_CHOICES = ("value", "reference")
@@ -405,13 +411,7 @@ SHIP_KERNELS_CHOICES = ("value", "reference")
 def ship_kernels() -> str:
     """``TILETUNE_SHIP_KERNELS``: ``value`` (default) or ``reference``: how a cuTile kernel reached while
     shipping a plan to a worker travels (:mod:`tiletune.devices.workers.shipping`)."""
-    raw = text("TILETUNE_SHIP_KERNELS")
-    if raw is None:
-        return "value"
-    word = raw.lower()
-    if word not in SHIP_KERNELS_CHOICES:
-        raise ValueError(f"TILETUNE_SHIP_KERNELS={raw!r}: choose one of value, reference (or unset it)")
-    return word
+    return choice("TILETUNE_SHIP_KERNELS", SHIP_KERNELS_CHOICES)
 
 
 def worker_start_timeout_s() -> float:
@@ -485,13 +485,7 @@ COMPILE_ORDER_CHOICES = ("largest", "given")
 
 def compile_order() -> str:
     """``TILETUNE_COMPILE_ORDER``: ``largest`` (default: longest compiles first) or ``given`` (the jobs' order)."""
-    raw = text("TILETUNE_COMPILE_ORDER")
-    if raw is None:
-        return "largest"
-    word = raw.lower()
-    if word not in COMPILE_ORDER_CHOICES:
-        raise ValueError(f"TILETUNE_COMPILE_ORDER={raw!r}: choose one of largest, given (or unset it)")
-    return word
+    return choice("TILETUNE_COMPILE_ORDER", COMPILE_ORDER_CHOICES)
 
 
 def compile_trace() -> str | None:
