@@ -281,29 +281,3 @@ def test_the_zygote_warms_cutiles_compiler_for_its_workers(fresh_zygote):
     finally:
         w.close(final=True)
 
-
-@pytest.mark.parametrize("fresh_zygote", ["fork"], indirect=True)
-def test_a_compiler_warm_up_that_makes_forking_unsafe_is_skipped_by_the_next_zygote(fresh_zygote, monkeypatch):
-    """The zygote forked from this process inherits the patched warm-up, which starts a thread: forks are
-    refused, the step is named as the hazard, and the next zygote (for the worker) skips it."""
-    import threading
-
-    from tiletune.devices.backends import cutile
-    from tiletune.devices.workers import zygote_main
-
-    monkeypatch.setattr(cutile, "warm_compiler",
-                        lambda: threading.Thread(target=time.sleep, args=(30,), daemon=True).start())
-    z = zmod.zygote()
-    _wait_ready(z)
-    if z.started_by != "fork":
-        pytest.skip(f"this process could not be forked ({z.fork_refused})")
-    assert "Python threads run" in z.hazard and z.hazard_module == zygote_main.COMPILER_STEP
-    w = WorkerProcess(FakeBackend(lambda c: 1.0), 0)
-    try:
-        w.start()
-        z2 = zmod._zygote
-        assert z2 is not z and zygote_main.COMPILER_STEP in z2.skip
-        assert w.alive and w.forked
-        assert z2.info.get("compiler_s") is None  # skipped
-    finally:
-        w.close(final=True)

@@ -296,3 +296,31 @@ def test_a_plan_a_forked_worker_cannot_load_is_tuned_in_a_worker_started_from_sc
     assert "zsmark" in got["imports"]
     assert got["isolation"] == "process" and got["retried"] is True and got["forked"] is False
     assert got["ok"] and got["winner"] == {"K": 0}
+
+
+def test_a_compiler_warm_up_that_makes_forking_unsafe_is_skipped_by_the_next_zygote():
+    """A fresh process (one Python thread: it can be forked) patches the zygote's compiler warm-up to start
+    a thread before its zygote forks from it: forks are refused with the step named as the hazard, and the
+    worker then gets a fresh zygote that skips the step and forks it."""
+    from tiletune.devices.workers import zygote_main
+
+    got = result(run("""
+        import threading
+        import torch
+        from tiletune.devices.backends import cutile, FakeBackend
+        from tiletune.devices.workers import zygote as zmod, WorkerProcess
+        cutile.warm_compiler = lambda: threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+        z = zmod.zygote()
+        ready(z)
+        w = WorkerProcess(FakeBackend(lambda c: 1.0), 0)
+        w.start()
+        z2 = zmod._zygote
+        print("RESULT " + json.dumps({"by": z.started_by, "refused": z.fork_refused, "hazard": z.hazard,
+              "module": z.hazard_module, "new": z2 is not z, "skip": sorted(z2.skip), "forked": w.forked,
+              "compiler_s": z2.info.get("compiler_s"), "ping": w.request({"op": "ping"}, 10).ok}))
+        w.close(final=True)
+    """, TILETUNE_WORKER_PRESTART="0", TILETUNE_ZYGOTE_START="fork"))
+    assert got["by"] == "fork", got["refused"]
+    assert "Python threads run" in got["hazard"] and got["module"] == zygote_main.COMPILER_STEP
+    assert got["new"] and zygote_main.COMPILER_STEP in got["skip"] and got["compiler_s"] is None
+    assert got["forked"] and got["ping"]
