@@ -28,7 +28,8 @@
 # the caller's sources and session, the worker's requests, the pool), tiletune side only, three kernels;
 # z = after the zygote warms cuTile's compiler: cold tuning speed of the three kernels (with the timeline), the
 # zygote GPU tests, fault space; zz = the fault space after the baseline-first checks, then cold tuning speed
-# of rmsnorm and matmul (one repetition each), for what device time is left.
+# of rmsnorm and matmul (one repetition each), for what device time is left; ab (2026-12-06 night) = a spawned
+# zygote's imports (importtime), fault space, cold tuning speed of the three kernels (1 repetition), first forward.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -213,6 +214,22 @@ zz)
   (cd benchmarks && timeout 45 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
   (cd benchmarks && timeout ${TS_S:-90} python tuning_speed.py --out $TSO --reps 1 --kernels rmsnorm,matmul \
     > $TSO/ts.log 2>&1; tail -4 $TSO/ts.log)
+  ;;
+ab)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  # what a spawned zygote pays: a fresh interpreter's imports, idle machine (python -X importtime)
+  for i in 1 2; do
+    s0=$EPOCHREALTIME; python -c pass; s1=$EPOCHREALTIME
+    TILETUNE_WORKER_ZYGOTE=off python -X importtime -c "import torch, torch.multiprocessing, cuda.tile
+import tiletune.devices.workers.worker_main, tiletune.devices.backends.cutile, tiletune.devices.verify
+import tiletune.devices.measure, tiletune.devices.compile_pool" 2> $TSO/importtime_$i.txt; s2=$EPOCHREALTIME
+    echo "importtime $i: bare python $(awk "BEGIN{print $s1-$s0}") s, zygote imports $(awk "BEGIN{print $s2-$s1}") s" | tee -a $TSO/importtime.log
+  done
+  (cd benchmarks && timeout 45 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
+  (cd benchmarks && timeout 150 python tuning_speed.py --out $TSO --reps 1 --kernels rmsnorm,matmul,tilegym_matmul \
+    > $TSO/ts.log 2>&1; tail -4 $TSO/ts.log)
+  (cd benchmarks && timeout ${FF_S:-230} python first_forward.py --out $TSO --shapes 6 --tuned-rows 1 --seed ${SEED:-21} \
+    --budget-s $(( ${FF_S:-230} - 30 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
