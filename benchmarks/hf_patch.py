@@ -128,6 +128,41 @@ def timed_compiled(fn: Callable[[], Any]) -> tuple[float, dict[str, Any]]:
     return ms, counts
 
 
+def profile_steps(fn: Callable[[], Any], steps: int = 20, top: int = 25) -> dict[str, Any]:
+    """Where one step's time goes: ``torch.profiler`` over ``steps`` calls (after a warm-up), per step:
+    the host's wall time, the GPU's summed kernel time, and the ``top`` operators by self CPU time
+    (name, calls per step, self and total CPU us per step, self GPU us per step)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t_host = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    host_s = time.perf_counter() - t_host  # enqueue only: the host's cost when the GPU keeps up
+    torch.cuda.synchronize()
+    sync_s = time.perf_counter() - t_host
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+
+    def dev(e: Any, attr: str) -> float:
+        v = getattr(e, attr.replace("cuda", "device"), None)
+        return float(v if v is not None else getattr(e, attr, 0.0) or 0.0)
+
+    events = prof.key_averages()
+    gpu_us = sum(dev(e, "self_cuda_time_total") for e in events)
+    ops = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {"steps": steps, "host_us_per_step": round(host_s / steps * 1e6, 1),
+            "synced_us_per_step": round(sync_s / steps * 1e6, 1), "gpu_us_per_step": round(gpu_us / steps, 1),
+            "top_self_cpu": [[e.key[:80], round(e.count / steps, 2), round(e.self_cpu_time_total / steps, 1),
+                              round(e.cpu_time_total / steps, 1), round(dev(e, "self_cuda_time_total") / steps, 1)]
+                             for e in ops]}
+
+
 def rel_err(got: Any, want: Any) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm())
 
@@ -188,8 +223,11 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
             return
         torch._dynamo.reset()
         try:
-            row[col], counts = timed_compiled(r.forward_with(torch.compile(model)))
+            fn = r.forward_with(torch.compile(model))
+            row[col], counts = timed_compiled(fn)
             prefix = col.removesuffix("_ms")
+            if args.profile:
+                row.setdefault("profile", {})[prefix] = profile_steps(fn)
             for key in ("graphs", "graph_breaks", "recompiles"):
                 row[f"{prefix}_{key}"] = counts[key]
             if counts["reasons"]:
@@ -202,6 +240,8 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
         r = Row(model, phase, bsz, seq, args.vocab)
         want = r.forward_with(model)().float()
         row["unpatched_eager_ms"] = bench_ms(r.forward_with(model))
+        if args.profile:
+            row.setdefault("profile", {})["unpatched_eager"] = profile_steps(r.forward_with(model))
         compiled("unpatched_compile_ms")
         report = tthf.apply_tiletune(model)
         try:
@@ -218,6 +258,8 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
             got = r.forward_with(model)().float()
             row["logits_rel_err"] = rel_err(got, want)
             row["patched_ms"] = bench_ms(r.forward_with(model))
+            if args.profile:
+                row.setdefault("profile", {})["patched"] = profile_steps(r.forward_with(model))
             compiled("patched_compile_ms")
         finally:
             report.revert()
@@ -262,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                         "when its compiled columns matter most under a tight budget)")
     p.add_argument("--budget-s", type=float, default=230.0,
                    help="past 60%% of this the compiled columns are skipped, past it the remaining rows")
+    p.add_argument("--profile", action="store_true",
+                   help="per column, torch.profiler over 20 steps: host and GPU us per step, top operators (key 'profile')")
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results" / "h200"))
     args = p.parse_args(argv)
 

@@ -29,7 +29,8 @@
 # z = after the zygote warms cuTile's compiler: cold tuning speed of the three kernels (with the timeline), the
 # zygote GPU tests, fault space; zz = the fault space after the baseline-first checks, then cold tuning speed
 # of rmsnorm and matmul (one repetition each), for what device time is left; ab (2026-12-06 night) = a spawned
-# zygote's imports (importtime), fault space, cold tuning speed of the three kernels (1 repetition), first forward.
+# zygote's imports (importtime), fault space, cold tuning speed of the three kernels (1 repetition), first forward;
+# ac = the patched HF models' decode under torch.compile with a torch.profiler profile of each column.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -230,6 +231,11 @@ import tiletune.devices.measure, tiletune.devices.compile_pool" 2> $TSO/importti
     > $TSO/ts.log 2>&1; tail -4 $TSO/ts.log)
   (cd benchmarks && timeout ${FF_S:-230} python first_forward.py --out $TSO --shapes 6 --tuned-rows 1 --seed ${SEED:-21} \
     --budget-s $(( ${FF_S:-230} - 30 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log)
+  ;;
+ac)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${HF_S:-300} python hf_patch.py --out $TSO --quick --phases decode --models ${MODELS:-llama,qwen2} \
+    --profile --budget-s $(( ${HF_S:-300} - 25 )) > $TSO/hf.log 2>&1; tail -3 $TSO/hf.log | cut -c1-600)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
