@@ -26,7 +26,10 @@ timing (first call, warm-up and ``do_bench``): ``X_graphs`` (graphs compiled), `
 and, where there were breaks, their reasons (``graph_break_reasons[X]``: reason -> count). The
 patched model should compile into as many graphs as the unpatched one, with no break and no
 recompilation (docs/COMPILE-TAX.md, "A patched Hugging Face model under torch.compile").
-``--budget-s`` bounds the run: past 60% of it the compiled columns are skipped, past it the rows.
+``fastcall_patched`` / ``fastcall_patched_compile``: :func:`tiletune.kernels.fastcall.report` after the patched
+eager / compiled timings (per op: recipes learnt, calls that ran the op's whole Python path, and why a
+signature kept that path). ``--profile`` adds, per column, ``torch.profiler`` figures of 20 steps (key
+``profile``). ``--budget-s`` bounds the run: past 60% of it the compiled columns are skipped, past it the rows.
 
 Usage (writes ``hf_patch.json`` under ``--out``, default ``$OUT`` or ``benchmarks/results/h200``)::
 
@@ -209,6 +212,7 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
 
     import tiletune
     import tiletune.kernels.hf as tthf
+    from tiletune.kernels import fastcall
 
     row: dict[str, Any] = {"model": name, "phase": phase, "batch": bsz, "seq": seq, "unpatched_eager_ms": None,
                            "unpatched_compile_ms": None, "patched_ms": None, "patched_compile_ms": None,
@@ -258,9 +262,11 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
             got = r.forward_with(model)().float()
             row["logits_rel_err"] = rel_err(got, want)
             row["patched_ms"] = bench_ms(r.forward_with(model))
+            row["fastcall_patched"] = fastcall.report()  # slow calls and refusals of the ops' recipes so far
             if args.profile:
                 row.setdefault("profile", {})["patched"] = profile_steps(r.forward_with(model))
             compiled("patched_compile_ms")
+            row["fastcall_patched_compile"] = fastcall.report()
         finally:
             report.revert()
         del r, want

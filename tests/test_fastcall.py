@@ -591,3 +591,45 @@ def test_direct_entry_replays_the_recipe_through_the_guard(monkeypatch):
         torch.testing.assert_close(op(x, w, 0.5), x * w * 0.5)
         torch.testing.assert_close(direct(x, w, 0.5), x * w * 0.5)
     assert built == [] and calls["slow"] == 2
+
+
+def test_report_counts_slow_calls_and_reasons_and_forgotten_constants_refuse():
+    be = FakeBackend(model, noise=0.0)
+    lens = fastcall.constant_tensor(torch.zeros(1))
+
+    def add(x, p, y):
+        y.copy_(x + p)
+
+    @tt.autotune(SPACE, reference=lambda x, p, y: x + p, writes=["y"], db=False, backend=be, progress=False,
+                 name="report_add")
+    def plan(cfg, x, p, y):
+        return tt.Launch(add, (cfg.TM,), (x, p, y))
+
+    @fastcall.fast_op()
+    def with_constant(x):
+        y = torch.empty(x.shape)
+        plan(x, lens, y)
+        return y
+
+    for _ in range(4):
+        with_constant(torch.randn(4))
+    row = fastcall.report()["with_constant"]
+    assert row["recipes"] == 1 and row["slow_calls"] == 2 and row["refused"] == {}
+    with_constant(torch.randn(4))
+    assert fastcall.report()["with_constant"]["slow_calls"] == 2  # replayed
+
+    @fastcall.fast_op()
+    def with_forgotten(x):
+        y = torch.empty(x.shape)
+        plan(x, gone, y)
+        return y
+
+    gone = fastcall.constant_tensor(torch.zeros(1))
+    fastcall.forget_constant(gone)
+    fastcall.forget_constant(torch.zeros(1))  # never registered: nothing happens
+    assert "copy or scratch" in _refusal(with_forgotten, lambda: torch.randn(4))
+    row = fastcall.report()["with_forgotten"]
+    assert row["recipes"] == 0 and row["slow_calls"] == 4
+    assert list(row["refused"].values()) == [1] and "copy or scratch" in next(iter(row["refused"]))
+    with_constant.fastcall.clear()
+    assert "with_constant" not in fastcall.report()

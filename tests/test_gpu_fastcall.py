@@ -80,6 +80,21 @@ def cases():
         k = qkv[..., 32 * 128: 40 * 128].view(1, 64, 8, 128)
         return q, k, cos, sin
 
+    def rope_decode_args():  # as Hugging Face's Llama passes them in decode: (B, H, 1, D) views, cos (B, 1, D)
+        q = rand(8, 1, 32 * 128).view(8, 1, 32, 128).transpose(1, 2)
+        k = rand(8, 1, 8 * 128).view(8, 1, 8, 128).transpose(1, 2)
+        half = rand(8, 1, 64)
+        return q, k, torch.cat((half.cos(), half.cos()), -1), torch.cat((half.sin(), half.sin()), -1), "bhsd"
+
+    def rope_decode_ref(a):
+        c, s_ = a[2].float().unsqueeze(1), a[3].float().unsqueeze(1)
+
+        def rot(x):
+            x = x.float()
+            return (x * c + torch.cat((-x[..., 64:], x[..., :64]), -1) * s_).to(BF)
+
+        return rot(a[0]), rot(a[1])
+
     def rope_check(args, got):
         q, k, _, _ = args
         assert got[0] is q and got[1] is k
@@ -106,11 +121,18 @@ def cases():
         ("attention", K.attention, lambda: (rand(1, 8, 128, 128), rand(1, 8, 128, 128), rand(1, 8, 128, 128), True),
          lambda a: F.scaled_dot_product_attention(a[0], a[1], a[2], is_causal=True), close(2e-2, 2e-2)),
         ("apply_rope_", K.apply_rope_, rope_args, None, rope_check),
+        # a decode step over a KV cache passed whole: the split-KV kernels with a lengths tensor the op makes
+        ("attention_decode", K.attention,
+         lambda: (rand(8, 32, 1, 128), rand(8, 8, 1024, 128), rand(8, 8, 1024, 128), False),
+         lambda a: F.scaled_dot_product_attention(a[0], a[1], a[2], enable_gqa=True), close(2e-2, 2e-2)),
+        ("apply_rope_decode", K.apply_rope_, rope_decode_args, rope_decode_ref,
+         lambda g, e: (close()(g[0], e[0]), close()(g[1], e[1]))),
     ]
 
 
 CASE_NAMES = ["rms_norm", "rms_norm_noweight", "rms_norm_residual", "layer_norm", "softmax", "swiglu", "geglu",
-              "cross_entropy", "matmul_linear", "matmul_m1", "attention", "apply_rope_"]
+              "cross_entropy", "matmul_linear", "matmul_m1", "attention", "apply_rope_", "attention_decode",
+              "apply_rope_decode"]
 
 
 @pytest.mark.parametrize("case_name", CASE_NAMES)
@@ -133,6 +155,12 @@ def test_recipe_replays_every_op(case_name):
         else:
             compare(got, ref(before))
     assert wrapper.recipes, f"{name}: no recipe; refusals: {wrapper.refusals}"
+    from tiletune.kernels import fastcall
+
+    slow = wrapper.slow_calls
+    fn(*make())
+    assert wrapper.slow_calls == slow, f"{name}: a call with a learnt signature ran the slow path"
+    assert fastcall.report()[wrapper.name]["recipes"] >= 1
     # the first replay compiles nothing (views passed by array interface reuse the tuned kernel)
     assert times[2] < 0.05, times
 

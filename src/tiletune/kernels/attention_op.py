@@ -27,7 +27,7 @@ from tiletune.kernels._attention_checks import (
     softmax_scale,
 )
 from tiletune.kernels.decode_attention_kernels import DECODE_MAX_Q
-from tiletune.kernels.decode_attention_op import prepare_decode
+from tiletune.kernels.decode_attention_op import full_lengths, prepare_decode
 from tiletune.kernels.library_op import LibraryOp
 from tiletune.kernels._membound import Prepared
 from tiletune.kernels._keys import ProblemKey, attention_problem_dict, dtype_name
@@ -199,7 +199,7 @@ def prepare_attention(q: Any, k: Any, v: Any, causal: bool, scale: float, sms: i
         # 0..i, so only the first Sq keys matter, where top-left and bottom-right alignment agree.
         if causal:
             k, v = k[:, :, :sq], v[:, :, :sq]
-        lens = torch.full((bsz,), k.shape[2], dtype=torch.int32, device=q.device)
+        lens = full_lengths(bsz, k.shape[2], q.device)
         return prepare_decode(q, k, v, lens, bool(causal), scale, sms=sms)
     q, k, v = aligned_operand(q), aligned_operand(k), aligned_operand(v)
     o = torch.empty((bsz, h, sq, d), dtype=q.dtype, device=q.device)

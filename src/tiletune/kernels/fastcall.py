@@ -47,7 +47,7 @@ from tiletune.op.hotpath import TYPESTR as _TYPESTR, CudaArrayView
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["CudaArrayView", "constant_tensor", "fast_op", "clear_recipes", "recipe_count", "custom_op_route"]
+__all__ = ["CudaArrayView", "constant_tensor", "forget_constant", "fast_op", "clear_recipes", "recipe_count", "report", "custom_op_route"]
 
 #: signatures per op kept at most (a model has a handful; a stream of new shapes must not grow memory)
 MAX_RECIPES = 1024
@@ -68,6 +68,12 @@ def constant_tensor(t: Any) -> Any:
     return t
 
 
+def forget_constant(t: Any) -> None:
+    """Stop treating ``t`` as a constant kernel argument (recipes learnt with it keep it alive and valid)."""
+    if _constants.get(id(t)) is t:
+        del _constants[id(t)]
+
+
 def clear_recipes() -> None:
     """Forget every learnt recipe (a tuned op's choice changed)."""
     for w in _wrappers:
@@ -77,6 +83,27 @@ def clear_recipes() -> None:
 def recipe_count() -> int:
     """Recipes learnt so far, over every wrapped op."""
     return sum(len(w.recipes) for w in _wrappers)
+
+
+def report() -> dict[str, dict[str, Any]]:
+    """Per wrapped op that has been called: ``recipes`` learnt, ``slow_calls`` (calls that ran the function
+    itself since the recipes were last cleared) and ``refused`` (why signatures keep the slow path:
+    reason -> signatures). A model whose ops show slow calls in steady state pays the whole Python path of
+    those ops on every call; the reasons say what to change."""
+    out: dict[str, dict[str, Any]] = {}
+    for w in _wrappers:
+        with w._lock:
+            if not (w.recipes or w.slow_calls or w.refusals):
+                continue
+            reasons: dict[str, int] = {}
+            for why in w.refusals.values():
+                reasons[why] = reasons.get(why, 0) + 1
+            row = out.setdefault(w.name, {"recipes": 0, "slow_calls": 0, "refused": {}})
+            row["recipes"] += len(w.recipes)
+            row["slow_calls"] += w.slow_calls
+            for why, n in reasons.items():
+                row["refused"][why] = row["refused"].get(why, 0) + n
+    return out
 
 
 events.subscribe("changed", lambda **_: clear_recipes())
@@ -118,6 +145,8 @@ class _FastOp:
         self.guards: GuardTable[Callable[[tuple[Any, ...]], Any]] = GuardTable()
         self.attempts: dict[tuple, int] = {}
         self.refusals: dict[tuple, str] = {}
+        #: calls that ran ``fn`` itself since the last :meth:`clear` (:func:`report`)
+        self.slow_calls = 0
         self._lock = threading.Lock()
         _wrappers.append(self)
 
@@ -127,9 +156,11 @@ class _FastOp:
             self.guards.clear()
             self.attempts.clear()
             self.refusals.clear()
+            self.slow_calls = 0
 
     # the slow path: run the function, record its launches, learn a recipe when the call allows one
     def slow(self, args: tuple[Any, ...], sig: tuple | None) -> Any:
+        self.slow_calls += 1  # unlocked: a statistic, a lost increment under threads is harmless
         if (not self.learn or sig is None or self.attempts.get(sig, 0) >= MAX_ATTEMPTS
                 or len(self.recipes) >= MAX_RECIPES):
             return self.fn(*args)
