@@ -31,7 +31,8 @@
 # of rmsnorm and matmul (one repetition each), for what device time is left; ab (2026-12-06 night) = a spawned
 # zygote's imports (importtime), fault space, cold tuning speed of the three kernels (1 repetition), first forward;
 # ac = the patched HF models' decode under torch.compile with a torch.profiler profile of each column;
-# ad = the recipe GPU tests (decode attention and Hugging Face's RoPE added), then ac with the recipes' report.
+# ad = the recipe GPU tests (decode attention and Hugging Face's RoPE added), then ac with the recipes' report;
+# ae = first forward of one prefill and one decode shape (Llama), profiled.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -243,6 +244,11 @@ ad)
   timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_fastcall.py > $TSO/pytest_ad.txt 2>&1; tail -4 $TSO/pytest_ad.txt
   (cd benchmarks && timeout ${HF_S:-200} python hf_patch.py --out $TSO --quick --phases decode --models ${MODELS:-llama,qwen2} \
     --profile --budget-s $(( ${HF_S:-200} - 25 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  ;;
+ae)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${FF_S:-150} python first_forward.py --out $TSO --shapes 2 --tuned-rows 0 --models llama3-8b \
+    --profile --seed ${SEED:-22} --budget-s $(( ${FF_S:-150} - 30 )) > $TSO/ffp.log 2>&1; tail -1 $TSO/ffp.log | cut -c1-300)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
