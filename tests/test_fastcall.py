@@ -614,7 +614,7 @@ def test_report_counts_slow_calls_and_reasons_and_forgotten_constants_refuse():
     for _ in range(4):
         with_constant(torch.randn(4))
     row = fastcall.report()["with_constant"]
-    assert row["recipes"] == 1 and row["slow_calls"] == 2 and row["refused"] == {}
+    assert row["recipes"] == 1 and row["slow_calls"] == 2 and row["refused"] == {} and row["guard_misses"] == 1
     with_constant(torch.randn(4))
     assert fastcall.report()["with_constant"]["slow_calls"] == 2  # replayed
 

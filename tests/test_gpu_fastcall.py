@@ -157,9 +157,10 @@ def test_recipe_replays_every_op(case_name):
     assert wrapper.recipes, f"{name}: no recipe; refusals: {wrapper.refusals}"
     from tiletune.kernels import fastcall
 
-    slow = wrapper.slow_calls
+    slow, misses = wrapper.slow_calls, wrapper.guard_misses
     fn(*make())
     assert wrapper.slow_calls == slow, f"{name}: a call with a learnt signature ran the slow path"
+    assert wrapper.guard_misses == misses, f"{name}: no remembered guard passed a call of a replayed signature"
     assert fastcall.report()[wrapper.name]["recipes"] >= 1
     # the first replay compiles nothing (views passed by array interface reuse the tuned kernel)
     assert times[2] < 0.05, times

@@ -87,20 +87,22 @@ def recipe_count() -> int:
 
 def report() -> dict[str, dict[str, Any]]:
     """Per wrapped op that has been called: ``recipes`` learnt, ``slow_calls`` (calls that ran the function
-    itself since the recipes were last cleared) and ``refused`` (why signatures keep the slow path:
+    itself since the recipes were last cleared), ``guard_misses`` (replays that built the call's signature
+    because no remembered guard passed: a few per signature, not one per call) and ``refused`` (why signatures keep the slow path:
     reason -> signatures). A model whose ops show slow calls in steady state pays the whole Python path of
     those ops on every call; the reasons say what to change."""
     out: dict[str, dict[str, Any]] = {}
     for w in _wrappers:
         with w._lock:
-            if not (w.recipes or w.slow_calls or w.refusals):
+            if not (w.recipes or w.slow_calls or w.refusals or w.guard_misses):
                 continue
             reasons: dict[str, int] = {}
             for why in w.refusals.values():
                 reasons[why] = reasons.get(why, 0) + 1
-            row = out.setdefault(w.name, {"recipes": 0, "slow_calls": 0, "refused": {}})
+            row = out.setdefault(w.name, {"recipes": 0, "slow_calls": 0, "guard_misses": 0, "refused": {}})
             row["recipes"] += len(w.recipes)
             row["slow_calls"] += w.slow_calls
+            row["guard_misses"] += w.guard_misses
             for why, n in reasons.items():
                 row["refused"][why] = row["refused"].get(why, 0) + n
     return out
@@ -145,8 +147,10 @@ class _FastOp:
         self.guards: GuardTable[Callable[[tuple[Any, ...]], Any]] = GuardTable()
         self.attempts: dict[tuple, int] = {}
         self.refusals: dict[tuple, str] = {}
-        #: calls that ran ``fn`` itself since the last :meth:`clear` (:func:`report`)
+        #: calls that ran ``fn`` itself, and calls replayed after their signature was built because no guard
+        #: passed, since the last :meth:`clear` (:func:`report`)
         self.slow_calls = 0
+        self.guard_misses = 0
         self._lock = threading.Lock()
         _wrappers.append(self)
 
@@ -157,6 +161,7 @@ class _FastOp:
             self.attempts.clear()
             self.refusals.clear()
             self.slow_calls = 0
+            self.guard_misses = 0
 
     # the slow path: run the function, record its launches, learn a recipe when the call allows one
     def slow(self, args: tuple[Any, ...], sig: tuple | None) -> Any:
@@ -183,6 +188,7 @@ class _FastOp:
 
     def remember(self, sig: tuple, args: tuple[Any, ...], recipe: Callable[[tuple[Any, ...]], Any]) -> None:
         """Make ``sig``'s guard the first one its selector tries (recipes change under ``self._lock``)."""
+        self.guard_misses += 1
         self.guards.remember_current(sig, args, _by_value, recipe, self.recipes, self._lock)
 
 
