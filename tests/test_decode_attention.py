@@ -1075,3 +1075,26 @@ def test_decoder_layer_models_set_the_layer_shapes(monkeypatch):
     assert cos_qwen.shape == cos_llama.shape == (64, 128) and not torch.equal(cos_qwen, cos_llama)  # the base
     with pytest.raises(ValueError, match="unknown model"):
         dl.use_model("gpt-9")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("ns", [1, 3])
+def test_references_in_bounded_runs_of_sequences_match_one_pass(monkeypatch, causal, ns):
+    """The split references read the caches in runs of consecutive sequences of bounded size: runs of one
+    sequence (the smallest budget) give what one pass over all of them gives, with lengths that make
+    several groups, non-consecutive members and a sequence longer than the capacity."""
+    g = torch.Generator().manual_seed(3)
+    bsz, hkv, grp, sq, d, cap = 6, 2, 2, 2, 16, 700
+    q5 = torch.randn(bsz, hkv, grp, sq, d, generator=g).to(torch.bfloat16)
+    k = torch.randn(bsz, hkv, cap, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(bsz, hkv, cap, d, generator=g).to(torch.bfloat16)
+    lens = torch.tensor([300, 9, 300, 300, 800, 9], dtype=torch.int32)
+    whole = dop._split_attention(q5, k, v, lens, ns, causal, 0.125)
+    assert dop._member_slices([0, 2, 3, 5], 1) == [[0], [2, 3], [5]]
+    monkeypatch.setattr(dop, "REFERENCE_CHUNK_BYTES", 1)
+    assert dop._member_slices([0, 2, 3, 5], 1) == [[0], [2], [3], [5]]
+    runs = dop._split_attention(q5, k, v, lens, ns, causal, 0.125)
+    for a, b in zip(whole, runs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    # a row with keys: a finite log-sum-exp; every sequence's first split sees keys
+    assert torch.isfinite(whole[1].reshape(bsz, hkv, ns, grp, sq)[:, :, 0]).all()

@@ -633,3 +633,26 @@ def test_report_counts_slow_calls_and_reasons_and_forgotten_constants_refuse():
     assert list(row["refused"].values()) == [1] and "copy or scratch" in next(iter(row["refused"]))
     with_constant.fastcall.clear()
     assert "with_constant" not in fastcall.report()
+
+
+def test_calls_before_the_keys_settle_use_up_no_attempt(monkeypatch):
+    """Keys served for a while without a settled config (an op's torch fallback while its configs compile
+    in the background) must not leave the signature on the slow path for good once they settle."""
+    be = FakeBackend(model, noise=0.0)
+    scale, plan, calls = make_library(be)
+    real = plan.settled
+    state = {"n": 0}
+
+    def settled(key):
+        state["n"] += 1
+        return None if state["n"] <= fastcall.MAX_ATTEMPTS + 2 else real(key)
+
+    monkeypatch.setattr(plan, "settled", settled)
+    w = torch.randn(8)
+    for _ in range(fastcall.MAX_ATTEMPTS + 5):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(scale(x, w, 0.5), x * w * 0.5)
+    assert len(scale.fastcall.recipes) == 1, scale.fastcall.refusals
+    n = calls["slow"]
+    scale(torch.randn(4, 8), w, 0.5)
+    assert calls["slow"] == n

@@ -167,10 +167,30 @@ def decode_combine_plan(cfg: Any, po: Any, pl: Any, o: Any) -> Launch:
 # --------------------------------------------------------------------------------------------
 
 
+#: float32 bytes of keys and values one step of the references converts at most: a long cache is checked in
+#: slices of its sequences, so a check allocates (and maps) a few hundred MB, not several copies of the cache
+REFERENCE_CHUNK_BYTES = 256 << 20
+
+
+def _member_slices(members: list[int], per_member_bytes: int) -> list[list[int]]:
+    """``members`` (increasing batch rows) in runs of consecutive rows of at most
+    :data:`REFERENCE_CHUNK_BYTES` (at least one row each)."""
+    most = max(1, REFERENCE_CHUNK_BYTES // max(1, per_member_bytes))
+    runs: list[list[int]] = []
+    for b in members:
+        if runs and len(runs[-1]) < most and runs[-1][-1] == b - 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
+
+
 def _split_attention(q5: Any, k: Any, v: Any, lens: Any, ns: int, causal: bool,
                      qk_scale_log2: float) -> tuple[Any, Any]:
     """``(o, lse)`` of every split, float32 on ``q5``'s device: ``(B * Hkv * ns, G, Sq, D)`` and
-    ``(B * Hkv * ns, G, Sq)`` (the partial kernel's layout)."""
+    ``(B * Hkv * ns, G, Sq)`` (the partial kernel's layout). Sequences of one length share the arithmetic,
+    in runs of consecutive batch rows of bounded size (:data:`REFERENCE_CHUNK_BYTES`), each read as a view
+    of the caches."""
     import torch
 
     bsz, hkv, g, sq, d = q5.shape
@@ -181,34 +201,37 @@ def _split_attention(q5: Any, k: Any, v: Any, lens: Any, ns: int, causal: bool,
     lens_l = [min(max(int(x), 1), cap) for x in lens.reshape(-1).tolist()]
     qi = torch.arange(rows, device=q5.device) % sq
     groups: dict[int, list[int]] = {}
-    for b, n in enumerate(lens_l):  # sequences of one length share the arithmetic: one batch of work each
+    for b, n in enumerate(lens_l):
         groups.setdefault(n, []).append(b)
     for n, members in groups.items():
         per = -(-(-(-n // GRANULE)) // ns) * GRANULE
         width = ns * per
-        idx = torch.tensor(members, device=q5.device)
-        nb = len(members)
-        qf = q5.index_select(0, idx).float().reshape(nb, hkv, rows, d)
-        kf = k.index_select(0, idx)[:, :, :n].float()
-        vf = v.index_select(0, idx)[:, :, :n].float()
-        s = (qf @ kf.transpose(-1, -2)) * float(qk_scale_log2)  # (nb, Hkv, rows, n), base-2 units
         j = torch.arange(n, device=q5.device)
-        if causal:
-            s = s.masked_fill(~(j[None, :] <= (n - sq + qi)[:, None]), _NEG_INF)
-        s = torch.nn.functional.pad(s, (0, width - n), value=_NEG_INF).reshape(nb, hkv, rows, ns, per)
-        vp = torch.nn.functional.pad(vf, (0, 0, 0, width - n)).reshape(nb, hkv, ns, per, d)
-        m = s.amax(dim=-1)  # (nb, Hkv, rows, ns)
-        m_use = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-        p = torch.exp2(s - m_use[..., None])
-        lsum = p.sum(dim=-1)
-        o = torch.einsum("bhrsp,bhspd->bhrsd", p, vp)
-        seen = lsum > 0
-        o = o / torch.where(seen, lsum, torch.ones_like(lsum))[..., None]
-        lse = torch.where(seen, m + torch.log2(torch.where(seen, lsum, torch.ones_like(lsum))),
-                          torch.full_like(m, _NEG_INF))
-        rows_of = (idx[:, None] * (hkv * ns) + torch.arange(hkv * ns, device=q5.device)[None, :]).reshape(-1)
-        out_o[rows_of] = o.permute(0, 1, 3, 2, 4).reshape(nb * hkv * ns, g, sq, d)
-        out_l[rows_of] = lse.permute(0, 1, 3, 2).reshape(nb * hkv * ns, g, sq)
+        for run in _member_slices(members, 2 * hkv * width * d * 4):
+            b0, nb = run[0], len(run)
+            qf = q5[b0:b0 + nb].float().reshape(nb, hkv, rows, d)
+            kf = k[b0:b0 + nb, :, :n].float()
+            s = (qf @ kf.transpose(-1, -2)) * float(qk_scale_log2)  # (nb, Hkv, rows, n), base-2 units
+            del kf
+            if causal:
+                s = s.masked_fill(~(j[None, :] <= (n - sq + qi)[:, None]), _NEG_INF)
+            s = torch.nn.functional.pad(s, (0, width - n), value=_NEG_INF).reshape(nb, hkv, rows, ns, per)
+            vp = torch.zeros((nb, hkv, width, d), dtype=torch.float32, device=q5.device)
+            vp[:, :, :n] = v[b0:b0 + nb, :, :n]
+            vp = vp.reshape(nb, hkv, ns, per, d)
+            m = s.amax(dim=-1)  # (nb, Hkv, rows, ns)
+            m_use = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+            p = torch.exp2(s - m_use[..., None])
+            lsum = p.sum(dim=-1)
+            o = torch.einsum("bhrsp,bhspd->bhrsd", p, vp)
+            del p, vp
+            seen = lsum > 0
+            o = o / torch.where(seen, lsum, torch.ones_like(lsum))[..., None]
+            lse = torch.where(seen, m + torch.log2(torch.where(seen, lsum, torch.ones_like(lsum))),
+                              torch.full_like(m, _NEG_INF))
+            lo, hi = b0 * hkv * ns, (b0 + nb) * hkv * ns  # the run's rows: consecutive sequences
+            out_o[lo:hi] = o.permute(0, 1, 3, 2, 4).reshape(nb * hkv * ns, g, sq, d)
+            out_l[lo:hi] = lse.permute(0, 1, 3, 2).reshape(nb * hkv * ns, g, sq)
     return out_o, out_l
 
 

@@ -51,7 +51,8 @@ __all__ = ["CudaArrayView", "constant_tensor", "forget_constant", "fast_op", "cl
 
 #: signatures per op kept at most (a model has a handful; a stream of new shapes must not grow memory)
 MAX_RECIPES = 1024
-#: attempts to learn a signature's recipe before it stays on the slow path
+#: attempts to learn a signature's recipe before it stays on the slow path (a call whose keys had no settled
+#: config yet, such as one served by an op's fallback while its configs compile, does not count)
 MAX_ATTEMPTS = 3
 #: tuned-op launches one recipe replays at most
 MAX_LAUNCHES = 4
@@ -131,6 +132,11 @@ class _Refused(Exception):
     """The recorded call cannot be replayed as a recipe (the message says why)."""
 
 
+class _NotSettled(_Refused):
+    """A recorded launch's key had no settled config yet (a tuning call, a first call, a key served by its torch
+    fallback while its configs compile, a capture): a later call may learn, so no attempt is used up."""
+
+
 class _FastOp:
     def __init__(self, fn: Callable[..., Any], route: Callable[..., Any] | None,
                  precheck: Callable[..., bool] | None) -> None:
@@ -182,6 +188,8 @@ class _FastOp:
                 self.guards.clear()  # a guard's recipe may be this signature's old one
                 self.refusals.pop(sig, None)
             except _Refused as why:
+                if isinstance(why, _NotSettled):  # its keys still resolve: the attempt does not count
+                    self.attempts[sig] -= 1
                 self.refusals[sig] = str(why)
                 logger.debug("tiletune.kernels.fastcall: %s keeps the slow path for this signature: %s", self.name, why)
         return result
@@ -348,7 +356,7 @@ def _learn(args: tuple[Any, ...], result: Any, rec: list) -> Callable[[tuple[Any
     for op, key, op_args in rec:
         cfg = None if key is None else op.settled(key)
         if cfg is None:
-            raise _Refused("a launch was not a cached choice (tuning, capture or first call)")
+            raise _NotSettled("a launch was not a cached choice (tuning, capture or first call)")
         if not op.cache_plan:
             raise _Refused("a tuned op's plan may read more than the key (cache_plan is off)")
         recorded.append((op, cfg, op_args))
