@@ -32,7 +32,8 @@
 # zygote's imports (importtime), fault space, cold tuning speed of the three kernels (1 repetition), first forward;
 # ac = the patched HF models' decode under torch.compile with a torch.profiler profile of each column;
 # ad = the recipe GPU tests (decode attention and Hugging Face's RoPE added), then ac with the recipes' report;
-# ae = first forward of one prefill and one decode shape (Llama), profiled.
+# ae = first forward of one prefill and one decode shape (Llama), profiled; af = decode attention and recipe GPU
+# tests, the patched HF decode profiled with the recipes' report, ae.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -249,6 +250,15 @@ ae)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   (cd benchmarks && timeout ${FF_S:-150} python first_forward.py --out $TSO --shapes 2 --tuned-rows 0 --models llama3-8b \
     --profile --seed ${SEED:-22} --budget-s $(( ${FF_S:-150} - 30 )) > $TSO/ffp.log 2>&1; tail -1 $TSO/ffp.log | cut -c1-300)
+  ;;
+af)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout 150 python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_decode_attention.py tests/test_gpu_fastcall.py \
+    > $TSO/pytest_af.txt 2>&1; tail -3 $TSO/pytest_af.txt
+  (cd benchmarks && timeout 150 python hf_patch.py --out $TSO --quick --phases decode --profile --budget-s 125 \
+    > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  (cd benchmarks && timeout 120 python first_forward.py --out $TSO --shapes 2 --tuned-rows 0 --models llama3-8b \
+    --profile --seed ${SEED:-23} --budget-s 90 > $TSO/ffp.log 2>&1; tail -1 $TSO/ffp.log | cut -c1-300)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
