@@ -33,7 +33,8 @@
 # ac = the patched HF models' decode under torch.compile with a torch.profiler profile of each column;
 # ad = the recipe GPU tests (decode attention and Hugging Face's RoPE added), then ac with the recipes' report;
 # ae = first forward of one prefill and one decode shape (Llama), profiled; af = decode attention and recipe GPU
-# tests, the patched HF decode profiled with the recipes' report, ae.
+# tests, the patched HF decode profiled with the recipes' report, ae; ag = fault space and cold tuning speed of the
+# three kernels (2 repetitions).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -259,6 +260,13 @@ af)
     > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
   (cd benchmarks && timeout 120 python first_forward.py --out $TSO --shapes 2 --tuned-rows 0 --models llama3-8b \
     --profile --seed ${SEED:-23} --budget-s 90 > $TSO/ffp.log 2>&1; tail -1 $TSO/ffp.log | cut -c1-300)
+  ;;
+ag)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 45 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log)
+  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-matmul,rmsnorm,tilegym_matmul} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  cp $TSO/tuning_speed_cold.json $TSO/ts_cold.json 2>/dev/null
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
