@@ -117,6 +117,26 @@ def test_a_new_shape_in_a_tuned_bucket_reuses_its_winner():
     assert all(c == SPACE.config(TM=128) for c, _, _ in be.launches[-3:])
 
 
+def test_keys_served_by_their_bucket_are_bounded(monkeypatch):
+    """A shape that changes on every call (a cache grown by concatenation) inside one tuned bucket: the op
+    keeps at most MAX_BUCKET_KEYS such keys, forgets the oldest, and a forgotten key answers again from its
+    bucket without tuning; the tuned key itself is never forgotten."""
+    from tiletune.op import tuned_op
+
+    monkeypatch.setattr(tuned_op, "MAX_BUCKET_KEYS", 8)
+    be = FakeBackend(model, noise=0.0)
+    op = make_op(be)
+    op(torch.randn(1024, 4), torch.empty(1024, 4))  # tunes the bucket (513..1024)
+    tuned_key = next(iter(op.results))
+    for m in list(range(600, 640)) + [600, 601]:  # 40 new shapes, then two forgotten ones again
+        x = torch.randn(m, 4)
+        torch.testing.assert_close(op(x, torch.empty(m, 4)), x * 2)
+        assert len(op._cache) <= 8 + 1 and len(op._configs) <= 8 + 1 and len(op._refine) <= 8
+    assert op.tuning_count == 1
+    assert tuned_key in op._cache and tuned_key in op.chosen()
+    assert all(c == SPACE.config(TM=128) for c, _, _ in be.launches[-42:])
+
+
 def test_buckets_are_shared_through_the_database(tmp_path):
     db = TuningDB(tmp_path / "t.db")
     make_op(FakeBackend(model, noise=0.0), db=db)(torch.randn(300, 4), torch.empty(300, 4))

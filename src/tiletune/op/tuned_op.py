@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
 import os
 import threading
@@ -62,6 +63,9 @@ def _check_strategy(strategy: Any) -> None:
 
 
 ISOLATION_MODES = settings.ISOLATION_MODES
+
+#: keys installed from their bucket's config an op keeps at most (see ``TunedOp._forget_bucket_keys``)
+MAX_BUCKET_KEYS = 4096
 
 
 #: True while an op is made inside a call that will look its key up at once (a library op is made on
@@ -332,6 +336,9 @@ class TunedOp:
         self.tune_single = bool(tune_single)
         self._refine: dict[Any, _ArgTemplate] = {}  # keys a bucket answered, queued for exact tuning
         self._provisional: dict[Any, _ArgTemplate] = {}  # keys a neighbour or the default answered
+        #: keys installed from their bucket's config, oldest first: a shape that changes on every call (a cache
+        #: grown by concatenation) must not grow the op's memory, and such a key answers again at once
+        self._bucket_keys: dict[Any, None] = {}
         outs = sorted(set(self.writes) | set(self.inplace))
         #: ``outputs(args)``: what a call returns: None, the one written argument, or a tuple of them
         self._outputs: Callable[[tuple[Any, ...]], Any] = itemgetter(*outs) if outs else _no_outputs
@@ -435,6 +442,7 @@ class TunedOp:
             self._configs.clear()
             self.recipe_keys.clear()
             self._pending.clear()
+            self._bucket_keys.clear()
         _choices_changed()
 
     @property
@@ -713,6 +721,7 @@ class TunedOp:
                 if cfg is not None:  # a tuned bucket answers at once, inside a graph capture too
                     logger.info("%s: bucket hit for %r -> %s", self.name, key, cfg)
                     self._queue_refinement(key, args)
+                    self._bucket_keys[key] = None
             launched = False
             tuned = None  # the tuning result of this miss (its install and first launch are timed into it)
             if cfg is None:
@@ -852,7 +861,23 @@ class TunedOp:
         self._fast.clear()  # a guard's entry may be this key's old one
         if replays:
             self.recipe_keys.add(key)
+        if len(self._bucket_keys) > MAX_BUCKET_KEYS:
+            self._forget_bucket_keys()
         return entry
+
+    def _forget_bucket_keys(self) -> None:
+        """Forget the oldest keys installed from their bucket's config, down to 3/4 of
+        :data:`MAX_BUCKET_KEYS` (their next call is a bucket hit again; a refinement queued for them is
+        dropped). Called under the op's lock."""
+        drop = len(self._bucket_keys) - MAX_BUCKET_KEYS * 3 // 4
+        for key in list(itertools.islice(self._bucket_keys, drop)):
+            del self._bucket_keys[key]
+            if key in self._pending or key in self._provisional or key in self.results:
+                continue
+            self._cache.pop(key, None)
+            self._configs.pop(key, None)
+            self._refine.pop(key, None)
+            self.recipe_keys.discard(key)
 
     def _tuning_backend(self, backend: Backend) -> Backend:
         """Where candidates run: a worker process (isolation "process") or this process."""
