@@ -593,7 +593,7 @@ def test_direct_entry_replays_the_recipe_through_the_guard(monkeypatch):
     assert built == [] and calls["slow"] == 2
 
 
-def test_report_counts_slow_calls_and_reasons_and_forgotten_constants_refuse():
+def test_report_counts_slow_calls_guard_misses_and_refusals():
     be = FakeBackend(model, noise=0.0)
     lens = fastcall.constant_tensor(torch.zeros(1))
 
@@ -619,18 +619,16 @@ def test_report_counts_slow_calls_and_reasons_and_forgotten_constants_refuse():
     assert fastcall.report()["with_constant"]["slow_calls"] == 2  # replayed
 
     @fastcall.fast_op()
-    def with_forgotten(x):
+    def with_scratch(x):
         y = torch.empty(x.shape)
-        plan(x, gone, y)
+        plan(x, torch.zeros(1), y)  # a tensor no launch writes and no constant: no recipe
         return y
 
-    gone = fastcall.constant_tensor(torch.zeros(1))
-    fastcall.forget_constant(gone)
-    fastcall.forget_constant(torch.zeros(1))  # never registered: nothing happens
-    assert "copy or scratch" in _refusal(with_forgotten, lambda: torch.randn(4))
-    row = fastcall.report()["with_forgotten"]
+    assert "copy or scratch" in _refusal(with_scratch, lambda: torch.randn(4))
+    row = fastcall.report()["with_scratch"]
     assert row["recipes"] == 0 and row["slow_calls"] == 4
     assert list(row["refused"].values()) == [1] and "copy or scratch" in next(iter(row["refused"]))
+
     with_constant.fastcall.clear()
     assert "with_constant" not in fastcall.report()
 

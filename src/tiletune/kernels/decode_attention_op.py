@@ -31,7 +31,6 @@ Public ops::
 
 from __future__ import annotations
 
-import collections
 import functools
 import threading
 from typing import Any
@@ -51,7 +50,7 @@ from tiletune.kernels._attention_checks import (
     check_qkv_tensors,
     softmax_scale,
 )
-from tiletune.kernels.fastcall import constant_tensor, custom_op_route, fast_op, forget_constant
+from tiletune.kernels.fastcall import constant_tensor, custom_op_route, fast_op
 from tiletune.kernels._membound import Prepared, int64_twin, needs_int64, sm_count
 from tiletune.kernels.kv_cache_kernels import KV_APPEND_CHUNK, kv_append_kernel, kv_append_kernel_fn
 from tiletune.kernels.library_op import LibraryOp
@@ -379,34 +378,33 @@ def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
         raise ValueError(f"{op}(): the caches hold no position (capacity 0)")
 
 
-#: ``(B,)`` int32 lengths of recent calls given as one int (or none), by (B, length, device): constant kernel
+#: ``(B,)`` int32 lengths of calls given as one int (or none), by (B, length, device): constant kernel
 #: arguments, so that such a call (a decode step over a cache passed whole) replays as a recipe of
-#: :mod:`tiletune.kernels.fastcall` instead of running the op's Python every time
-_LENS: "collections.OrderedDict[tuple[int, int, Any], Any]" = collections.OrderedDict()
-_LENS_MAX = 64
+#: :mod:`tiletune.kernels.fastcall` instead of running the op's Python every time. Never freed (a CUDA
+#: graph captured after a warm-up call holds its address); past :data:`_LENS_MAX` entries a call gets a
+#: new tensor, as before.
+_LENS: dict[tuple[int, int, Any], Any] = {}
+_LENS_MAX = 4096
 _lens_lock = threading.Lock()
 
 
 def full_lengths(bsz: int, sk: int, device: Any) -> Any:
-    """A ``(bsz,)`` int32 tensor of ``sk`` on ``device``, shared by calls of one (B, Sk) (never written)."""
+    """A ``(bsz,)`` int32 tensor of ``sk`` on ``device``, shared by the calls of one (B, Sk) (never written)."""
     import torch
 
     key = (bsz, sk, device)
-    with _lens_lock:
-        t = _LENS.get(key)
-        if t is not None:
-            _LENS.move_to_end(key)
-            return t
+    t = _LENS.get(key)
+    if t is not None:
+        return t
     t = torch.full((bsz,), sk, dtype=torch.int32, device=device)
     # only real device tensors (not fake or meta ones of a trace), and never one from a graph's memory pool
     if type(t) is not torch.Tensor or t.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return t
     with _lens_lock:
+        if len(_LENS) >= _LENS_MAX:
+            return t
         t = _LENS.setdefault(key, t)
-        constant_tensor(t)
-        while len(_LENS) > _LENS_MAX:
-            forget_constant(_LENS.popitem(last=False)[1])
-    return t
+    return constant_tensor(t)
 
 
 def _lengths_tensor(op: str, lengths: Any, bsz: int, cap: int, sq: int, causal: bool, device: Any) -> Any:

@@ -47,7 +47,7 @@ from tiletune.op.hotpath import TYPESTR as _TYPESTR, CudaArrayView
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["CudaArrayView", "constant_tensor", "forget_constant", "fast_op", "clear_recipes", "recipe_count", "report", "custom_op_route"]
+__all__ = ["CudaArrayView", "constant_tensor", "fast_op", "clear_recipes", "recipe_count", "report", "custom_op_route"]
 
 #: signatures per op kept at most (a model has a handful; a stream of new shapes must not grow memory)
 MAX_RECIPES = 1024
@@ -67,12 +67,6 @@ def constant_tensor(t: Any) -> Any:
     kernel argument recipes may keep; returns ``t``."""
     _constants[id(t)] = t
     return t
-
-
-def forget_constant(t: Any) -> None:
-    """Stop treating ``t`` as a constant kernel argument (recipes learnt with it keep it alive and valid)."""
-    if _constants.get(id(t)) is t:
-        del _constants[id(t)]
 
 
 def clear_recipes() -> None:
