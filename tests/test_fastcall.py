@@ -654,3 +654,20 @@ def test_calls_before_the_keys_settle_use_up_no_attempt(monkeypatch):
     n = calls["slow"]
     scale(torch.randn(4, 8), w, 0.5)
     assert calls["slow"] == n
+
+
+def test_a_stream_of_new_signatures_keeps_learning_within_the_limit(monkeypatch):
+    """Shapes that change on every few calls (a cache grown by one position per step, met by every layer):
+    past MAX_RECIPES the oldest recipes are dropped, and the newest signatures still replay."""
+    monkeypatch.setattr(fastcall, "MAX_RECIPES", 2)
+    be = FakeBackend(model, noise=0.0)
+    scale, plan, calls = make_library(be)
+    w = torch.randn(8)
+    for n in range(1, 6):  # 5 signatures, each called by "3 layers"
+        before = calls["slow"]
+        for _ in range(3):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(scale(x, w, 0.5), x * w * 0.5)
+        assert calls["slow"] - before == 2, n  # tune, learn; then a replay
+        assert len(scale.fastcall.recipes) <= 2
+    assert len(scale.fastcall.recipes) == 2

@@ -49,7 +49,9 @@ logger = logging.getLogger("tiletune")
 
 __all__ = ["CudaArrayView", "constant_tensor", "fast_op", "clear_recipes", "recipe_count", "report", "custom_op_route"]
 
-#: signatures per op kept at most (a model has a handful; a stream of new shapes must not grow memory)
+#: recipes per op kept at most, the oldest dropped first (a model has a handful of signatures; a stream of
+#: new shapes, such as a cache grown by one position per step, must neither grow memory nor, once the
+#: limit is reached, leave every later signature on the slow path)
 MAX_RECIPES = 1024
 #: attempts to learn a signature's recipe before it stays on the slow path (a call whose keys had no settled
 #: config yet, such as one served by an op's fallback while its configs compile, does not count)
@@ -166,8 +168,7 @@ class _FastOp:
     # the slow path: run the function, record its launches, learn a recipe when the call allows one
     def slow(self, args: tuple[Any, ...], sig: tuple | None) -> Any:
         self.slow_calls += 1  # unlocked: a statistic, a lost increment under threads is harmless
-        if (not self.learn or sig is None or self.attempts.get(sig, 0) >= MAX_ATTEMPTS
-                or len(self.recipes) >= MAX_RECIPES):
+        if not self.learn or sig is None or self.attempts.get(sig, 0) >= MAX_ATTEMPTS:
             return self.fn(*args)
         if threading.get_ident() in dispatch.recorders:  # a library op inside another: only the outer one learns
             return self.fn(*args)
@@ -179,6 +180,8 @@ class _FastOp:
             self.attempts[sig] = self.attempts.get(sig, 0) + 1
             try:
                 self.recipes[sig] = _learn(args, result, rec)
+                while len(self.recipes) > MAX_RECIPES:  # the oldest first (dicts keep insertion order)
+                    del self.recipes[next(iter(self.recipes))]
                 self.guards.clear()  # a guard's recipe may be this signature's old one
                 self.refusals.pop(sig, None)
             except _Refused as why:
