@@ -10,6 +10,9 @@ unpatched. Per row:
 * **decode** ``(batch, seq)``: one new token per sequence over a ``DynamicCache`` holding ``seq``
   positions (prefilled by the unpatched model; every timed call is followed by a ``cache.crop`` back to ``seq``, on
   both sides).
+* **generate** ``(batch, seq)`` (only with ``--phases`` naming it): as decode, but 64 steps in a row, each
+  growing the cache by one position as ``model.generate`` does, timed together (ms per token); a new key
+  length on every step, and under ``torch.compile`` a recompile for the growing length in the warm-up.
 
 ``unpatched_eager_ms``, ``unpatched_compile_ms`` (``torch.compile(model)``, default mode),
 ``patched_ms`` (after ``apply_tiletune(model)``), ``patched_compile_ms``: median of
@@ -64,8 +67,11 @@ MODELS = {
                    rope_theta=1000000.0, rms_norm_eps=1e-6)),
 }
 #: (phase, batch, seq); the first of each phase is the --quick set
-SHAPES = [("prefill", 1, 1024), ("decode", 8, 1024), ("prefill", 4, 2048), ("decode", 32, 2048)]
-QUICK = SHAPES[:2]
+SHAPES = [("prefill", 1, 1024), ("decode", 8, 1024), ("prefill", 4, 2048), ("decode", 32, 2048),
+          ("generate", 8, 1024), ("generate", 1, 2048)]
+QUICK = [SHAPES[0], SHAPES[1], SHAPES[4]]
+#: decode steps a ``generate`` row times (each grows the cache by one position)
+GENERATE_STEPS = 64
 
 
 def build(name: str, layers: int, vocab: int) -> Any:
@@ -117,15 +123,15 @@ def dynamo_counts() -> dict[str, Any]:
             "reasons": reasons}
 
 
-def timed_compiled(fn: Callable[[], Any]) -> tuple[float, dict[str, Any]]:
-    """``bench_ms(fn)`` for a call of a compiled model, with :func:`dynamo_counts` over the timing and
-    ``recompiles``: the graphs compiled after the first call."""
+def timed_compiled(fn: Callable[[], Any], bench: Callable[[], float] | None = None) -> tuple[float, dict[str, Any]]:
+    """``bench_ms(fn)`` (or ``bench()``) for a call of a compiled model, with :func:`dynamo_counts` over the
+    timing and ``recompiles``: the graphs compiled after the first call."""
     from torch._dynamo.utils import counters
 
     counters.clear()
     fn()  # the first call compiles
     first = dynamo_counts()["graphs"]
-    ms = bench_ms(fn)
+    ms = bench_ms(fn) if bench is None else bench()
     counts = dynamo_counts()
     counts["recompiles"] = counts["graphs"] - first
     return ms, counts
@@ -191,6 +197,30 @@ class Row:
             del out
             self.forward_with(model)()  # one step + crop: the cache now has the layout every timed call sees
 
+    def bench(self, fwd: Any) -> float:
+        """ms per call of ``fwd`` (a model) in this row: ``bench_ms`` of one step (prefill; decode, the cache
+        cropped back after each), or for ``generate`` the mean over :data:`GENERATE_STEPS` steps that grow
+        the cache by one position each, as ``model.generate`` does (after 4 such steps of warm-up, in
+        which a compiled model recompiles for the growing length), cropped back afterwards."""
+        if self.phase != "generate":
+            return bench_ms(self.forward_with(fwd))
+        import torch
+
+        def grow(n: int) -> float:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(n):
+                fwd(input_ids=self.ids, use_cache=True, **{self.kw: self.cache})
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+            drop = self.cache.get_seq_length() - self.seq
+            if drop > 0:  # crop(0) would empty the cache
+                self.cache.crop(-drop)
+            return dt
+
+        grow(4)
+        return grow(GENERATE_STEPS) / GENERATE_STEPS * 1e3
+
     def forward_with(self, fwd: Any) -> Callable[[], Any]:
         if self.phase == "prefill":
             # with a (fresh) cache, as generate's prefill: without one, a compiled forward gets an explicit mask
@@ -227,8 +257,9 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
             return
         torch._dynamo.reset()
         try:
-            fn = r.forward_with(torch.compile(model))
-            row[col], counts = timed_compiled(fn)
+            cm = torch.compile(model)
+            fn = r.forward_with(cm)
+            row[col], counts = timed_compiled(fn, lambda: r.bench(cm))
             prefix = col.removesuffix("_ms")
             if args.profile:
                 row.setdefault("profile", {})[prefix] = profile_steps(fn)
@@ -243,7 +274,7 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
     with torch.inference_mode():
         r = Row(model, phase, bsz, seq, args.vocab)
         want = r.forward_with(model)().float()
-        row["unpatched_eager_ms"] = bench_ms(r.forward_with(model))
+        row["unpatched_eager_ms"] = r.bench(model)
         if args.profile:
             row.setdefault("profile", {})["unpatched_eager"] = profile_steps(r.forward_with(model))
         compiled("unpatched_compile_ms")
@@ -261,7 +292,7 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
             r.forward_with(model)()
             got = r.forward_with(model)().float()
             row["logits_rel_err"] = rel_err(got, want)
-            row["patched_ms"] = bench_ms(r.forward_with(model))
+            row["patched_ms"] = r.bench(model)
             row["fastcall_patched"] = fastcall.report()  # slow calls and refusals of the ops' recipes so far
             if args.profile:
                 row.setdefault("profile", {})["patched"] = profile_steps(r.forward_with(model))
@@ -300,13 +331,14 @@ def select_shapes(shapes: list[tuple[str, int, int]], phases: list[str]) -> list
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="one prefill and one decode shape per model")
+    p.add_argument("--quick", action="store_true", help="one shape per phase per model")
     p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     p.add_argument("--vocab", type=int, default=32000, help="vocabulary of the head (default 32000)")
     p.add_argument("--models", default="llama,qwen2", help="comma-separated: llama, qwen2")
     p.add_argument("--no-compile", action="store_true", help="leave the torch.compile columns out")
     p.add_argument("--phases", default="prefill,decode",
-                   help="comma-separated phases in the order to run them (default prefill,decode; decode first "
+                   help="comma-separated phases (prefill, decode, generate) in the order to run them (default "
+                        "prefill,decode; decode first "
                         "when its compiled columns matter most under a tight budget)")
     p.add_argument("--budget-s", type=float, default=230.0,
                    help="past 60%% of this the compiled columns are skipped, past it the remaining rows")
@@ -330,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     phases = [ph.strip() for ph in args.phases.split(",") if ph.strip()]
-    unknown = sorted(set(phases) - {"prefill", "decode"})
+    unknown = sorted(set(phases) - {"prefill", "decode", "generate"})
     if unknown:
-        p.error(f"--phases: unknown {', '.join(unknown)} (choose prefill, decode)")
+        p.error(f"--phases: unknown {', '.join(unknown)} (choose prefill, decode, generate)")
     shapes = select_shapes(QUICK if args.quick else SHAPES, phases)
     models = {n: build(n, args.layers, args.vocab) for n in names}
     rows = []

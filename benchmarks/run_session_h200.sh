@@ -34,7 +34,8 @@
 # ad = the recipe GPU tests (decode attention and Hugging Face's RoPE added), then ac with the recipes' report;
 # ae = first forward of one prefill and one decode shape (Llama), profiled; af = decode attention and recipe GPU
 # tests, the patched HF decode profiled with the recipes' report, ae; ag = fault space and cold tuning speed of the
-# three kernels (2 repetitions).
+# three kernels (2 repetitions); ah = the patched HF models in generation (a cache grown by one position per
+# step, ms per token) and decode.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -267,6 +268,11 @@ ag)
   (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
     --kernels ${KERNELS:-matmul,rmsnorm,tilegym_matmul} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
   cp $TSO/tuning_speed_cold.json $TSO/ts_cold.json 2>/dev/null
+  ;;
+ah)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${HF_S:-280} python hf_patch.py --out $TSO --quick --phases generate,decode \
+    --budget-s $(( ${HF_S:-280} - 25 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \

@@ -57,3 +57,35 @@ def test_phases_pick_and_order_the_rows():
     assert hf_patch.select_shapes(shapes, ["decode", "prefill"]) == [
         ("decode", 8, 1024), ("decode", 32, 2048), ("prefill", 1, 1024), ("prefill", 4, 2048)]
     assert hf_patch.select_shapes(shapes[:2], ["decode"]) == [("decode", 8, 1024)]
+
+
+def test_generate_rows_grow_the_cache_and_crop_it_back(monkeypatch):
+    """A ``generate`` row times GENERATE_STEPS steps that each grow the cache by one position (after 4 of
+    warm-up), in ms per token, and leaves the cache at the row's length; it is picked only when asked."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    class Cache:
+        def __init__(self, n):
+            self.n = n
+
+        def get_seq_length(self):
+            return self.n
+
+        def crop(self, k):
+            assert k < 0  # transformers 5.2x refuses a positive length
+            self.n += k
+
+    calls = []
+
+    def model(input_ids, use_cache, cache):
+        calls.append(cache.get_seq_length())
+        cache.n += 1
+
+    r = object.__new__(hf_patch.Row)
+    r.phase, r.seq, r.kw, r.ids, r.cache = "generate", 100, "cache", None, Cache(100)
+    ms = r.bench(model)
+    assert ms >= 0 and r.cache.get_seq_length() == 100
+    assert calls == list(range(100, 104)) + list(range(100, 100 + hf_patch.GENERATE_STEPS))
+    default = hf_patch.select_shapes(hf_patch.SHAPES, ["prefill", "decode"])
+    assert len(default) == 4 and all(s[0] != "generate" for s in default)
+    assert [s[0] for s in hf_patch.select_shapes(hf_patch.QUICK, ["generate"])] == ["generate"]
