@@ -430,6 +430,14 @@ def measure_row(model: str, shape: dict[str, Any], w: dict[str, Any], profile: b
     return row
 
 
+def _compile_fuse() -> bool:
+    """``TILETUNE_COMPILE_FUSE``: whether the compiled routes lowered the memory-bound ops to torch expressions
+    (norms, SwiGLU, RoPE fused by Inductor) or kept every op its custom op."""
+    from tiletune import settings
+
+    return settings.compile_fuse()
+
+
 def document(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list[Any], wall_s: float,
              complete: bool, tuner: str) -> dict[str, Any]:
     from _layer import dims
@@ -442,6 +450,7 @@ def document(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list
                        "plain-torch layer (fullgraph=True, dynamic=False); torch._dynamo.reset() before each",
             "host_timer": "perf_counter around N back-to-back forwards, no sync inside (decoder_layer.host_us)",
             "layers": {m: dims(m).as_dict() for m in args.models}, "stack": args.stack,
+            "compile_fuse": _compile_fuse(),
             "skipped_for_budget": skipped, "rows": rows}
 
 

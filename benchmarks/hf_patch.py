@@ -32,7 +32,9 @@ recompilation (docs/COMPILE-TAX.md, "A patched Hugging Face model under torch.co
 ``fastcall_patched`` / ``fastcall_patched_compile``: :func:`tiletune.kernels.fastcall.report` after the patched
 eager / compiled timings (per op: recipes learnt, calls that ran the op's whole Python path, and why a
 signature kept that path). ``--profile`` adds, per column, ``torch.profiler`` figures of 20 steps (key
-``profile``). ``--budget-s`` bounds the run: past 60% of it the compiled columns are skipped, past it the rows.
+``profile``). ``--custom-ops-column`` adds ``patched_compile_custom_ms``: the patched model compiled with
+``TILETUNE_COMPILE_FUSE=0`` (RMSNorm, RoPE and SwiGLU as custom ops instead of torch expressions Inductor
+fuses; ``compile_fuse`` records the setting of the other columns). ``--budget-s`` bounds the run: past 60% of it the compiled columns are skipped, past it the rows.
 
 Usage (writes ``hf_patch.json`` under ``--out``, default ``$OUT`` or ``benchmarks/results/h200``)::
 
@@ -247,6 +249,9 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
     row: dict[str, Any] = {"model": name, "phase": phase, "batch": bsz, "seq": seq, "unpatched_eager_ms": None,
                            "unpatched_compile_ms": None, "patched_ms": None, "patched_compile_ms": None,
                            "logits_rel_err": None, "errors": {}}
+    from tiletune import settings
+
+    row["compile_fuse"] = settings.compile_fuse()
     do_compile = not args.no_compile
 
     def compiled(col: str) -> None:
@@ -298,6 +303,16 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
                 row.setdefault("profile", {})["patched"] = profile_steps(r.forward_with(model))
             compiled("patched_compile_ms")
             row["fastcall_patched_compile"] = fastcall.report()
+            if args.custom_ops_column:  # every patched op its custom op under compile, as before lowering
+                saved = os.environ.get("TILETUNE_COMPILE_FUSE")
+                os.environ["TILETUNE_COMPILE_FUSE"] = "0"
+                try:
+                    compiled("patched_compile_custom_ms")
+                finally:
+                    if saved is None:
+                        del os.environ["TILETUNE_COMPILE_FUSE"]
+                    else:
+                        os.environ["TILETUNE_COMPILE_FUSE"] = saved
         finally:
             report.revert()
         del r, want
@@ -336,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=32000, help="vocabulary of the head (default 32000)")
     p.add_argument("--models", default="llama,qwen2", help="comma-separated: llama, qwen2")
     p.add_argument("--no-compile", action="store_true", help="leave the torch.compile columns out")
+    p.add_argument("--custom-ops-column", action="store_true",
+                   help="also time the patched model compiled with TILETUNE_COMPILE_FUSE=0 (every op its custom "
+                        "op): column patched_compile_custom_ms")
     p.add_argument("--phases", default="prefill,decode",
                    help="comma-separated phases (prefill, decode, generate) in the order to run them (default "
                         "prefill,decode; decode first "

@@ -341,8 +341,18 @@ def _leaves(out):
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-@pytest.mark.parametrize("name", list(SINGLE_OPS))
-def test_each_op_compiled_fullgraph_matches_eager(name):
+def _fused_cases():
+    """(op, TILETUNE_COMPILE_FUSE) pairs: every op as it compiles by default, and the memory-bound ones also
+    as their custom ops (fusion off)."""
+    from tiletune.kernels.lowerings import FUSED_OPS
+
+    return [(name, "1") for name in SINGLE_OPS] + [(name, "0") for name in SINGLE_OPS if name in FUSED_OPS]
+
+
+@pytest.mark.parametrize("name,fuse", _fused_cases())
+def test_each_op_compiled_fullgraph_matches_eager(name, fuse, monkeypatch):
+    monkeypatch.setenv("TILETUNE_COMPILE_FUSE", fuse)
+    torch._dynamo.reset()
     make_fn, make_inputs = SINGLE_OPS[name]
     fn = make_fn(APIS["public"])
     inputs = make_inputs(100)

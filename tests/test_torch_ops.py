@@ -731,8 +731,15 @@ def public_functions():
                                     for name, mod in where.items()})
 
 
-def test_public_functions_route_to_the_custom_ops_under_compile():
+@pytest.mark.parametrize("fuse", [False, True])
+def test_public_functions_route_to_the_custom_ops_under_compile(fuse, monkeypatch):
+    """Every public op is its custom op under compile with ``TILETUNE_COMPILE_FUSE=0``; by default the
+    memory-bound ones (:data:`tiletune.kernels.lowerings.FUSED_OPS`) are torch expressions instead."""
     pytest.importorskip("cuda.tile")
+    from tiletune.kernels.lowerings import FUSED_OPS
+
+    monkeypatch.setenv("TILETUNE_COMPILE_FUSE", "1" if fuse else "0")
+    torch._dynamo.reset()
     K = public_functions()
     assert sorted(vars(K)) == sorted(PUBLIC_OPS)
 
@@ -740,8 +747,13 @@ def test_public_functions_route_to_the_custom_ops_under_compile():
     fn = torch.compile(lambda *a: public_block(K, *a), fullgraph=True, backend=backend)
     out, loss, grad, sm, ln, ge, mlp = fn(*block_inputs())
     assert len(backend.graphs) == 1
-    assert tiletune_ops_in(backend.graphs[0]) == EXPECTED_BLOCK_OPS + collections.Counter(
+    every = EXPECTED_BLOCK_OPS + collections.Counter(
         {"cross_entropy_grad": 1, "softmax": 1, "layer_norm": 1, "geglu": 1, "matmul_swiglu": 1})
+    want = collections.Counter({k: n for k, n in every.items() if not (fuse and k in FUSED_OPS)})
+    assert tiletune_ops_in(backend.graphs[0]) == want
+    if fuse:
+        assert set(FUSED_OPS) == {"rms_norm", "rms_norm_residual", "layer_norm", "swiglu", "geglu", "apply_rope_"}
+    torch._dynamo.reset()
     assert meta_of(out) == ((B, S, HID), BF16, (S * HID, HID, 1), META)
     assert meta_of(loss) == ((), F32, (), META)
     assert meta_of(grad) == ((B * S, HID), BF16, (HID, 1), META)

@@ -101,6 +101,11 @@ TILETUNE_TIMER_BACKLOG_US        us        0          GPU spin queued before eac
 TILETUNE_FRONTEND_CACHE          bool      true       Keep each compiled kernel's cubin keyed by its code,
                                                       hints and launch signature (next to cuTile's disk
                                                       cache) so a fresh process skips cuTile's front end.
+TILETUNE_COMPILE_FUSE            bool      true       Under ``torch.compile``, the memory-bound library ops
+                                                      (norms, gated activations, RoPE) become torch
+                                                      expressions that Inductor fuses with their
+                                                      neighbours; false: every library op is its custom op.
+                                                      Read when a graph is traced.
 TILETUNE_NEAREST_RACE            count     3          Configs of the nearest neighbours a new shape races
                                                       (with the default config) on its own arguments
                                                       before one is served; 1: the nearest, checked only.
@@ -160,6 +165,7 @@ __all__ = [
     "in_worker",
     "frontend_cache",
     "nearest_race",
+    "compile_fuse",
 ]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -209,6 +215,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
         Variable("TILETUNE_FRONTEND_CACHE", "bool", True, "cubins keyed by kernel code, hints and signature"),
         Variable("TILETUNE_NEAREST_RACE", "count", 3, "neighbour configs raced on a new shape (1: the nearest only)"),
+        Variable("TILETUNE_COMPILE_FUSE", "bool", True, "under torch.compile, norms, activations and RoPE fuse in Inductor"),
         Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
         Variable("TILETUNE_WORKER_AUTHKEY", "text", None, "internal: worker connection key"),
@@ -524,6 +531,12 @@ def nearest_race() -> int:
     return 3 if got is None else got
 
 
+def compile_fuse() -> bool:
+    """``TILETUNE_COMPILE_FUSE`` (default true): whether the memory-bound library ops lower to torch
+    expressions while ``torch.compile`` traces (:mod:`tiletune.kernels.lowerings`)."""
+    return flag("TILETUNE_COMPILE_FUSE", True)
+
+
 def in_worker() -> bool:
     """``TILETUNE_IN_WORKER`` (default false; set by tiletune in its worker processes)."""
     return flag("TILETUNE_IN_WORKER", False)
@@ -557,6 +570,7 @@ _CHECKS = {
     "TILETUNE_COMPILE_TRACE": compile_trace,
     "TILETUNE_COMPILE_ORDER": compile_order,
     "TILETUNE_TIMER_BACKLOG_US": timer_backlog_us,
+    "TILETUNE_COMPILE_FUSE": compile_fuse,
 }
 
 

@@ -203,9 +203,16 @@ def _by_value(t: type) -> bool:
 
 
 def custom_op_route(name: str) -> Callable[..., Any]:
-    """``route`` of a library op: its ``torch.ops.tiletune`` custom op (:mod:`tiletune.kernels.torch_ops`)."""
+    """``route`` of a library op: its torch expression for Inductor to fuse where it has one and
+    ``TILETUNE_COMPILE_FUSE`` allows (:mod:`tiletune.kernels.lowerings`), else its ``torch.ops.tiletune``
+    custom op (:mod:`tiletune.kernels.torch_ops`)."""
 
     def route(*args: Any, **kwargs: Any) -> Any:
+        from tiletune.kernels.lowerings import lowering
+
+        lowered = lowering(name)
+        if lowered is not None:
+            return lowered(*args, **kwargs)
         from tiletune.kernels.torch_ops import compiled_call
 
         return compiled_call(name, *args, **kwargs)
