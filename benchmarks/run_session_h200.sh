@@ -35,7 +35,9 @@
 # ae = first forward of one prefill and one decode shape (Llama), profiled; af = decode attention and recipe GPU
 # tests, the patched HF decode profiled with the recipes' report, ae; ag = fault space and cold tuning speed of the
 # three kernels (2 repetitions); ah = the patched HF models in generation (a cache grown by one position per
-# step, ms per token) and decode.
+# step, ms per token) and decode; ai = the patched HF decode with the memory-bound ops lowered under compile
+# (and, as a column, as custom ops), profiled, then the compile tax of decode; aj = GPU tests of the ops and the
+# patched HF models under torch.compile.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -273,6 +275,18 @@ ah)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   (cd benchmarks && timeout ${HF_S:-280} python hf_patch.py --out $TSO --quick --phases generate,decode \
     --budget-s $(( ${HF_S:-280} - 25 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  ;;
+ai)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${HF_S:-300} python hf_patch.py --out $TSO --quick --phases decode --custom-ops-column --profile \
+    --budget-s $(( ${HF_S:-300} - 25 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  (cd benchmarks && timeout ${CT_S:-200} python compile_tax.py --out $TSO --quick --phases decode \
+    --budget-s $(( ${CT_S:-200} - 20 )) > $TSO/ctax.log 2>&1; tail -1 $TSO/ctax.log | cut -c1-300)
+  ;;
+aj)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout ${TEST_S:-400} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_torch_ops.py tests/test_gpu_hf_patch.py \
+    > $TSO/pytest_aj.txt 2>&1; tail -5 $TSO/pytest_aj.txt
   ;;
 l)
   (cd benchmarks && timeout ${TS_S:-330} python tuning_speed.py --out $R --reps ${REPS:-3} --kernels ${KERNELS:-tilegym_matmul,rmsnorm} \
