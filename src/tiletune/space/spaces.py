@@ -257,7 +257,10 @@ class Config:
     from stored data.
     """
 
-    __slots__ = ("_names", "_values", "_data", "_hint_names", "_key", "_hash")
+    # ``__dict__`` is ``_data`` itself when every name is a plain parameter name (what a Space makes): a
+    # parameter is then read as an instance attribute, without the failed lookup that precedes
+    # ``__getattr__`` (constraints and launch plans read every config's parameters by attribute).
+    __slots__ = ("_names", "_values", "_data", "_hint_names", "_key", "_hash", "__dict__")
 
     def __init__(self, values: Mapping[str, Any], hint_names: Iterable[str] = HINT_NAMES) -> None:
         """Build a config from ``values`` after checking names and values (see :meth:`from_dict`)."""
@@ -278,14 +281,24 @@ class Config:
         return cfg
 
     def _init(self, names: tuple[str, ...], values: tuple[Scalar, ...], hints: frozenset[str]) -> None:
-        key = (names, tuple(_vkey(v) for v in values))
+        data = dict(zip(names, values))
         set_ = object.__setattr__
         set_(self, "_names", names)
         set_(self, "_values", values)
-        set_(self, "_data", dict(zip(names, values)))
+        set_(self, "_data", data)
         set_(self, "_hint_names", hints)
-        set_(self, "_key", key)
-        set_(self, "_hash", hash(key))
+        set_(self, "_key", None)  # the equality key and its hash: made when first compared or hashed
+        set_(self, "_hash", None)  # (most configs a space enumerates are dropped by a constraint unhashed)
+        if _plain_names(names):
+            set_(self, "__dict__", data)
+
+    def _equality_key(self) -> tuple[tuple[str, ...], tuple[tuple[bool, Scalar], ...]]:
+        key = self._key
+        if key is None:
+            key = (self._names, tuple([_vkey(v) for v in self._values]))
+            object.__setattr__(self, "_key", key)
+            object.__setattr__(self, "_hash", hash(key))
+        return key
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], hint_names: Iterable[str] = HINT_NAMES) -> "Config":
@@ -406,14 +419,18 @@ class Config:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Config):
             return NotImplemented
-        return self._hash == other._hash and self._key == other._key
+        return self.__hash__() == other.__hash__() and self._equality_key() == other._equality_key()
 
     def __ne__(self, other: object) -> bool:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
     def __hash__(self) -> int:
-        return self._hash
+        h = self._hash
+        if h is None:
+            self._equality_key()
+            h = self._hash
+        return h  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return "Config(" + ", ".join(f"{n}={v!r}" for n, v in zip(self._names, self._values)) + ")"
@@ -438,6 +455,21 @@ def _hint_name_set(hint_names: Iterable[str]) -> frozenset[str]:
 
 #: Names a parameter may not have: Config's own attributes, and ``arch`` (a keyword of Space.config).
 _RESERVED: frozenset[str] = frozenset({n for n in dir(Config) if not n.startswith("_")} | {"arch"})
+
+_plain: dict[tuple[str, ...], bool] = {}
+
+
+def _plain_names(names: tuple[str, ...]) -> bool:
+    """Whether every name is a valid parameter name, none shadowing a Config attribute: then a config's
+    parameters may be its instance attributes (read exactly as ``__getattr__`` would). Remembered per
+    tuple of names."""
+    plain = _plain.get(names)
+    if plain is None:
+        plain = all(isinstance(n, str) and n.isidentifier() and not n.startswith("_") and not hasattr(Config, n)
+                    for n in names)
+        if len(_plain) < 4096:
+            _plain[names] = plain
+    return plain
 
 
 def _check_param_name(name: Any, where: str) -> None:

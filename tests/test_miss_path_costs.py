@@ -1,0 +1,71 @@
+"""The work a miss does on the CPU, counted: what depends only on the op, its space or the architecture is
+done once, and what a space enumerates costs no more than it must (no GPU)."""
+
+from __future__ import annotations
+
+import pickle
+
+from tiletune.space.spaces import Config, Space
+
+
+def _space() -> Space:
+    return Space(TM=[16, 32, 64, 128], TN=[16, 32, 64, 128], occupancy=[1, 2],
+                 constraints={"area": lambda c: c.TM * c.TN <= 64 * 64, "wide": lambda c: c.TN >= c.TM},
+                 baseline=dict(TM=32, TN=32, occupancy=1))
+
+
+def test_constraints_read_parameters_without_the_getattr_fallback(monkeypatch):
+    calls = []
+    fallback = Config.__getattr__
+
+    def counted(self, name):
+        calls.append(name)
+        return fallback(self, name)
+
+    monkeypatch.setattr(Config, "__getattr__", counted)
+    configs = _space().configs("sm_90")
+    assert configs and all(c.TM * c.TN <= 64 * 64 and c.TN >= c.TM for c in configs)
+    assert calls == []  # every parameter read was an instance attribute
+    cfg = configs[0]
+    try:
+        cfg.NOPE
+    except AttributeError as exc:
+        assert "has no parameter 'NOPE'" in str(exc)
+    assert calls == ["NOPE"]  # a missing one still gets the message
+    assert cfg.keys() == ("TM", "TN", "occupancy") and cfg.get("TM") == cfg.TM
+
+
+def test_configs_a_constraint_drops_are_never_hashed(monkeypatch):
+    made = []
+    build = Config._build.__func__
+
+    def recording(cls, names, values, hints):
+        cfg = build(cls, names, values, hints)
+        made.append(cfg)
+        return cfg
+
+    space = _space()
+    monkeypatch.setattr(Config, "_build", classmethod(recording))
+    kept = space.configs("sm_90")
+    assert len(made) == 32
+    hashed = [c for c in made if c._hash is not None]
+    assert len(hashed) == len(kept)  # the survivors (indexed by the space); the dropped ones never
+    assert {c.as_dict()["TM"] for c in hashed} == {c.TM for c in kept}
+
+
+def test_lazily_keyed_configs_compare_hash_and_pickle_as_before():
+    a = Config.from_dict({"X": 1, "Y": True})
+    b = Config.from_dict({"X": 1.0, "Y": True})
+    c = Config.from_dict({"X": 1, "Y": 1})
+    assert a == b and hash(a) == hash(b)  # 1 == 1.0
+    assert a != c  # True is not 1
+    assert len({a, b, c}) == 2
+    back = pickle.loads(pickle.dumps(a))
+    assert back == a and hash(back) == hash(a) and back.X == 1 and back.hints == {}
+    assert a.replace(X=2) == Config.from_dict({"X": 2, "Y": True})
+
+
+def test_a_config_whose_names_shadow_its_attributes_reads_them_as_before():
+    odd = Config._build(("keys", "TM"), (3, 4), frozenset())  # unchecked names (only Space-checked ones are made)
+    assert odd.keys() == ("keys", "TM")  # the method, as before; the value through the mapping
+    assert odd["keys"] == 3 and odd.TM == 4
