@@ -69,3 +69,22 @@ def test_a_config_whose_names_shadow_its_attributes_reads_them_as_before():
     odd = Config._build(("keys", "TM"), (3, 4), frozenset())  # unchecked names (only Space-checked ones are made)
     assert odd.keys() == ("keys", "TM")  # the method, as before; the value through the mapping
     assert odd["keys"] == 3 and odd.TM == 4
+
+
+def test_config_from_asks_the_enumeration_not_a_set_of_every_candidate(monkeypatch):
+    from tiletune.resolve.problem import OpSpec
+
+    outside = Space(TM=[16, 32, 64], constraints={"small": lambda c: c.TM <= 32}, baseline=dict(TM=32))
+    spec = OpSpec(name="t", plan=lambda cfg: None, space=outside)
+    listed = []
+    real = Space.candidates
+    monkeypatch.setattr(Space, "candidates", lambda self, arch=None: listed.append(arch) or real(self, arch))
+    assert spec.config_from({"TM": 16}, "sm_90") == Config.from_dict({"TM": 16})
+    assert spec.config_from({"TM": 32}, "sm_90") == outside.baseline("sm_90")
+    assert spec.config_from({"TM": 64}, "sm_90") is None  # breaks the constraint
+    assert spec.config_from({"TM": 8}, "sm_90") is None
+    assert spec.config_from({"TM": True}, "sm_90") is None
+    assert listed == []
+    assert outside.is_candidate(outside.baseline("sm_90"), "sm_90")  # candidates() lists the baseline first
+    assert [outside.is_candidate(c, "sm_90") for c in real(outside, "sm_90")] == [True, True]
+    assert not outside.is_candidate(Config.from_dict({"TM": 8}), "sm_90")

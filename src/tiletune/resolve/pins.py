@@ -318,7 +318,7 @@ def _pinned_cfg(spec: Any, p: Pin, arch: str) -> "Config":
         cfg = spec.space.config(arch, **{n: values[n] for n in names})
     except SpaceError as exc:
         raise PinError(f"{p.describe()}: {exc}") from None
-    if cfg not in set(spec.space.candidates(arch)):
+    if not spec.space.is_candidate(cfg, arch):
         raise PinError(f"{p.describe()}: {cfg} is not a valid config of {spec.name}'s space on {arch}")
     return cfg
 

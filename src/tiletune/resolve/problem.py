@@ -82,7 +82,7 @@ class OpSpec:
             return None
         if self.space.is_lazy(arch):  # space.config checked the values and the constraints
             return cfg
-        return cfg if cfg in set(self.space.candidates(arch)) else None
+        return cfg if self.space.is_candidate(cfg, arch) else None
 
     def baseline(self, arch: str) -> Config:
         """The config launched untuned: the space's baseline, else its first valid config."""

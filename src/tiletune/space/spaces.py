@@ -847,6 +847,12 @@ class Space:
             return list(configs)
         return [base] + [c for c in configs if c != base]
 
+    def is_candidate(self, cfg: Config, arch: str | None = None) -> bool:
+        """Whether ``cfg`` is one of :meth:`candidates` on ``arch`` (the enumeration's index: no list or set
+        of the candidates is made)."""
+        arch = _arch(arch)
+        return cfg in self._enumerate(arch).index or cfg == self.baseline(arch)
+
     def config(self, arch: str | None = None, **values: Any) -> Config:
         """Build and check one configuration from all its parameter values.
 
@@ -998,13 +1004,20 @@ class Space:
         """The valid configs of the product of ``values``, one at a time, in space order; ``removed[k]``
         counts the configs constraint ``k`` rejected. A config stops at the first constraint that
         rejects it, as when each constraint filtered the survivors of the previous ones."""
-        call = self._call
+        build, names, hints = Config._build, self._names, self._hint_set  # what _make does, inlined
+        constraints = tuple(enumerate(self._constraints))
+        judge = self._judge
         for t in itertools.product(*values.values()):
-            c = self._make(t)
-            for k, (cname, fn) in enumerate(self._constraints):
-                if not call(cname, fn, c):
-                    removed[k] += 1
-                    break
+            c = build(names, t, hints)
+            for k, (cname, fn) in constraints:  # what _call does, inlined for the common verdicts
+                try:
+                    verdict = fn(c)
+                except Exception as e:
+                    raise SpaceError(f"constraint {cname!r} raised {type(e).__name__}: {e} for {c!r}") from e
+                if verdict is True or (verdict is not False and judge(cname, verdict, c)):
+                    continue
+                removed[k] += 1
+                break
             else:
                 yield c
 
@@ -1027,6 +1040,11 @@ class Space:
             raise SpaceError(f"constraint {cname!r} raised {type(e).__name__}: {e} for {cfg!r}") from e
         if verdict is True or verdict is False:
             return verdict
+        return Space._judge(cname, verdict, cfg)
+
+    @staticmethod
+    def _judge(cname: str, verdict: Any, cfg: Config) -> bool:
+        """A constraint's verdict that is not ``True`` or ``False``: numpy's bool, else SpaceError."""
         t = type(verdict)
         if t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"):  # numpy's bool scalar
             return bool(verdict)
