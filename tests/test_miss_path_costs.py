@@ -88,3 +88,30 @@ def test_config_from_asks_the_enumeration_not_a_set_of_every_candidate(monkeypat
     assert outside.is_candidate(outside.baseline("sm_90"), "sm_90")  # candidates() lists the baseline first
     assert [outside.is_candidate(c, "sm_90") for c in real(outside, "sm_90")] == [True, True]
     assert not outside.is_candidate(Config.from_dict({"TM": 8}), "sm_90")
+
+
+def test_the_front_end_cache_key_reads_only_cutiles_variables(monkeypatch):
+    import os
+
+    from tiletune.devices import frontend_cache
+
+    monkeypatch.setenv("CUDA_TILE_OPT_LEVEL", "2")
+    monkeypatch.setenv("EXPERIMENTAL_CUDA_TILE_X", "1")
+    monkeypatch.setenv("CUDA_TILE_CACHE_DIR", "/somewhere")  # neutral: not part of the key
+    monkeypatch.setenv("UNRELATED_VARIABLE", "y")
+    read = []
+
+    class Watched(type(os.environ)):
+        def __getitem__(self, key):
+            read.append(key)
+            return super().__getitem__(key)
+
+    watched = Watched(os.environ._data, os.environ.encodekey, os.environ.decodekey, os.environ.encodevalue,
+                      os.environ.decodevalue)
+    monkeypatch.setattr(frontend_cache.os, "environ", watched)
+    want = sorted((k, v) for k, v in os.environ.items()
+                  if (k.startswith("CUDA_TILE_") or k.startswith("EXPERIMENTAL_CUDA_TILE_"))
+                  and k not in frontend_cache._NEUTRAL_ENV)
+    read.clear()
+    assert frontend_cache._tile_env() == want == [("CUDA_TILE_OPT_LEVEL", "2"), ("EXPERIMENTAL_CUDA_TILE_X", "1")]
+    assert sorted(read) == ["CUDA_TILE_OPT_LEVEL", "EXPERIMENTAL_CUDA_TILE_X"]  # no other value decoded

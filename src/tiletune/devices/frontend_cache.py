@@ -276,13 +276,20 @@ def _entry_key(kernel: Any, signature: Any, arch: str) -> str | None:
             sig = mangle_kernel_name(pyfunc.__name__, signature)
         except Exception:  # noqa: BLE001 - a signature cuTile cannot name: its own path
             return None
-    env = sorted((k, v) for k, v in os.environ.items()
-                 if (k.startswith("CUDA_TILE_") or k.startswith("EXPERIMENTAL_CUDA_TILE_")) and k not in _NEUTRAL_ENV)
+    env = _tile_env()
     material = json.dumps({"format": FORMAT, "toolchain": toolchain_fingerprint(), "arch": arch, "code": code,
                            "options": repr(getattr(kernel, "_compiler_options", None)), "signature": sig,
                            "calling_convention": getattr(signature.calling_convention, "code", None),
                            "env": env}, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _tile_env() -> list[tuple[str, str]]:
+    """cuTile's environment variables that change a compile, sorted ``(name, value)`` pairs (the names are
+    filtered before any value is read: a process holds many other variables)."""
+    env = os.environ
+    return sorted((k, env[k]) for k in env
+                  if k.startswith(("CUDA_TILE_", "EXPERIMENTAL_CUDA_TILE_")) and k not in _NEUTRAL_ENV)
 
 
 # ---------------------------------------------------------------------------------------- versions
