@@ -115,3 +115,29 @@ def test_the_front_end_cache_key_reads_only_cutiles_variables(monkeypatch):
     read.clear()
     assert frontend_cache._tile_env() == want == [("CUDA_TILE_OPT_LEVEL", "2"), ("EXPERIMENTAL_CUDA_TILE_X", "1")]
     assert sorted(read) == ["CUDA_TILE_OPT_LEVEL", "EXPERIMENTAL_CUDA_TILE_X"]  # no other value decoded
+
+
+def test_the_background_warm_reads_every_library_identity_source_once(monkeypatch):
+    import pytest
+
+    pytest.importorskip("torch")
+    pytest.importorskip("cuda.tile")
+    import tiletune.identity as identity
+    import tiletune.kernels as K
+    from tiletune.kernels import decode_attention_op, gemm, norms  # noqa: F401 - their ops are made on import
+    from tiletune.kernels.gemm_kernels import gemm_kernel, gemm_splitk_kernel, gemm_swap_kernel
+    from tiletune.kernels.library_op import LibraryOp
+
+    monkeypatch.setenv("TILETUNE_TABLES", "1")
+    K.warm_first_miss()
+    read = []
+    real = identity._function_source
+    monkeypatch.setattr(identity, "_function_source", lambda fn: read.append(fn) or real(fn))
+    for lib in LibraryOp.instances():
+        identity.function_source(lib.plan)
+    for k in (gemm_kernel, gemm_splitk_kernel, gemm_swap_kernel):
+        identity.function_source(k._pyfunc)
+    assert read == []  # every plan and kernel an identity hashes was read by the warm
+    from tiletune.resolve import tables
+
+    assert tables._loaded is not None  # and the tables

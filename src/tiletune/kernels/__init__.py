@@ -85,6 +85,10 @@ def load_in_background(modules: "list[str] | None" = None) -> bool:
                 importlib.import_module(module)
             except Exception:  # noqa: BLE001 - best effort: the first use imports it and reports the error
                 pass
+        try:  # what a first miss of any op reads, whatever its shape: the identity sources, the tables
+            warm_first_miss()
+        except Exception:  # noqa: BLE001 - best effort: the first miss reads them itself
+            pass
 
     thread = _background = threading.Thread(target=work, name="tiletune-kernels-import", daemon=True)
 
@@ -100,6 +104,20 @@ def load_in_background(modules: "list[str] | None" = None) -> bool:
     atexit.register(wait, 10.0)  # never tear modules down under an import in progress
     thread.start()
     return True
+
+
+def warm_first_miss() -> None:
+    """Read what the first miss of any library op reads whatever its shape, once per process: the source
+    texts its identity hashes (:meth:`LibraryOp.warm_identity_sources`) and the tuning tables (when
+    ``TILETUNE_TABLES`` is on). Called on :func:`load_in_background`'s thread after its imports."""
+    from tiletune import settings
+    from tiletune.kernels.library_op import LibraryOp
+
+    LibraryOp.warm_identity_sources()
+    if settings.tables_enabled():
+        from tiletune.resolve import tables
+
+        tables.tables()
 
 
 def __getattr__(name: str) -> Any:  # imported lazily: cuda.tile is an optional dependency

@@ -10,6 +10,7 @@ benchmarks swap the tuning database (and other ``autotune`` settings) of every l
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -142,6 +143,31 @@ class LibraryOp:
     def instances(cls) -> list["LibraryOp"]:
         """Every library op constructed so far (those of the modules imported), in construction order."""
         return list(cls._instances)
+
+    @classmethod
+    def warm_identity_sources(cls) -> int:
+        """Read, once per process, the source texts a library op's identity hashes: each plan's and each
+        cuTile kernel's its module holds (:func:`tiletune.identity.function_source` keeps them), so a
+        first miss does not tokenize them. :func:`tiletune.kernels.load_in_background` calls it after its
+        imports, while the program builds its model. Returns how many functions it read."""
+        from tiletune.identity import function_source
+
+        seen: set[int] = set()
+        for lib in cls.instances():
+            fns = [lib.plan]
+            module = sys.modules.get(getattr(lib.plan, "__module__", "") or "")
+            for value in list(vars(module).values()) if module is not None else ():
+                pyfunc = getattr(value, "_pyfunc", None) if type(value).__module__.startswith("cuda.tile") else None
+                if callable(pyfunc):
+                    fns.append(pyfunc)
+            for fn in fns:
+                if id(fn) not in seen:
+                    seen.add(id(fn))
+                    try:
+                        function_source(fn)
+                    except Exception:  # noqa: BLE001 - best effort: the first miss reads it and reports
+                        pass
+        return len(seen)
 
     @classmethod
     def configure(cls, **autotune_kwargs: Any) -> None:
