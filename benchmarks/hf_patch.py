@@ -34,7 +34,8 @@ eager / compiled timings (per op: recipes learnt, calls that ran the op's whole 
 signature kept that path). ``--profile`` adds, per column, ``torch.profiler`` figures of 20 steps (key
 ``profile``). ``--custom-ops-column`` adds ``patched_compile_custom_ms``: the patched model compiled with
 ``TILETUNE_COMPILE_FUSE=0`` (RMSNorm, RoPE and SwiGLU as custom ops instead of torch expressions Inductor
-fuses; ``compile_fuse`` records the setting of the other columns). ``--budget-s`` bounds the run: past 60% of it the compiled columns are skipped, past it the rows.
+fuses; ``compile_fuse`` records the setting of the other columns). ``--rounds N`` times every column N times in interleaved rounds (the patch reverted and applied again
+between them) and keeps the medians (``<column>_rounds_ms``: each round). ``--budget-s`` bounds the run: past 60% of it the compiled columns are skipped, past it the rows.
 
 Usage (writes ``hf_patch.json`` under ``--out``, default ``$OUT`` or ``benchmarks/results/h200``)::
 
@@ -49,6 +50,7 @@ import gc
 import inspect
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -254,7 +256,13 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
     row["compile_fuse"] = settings.compile_fuse()
     do_compile = not args.no_compile
 
-    def compiled(col: str) -> None:
+    rounds: dict[str, list[float]] = {}
+
+    def note(col: str, ms: float | None) -> None:
+        if ms is not None:
+            rounds.setdefault(col, []).append(ms)
+
+    def compiled(col: str, first: bool) -> None:
         if not do_compile:
             return
         if time.perf_counter() - t0 > 0.6 * args.budget_s:
@@ -264,25 +272,38 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
         try:
             cm = torch.compile(model)
             fn = r.forward_with(cm)
-            row[col], counts = timed_compiled(fn, lambda: r.bench(cm))
+            ms, counts = timed_compiled(fn, lambda: r.bench(cm))
+            note(col, ms)
             prefix = col.removesuffix("_ms")
-            if args.profile:
+            if args.profile and first:
                 row.setdefault("profile", {})[prefix] = profile_steps(fn)
             for key in ("graphs", "graph_breaks", "recompiles"):
-                row[f"{prefix}_{key}"] = counts[key]
+                row[f"{prefix}_{key}"] = max(row.get(f"{prefix}_{key}", 0), counts[key])
             if counts["reasons"]:
                 row.setdefault("graph_break_reasons", {})[prefix] = counts["reasons"]
         except Exception as exc:  # record and go on: the other columns still stand
             row["errors"][col] = f"{type(exc).__name__}: {str(exc)[:300]}"
         torch._dynamo.reset()
 
+    def custom_ops_compiled(first: bool) -> None:
+        """The patched model compiled with every op its custom op (TILETUNE_COMPILE_FUSE=0)."""
+        saved = os.environ.get("TILETUNE_COMPILE_FUSE")
+        os.environ["TILETUNE_COMPILE_FUSE"] = "0"
+        try:
+            compiled("patched_compile_custom_ms", first)
+        finally:
+            if saved is None:
+                del os.environ["TILETUNE_COMPILE_FUSE"]
+            else:
+                os.environ["TILETUNE_COMPILE_FUSE"] = saved
+
     with torch.inference_mode():
         r = Row(model, phase, bsz, seq, args.vocab)
         want = r.forward_with(model)().float()
-        row["unpatched_eager_ms"] = r.bench(model)
+        note("unpatched_eager_ms", r.bench(model))
         if args.profile:
             row.setdefault("profile", {})["unpatched_eager"] = profile_steps(r.forward_with(model))
-        compiled("unpatched_compile_ms")
+        compiled("unpatched_compile_ms", True)
         report = tthf.apply_tiletune(model)
         try:
             t_first = time.perf_counter()
@@ -297,25 +318,36 @@ def measure(model: Any, name: str, phase: str, bsz: int, seq: int, args: Any, t0
             r.forward_with(model)()
             got = r.forward_with(model)().float()
             row["logits_rel_err"] = rel_err(got, want)
-            row["patched_ms"] = r.bench(model)
+            note("patched_ms", r.bench(model))
             row["fastcall_patched"] = fastcall.report()  # slow calls and refusals of the ops' recipes so far
             if args.profile:
                 row.setdefault("profile", {})["patched"] = profile_steps(r.forward_with(model))
-            compiled("patched_compile_ms")
+            compiled("patched_compile_ms", True)
             row["fastcall_patched_compile"] = fastcall.report()
             if args.custom_ops_column:  # every patched op its custom op under compile, as before lowering
-                saved = os.environ.get("TILETUNE_COMPILE_FUSE")
-                os.environ["TILETUNE_COMPILE_FUSE"] = "0"
-                try:
-                    compiled("patched_compile_custom_ms")
-                finally:
-                    if saved is None:
-                        del os.environ["TILETUNE_COMPILE_FUSE"]
-                    else:
-                        os.environ["TILETUNE_COMPILE_FUSE"] = saved
+                custom_ops_compiled(True)
+            # further rounds, each column again in the same order (unpatched, then patched): on a host whose
+            # speed drifts, the medians of interleaved rounds compare the columns, not the moments they ran at
+            for _ in range(1, args.rounds):
+                if time.perf_counter() - t0 > 0.6 * args.budget_s:
+                    row["errors"]["rounds"] = "skipped: time budget"
+                    break
+                report.revert()
+                note("unpatched_eager_ms", r.bench(model))
+                compiled("unpatched_compile_ms", False)
+                report = tthf.apply_tiletune(model)
+                r.forward_with(model)()  # re-fuses the gate/up weights (eager), as the first round's first call
+                note("patched_ms", r.bench(model))
+                compiled("patched_compile_ms", False)
+                if args.custom_ops_column:
+                    custom_ops_compiled(False)
         finally:
             report.revert()
         del r, want
+    for col, values in rounds.items():
+        row[col] = float(statistics.median(values))
+        if args.rounds > 1:
+            row[col.removesuffix("_ms") + "_rounds_ms"] = [round(v, 4) for v in values]
     gc.collect()
     torch.cuda.empty_cache()
     if not row["errors"]:
@@ -351,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=32000, help="vocabulary of the head (default 32000)")
     p.add_argument("--models", default="llama,qwen2", help="comma-separated: llama, qwen2")
     p.add_argument("--no-compile", action="store_true", help="leave the torch.compile columns out")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every column this many times, in interleaved rounds (unpatched, patched, ...); the "
+                        "row holds the medians and <column>_rounds_ms the rounds (default 1)")
     p.add_argument("--custom-ops-column", action="store_true",
                    help="also time the patched model compiled with TILETUNE_COMPILE_FUSE=0 (every op its custom "
                         "op): column patched_compile_custom_ms")

@@ -278,9 +278,9 @@ ah)
   ;;
 ai)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
-  (cd benchmarks && timeout ${HF_S:-300} python hf_patch.py --out $TSO --quick --phases decode --custom-ops-column --profile \
-    --budget-s $(( ${HF_S:-300} - 25 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
-  (cd benchmarks && timeout ${CT_S:-200} python compile_tax.py --out $TSO --quick --phases decode \
+  (cd benchmarks && timeout ${HF_S:-300} python hf_patch.py --out $TSO --quick --phases ${PHASES:-decode} --custom-ops-column \
+    --profile --rounds ${ROUNDS:-1} --budget-s $(( ${HF_S:-300} - 25 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  [ "${CT_S:-200}" -gt 0 ] && (cd benchmarks && timeout ${CT_S:-200} python compile_tax.py --out $TSO --quick --phases decode \
     --budget-s $(( ${CT_S:-200} - 20 )) > $TSO/ctax.log 2>&1; tail -1 $TSO/ctax.log | cut -c1-300)
   ;;
 aj)
