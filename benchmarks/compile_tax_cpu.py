@@ -8,7 +8,8 @@ small and what is timed is mostly the host path:
 
 * eager: the layer over plain-torch stand-ins of the ops, called directly (no tiletune dispatch: the
   floor of an eager call);
-* compiled: the layer over ``tiletune.kernels`` (the public functions, as a model calls them) under
+* compiled: the layer over ``tiletune.kernels`` (the public functions, as a model calls them; the memory-bound
+  ones trace as torch expressions unless ``TILETUNE_COMPILE_FUSE=0``, ``same_output`` is then to bf16 rounding) under
   ``torch.compile(fullgraph=True, dynamic=False)`` (Inductor); each op is one ``torch.ops.tiletune`` node
   whose implementation is bound to the same stand-in (``torch_ops.bind``).
 
@@ -134,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
                 torch._dynamo.reset()
                 compiled = torch.compile(stacked(L.tiletune_layer(d, w, "decode", inp.caches(), ops=K), n),
                                          fullgraph=True, dynamic=False)
-                same = torch.equal(eager(*args), compiled(*args))
+                # Inductor compiles the memory-bound ops' torch expressions itself (TILETUNE_COMPILE_FUSE): equal
+                # to bf16 rounding, not bit for bit
+                want, got = eager(*args), compiled(*args)
+                same = bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
+                max_diff = float((got.float() - want.float()).abs().max())
                 compiled(*args)
                 e, c = [], []
                 for _ in range(a.rounds):
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                     c.append(host_us(compiled))
                 row = {"stack": n, "eager_us": round(min(e), 1), "compiled_us": round(min(c), 1),
                        "compiled_vs_eager": round(min(c) / min(e), 3),
-                       "extra_us_per_layer": round((min(c) - min(e)) / n, 1), "same_output": same}
+                       "extra_us_per_layer": round((min(c) - min(e)) / n, 1), "same_output": same,
+                       "max_abs_diff": max_diff}
                 rows.append(row)
                 print(row, flush=True)
     finally:
