@@ -37,7 +37,8 @@
 # three kernels (2 repetitions); ah = the patched HF models in generation (a cache grown by one position per
 # step, ms per token) and decode; ai = the patched HF decode with the memory-bound ops lowered under compile
 # (and, as a column, as custom ops), profiled, then the compile tax of decode; aj = GPU tests of the ops and the
-# patched HF models under torch.compile.
+# patched HF models under torch.compile; ak = the HF decode in 3 interleaved rounds (lowered and custom-op compile
+# routes), then first forward (seed $SEED, default 31) after the cheaper miss path.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -282,6 +283,13 @@ ai)
     --profile --rounds ${ROUNDS:-1} --budget-s $(( ${HF_S:-300} - 25 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
   [ "${CT_S:-200}" -gt 0 ] && (cd benchmarks && timeout ${CT_S:-200} python compile_tax.py --out $TSO --quick --phases decode \
     --budget-s $(( ${CT_S:-200} - 20 )) > $TSO/ctax.log 2>&1; tail -1 $TSO/ctax.log | cut -c1-300)
+  ;;
+ak)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${HF_S:-260} python hf_patch.py --out $TSO --quick --phases decode --custom-ops-column \
+    --rounds ${ROUNDS:-3} --budget-s $(( ${HF_S:-260} - 20 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  (cd benchmarks && timeout ${FF_S:-230} python first_forward.py --out $TSO --shapes ${FF_SHAPES:-4} --tuned-rows 0 \
+    --seed ${SEED:-31} --budget-s $(( ${FF_S:-230} - 30 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
