@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tiletune.kernels._rope_checks import check_rope_shapes
+
 __all__ = ["FUSED_OPS", "LOWERINGS", "lowering"]
 
 
@@ -99,25 +101,7 @@ def geglu(x: Tensor, approximate: str = "none") -> Tensor:
 def apply_rope_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str = "bshd") -> Tuple[Tensor, Tensor]:
     """Rotate ``q`` and ``k`` in place (the rotate-half convention of :func:`tiletune.kernels.apply_rope_`);
     returns ``(q, k)``."""
-    op = "apply_rope_"
-    if layout not in ("bshd", "bhsd"):
-        raise ValueError(f"{op}(): layout must be 'bshd' or 'bhsd', got {layout!r}")
-    if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"{op}(): q and k must be 4-D ({'B, S, H, D' if layout == 'bshd' else 'B, H, S, D'}), "
-                         f"got {tuple(q.shape)} and {tuple(k.shape)}")
-    q4, k4 = (q, k) if layout == "bshd" else (q.transpose(1, 2), k.transpose(1, 2))
-    bsz, s, _, d = q4.shape
-    if k4.shape[0] != bsz or k4.shape[1] != s or k4.shape[3] != d:
-        raise ValueError(f"{op}(): q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch, sequence or head "
-                         f"dimension (layout {layout!r})")
-    if tuple(cos.shape) != tuple(sin.shape):
-        raise ValueError(f"{op}(): cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have one shape")
-    if cos.dim() not in (2, 3) or cos.shape[-2] != s or (cos.dim() == 3 and cos.shape[0] not in (1, bsz)):
-        raise ValueError(f"{op}(): cos/sin must be (S, R) or (1 or B, S, R) with S={s}, B={bsz}; got "
-                         f"{tuple(cos.shape)}")
-    r = cos.shape[-1]
-    if r < 2 or r % 2 or r > d:
-        raise ValueError(f"{op}(): the rotary dimension (last of cos/sin) must be even and <= head_dim {d}, got {r}")
+    q4, k4, r = check_rope_shapes("apply_rope_", q, k, cos, sin, layout)
     h = r // 2
     c = (cos if cos.dim() == 3 else cos.unsqueeze(0)).float().unsqueeze(2)  # (1 or B, S, 1, R)
     sn = (sin if sin.dim() == 3 else sin.unsqueeze(0)).float().unsqueeze(2)

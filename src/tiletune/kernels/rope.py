@@ -33,6 +33,7 @@ from typing import Any
 import cuda.tile as ct
 
 from tiletune.devices.backends.base import Launch
+from tiletune.kernels._rope_checks import check_rope_shapes
 from tiletune.kernels.fastcall import custom_op_route, fast_op
 from tiletune.space.spaces import Space
 from tiletune.space.templates import next_power_of_2, rope_space
@@ -159,24 +160,7 @@ def apply_rope_(q: Any, k: Any, cos: Any, sin: Any, layout: str = "bshd") -> tup
     check_float(op, "k", k, like=q)
     check_float(op, "cos", cos)
     check_float(op, "sin", sin)
-    if layout not in ("bshd", "bhsd"):
-        raise ValueError(f"{op}(): layout must be 'bshd' or 'bhsd', got {layout!r}")
-    if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"{op}(): q and k must be 4-D ({'B, S, H, D' if layout == 'bshd' else 'B, H, S, D'}), "
-                         f"got {tuple(q.shape)} and {tuple(k.shape)}")
-    q4, k4 = (q, k) if layout == "bshd" else (q.transpose(1, 2), k.transpose(1, 2))
-    bsz, s, _, d = q4.shape
-    if k4.shape[0] != bsz or k4.shape[1] != s or k4.shape[3] != d:
-        raise ValueError(f"{op}(): q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch, sequence or head "
-                         f"dimension (layout {layout!r})")
-    if tuple(cos.shape) != tuple(sin.shape):
-        raise ValueError(f"{op}(): cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have one shape")
-    if cos.dim() not in (2, 3) or cos.shape[-2] != s or (cos.dim() == 3 and cos.shape[0] not in (1, bsz)):
-        raise ValueError(f"{op}(): cos/sin must be (S, R) or (1 or B, S, R) with S={s}, B={bsz}; got "
-                         f"{tuple(cos.shape)}")
-    r = cos.shape[-1]
-    if r < 2 or r % 2 or r > d:
-        raise ValueError(f"{op}(): the rotary dimension (last of cos/sin) must be even and <= head_dim {d}, got {r}")
+    check_rope_shapes(op, q, k, cos, sin, layout)
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError(f"{op}(): q and k must have a unit stride in the head dimension (they are updated in place)")
     check_device(op, q=q, k=k, cos=cos, sin=sin)
