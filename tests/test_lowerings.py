@@ -147,3 +147,37 @@ def test_inductor_fuses_a_norm_and_a_rope_into_one_graph_without_custom_ops():
     want_q, want_k = L.apply_rope_(args[3].clone(), args[4].clone(), args[5], args[6])
     for g, w in zip(got, (want_y, want_h, want_q, want_k, L.swiglu(args[7]))):
         torch.testing.assert_close(g, w, rtol=1.6e-2, atol=1e-2)
+
+
+def test_dynamic_shapes_trace_without_a_break_and_keep_eps_out_of_the_inputs():
+    """``dynamic=True``: the checks hold on symbolic sizes (no graph break), and ``eps`` is a constant of
+    the graph, not a float input (which CUDA graph trees would refuse)."""
+    pytest.importorskip("cuda.tile")
+    from tiletune.kernels.norms import rms_norm
+    from tiletune.kernels.rope import apply_rope_
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(example_inputs)
+        return gm.forward
+
+    def block(x, w, q, k, cos, sin):
+        q, k = apply_rope_(q.clone(), k.clone(), cos, sin)
+        return rms_norm(x, w, 1e-5), q, k
+
+    torch._dynamo.reset()
+    try:
+        fn = torch.compile(block, fullgraph=True, dynamic=True, backend=backend)
+        for n in (3, 5):
+            args = (randn(n, 64), randn(64, seed=1), randn(1, n, 4, 32, seed=2), randn(1, n, 2, 32, seed=3),
+                    randn(n, 32, seed=4), randn(n, 32, seed=5))
+            y, q, k = fn(*args)
+            want_q, want_k = L.apply_rope_(args[2].clone(), args[3].clone(), args[4], args[5])
+            torch.testing.assert_close(y, L.rms_norm(args[0], args[1], 1e-5), rtol=0, atol=0)
+            torch.testing.assert_close(q, want_q, rtol=0, atol=0)
+            torch.testing.assert_close(k, want_k, rtol=0, atol=0)
+    finally:
+        torch._dynamo.reset()
+    assert len(seen) == 1  # one graph for both sizes
+    assert not any(isinstance(a, float) or (isinstance(a, torch.Tensor) and a.dim() == 0) for a in seen[0])
