@@ -68,6 +68,19 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 INT_SENTINEL = -123456789
 
+#: attribute :func:`reads_only` sets on a reference
+READS_ONLY_ATTR = "__tiletune_reads_only__"
+
+
+def reads_only(reference: Callable[..., Any]) -> Callable[..., Any]:
+    """Declare that ``reference`` reads its arguments and writes none of them (it returns new tensors):
+    :class:`Checker` then passes it the arguments the kernel does not write as they are, not copies (no copy
+    of a KV cache or a weight per check). Returns ``reference``. Without it every argument is copied first,
+    so a reference that writes its inputs cannot touch the caller's tensors."""
+    setattr(reference, READS_ONLY_ATTR, True)
+    return reference
+
+
 
 class _Scratch:
     """Type of :data:`SCRATCH`."""
@@ -530,7 +543,10 @@ class Checker:
         self.positions = (*guard.outputs, *guard.inplace)
         self.expected: tuple[Any, ...] | None = None
         if reference is not None and self.positions:
-            ref_args = tuple(a.clone() if hasattr(a, "clone") else a for a in guard.pristine_args())
+            shared = bool(getattr(reference, READS_ONLY_ATTR, False))  # reads_only: unwritten args as they are
+            written = set(self.positions)
+            ref_args = tuple(a if shared and i not in written else a.clone() if hasattr(a, "clone") else a
+                             for i, a in enumerate(guard.pristine_args()))
             out = reference(*ref_args)
             out = out if isinstance(out, (tuple, list)) else (out,)
             if len(out) != len(self.positions):

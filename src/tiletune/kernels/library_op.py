@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
+from tiletune.devices.verify import reads_only
 from tiletune.op.tuned_op import ToleranceFn, TunedOp, autotune, defer_worker_start
 from tiletune.space.spaces import Space
 from tiletune.space.strategies.base import Budget
@@ -28,7 +29,9 @@ class LibraryOp:
         name: op name in logs and the database (``"tiletune.rms_norm"``).
         space_for: ``space_for(regime) -> Space``.
         plan: the launch plan shared by every regime.
-        reference, writes, inplace, tolerance, buckets: as for :func:`tiletune.autotune`.
+        reference, writes, inplace, tolerance, buckets: as for :func:`tiletune.autotune`; the reference
+            must write none of its arguments (it is marked
+            :func:`~tiletune.devices.verify.reads_only`: checks do not copy the arguments it reads).
         budget: the op's default tuning budget (``autotune``'s ``budget=``): with
             ``Budget(max_evals=n)`` a regime's space larger than ``n`` configs is searched with the
             ``"auto"`` strategy for ``n`` evaluations instead of measured whole, which bounds the stall
@@ -76,7 +79,9 @@ class LibraryOp:
         self.budget = budget
         self.space_for = space_for
         self.plan = plan
-        self.reference = reference
+        # the library's references compute new tensors from their arguments and write none of them: a check
+        # passes them the caller's unwritten arguments (KV caches, weights) without copying them
+        self.reference = reads_only(reference) if reference is not None else None
         self.writes = tuple(writes)
         self.inplace = tuple(inplace)
         self.tolerance = tolerance
