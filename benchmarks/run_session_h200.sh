@@ -38,7 +38,9 @@
 # step, ms per token) and decode; ai = the patched HF decode with the memory-bound ops lowered under compile
 # (and, as a column, as custom ops), profiled, then the compile tax of decode; aj = GPU tests of the ops and the
 # patched HF models under torch.compile; ak = the HF decode in 3 interleaved rounds (lowered and custom-op compile
-# routes), then first forward (seed $SEED, default 31) after the cheaper miss path.
+# routes), then first forward (seed $SEED, default 31) after the cheaper miss path;
+# al (2026-12-07) = fault space, GPU tests of checks, faults, warm model and fallback, cold tuning of matmul and rmsnorm;
+# am = the patched HF prefill in 2 interleaved rounds (both compile routes), then test_gpu_decode_attention.py.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -290,6 +292,21 @@ ak)
     --rounds ${ROUNDS:-3} --budget-s $(( ${HF_S:-260} - 20 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
   (cd benchmarks && timeout ${FF_S:-230} python first_forward.py --out $TSO --shapes ${FF_SHAPES:-4} --tuned-rows 0 \
     --seed ${SEED:-31} --budget-s $(( ${FF_S:-230} - 30 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log | cut -c1-300)
+  ;;
+al)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
+  timeout ${TEST_S:-220} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_core.py tests/test_gpu_faults.py \
+    tests/test_gpu_warm_model.py tests/test_gpu_fallback.py > $TSO/pytest_al.txt 2>&1; tail -3 $TSO/pytest_al.txt
+  (cd benchmarks && timeout ${TS_S:-220} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  ;;
+am)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${HF_S:-240} python hf_patch.py --out $TSO --quick --phases prefill --custom-ops-column \
+    --rounds ${ROUNDS:-2} --budget-s $(( ${HF_S:-240} - 20 )) > $TSO/hf_prefill.log 2>&1; tail -1 $TSO/hf_prefill.log | cut -c1-300)
+  timeout ${TEST_S:-300} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_decode_attention.py \
+    > $TSO/pytest_am.txt 2>&1; tail -3 $TSO/pytest_am.txt
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
