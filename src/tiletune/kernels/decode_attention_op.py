@@ -89,6 +89,7 @@ __all__ = [
     "decode_combine_reference",
     "decode_direct_plan",
     "decode_direct_reference",
+    "split_direct_reference",
     "decode_partial_plan",
     "decode_partial_reference",
     "kv_append_plan",
@@ -262,12 +263,44 @@ def decode_combine_reference(po: Any, pl: Any, o: Any) -> Any:
     return out.reshape(bsz, h, sq, d).to(o.dtype)
 
 
-def decode_direct_reference(q5: Any, k: Any, v: Any, lens: Any, o: Any, causal: bool, qk_scale_log2: float) -> Any:
-    """Expected ``o``: the attention output in ``o``'s dtype, the one-split partial of
+def split_direct_reference(q5: Any, k: Any, v: Any, lens: Any, o: Any, causal: bool, qk_scale_log2: float) -> Any:
+    """:func:`decode_direct_reference` computed as the one-split partial of
     :func:`decode_partial_reference` (float32 softmax over all the visible keys; 0 for a row with none),
     which is also what :func:`decode_combine_reference` makes of one split; shaped as ``o`` (the output or
     its grouped view)."""
     out, _ = _split_attention(q5, k, v, lens, 1, causal, qk_scale_log2)
+    return out.reshape(o.shape).to(device=o.device, dtype=o.dtype)
+
+
+def decode_direct_reference(q5: Any, k: Any, v: Any, lens: Any, o: Any, causal: bool, qk_scale_log2: float) -> Any:
+    """Expected ``o``: the attention output in ``o``'s dtype (float32 softmax over the visible keys, 0 for a row
+    with none; what :func:`split_direct_reference` computes as one split), through torch's
+    ``scaled_dot_product_attention`` in float32, a fused kernel on a GPU: each
+    run of consecutive sequences (at most :data:`REFERENCE_CHUNK_BYTES` of float32 keys and values) is one
+    fused call over its longest length, the group's query heads as rows of their key/value head, with a
+    boolean mask of the visible keys (``j < lengths[b]``; causal: ``j <= lengths[b] - Sq + i``). Rows
+    without a visible key are 0."""
+    import torch
+
+    bsz, hkv, g, sq, d = q5.shape
+    cap = k.shape[2]
+    rows = g * sq
+    scale = float(qk_scale_log2) / LOG2E
+    lens_l = [min(max(int(x), 1), cap) for x in lens.reshape(-1).tolist()]
+    out = torch.empty((bsz, hkv, rows, d), dtype=torch.float32, device=q5.device)
+    qi = torch.arange(rows, device=q5.device) % sq
+    for run in _member_slices(list(range(bsz)), 2 * hkv * max(lens_l, default=1) * d * 4):
+        b0, nb = run[0], len(run)
+        n = max(lens_l[b0:b0 + nb])
+        n_b = torch.tensor(lens_l[b0:b0 + nb], device=q5.device).view(nb, 1, 1, 1)
+        j = torch.arange(n, device=q5.device).view(1, 1, 1, n)
+        keep = j < n_b
+        if causal:
+            keep = keep & (j <= n_b - sq + qi.view(1, 1, rows, 1))
+        qf = q5[b0:b0 + nb].float().reshape(nb, hkv, rows, d)
+        o_run = torch.nn.functional.scaled_dot_product_attention(
+            qf, k[b0:b0 + nb, :, :n].float(), v[b0:b0 + nb, :, :n].float(), attn_mask=keep, scale=scale)
+        out[b0:b0 + nb] = torch.where(keep.any(dim=-1, keepdim=True), o_run, 0.0)
     return out.reshape(o.shape).to(device=o.device, dtype=o.dtype)
 
 
