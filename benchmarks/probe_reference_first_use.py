@@ -4,9 +4,9 @@ A warm first forward spends most of a decode row's check in ``decode_direct_refe
 0.17 s of 0.54 s). This probe times, each in its own fresh process (first use of a kernel loads its module, so
 variants must not share a process), the first and second call of:
 
-* ``current``: :func:`tiletune.kernels.decode_attention_op.decode_direct_reference`;
-* ``sdpa``: the same result through ``scaled_dot_product_attention`` in float32 with a boolean mask of the
-  visible keys (one fused kernel per slice of sequences).
+* ``split_direct_reference``: the one-split computation (float32 matmuls, masks, exp2, sums per length);
+* ``decode_direct_reference``: the same result through ``scaled_dot_product_attention`` in float32 with a
+  boolean mask of the visible keys (one fused kernel per run of sequences).
 
 Before the timed calls each process runs a bf16 ``torch.matmul`` and a few elementwise ops (a first forward's
 GEMM checks have started cuBLAS by then). Usage: ``python probe_reference_first_use.py --out DIR``.
@@ -42,7 +42,7 @@ def _one(variant: str, shape: dict) -> dict:
     lens = torch.full((B,), L, device=dev, dtype=torch.int32)
     o = torch.empty(B, H, Sq, D, device=dev, dtype=torch.bfloat16)
     scale_log2 = (1.0 / D ** 0.5) * dao.LOG2E if hasattr(dao, "LOG2E") else (1.0 / D ** 0.5) * 1.4426950408889634
-    fn = getattr(dao, "decode_direct_reference") if variant == "current" else getattr(dao, variant)
+    fn = getattr(dao, variant)
     times = []
     outs = []
     for _ in range(3):
@@ -52,16 +52,16 @@ def _one(variant: str, shape: dict) -> dict:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         outs.append(out)
-    ref = dao.decode_direct_reference(q5, k, v, lens, o, True, scale_log2) if variant != "current" else outs[0]
+    ref = dao.split_direct_reference(q5, k, v, lens, o, True, scale_log2)
     diff = float((outs[0].float() - ref.float()).abs().max())
     return {"variant": variant, "shape": shape, "first_s": times[0], "second_s": times[1], "third_s": times[2],
-            "max_abs_diff_vs_current": diff}
+            "max_abs_diff_vs_split": diff}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--variants", default="current,sdpa_direct_reference")
+    ap.add_argument("--variants", default="split_direct_reference,decode_direct_reference")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shape", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
