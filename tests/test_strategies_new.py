@@ -47,7 +47,9 @@ def fails(cfg) -> bool:
     return cfg.TK == 64 and cfg.TM >= 128
 
 
-def drive(strategy, batch=1, limit=None, fail=lambda c: False, val=value):
+def drive(strategy, batch=1, limit=None, fail=lambda c: False, val=value, until=None):
+    """Ask and tell until the strategy is done, ``limit`` proposals, or (``until``) a proposal that
+    satisfies it (the proposals up to there are the same as without it)."""
     out = []
     while not strategy.done and (limit is None or len(out) < limit):
         got = strategy.ask(batch if limit is None else min(batch, limit - len(out)))
@@ -55,6 +57,8 @@ def drive(strategy, batch=1, limit=None, fail=lambda c: False, val=value):
         assert len(got) <= batch
         out.extend(got)
         strategy.tell([(c, None if fail(c) else val(c)) for c in got])
+        if until is not None and any(until(c) for c in got):
+            break
     return out
 
 
@@ -124,7 +128,8 @@ def test_finds_the_optimum_of_a_small_space(name):
     n = len(SPACE.configs("sm_90"))
     found = []
     for seed in range(5):
-        got = drive(make_strategy(name, SPACE, "sm_90", seed=seed), batch=1, fail=fails)
+        got = drive(make_strategy(name, SPACE, "sm_90", seed=seed), batch=1, fail=fails,
+                    until=lambda c: not fails(c) and value(c) <= opt)
         first = next(i for i, c in enumerate(got) if not fails(c) and value(c) <= opt)
         found.append(first + 1)
     assert sorted(found)[2] < 0.5 * n, f"median evaluations to the optimum {sorted(found)[2]} of {n}"
@@ -276,7 +281,7 @@ def _evals_to(strategy_factory, val, target, seeds, budget):
     out = []
     for seed in seeds:
         s = strategy_factory(seed)
-        got = drive(s, batch=1, limit=budget, val=val)
+        got = drive(s, batch=1, limit=budget, val=val, until=lambda c: val(c) <= target)
         out.append(next((i + 1 for i, c in enumerate(got) if val(c) <= target), budget + 1))
     return sorted(out)[len(out) // 2]
 
