@@ -25,7 +25,10 @@ from tiletune.devices.workers import IsolatedBackend, IsolationOptions, WorkerFa
 from tiletune.devices.workers.protocol import ProtocolError, decode_reply
 
 SPACE = tt.Space(K=[0, 1, 2, 3, 4, 5, 6, 7], baseline=dict(K=0))
-FAST = IsolationOptions(watchdog_factor=20.0, watchdog_floor_s=1.0, first_watchdog_s=4.0)
+#: one warm spare, not up to four: each is a Python importing torch (about a CPU-second here), and these
+#: tests are about what a fault does to its candidate (the spares have their own, test_worker_lifecycle)
+FAST = IsolationOptions(watchdog_factor=20.0, watchdog_floor_s=1.0, first_watchdog_s=4.0, start_spares=1,
+                        max_spares=1)
 
 
 def model(cfg) -> float:
@@ -366,7 +369,10 @@ def test_a_compiler_that_crashes_or_hangs_the_worker_fails_only_its_config(mode)
     from tiletune.devices.workers.session import IsolationOptions as Opts
 
     be = CompileCrashBackend(mode)
-    iso = IsolatedBackend(be, worker_spec=be, options=Opts(first_watchdog_s=4.0, compile_timeout_s=1.0, compile_slack_s=2.0))
+    # a hung compile costs the compile limit twice (the batch, then the culprit alone): 2 s, not 3 (the
+    # fake's compiles answer at once); one spare, as FAST
+    iso = IsolatedBackend(be, worker_spec=be, options=Opts(first_watchdog_s=4.0, compile_timeout_s=0.5,
+                                                           compile_slack_s=1.5, start_spares=1, max_spares=1))
 
     @tt.autotune(tt.Space(K=[0, 1, 2, 3], baseline=dict(K=0)), reference=lambda x, y: x * 2, writes=["y"],
                  db=False, backend=iso, progress=False)
