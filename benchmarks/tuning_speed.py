@@ -20,8 +20,9 @@ time is reported beside it (``*_process_s``).
 
 * exhaustive side: ``cuda.tile.tune.exhaustive_search`` in-process over the same configs (the
   space's candidates on sm_90, in the same order), the config's hints applied by ``hints_fn``;
-* tiletune side: the op is defined with ``tiletune.autotune`` in the child right before its first
-  call, and that call is timed. Isolation is tiletune's default (a worker process); the worker is
+* tiletune side: the child imports tiletune first, as README's troubleshooting asks of a program that
+  imports a package which initialises CUDA (TileGym does), so its worker helper is forked from the child;
+  the op is defined with ``tiletune.autotune`` right before its first call, and that call is timed. Isolation is tiletune's default (a worker process); the worker is
   started when the op is defined, so its start-up is inside the timed call.
 
 Then, per kernel, every config either side picked in any repetition is re-timed in ONE process,
@@ -384,7 +385,9 @@ def run_side(kernel: str, side: str, timeout: float, **extra: str) -> dict[str, 
     env = cold_env(**extra)
     trace = Path(env["TILETUNE_DB"]).with_name("compile-trace.jsonl")
     env["TILETUNE_COMPILE_TRACE"] = str(trace)
-    got = run_timed(SETUP[kernel] + TILETUNE, env, timeout)
+    # tiletune first, as README's troubleshooting asks of programs that import a package which initialises CUDA
+    # (TileGym does): its worker helper is then forked from the program instead of started afresh
+    got = run_timed("import tiletune\n" + SETUP[kernel] + TILETUNE, env, timeout)
     if trace.exists():
         lines = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
         got["compile_trace"] = compile_trace_summary([x for x in lines if "front" in x], got.get("call_at"),
