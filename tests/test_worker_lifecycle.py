@@ -183,6 +183,11 @@ def _isolated_op(bad: dict, options: IsolationOptions, ks=(0, 1, 2, 3, 4, 5)):
     return op, iso
 
 
+#: for the tests of one or two faults that are not about how many spares a session keeps: the one warm
+#: spare (_warm) and its replacement, not up to four (each is a Python importing torch, a CPU-second here)
+ONE_SPARE = dict(start_spares=1, max_spares=1)
+
+
 def _warm(iso: IsolatedBackend) -> WorkerProcess:
     """Start the worker and its spare and wait until both answer (start-up is not what is measured)."""
     w = iso.worker(0)
@@ -198,7 +203,7 @@ def test_a_hang_costs_about_the_adaptive_watchdog_not_the_first_one():
     max(kernel_floor_s, factor x the slowest median)), not after first_watchdog_s, nor after the
     generous slack of the phases around the kernel (check_slack_s)."""
     opts = IsolationOptions(first_watchdog_s=30.0, watchdog_floor_s=0.5, kernel_floor_s=0.3, check_slack_s=3.0,
-                            check_slack_min_s=0.1, check_slack_factor=4.0)
+                            check_slack_min_s=0.1, check_slack_factor=4.0, **ONE_SPARE)
     op, iso = _isolated_op({3: hanging_kernel}, opts)
     w = _warm(iso)
     x, y = torch.randn(16), torch.empty(16)
@@ -219,7 +224,7 @@ def test_a_hang_costs_about_the_adaptive_watchdog_not_the_first_one():
 
 
 def test_after_a_crash_the_warm_spare_takes_over_at_once():
-    op, iso = _isolated_op({2: exiting_kernel, 4: exiting_kernel}, IsolationOptions(first_watchdog_s=30.0))
+    op, iso = _isolated_op({2: exiting_kernel, 4: exiting_kernel}, IsolationOptions(first_watchdog_s=30.0, **ONE_SPARE))
     w = _warm(iso)
     starts0 = len(w.start_s)
     x, y = torch.randn(16), torch.empty(16)
@@ -302,7 +307,7 @@ def test_the_dead_worker_is_reaped_off_the_critical_path(monkeypatch):
             time.sleep(slow_s)
         return real_wait(self, timeout)
 
-    op, iso = _isolated_op({2: exiting_kernel}, IsolationOptions(first_watchdog_s=30.0))
+    op, iso = _isolated_op({2: exiting_kernel}, IsolationOptions(first_watchdog_s=30.0, **ONE_SPARE))
     w = _warm(iso)
     monkeypatch.setattr(sp_mod.Popen, "wait", slow_reap)
     x, y = torch.randn(16), torch.empty(16)
@@ -353,7 +358,7 @@ def test_a_slow_first_launch_in_a_new_worker_is_not_a_hang_and_a_hang_is_still_c
     still killed about kernel_floor_s after its launch."""
     be = SlowLoadBackend(lambda c: 100.0 - 5.0 * c.K, noise=0.002, compile_s=lambda c: 0.5 + 0.1 * c.K)
     opts = IsolationOptions(first_watchdog_s=30.0, watchdog_floor_s=0.5, kernel_floor_s=0.2, check_slack_s=0.5,
-                            check_slack_factor=4.0)
+                            check_slack_factor=4.0, **ONE_SPARE)
     iso = IsolatedBackend(be, worker_spec=be, options=opts)
     op = tt.autotune(tt.Space(K=[0, 1, 2, 3, 4, 5], baseline=dict(K=0)), reference=lambda x, y: x * 2,
                      writes=["y"], db=False, backend=iso, progress=False, isolation="none")(
