@@ -214,8 +214,9 @@ def test_in_a_worker_a_write_past_the_end_fails_its_check_and_never_wins():
     from tiletune.devices.workers import IsolatedBackend, IsolationOptions
 
     be = FakeBackend(model, noise=0.002)
+    # no spares: no candidate here takes its worker down, and each spare is a Python importing torch
     iso = IsolatedBackend(be, worker_spec=be, options=IsolationOptions(watchdog_factor=20.0, watchdog_floor_s=1.0,
-                                                                       first_watchdog_s=4.0))
+                                                                       first_watchdog_s=4.0, spare=False))
 
     @tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=False, backend=iso, progress=False)
     def op(cfg, x, y):
