@@ -297,9 +297,13 @@ def decode_direct_reference(q5: Any, k: Any, v: Any, lens: Any, o: Any, causal: 
         keep = j < n_b
         if causal:
             keep = keep & (j <= n_b - sq + qi.view(1, 1, rows, 1))
+        # an additive float mask whose rows start 16-element aligned (a view of a padded buffer), as the fused
+        # kernels want it (a boolean or unaligned mask is converted or padded by torch on every call)
+        bias = torch.zeros((nb, 1, rows, -(-n // 16) * 16), dtype=torch.float32, device=q5.device)[..., :n]
+        bias.masked_fill_(~keep, _NEG_INF)
         qf = q5[b0:b0 + nb].float().reshape(nb, hkv, rows, d)
         o_run = torch.nn.functional.scaled_dot_product_attention(
-            qf, k[b0:b0 + nb, :, :n].float(), v[b0:b0 + nb, :, :n].float(), attn_mask=keep, scale=scale)
+            qf, k[b0:b0 + nb, :, :n].float(), v[b0:b0 + nb, :, :n].float(), attn_mask=bias, scale=scale)
         out[b0:b0 + nb] = torch.where(keep.any(dim=-1, keepdim=True), o_run, 0.0)
     return out.reshape(o.shape).to(device=o.device, dtype=o.dtype)
 
