@@ -40,7 +40,9 @@
 # patched HF models under torch.compile; ak = the HF decode in 3 interleaved rounds (lowered and custom-op compile
 # routes), then first forward (seed $SEED, default 31) after the cheaper miss path;
 # al (2026-12-07) = fault space, GPU tests of checks, faults, warm model and fallback, cold tuning of matmul and rmsnorm;
-# am = the patched HF prefill in 2 interleaved rounds (both compile routes), then test_gpu_decode_attention.py.
+# am = the patched HF prefill in 2 interleaved rounds (both compile routes), then test_gpu_decode_attention.py;
+# an = the first call of decode attention's two references (probe_reference_first_use), the direct-kernel GPU tests,
+# first forward (seed $SEED, default 47), the patched HF decode in 3 interleaved rounds (Qwen2 first).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -307,6 +309,16 @@ am)
     --rounds ${ROUNDS:-2} --budget-s $(( ${HF_S:-240} - 20 )) > $TSO/hf_prefill.log 2>&1; tail -1 $TSO/hf_prefill.log | cut -c1-300)
   timeout ${TEST_S:-300} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_decode_attention.py \
     > $TSO/pytest_am.txt 2>&1; tail -3 $TSO/pytest_am.txt
+  ;;
+an)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 60 python probe_reference_first_use.py --out $TSO 2>&1 | cut -c1-300)
+  timeout ${TEST_S:-90} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_decode_attention.py -k direct \
+    > $TSO/pytest_an.txt 2>&1; tail -3 $TSO/pytest_an.txt
+  (cd benchmarks && timeout ${FF_S:-170} python first_forward.py --out $TSO --shapes ${FF_SHAPES:-4} --tuned-rows 0 \
+    --seed ${SEED:-47} --budget-s $(( ${FF_S:-170} - 25 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log | cut -c1-300)
+  (cd benchmarks && timeout ${HF_S:-240} python hf_patch.py --out $TSO --quick --models qwen2,llama --phases decode \
+    --rounds ${ROUNDS:-3} --budget-s $(( ${HF_S:-240} - 15 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
