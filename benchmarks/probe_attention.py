@@ -9,7 +9,9 @@ the configs that are in the library space, and times the library call, the full 
 SDPA (torch's default backend choice, and cuDNN alone) with ``triton.testing.do_bench`` (L2 flushed,
 interleaved). Writes ``<out>/probe_attention.json.gz``.
 
-    python benchmarks/probe_attention.py [--rows B:H:S:D:causal,...] [--out DIR]
+    python benchmarks/probe_attention.py [--rows B:H:S:D:causal,... | B:H:Hkv:S:D:causal,...] [--out DIR]
+
+A row of six fields is grouped-query attention (``Hkv`` key/value heads; SDPA with ``enable_gqa``).
 
 Default row: ``16:32:1024:64:1`` (issue 14's worst attention row: 0.743x of SDPA on 2026-12-01).
 """
@@ -29,23 +31,30 @@ from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, r
 DEFAULT_ROWS = "16:32:1024:64:1"
 
 
-def parse_rows(text: str) -> list[tuple[int, int, int, int, bool]]:
-    """``B:H:S:D:causal`` items, comma-separated (MHA; causal 0 or 1)."""
+def parse_rows(text: str) -> list[tuple[int, int, int, int, int, bool]]:
+    """``B:H:S:D:causal`` (MHA) or ``B:H:Hkv:S:D:causal`` (GQA) items, comma-separated (causal 0 or 1);
+    returns ``(B, H, Hkv, S, D, causal)`` tuples."""
     rows = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         parts = item.split(":")
-        if len(parts) != 5:
-            raise ValueError(f"row {item!r}: expected B:H:S:D:causal")
-        b, h, s, d, c = (int(p) for p in parts)
-        if min(b, h, s) < 1 or d not in (64, 128) or c not in (0, 1):
-            raise ValueError(f"row {item!r}: B, H, S >= 1, D 64 or 128, causal 0 or 1")
-        rows.append((b, h, s, d, bool(c)))
+        if len(parts) not in (5, 6):
+            raise ValueError(f"row {item!r}: expected B:H:S:D:causal or B:H:Hkv:S:D:causal")
+        try:
+            nums = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"row {item!r}: every field is an integer") from None
+        if len(nums) == 5:
+            nums.insert(2, nums[1])
+        b, h, hkv, s, d, c = nums
+        if min(b, h, hkv, s) < 1 or h % hkv or d not in (64, 128) or c not in (0, 1):
+            raise ValueError(f"row {item!r}: B, H, Hkv, S >= 1, H a multiple of Hkv, D 64 or 128, causal 0 or 1")
+        rows.append((b, h, hkv, s, d, bool(c)))
     if not rows:
         raise ValueError("no rows")
     return rows
 
 
-def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
+def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -56,10 +65,12 @@ def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
     from tiletune.kernels.attention_op import ATTENTION_FULL_SPACE, ATTENTION_SPACE, _reference, _tolerance, attention_plan
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    gqa = {"enable_gqa": True} if hkv != h else {}
     o = torch.empty_like(q)
     scale = 1.0 / d ** 0.5
-    flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+    flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)  # FLOPs of the query heads (GQA reads fewer K/V)
     arch = "sm_%d%d" % torch.cuda.get_device_capability()
     lib = {tuple(sorted(dict(c).items())) for c in ATTENTION_SPACE.candidates(arch)}
     full = autotune(ATTENTION_FULL_SPACE, reference=_reference, writes=["o"], tolerance=_tolerance,
@@ -72,30 +83,37 @@ def probe_row(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
 
     def sdpa(backend: Any = None) -> Any:
         if backend is None:
-            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
 
         def run() -> Any:
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
 
         return run
 
     routes = {"library call": lambda: K.attention(q, k, v, causal=causal),
               "full-space winner": lambda: full(q, k, v, o, causal, scale * LOG2E),
               "SDPA default": sdpa(), "SDPA cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
-    for fn in routes.values():
-        fn()
+    refused = {}
+    for name, fn in list(routes.items()):
+        try:
+            fn()
+        except RuntimeError as exc:  # e.g. a backend without enable_gqa on this build
+            refused[name] = str(exc).splitlines()[0][:200]
+            del routes[name]
     head = do_bench_rounds(routes, warmup=10, rep=60)
-    return {"shape": f"B{b} H{h} S{s} D{d}" + (" causal" if causal else ""), "flops": flops,
+    heads = f"H{h}" if hkv == h else f"H{h}/{hkv}"
+    return {"shape": f"B{b} {heads} S{s} D{d}" + (" causal" if causal else ""), "flops": flops,
             "full_space_size": len(rows), "wall_s": round(wall, 1), "winner": dict(res.winner),
             "best": ok[0] if ok else None, "best_library": best_lib,
-            "head_to_head_us": head, "head_to_head_tflops": {n: round(flops / us / 1e6, 1) for n, us in head.items()},
+            "head_to_head_us": head, "routes_refused": refused, "head_to_head_tflops": {n: round(flops / us / 1e6, 1) for n, us in head.items()},
             "rows": rows}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default=DEFAULT_ROWS, help="B:H:S:D:causal[,...] (default %(default)s)")
+    ap.add_argument("--rows", default=DEFAULT_ROWS,
+                    help="B:H:S:D:causal or B:H:Hkv:S:D:causal, comma-separated (default %(default)s)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     try:

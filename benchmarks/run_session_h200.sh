@@ -42,7 +42,9 @@
 # al (2026-12-07) = fault space, GPU tests of checks, faults, warm model and fallback, cold tuning of matmul and rmsnorm;
 # am = the patched HF prefill in 2 interleaved rounds (both compile routes), then test_gpu_decode_attention.py;
 # an = the first call of decode attention's two references (probe_reference_first_use), the direct-kernel GPU tests,
-# first forward (seed $SEED, default 47), the patched HF decode in 3 interleaved rounds (Qwen2 first).
+# first forward (seed $SEED, default 47), the patched HF decode in 3 interleaved rounds (Qwen2 first);
+# ao = issue 42's causes: the whole attention space on off-grid GQA rows (probe_attention) and the whole GEMM
+# space on the worst large-M row (probe_gemm_space), each against SDPA / cuBLAS with do_bench.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -319,6 +321,13 @@ an)
     --seed ${SEED:-47} --budget-s $(( ${FF_S:-170} - 25 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log | cut -c1-300)
   (cd benchmarks && timeout ${HF_S:-240} python hf_patch.py --out $TSO --quick --models qwen2,llama --phases decode \
     --rounds ${ROUNDS:-3} --budget-s $(( ${HF_S:-240} - 15 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  ;;
+ao)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${PA_S:-260} python probe_attention.py --out $TSO \
+    --rows ${PA_ROWS:-2:32:8:1404:128:1,3:32:8:552:128:0} > $TSO/probe_attention.log 2>&1; tail -6 $TSO/probe_attention.log | cut -c1-400)
+  (cd benchmarks && timeout ${PG_S:-240} python probe_gemm_space.py --out $TSO \
+    --rows ${PG_ROWS:-2076:4096:14336} > $TSO/probe_gemm_space.log 2>&1; tail -4 $TSO/probe_gemm_space.log | cut -c1-400)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO

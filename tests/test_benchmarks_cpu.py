@@ -412,10 +412,13 @@ def test_probe_timer_reads_the_calls_device_work_from_a_trace():
 def test_probe_attention_rows_parse_and_refuse_bad_input():
     import probe_attention
 
-    assert probe_attention.parse_rows(probe_attention.DEFAULT_ROWS) == [(16, 32, 1024, 64, True)]
-    assert probe_attention.parse_rows("2:32:8192:128:0, 1:8:512:64:1") == [(2, 32, 8192, 128, False),
-                                                                         (1, 8, 512, 64, True)]
-    for bad in ("", "1:2:3", "1:32:1024:96:1", "0:32:1024:64:1", "1:32:1024:64:2"):
+    assert probe_attention.parse_rows(probe_attention.DEFAULT_ROWS) == [(16, 32, 32, 1024, 64, True)]
+    assert probe_attention.parse_rows("2:32:8192:128:0, 1:8:512:64:1") == [(2, 32, 32, 8192, 128, False),
+                                                                         (1, 8, 8, 512, 64, True)]
+    # six fields: grouped-query attention
+    assert probe_attention.parse_rows("3:28:4:700:128:1") == [(3, 28, 4, 700, 128, True)]
+    for bad in ("", "1:2:3", "1:32:1024:96:1", "0:32:1024:64:1", "1:32:1024:64:2", "1:32:6:700:128:1",
+                "1:32:0:700:128:1", "1:32:8:x:128:1"):
         with pytest.raises(ValueError):
             probe_attention.parse_rows(bad)
 
@@ -646,3 +649,16 @@ def test_first_call_child_and_shape_follow_the_weight_layout():
     code = first_call.CHILD % {"op": "matmul", "m": 16, "profile": False, "linear": True}
     assert "llm_calls(['matmul'], [16], linear_weights=True)" in code
     compile(code, "child", "exec")  # the child program is valid Python
+
+
+def test_probe_gemm_space_rows_parse_refuse_bad_input_and_count_waves():
+    import probe_gemm_space as p
+
+    assert p.parse_rows(p.DEFAULT_ROWS) == [(2076, 4096, 14336), (3000, 3584, 3584)]
+    assert p.parse_rows(" 300:4096:14336 ,") == [(300, 4096, 14336)]
+    for bad in ("", "1:2", "256:4096:4096", "3000:4095:4096", "3000:x:4096", "3000:4096:4"):
+        with pytest.raises(ValueError):
+            p.parse_rows(bad)
+    # 2076 x 4096 in 128 x 256 tiles: 17 x 16 = 272 tiles over 132 SMs, just past two waves
+    assert p.waves(2076, 4096, 128, 256, 132, 1) == pytest.approx(272 / 132)
+    assert p.waves(2076, 4096, 128, 128, 132, 2) == pytest.approx(544 / 264)

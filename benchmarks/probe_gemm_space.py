@@ -1,0 +1,131 @@
+#!/usr/bin/env python
+"""Probe a GEMM row that trails cuBLAS: is a faster config outside the library's space?
+
+``tiletune.kernels.matmul`` tunes products of more than 256 rows over
+:data:`~tiletune.kernels.gemm.GEMM_SPACE` (the matmul template: 38 configs, no latency hint, ``GROUP_M``
+8). For each ``M:N:K`` row this tunes the 512-config :data:`~tiletune.kernels.gemm.GEMM_FULL_SPACE`
+(``GROUP_M`` 8/16, ``LAT`` 0/2/4/8 added) on ``x @ w.t()`` (``nn.Linear``'s weight layout, bf16) through
+tiletune's harness (compile pool, reference check, cold-L2 timing, no database), marks the configs of the
+library space, and times the library call, the full space's winner, ``F.linear`` and ``torch.matmul``
+with ``triton.testing.do_bench`` (L2 flushed, interleaved). It also reports the wave count of each
+tile shape on this GPU (tiles over SMs x occupancy), the suspected cause of the large-M rows below 0.9.
+Writes ``<out>/probe_gemm_space.json.gz``.
+
+    python benchmarks/probe_gemm_space.py [--rows M:N:K,...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, run_rows, tune_once, write_result  # noqa: E402
+
+#: Off-grid rows of seed 7 (2026-12-04) that trailed cuBLAS most, and one of issue 42's.
+DEFAULT_ROWS = "2076:4096:14336,3000:3584:3584"
+
+
+def parse_rows(text: str) -> list[tuple[int, int, int]]:
+    """``M:N:K`` items, comma-separated, each at least 257 rows (smaller ones go to the split-K op)."""
+    rows = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        parts = item.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"row {item!r}: expected M:N:K")
+        try:
+            m, n, k = (int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"row {item!r}: every field is an integer") from None
+        if m < 257 or min(n, k) < 16 or n % 8 or k % 8:
+            raise ValueError(f"row {item!r}: M >= 257 (smaller products take the split-K op), N and K >= 16 "
+                             f"and multiples of 8")
+        rows.append((m, n, k))
+    if not rows:
+        raise ValueError("no rows")
+    return rows
+
+
+def waves(m: int, n: int, tm: int, tn: int, sms: int, occupancy: int) -> float:
+    """Output tiles of a ``tm x tn`` tiling over the blocks the GPU holds at once (``sms * occupancy``)."""
+    return (-(-m // tm)) * (-(-n // tn)) / (sms * occupancy)
+
+
+def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    import tiletune.kernels as K
+    from tiletune import autotune
+    from tiletune.kernels.gemm import GEMM, GEMM_FULL_SPACE, GEMM_SPACE, prepare_matmul
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k ** 0.5
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    lib_op, _, args = prepare_matmul(x, w.t(), torch.bfloat16, one, one, False)
+    if lib_op is not GEMM:
+        raise ValueError(f"M={m}: matmul sends this product to {lib_op.name}, not the plain GEMM")
+    flops = 2 * m * n * k
+    arch = "sm_%d%d" % torch.cuda.get_device_capability()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lib = {tuple(sorted(dict(c).items())) for c in GEMM_SPACE.candidates(arch)}
+    full = autotune(GEMM_FULL_SPACE, reference=GEMM.reference, writes=list(GEMM.writes), tolerance=GEMM.tolerance,
+                    name="probe_gemm_space.full", db=False, progress=False)(GEMM.plan)
+    res, wall = tune_once(full, args)
+
+    def extra(cfg: dict[str, Any]) -> dict[str, Any]:
+        return {"in_library": tuple(sorted(cfg.items())) in lib,
+                "waves": round(waves(m, n, cfg["TM"], cfg["TN"], sms, cfg["occupancy"]), 2)}
+
+    rows = measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, extra)
+    ok = ranked_ok(rows)
+    best_lib = next((r for r in ok if r["in_library"]), None)
+    routes = {"library call": lambda: K.matmul(x, w.t()),
+              "full-space winner": lambda: full(*args),
+              "F.linear": lambda: F.linear(x, w),
+              "torch.matmul": lambda: torch.matmul(x, w.t())}
+    for fn in routes.values():
+        fn()
+    head = do_bench_rounds(routes, warmup=10, rep=60)
+    return {"shape": f"{m}x{n}x{k}", "flops": flops, "sm_count": sms, "full_space_size": len(rows),
+            "wall_s": round(wall, 1), "winner": dict(res.winner), "best": ok[0] if ok else None,
+            "best_library": best_lib, "head_to_head_us": head,
+            "head_to_head_tflops": {name: round(flops / us / 1e6, 1) for name, us in head.items()},
+            "rows": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default=DEFAULT_ROWS, help="M:N:K, comma-separated (default %(default)s)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    try:
+        rows = parse_rows(args.rows)
+    except ValueError as exc:
+        ap.error(str(exc))
+    import torch
+
+    if not torch.cuda.is_available():
+        print("probe_gemm_space: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
+
+    def report(r: dict[str, Any]) -> list[str]:
+        b, bl = r["best"], r["best_library"]
+        return [f"{r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
+                f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}",
+                f"head to head (do_bench, us): {r['head_to_head_us']}"]
+
+    results, wall = run_rows(rows, lambda row: probe_row(*row), report)
+    path = write_result("probe_gemm_space", {"problems": results, "wall_s": wall}, out, compress=True)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
