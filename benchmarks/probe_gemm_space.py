@@ -8,7 +8,9 @@
 tiletune's harness (compile pool, reference check, cold-L2 timing, no database), marks the configs of the
 library space, and times the library call, the full space's winner, ``F.linear`` and ``torch.matmul``
 with ``triton.testing.do_bench`` (L2 flushed, interleaved). It also reports the wave count of each
-tile shape on this GPU (tiles over SMs x occupancy), the suspected cause of the large-M rows below 0.9.
+tile shape on this GPU (tiles over SMs x occupancy), the suspected cause of the large-M rows below 0.9,
+and tunes the experimental tail-split GEMM (``_gemm_tail.py``: full waves whole, the last short wave's
+tiles split along ``K``) over the template's space times its split caps, to measure that cause.
 Writes ``<out>/probe_gemm_space.json.gz``.
 
     python benchmarks/probe_gemm_space.py [--rows M:N:K,...] [--out DIR]
@@ -77,6 +79,11 @@ def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
     full = autotune(GEMM_FULL_SPACE, reference=GEMM.reference, writes=list(GEMM.writes), tolerance=GEMM.tolerance,
                     name="probe_gemm_space.full", db=False, progress=False)(GEMM.plan)
     res, wall = tune_once(full, args)
+    from _gemm_tail import tail_plan, tail_plan_numbers, tail_space
+
+    tail = autotune(tail_space(), reference=GEMM.reference, writes=list(GEMM.writes), tolerance=GEMM.tolerance,
+                    name="probe_gemm_space.tail", db=False, progress=False)(tail_plan)
+    tail_res, tail_wall = tune_once(tail, args)
 
     def extra(cfg: dict[str, Any]) -> dict[str, Any]:
         return {"in_library": tuple(sorted(cfg.items())) in lib,
@@ -85,8 +92,18 @@ def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
     rows = measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, extra)
     ok = ranked_ok(rows)
     best_lib = next((r for r in ok if r["in_library"]), None)
+
+    def tail_extra(cfg: dict[str, Any]) -> dict[str, Any]:
+        from types import SimpleNamespace
+
+        grid, dp, s, r = tail_plan_numbers(SimpleNamespace(**cfg), m, n, k, sms)
+        return {"grid": grid, "whole_tiles": dp, "tail_tiles": r, "tail_splits": s}
+
+    tail_rows = measurement_rows(tail_res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, tail_extra)
+    tail_ok = ranked_ok(tail_rows)
     routes = {"library call": lambda: K.matmul(x, w.t()),
               "full-space winner": lambda: full(*args),
+              "tail-split winner": lambda: tail(*args),
               "F.linear": lambda: F.linear(x, w),
               "torch.matmul": lambda: torch.matmul(x, w.t())}
     for fn in routes.values():
@@ -94,9 +111,12 @@ def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
     head = do_bench_rounds(routes, warmup=10, rep=60)
     return {"shape": f"{m}x{n}x{k}", "flops": flops, "sm_count": sms, "full_space_size": len(rows),
             "wall_s": round(wall, 1), "winner": dict(res.winner), "best": ok[0] if ok else None,
-            "best_library": best_lib, "head_to_head_us": head,
+            "best_library": best_lib, "tail_wall_s": round(tail_wall, 1), "tail_winner": dict(tail_res.winner),
+            "tail_best": tail_ok[0] if tail_ok else None,
+            "tail_best_unsplit": next((r for r in tail_ok if r["tail_tiles"] == 0), None),
+            "head_to_head_us": head,
             "head_to_head_tflops": {name: round(flops / us / 1e6, 1) for name, us in head.items()},
-            "rows": rows}
+            "rows": rows, "tail_rows": tail_rows}
 
 
 def main() -> int:
@@ -119,6 +139,7 @@ def main() -> int:
         b, bl = r["best"], r["best_library"]
         return [f"{r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
                 f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}",
+                f"tail-split best {r['tail_best'] and r['tail_best']['median_us']} us {r['tail_best']}",
                 f"head to head (do_bench, us): {r['head_to_head_us']}"]
 
     results, wall = run_rows(rows, lambda row: probe_row(*row), report)

@@ -662,3 +662,28 @@ def test_probe_gemm_space_rows_parse_refuse_bad_input_and_count_waves():
     # 2076 x 4096 in 128 x 256 tiles: 17 x 16 = 272 tiles over 132 SMs, just past two waves
     assert p.waves(2076, 4096, 128, 256, 132, 1) == pytest.approx(272 / 132)
     assert p.waves(2076, 4096, 128, 128, 132, 2) == pytest.approx(544 / 264)
+
+
+def test_gemm_tail_splits_only_the_short_last_wave():
+    from types import SimpleNamespace as NS
+
+    pytest.importorskip("cuda.tile")
+    import _gemm_tail as g
+
+    # 2076 x 4096 in 128 x 256 tiles on 132 SMs: 272 tiles, 264 whole, 8 tail tiles split 16 ways (128 units)
+    cfg = NS(TM=128, TN=256, TK=64, occupancy=1, TAIL_MAX=16)
+    assert g.tail_plan_numbers(cfg, 2076, 4096, 14336, 132) == (132, 264, 16, 8)
+    # the cap, and one round: 8 tail tiles x 8 splits
+    assert g.tail_plan_numbers(NS(**{**vars(cfg), "TAIL_MAX": 8}), 2076, 4096, 14336, 132) == (132, 264, 8, 8)
+    # a tail of 100 tiles gets one split per free block at most (132 // 100 = 1): no split, every tile whole
+    assert g.tail_plan_numbers(cfg, 128 * 29, 256 * 8, 4096, 132) == (132, 232, 1, 0)
+    # no tail (264 tiles = 2 rounds), and fewer tiles than blocks: every tile whole
+    assert g.tail_plan_numbers(cfg, 128 * 33, 256 * 8, 4096, 132) == (132, 264, 1, 0)
+    assert g.tail_plan_numbers(cfg, 128, 256 * 4, 4096, 132) == (4, 4, 1, 0)
+    # at least two K tiles per unit: K = 256 has 4 tiles of 64, so at most 2 splits
+    assert g.tail_plan_numbers(cfg, 2076, 4096, 256, 132) == (132, 264, 2, 8)
+    # TAIL_MAX 1: the plain persistent GEMM
+    assert g.tail_plan_numbers(NS(**{**vars(cfg), "TAIL_MAX": 1}), 2076, 4096, 14336, 132) == (132, 272, 1, 0)
+    from tiletune.kernels.gemm import GEMM_SPACE
+
+    assert len(g.tail_space().candidates("sm_90")) == len(g.TAIL_MAX_VALUES) * len(GEMM_SPACE.candidates("sm_90"))
