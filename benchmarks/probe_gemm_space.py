@@ -3,8 +3,8 @@
 
 ``tiletune.kernels.matmul`` tunes products of more than 256 rows over
 :data:`~tiletune.kernels.gemm.GEMM_SPACE` (the matmul template: 38 configs, no latency hint, ``GROUP_M``
-8). For each ``M:N:K`` row this tunes the 512-config :data:`~tiletune.kernels.gemm.GEMM_FULL_SPACE`
-(``GROUP_M`` 8/16, ``LAT`` 0/2/4/8 added) on ``x @ w.t()`` (``nn.Linear``'s weight layout, bf16) through
+8). For each ``M:N:K`` row this tunes (with ``--full``) the 512-config
+:data:`~tiletune.kernels.gemm.GEMM_FULL_SPACE` (``GROUP_M`` 8/16, ``LAT`` 0/2/4/8 added) on ``x @ w.t()`` (``nn.Linear``'s weight layout, bf16) through
 tiletune's harness (compile pool, reference check, cold-L2 timing, no database), marks the configs of the
 library space, and times the library call, the full space's winner, ``F.linear`` and ``torch.matmul``
 with ``triton.testing.do_bench`` (L2 flushed, interleaved). It also reports the wave count of each
@@ -13,7 +13,7 @@ and tunes the experimental tail-split GEMM (``_gemm_tail.py``: full waves whole,
 tiles split along ``K``) over the template's space times its split caps, to measure that cause.
 Writes ``<out>/probe_gemm_space.json.gz``.
 
-    python benchmarks/probe_gemm_space.py [--rows M:N:K,...] [--out DIR]
+    python benchmarks/probe_gemm_space.py [--rows M:N:K,...] [--full] [--out DIR]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def waves(m: int, n: int, tm: int, tn: int, sms: int, occupancy: int) -> float:
     return (-(-m // tm)) * (-(-n // tn)) / (sms * occupancy)
 
 
-def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
+def probe_row(m: int, n: int, k: int, full_space: bool = False) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -76,22 +76,27 @@ def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
     arch = "sm_%d%d" % torch.cuda.get_device_capability()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     lib = {tuple(sorted(dict(c).items())) for c in GEMM_SPACE.candidates(arch)}
-    full = autotune(GEMM_FULL_SPACE, reference=GEMM.reference, writes=list(GEMM.writes), tolerance=GEMM.tolerance,
-                    name="probe_gemm_space.full", db=False, progress=False)(GEMM.plan)
-    res, wall = tune_once(full, args)
     from _gemm_tail import tail_plan, tail_plan_numbers, tail_space
 
     tail = autotune(tail_space(), reference=GEMM.reference, writes=list(GEMM.writes), tolerance=GEMM.tolerance,
                     name="probe_gemm_space.tail", db=False, progress=False)(tail_plan)
     tail_res, tail_wall = tune_once(tail, args)
+    routes = {"library call": lambda: K.matmul(x, w.t()), "tail-split winner": lambda: tail(*args)}
+    rows, ok, best_lib, wall, winner = [], [], None, None, None
+    if full_space:
+        full = autotune(GEMM_FULL_SPACE, reference=GEMM.reference, writes=list(GEMM.writes),
+                        tolerance=GEMM.tolerance, name="probe_gemm_space.full", db=False, progress=False)(GEMM.plan)
+        res, wall = tune_once(full, args)
+        winner = dict(res.winner)
 
-    def extra(cfg: dict[str, Any]) -> dict[str, Any]:
-        return {"in_library": tuple(sorted(cfg.items())) in lib,
-                "waves": round(waves(m, n, cfg["TM"], cfg["TN"], sms, cfg["occupancy"]), 2)}
+        def extra(cfg: dict[str, Any]) -> dict[str, Any]:
+            return {"in_library": tuple(sorted(cfg.items())) in lib,
+                    "waves": round(waves(m, n, cfg["TM"], cfg["TN"], sms, cfg["occupancy"]), 2)}
 
-    rows = measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, extra)
-    ok = ranked_ok(rows)
-    best_lib = next((r for r in ok if r["in_library"]), None)
+        rows = measurement_rows(res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, extra)
+        ok = ranked_ok(rows)
+        best_lib = next((r for r in ok if r["in_library"]), None)
+        routes["full-space winner"] = lambda: full(*args)
 
     def tail_extra(cfg: dict[str, Any]) -> dict[str, Any]:
         from types import SimpleNamespace
@@ -101,16 +106,13 @@ def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
 
     tail_rows = measurement_rows(tail_res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, tail_extra)
     tail_ok = ranked_ok(tail_rows)
-    routes = {"library call": lambda: K.matmul(x, w.t()),
-              "full-space winner": lambda: full(*args),
-              "tail-split winner": lambda: tail(*args),
-              "F.linear": lambda: F.linear(x, w),
-              "torch.matmul": lambda: torch.matmul(x, w.t())}
+    routes["F.linear"] = lambda: F.linear(x, w)
+    routes["torch.matmul"] = lambda: torch.matmul(x, w.t())
     for fn in routes.values():
         fn()
     head = do_bench_rounds(routes, warmup=10, rep=60)
     return {"shape": f"{m}x{n}x{k}", "flops": flops, "sm_count": sms, "full_space_size": len(rows),
-            "wall_s": round(wall, 1), "winner": dict(res.winner), "best": ok[0] if ok else None,
+            "wall_s": wall and round(wall, 1), "winner": winner, "best": ok[0] if ok else None,
             "best_library": best_lib, "tail_wall_s": round(tail_wall, 1), "tail_winner": dict(tail_res.winner),
             "tail_best": tail_ok[0] if tail_ok else None,
             "tail_best_unsplit": next((r for r in tail_ok if r["tail_tiles"] == 0), None),
@@ -123,6 +125,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=DEFAULT_ROWS, help="M:N:K, comma-separated (default %(default)s)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--full", action="store_true", help="also tune the 512-config GEMM_FULL_SPACE")
     args = ap.parse_args()
     try:
         rows = parse_rows(args.rows)
@@ -137,12 +140,13 @@ def main() -> int:
 
     def report(r: dict[str, Any]) -> list[str]:
         b, bl = r["best"], r["best_library"]
-        return [f"{r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
+        return [f"full space: {r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
                 f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}",
+                f"tail-split space: {len(r['tail_rows'])} configs in {r['tail_wall_s']} s",
                 f"tail-split best {r['tail_best'] and r['tail_best']['median_us']} us {r['tail_best']}",
                 f"head to head (do_bench, us): {r['head_to_head_us']}"]
 
-    results, wall = run_rows(rows, lambda row: probe_row(*row), report)
+    results, wall = run_rows(rows, lambda row: probe_row(*row, full_space=args.full), report)
     path = write_result("probe_gemm_space", {"problems": results, "wall_s": wall}, out, compress=True)
     print(f"wrote {path}")
     return 0

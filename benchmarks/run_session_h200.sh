@@ -43,8 +43,10 @@
 # am = the patched HF prefill in 2 interleaved rounds (both compile routes), then test_gpu_decode_attention.py;
 # an = the first call of decode attention's two references (probe_reference_first_use), the direct-kernel GPU tests,
 # first forward (seed $SEED, default 47), the patched HF decode in 3 interleaved rounds (Qwen2 first);
-# ao = issue 42's causes: the whole attention space on off-grid GQA rows (probe_attention) and the whole GEMM
-# space on the worst large-M row (probe_gemm_space), each against SDPA / cuBLAS with do_bench.
+# ao = issue 42's causes: the whole attention space on off-grid GQA rows (probe_attention) and the tail-split GEMM
+# on large-M rows (probe_gemm_space), each against SDPA / cuBLAS with do_bench;
+# ap = the direct-kernel GPU tests (the fused SDPA reference), the references' first calls, then ao with one
+# attention row; aq = first forward (seed $SEED) and the patched HF decode in rounds (an's second half), fault space.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -326,8 +328,26 @@ ao)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   (cd benchmarks && timeout ${PA_S:-260} python probe_attention.py --out $TSO \
     --rows ${PA_ROWS:-2:32:8:1404:128:1,3:32:8:552:128:0} > $TSO/probe_attention.log 2>&1; tail -6 $TSO/probe_attention.log | cut -c1-400)
-  (cd benchmarks && timeout ${PG_S:-240} python probe_gemm_space.py --out $TSO \
-    --rows ${PG_ROWS:-2076:4096:14336} > $TSO/probe_gemm_space.log 2>&1; tail -4 $TSO/probe_gemm_space.log | cut -c1-400)
+  (cd benchmarks && TILETUNE_ON_MISS=tune timeout ${PG_S:-240} python probe_gemm_space.py --out $TSO \
+    --rows ${PG_ROWS:-2076:4096:14336,4261:4096:4096} > $TSO/probe_gemm_space.log 2>&1; tail -12 $TSO/probe_gemm_space.log | cut -c1-400)
+  ;;
+ap)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout ${TEST_S:-100} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_decode_attention.py -k direct \
+    > $TSO/pytest_ap.txt 2>&1; tail -3 $TSO/pytest_ap.txt
+  (cd benchmarks && timeout 60 python probe_reference_first_use.py --out $TSO 2>&1 | cut -c1-300)
+  (cd benchmarks && TILETUNE_ON_MISS=tune timeout ${PG_S:-200} python probe_gemm_space.py --out $TSO \
+    --rows ${PG_ROWS:-2076:4096:14336,4261:4096:4096} > $TSO/probe_gemm_space.log 2>&1; tail -12 $TSO/probe_gemm_space.log | cut -c1-400)
+  (cd benchmarks && timeout ${PA_S:-170} python probe_attention.py --out $TSO \
+    --rows ${PA_ROWS:-2:32:8:1404:128:1} > $TSO/probe_attention.log 2>&1; tail -4 $TSO/probe_attention.log | cut -c1-400)
+  ;;
+aq)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${FF_S:-170} python first_forward.py --out $TSO --shapes ${FF_SHAPES:-4} --tuned-rows 0 \
+    --seed ${SEED:-47} --budget-s $(( ${FF_S:-170} - 25 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log | cut -c1-300)
+  (cd benchmarks && timeout ${HF_S:-240} python hf_patch.py --out $TSO --quick --models qwen2,llama --phases decode \
+    --rounds ${ROUNDS:-3} --budget-s $(( ${HF_S:-240} - 15 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
