@@ -338,8 +338,10 @@ ap)
   (cd benchmarks && timeout 60 python probe_reference_first_use.py --out $TSO 2>&1 | cut -c1-300)
   (cd benchmarks && TILETUNE_ON_MISS=tune timeout ${PG_S:-200} python probe_gemm_space.py --out $TSO \
     --rows ${PG_ROWS:-2076:4096:14336,4261:4096:4096} > $TSO/probe_gemm_space.log 2>&1; tail -12 $TSO/probe_gemm_space.log | cut -c1-400)
-  (cd benchmarks && timeout ${PA_S:-170} python probe_attention.py --out $TSO \
-    --rows ${PA_ROWS:-2:32:8:1404:128:1} > $TSO/probe_attention.log 2>&1; tail -4 $TSO/probe_attention.log | cut -c1-400)
+  if [ "${PA_S:-170}" -gt 0 ]; then  # PA_S=0: no attention probe (short of device time)
+    (cd benchmarks && timeout ${PA_S:-170} python probe_attention.py --out $TSO \
+      --rows ${PA_ROWS:-2:32:8:1404:128:1} > $TSO/probe_attention.log 2>&1; tail -4 $TSO/probe_attention.log | cut -c1-400)
+  fi
   ;;
 aq)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
