@@ -335,7 +335,9 @@ ap)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   timeout ${TEST_S:-100} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_decode_attention.py -k direct \
     > $TSO/pytest_ap.txt 2>&1; tail -3 $TSO/pytest_ap.txt
-  (cd benchmarks && timeout 60 python probe_reference_first_use.py --out $TSO 2>&1 | cut -c1-300)
+  if [ "${PR_S:-60}" -gt 0 ]; then  # PR_S=0: no reference probe
+    (cd benchmarks && timeout ${PR_S:-60} python probe_reference_first_use.py --out $TSO 2>&1 | cut -c1-300)
+  fi
   (cd benchmarks && TILETUNE_ON_MISS=tune timeout ${PG_S:-200} python probe_gemm_space.py --out $TSO \
     --rows ${PG_ROWS:-2076:4096:14336,4261:4096:4096} > $TSO/probe_gemm_space.log 2>&1; tail -12 $TSO/probe_gemm_space.log | cut -c1-400)
   if [ "${PA_S:-170}" -gt 0 ]; then  # PA_S=0: no attention probe (short of device time)
