@@ -10,7 +10,11 @@ last unit of a tile to arrive (an acquire-release counter per tail tile) sums th
 order and stores the tile, as :func:`~tiletune.kernels.gemm_kernels.gemm_splitk_kernel` does.
 
 Not a library op: ``benchmarks/probe_gemm_space.py`` tunes it beside the library's space to measure
-whether the tail is where large-M rows lose to cuBLAS. ``S`` is picked on the host per launch
+whether the tail is where large-M rows lose to cuBLAS. The full waves run in their own loop, written as
+:func:`~tiletune.kernels.gemm_kernels.gemm_kernel`'s (``range(num_k)``), and the tail units in a second
+loop: a first form that ran every unit through one loop with computed K bounds and a runtime branch
+around the store was 2-3x slower than ``gemm_kernel`` even with no tail, and some of its configs failed
+their checks (``docs/GPU-NOTES.md``, 2026-12-07). ``S`` is picked on the host per launch
 (:func:`tail_plan_numbers`: at most ``TAIL_MAX``, the tuning parameter, and at least two ``K`` tiles per
 unit), so one config adapts to each shape's tail.
 """
@@ -68,21 +72,36 @@ def gemm_tail_kernel(A, B, C, SA, SB, WS, SEM, DP_TILES, TAIL_S,
     per_batch = num_m * num_n
     num_tiles = BATCH * per_batch
     tail_tiles = num_tiles - DP_TILES
-    num_units = DP_TILES + tail_tiles * TAIL_S
     mma_dtype = ct.tfloat32 if A.dtype == ct.float32 else A.dtype
 
-    for unit in range(ct.bid(0), num_units, ct.num_blocks(0)):
-        in_tail = min(max(unit - DP_TILES + 1, 0), 1)  # 0 for a whole tile, 1 for a tail unit
-        t = (unit - DP_TILES) * in_tail
-        r = t // TAIL_S
-        split = t % TAIL_S
-        tile = unit * (1 - in_tail) + (DP_TILES + r) * in_tail
-        nsplit = 1 + (TAIL_S - 1) * in_tail
-        k_per = ct.cdiv(num_k, nsplit)
-        k_lo = split * k_per
-        k_hi = min(k_lo + k_per, num_k)
+    # the full waves: exactly gemm_kernel's loop (its K loop has a constant start and the tile count as end)
+    for tile in range(ct.bid(0), DP_TILES, ct.num_blocks(0)):
         bz = tile // per_batch
         bid_m, bid_n = _tile_coords(tile % per_batch, num_m, num_n, GROUP_M)
+        acc = ct.zeros((TM, TN), dtype=ct.float32)
+        for k in range(num_k):
+            a = _load_a(A, bz, bid_m, k, TM, TK, LAT_A, ALLOW_TMA, TRANS_A)
+            b = _load_a(B, bz, k, bid_n, TK, TN, LAT_B, ALLOW_TMA, TRANS_B)
+            if FAST_ACC:
+                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc, use_fast_acc=True)
+            else:
+                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc)
+        if SCALED:
+            sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
+            sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
+            acc = acc * (sa * sb)
+        ct.store(C, (bz, bid_m, bid_n), acc.astype(C.dtype).reshape((1, TM, TN)))
+
+    # the short last wave: each tail tile in TAIL_S units along K; a block's units start after its whole tiles
+    k_per = ct.cdiv(num_k, TAIL_S)
+    for t in range(ct.bid(0), tail_tiles * TAIL_S, ct.num_blocks(0)):
+        r = t // TAIL_S
+        split = t % TAIL_S
+        tile = DP_TILES + r
+        bz = tile // per_batch
+        bid_m, bid_n = _tile_coords(tile % per_batch, num_m, num_n, GROUP_M)
+        k_lo = split * k_per
+        k_hi = min(k_lo + k_per, num_k)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for k in range(k_lo, k_hi):
             a = _load_a(A, bz, bid_m, k, TM, TK, LAT_A, ALLOW_TMA, TRANS_A)
@@ -91,27 +110,19 @@ def gemm_tail_kernel(A, B, C, SA, SB, WS, SEM, DP_TILES, TAIL_S,
                 acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc, use_fast_acc=True)
             else:
                 acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc)
-        if in_tail == 0:
+        ct.store(WS, (split * tail_tiles + r, 0, 0), acc.reshape((1, TM, TN)), allow_tma=False)
+        arrived = ct.atomic_add(SEM, r, 1, memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE)
+        if arrived == TAIL_S - 1:
+            total = ct.zeros((TM, TN), dtype=ct.float32)
+            for s in range(TAIL_S):
+                part = ct.load(WS, (s * tail_tiles + r, 0, 0), shape=(1, TM, TN), allow_tma=False)
+                total = total + part.reshape((TM, TN))
             if SCALED:
                 sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
                 sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
-                acc = acc * (sa * sb)
-            ct.store(C, (bz, bid_m, bid_n), acc.astype(C.dtype).reshape((1, TM, TN)))
-        else:
-            ct.store(WS, (split * tail_tiles + r, 0, 0), acc.reshape((1, TM, TN)), allow_tma=False)
-            arrived = ct.atomic_add(SEM, r, 1, memory_order=ct.MemoryOrder.ACQ_REL,
-                                    memory_scope=ct.MemoryScope.DEVICE)
-            if arrived == TAIL_S - 1:
-                total = ct.zeros((TM, TN), dtype=ct.float32)
-                for s in range(TAIL_S):
-                    part = ct.load(WS, (s * tail_tiles + r, 0, 0), shape=(1, TM, TN), allow_tma=False)
-                    total = total + part.reshape((TM, TN))
-                if SCALED:
-                    sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
-                    sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
-                    total = total * (sa * sb)
-                ct.store(C, (bz, bid_m, bid_n), total.astype(C.dtype).reshape((1, TM, TN)))
-                ct.atomic_xchg(SEM, r, 0, memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)
+                total = total * (sa * sb)
+            ct.store(C, (bz, bid_m, bid_n), total.astype(C.dtype).reshape((1, TM, TN)))
+            ct.atomic_xchg(SEM, r, 0, memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)
 
 
 def tail_plan_numbers(cfg: Any, m: int, n: int, k: int, num_sms: int, batch: int = 1) -> tuple[int, int, int, int]:

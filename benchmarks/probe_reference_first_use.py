@@ -79,9 +79,12 @@ def main() -> None:
             except json.JSONDecodeError:
                 rows.append({"variant": variant, "shape": SHAPES[si], "error": p.stderr[-600:]})
             print(json.dumps(rows[-1]), flush=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _common import environment
+
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "probe_reference_first_use.json"), "w") as f:
-        json.dump({"benchmark": "probe_reference_first_use", "rows": rows}, f, indent=1)
+        json.dump({"benchmark": "probe_reference_first_use", **environment(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
