@@ -250,3 +250,25 @@ def run_rows(rows: list[Any], probe: Callable[[Any], dict[str, Any]],
             r = {"row": list(row) if isinstance(row, tuple) else row, **failure_fields(exc)}
         results.append(r)
     return results, round(time.perf_counter() - t0, 1)
+
+
+def run_probe(name: str, ap: Any, parse_rows: Callable[[str], list[Any]],
+              probe: Callable[[Any, Any], dict[str, Any]], report: Callable[[dict[str, Any]], list[str]]) -> int:
+    """The main of a probe script whose parser ``ap`` has ``--rows`` and ``--out``: parse the rows (a bad one
+    is a usage error), refuse without a CUDA GPU (exit status 2), run ``probe(row, args)`` on each
+    (:func:`run_rows`) and write ``<out>/<name>.json.gz`` (``{"problems", "wall_s"}`` and the environment)."""
+    args = ap.parse_args()
+    try:
+        rows = parse_rows(args.rows)
+    except ValueError as exc:
+        ap.error(str(exc))
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{name}: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
+    results, wall = run_rows(rows, lambda row: probe(row, args), report)
+    path = write_result(name, {"problems": results, "wall_s": wall}, out, compress=True)
+    print(f"wrote {path}")
+    return 0

@@ -33,6 +33,29 @@ ConstBool = ct.Constant[bool]
 TAIL_MAX_VALUES = (1, 4, 8, 16)
 
 
+def _k_step(A, B, acc, bz, bid_m, bid_n, k, TM: ConstInt, TN: ConstInt, TK: ConstInt, LAT_A: ConstInt,
+            LAT_B: ConstInt, ALLOW_TMA: ConstBool, TRANS_A: ConstBool, TRANS_B: ConstBool, FAST_ACC: ConstBool):
+    """``acc`` plus the product of K tile ``k`` of output tile ``(bid_m, bid_n)``, as ``gemm_kernel``'s loop body
+    (fp32 inputs through the tensor cores as tf32)."""
+    mma_dtype = ct.tfloat32 if A.dtype == ct.float32 else A.dtype
+    a = _load_a(A, bz, bid_m, k, TM, TK, LAT_A, ALLOW_TMA, TRANS_A)
+    b = _load_a(B, bz, k, bid_n, TK, TN, LAT_B, ALLOW_TMA, TRANS_B)
+    if FAST_ACC:
+        out = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc, use_fast_acc=True)
+    else:
+        out = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc)
+    return out
+
+
+def _store_c(C, SA, SB, acc, bz, bid_m, bid_n, TM: ConstInt, TN: ConstInt, SCALED: ConstBool):
+    """Store a float32 output tile to ``C`` (times ``SA[0] * SB[0]`` with ``SCALED``) in ``C``'s dtype."""
+    if SCALED:
+        sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
+        sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
+        acc = acc * (sa * sb)
+    ct.store(C, (bz, bid_m, bid_n), acc.astype(C.dtype).reshape((1, TM, TN)))
+
+
 @ct.kernel
 def gemm_tail_kernel(A, B, C, SA, SB, WS, SEM, DP_TILES, TAIL_S,
                      TM: ConstInt,
@@ -72,7 +95,6 @@ def gemm_tail_kernel(A, B, C, SA, SB, WS, SEM, DP_TILES, TAIL_S,
     per_batch = num_m * num_n
     num_tiles = BATCH * per_batch
     tail_tiles = num_tiles - DP_TILES
-    mma_dtype = ct.tfloat32 if A.dtype == ct.float32 else A.dtype
 
     # the full waves: exactly gemm_kernel's loop (its K loop has a constant start and the tile count as end)
     for tile in range(ct.bid(0), DP_TILES, ct.num_blocks(0)):
@@ -80,17 +102,9 @@ def gemm_tail_kernel(A, B, C, SA, SB, WS, SEM, DP_TILES, TAIL_S,
         bid_m, bid_n = _tile_coords(tile % per_batch, num_m, num_n, GROUP_M)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for k in range(num_k):
-            a = _load_a(A, bz, bid_m, k, TM, TK, LAT_A, ALLOW_TMA, TRANS_A)
-            b = _load_a(B, bz, k, bid_n, TK, TN, LAT_B, ALLOW_TMA, TRANS_B)
-            if FAST_ACC:
-                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc, use_fast_acc=True)
-            else:
-                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc)
-        if SCALED:
-            sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
-            sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
-            acc = acc * (sa * sb)
-        ct.store(C, (bz, bid_m, bid_n), acc.astype(C.dtype).reshape((1, TM, TN)))
+            acc = _k_step(A, B, acc, bz, bid_m, bid_n, k, TM, TN, TK, LAT_A, LAT_B, ALLOW_TMA, TRANS_A, TRANS_B,
+                          FAST_ACC)
+        _store_c(C, SA, SB, acc, bz, bid_m, bid_n, TM, TN, SCALED)
 
     # the short last wave: each tail tile in TAIL_S units along K; a block's units start after its whole tiles
     k_per = ct.cdiv(num_k, TAIL_S)
@@ -104,12 +118,8 @@ def gemm_tail_kernel(A, B, C, SA, SB, WS, SEM, DP_TILES, TAIL_S,
         k_hi = min(k_lo + k_per, num_k)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for k in range(k_lo, k_hi):
-            a = _load_a(A, bz, bid_m, k, TM, TK, LAT_A, ALLOW_TMA, TRANS_A)
-            b = _load_a(B, bz, k, bid_n, TK, TN, LAT_B, ALLOW_TMA, TRANS_B)
-            if FAST_ACC:
-                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc, use_fast_acc=True)
-            else:
-                acc = ct.mma(a.astype(mma_dtype), b.astype(mma_dtype), acc)
+            acc = _k_step(A, B, acc, bz, bid_m, bid_n, k, TM, TN, TK, LAT_A, LAT_B, ALLOW_TMA, TRANS_A, TRANS_B,
+                          FAST_ACC)
         ct.store(WS, (split * tail_tiles + r, 0, 0), acc.reshape((1, TM, TN)), allow_tma=False)
         arrived = ct.atomic_add(SEM, r, 1, memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE)
         if arrived == TAIL_S - 1:
@@ -117,11 +127,7 @@ def gemm_tail_kernel(A, B, C, SA, SB, WS, SEM, DP_TILES, TAIL_S,
             for s in range(TAIL_S):
                 part = ct.load(WS, (s * tail_tiles + r, 0, 0), shape=(1, TM, TN), allow_tma=False)
                 total = total + part.reshape((TM, TN))
-            if SCALED:
-                sa = ct.load(SA, (0,), shape=(1,)).reshape((1, 1))
-                sb = ct.load(SB, (0,), shape=(1,)).reshape((1, 1))
-                total = total * (sa * sb)
-            ct.store(C, (bz, bid_m, bid_n), total.astype(C.dtype).reshape((1, TM, TN)))
+            _store_c(C, SA, SB, total, bz, bid_m, bid_n, TM, TN, SCALED)
             ct.atomic_xchg(SEM, r, 0, memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)
 
 

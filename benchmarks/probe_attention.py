@@ -19,14 +19,13 @@ Default row: ``16:32:1024:64:1`` (issue 14's worst attention row: 0.743x of SDPA
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, run_rows, tune_once, write_result  # noqa: E402
+from _common import do_bench_rounds, measurement_rows, ranked_ok, run_probe, tune_once  # noqa: E402
 
 DEFAULT_ROWS = "16:32:1024:64:1"
 
@@ -106,8 +105,15 @@ def probe_row(b: int, h: int, hkv: int, s: int, d: int, causal: bool) -> dict[st
     return {"shape": f"B{b} {heads} S{s} D{d}" + (" causal" if causal else ""), "flops": flops,
             "full_space_size": len(rows), "wall_s": round(wall, 1), "winner": dict(res.winner),
             "best": ok[0] if ok else None, "best_library": best_lib,
-            "head_to_head_us": head, "routes_refused": refused, "head_to_head_tflops": {n: round(flops / us / 1e6, 1) for n, us in head.items()},
-            "rows": rows}
+            "head_to_head_us": head, "routes_refused": refused,
+            "head_to_head_tflops": {n: round(flops / us / 1e6, 1) for n, us in head.items()}, "rows": rows}
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    b, bl = r["best"], r["best_library"]
+    return [f"{r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
+            f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}",
+            f"head to head (do_bench, us): {r['head_to_head_us']}"]
 
 
 def main() -> int:
@@ -115,28 +121,7 @@ def main() -> int:
     ap.add_argument("--rows", default=DEFAULT_ROWS,
                     help="B:H:S:D:causal or B:H:Hkv:S:D:causal, comma-separated (default %(default)s)")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    try:
-        rows = parse_rows(args.rows)
-    except ValueError as exc:
-        ap.error(str(exc))
-    import torch
-
-    if not torch.cuda.is_available():
-        print("probe_attention: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
-    def report(r: dict[str, Any]) -> list[str]:
-        b, bl = r["best"], r["best_library"]
-        return [f"{r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
-                f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}",
-                f"head to head (do_bench, us): {r['head_to_head_us']}"]
-
-    results, wall = run_rows(rows, lambda row: probe_row(*row), report)
-    path = write_result("probe_attention", {"problems": results, "wall_s": wall}, out,
-                        compress=True)
-    print(f"wrote {path}")
-    return 0
+    return run_probe("probe_attention", ap, parse_rows, lambda row, args: probe_row(*row), report)
 
 
 if __name__ == "__main__":

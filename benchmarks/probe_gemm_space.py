@@ -19,14 +19,13 @@ Writes ``<out>/probe_gemm_space.json.gz``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_OUT, do_bench_rounds, measurement_rows, ranked_ok, run_rows, tune_once, write_result  # noqa: E402
+from _common import do_bench_rounds, measurement_rows, ranked_ok, run_probe, tune_once  # noqa: E402
 
 #: Off-grid rows of seed 7 (2026-12-04) that trailed cuBLAS most, and one of issue 42's.
 DEFAULT_ROWS = "2076:4096:14336,3000:3584:3584"
@@ -121,35 +120,22 @@ def probe_row(m: int, n: int, k: int, full_space: bool = False) -> dict[str, Any
             "rows": rows, "tail_rows": tail_rows}
 
 
+def report(r: dict[str, Any]) -> list[str]:
+    b, bl = r["best"], r["best_library"]
+    return [f"full space: {r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
+            f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}",
+            f"tail-split space: {len(r['tail_rows'])} configs in {r['tail_wall_s']} s",
+            f"tail-split best {r['tail_best'] and r['tail_best']['median_us']} us {r['tail_best']}",
+            f"head to head (do_bench, us): {r['head_to_head_us']}"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=DEFAULT_ROWS, help="M:N:K, comma-separated (default %(default)s)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--full", action="store_true", help="also tune the 512-config GEMM_FULL_SPACE")
-    args = ap.parse_args()
-    try:
-        rows = parse_rows(args.rows)
-    except ValueError as exc:
-        ap.error(str(exc))
-    import torch
-
-    if not torch.cuda.is_available():
-        print("probe_gemm_space: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
-
-    def report(r: dict[str, Any]) -> list[str]:
-        b, bl = r["best"], r["best_library"]
-        return [f"full space: {r['full_space_size']} configs in {r['wall_s']} s; best {b and b['median_us']} us "
-                f"{b and b['config']}; library best {bl and bl['median_us']} us {bl and bl['config']}",
-                f"tail-split space: {len(r['tail_rows'])} configs in {r['tail_wall_s']} s",
-                f"tail-split best {r['tail_best'] and r['tail_best']['median_us']} us {r['tail_best']}",
-                f"head to head (do_bench, us): {r['head_to_head_us']}"]
-
-    results, wall = run_rows(rows, lambda row: probe_row(*row, full_space=args.full), report)
-    path = write_result("probe_gemm_space", {"problems": results, "wall_s": wall}, out, compress=True)
-    print(f"wrote {path}")
-    return 0
+    return run_probe("probe_gemm_space", ap, parse_rows, lambda row, args: probe_row(*row, full_space=args.full),
+                     report)
 
 
 if __name__ == "__main__":
