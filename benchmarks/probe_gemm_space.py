@@ -10,7 +10,9 @@ library space, and times the library call, the full space's winner, ``F.linear``
 with ``triton.testing.do_bench`` (L2 flushed, interleaved). It also reports the wave count of each
 tile shape on this GPU (tiles over SMs x occupancy), the suspected cause of the large-M rows below 0.9,
 and tunes the experimental tail-split GEMM (``_gemm_tail.py``: full waves whole, the last short wave's
-tiles split along ``K``) over the template's space times its split caps, to measure that cause.
+tiles split along ``K``) over the template's space times its split caps, to measure that cause. A route
+"row split" times two library calls instead: ``matmul`` over the leading rows (a multiple of 256) and over
+the trailing ones (at most 256 rows, which ``matmul`` sends to its split-K op).
 Writes ``<out>/probe_gemm_space.json.gz``.
 
     python benchmarks/probe_gemm_space.py [--rows M:N:K,...] [--full] [--out DIR]
@@ -105,6 +107,12 @@ def probe_row(m: int, n: int, k: int, full_space: bool = False) -> dict[str, Any
 
     tail_rows = measurement_rows(tail_res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, tail_extra)
     tail_ok = ranked_ok(tail_rows)
+    # the row split: the library's GEMM over the leading rows (a multiple of 256, so every tile height fits) and
+    # the library's split-K op over the trailing ones (at most 256 rows), two launches of existing ops
+    split_rows = (m // 256) * 256 if m % 256 else m - 256
+    if 0 < split_rows < m and m - split_rows <= 256:
+        wt = w.t()
+        routes[f"row split at {split_rows}"] = lambda: (K.matmul(x[:split_rows], wt), K.matmul(x[split_rows:], wt))
     routes["F.linear"] = lambda: F.linear(x, w)
     routes["torch.matmul"] = lambda: torch.matmul(x, w.t())
     for fn in routes.values():
