@@ -13,8 +13,10 @@ Not a library op: ``benchmarks/probe_gemm_space.py`` tunes it beside the library
 whether the tail is where large-M rows lose to cuBLAS. The full waves run in their own loop, written as
 :func:`~tiletune.kernels.gemm_kernels.gemm_kernel`'s (``range(num_k)``), and the tail units in a second
 loop: a first form that ran every unit through one loop with computed K bounds and a runtime branch
-around the store was much slower than ``gemm_kernel`` even with no tail, and some of its configs failed
-their checks (``docs/GPU-NOTES.md``, 2026-12-07). ``S`` is picked on the host per launch
+around the store was much slower than the library's tuned GEMM even with no tail, and some of its configs
+failed their checks (``docs/GPU-NOTES.md``, 2026-12-07). The offline compile of this form still spills at
+large tiles: the partial tiles' generic stores to the workspace (``allow_tma=False``) cost the whole
+kernel registers and pipeline stages, as in the library's split-K kernel. ``S`` is picked on the host per launch
 (:func:`tail_plan_numbers`: at most ``TAIL_MAX``, the tuning parameter, and at least two ``K`` tiles per
 unit), so one config adapts to each shape's tail.
 """
