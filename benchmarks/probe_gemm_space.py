@@ -9,13 +9,13 @@ tiletune's harness (compile pool, reference check, cold-L2 timing, no database),
 library space, and times the library call, the full space's winner, ``F.linear`` and ``torch.matmul``
 with ``triton.testing.do_bench`` (L2 flushed, interleaved). It also reports the wave count of each
 tile shape on this GPU (tiles over SMs x occupancy), the suspected cause of the large-M rows below 0.9,
-and tunes the experimental tail-split GEMM (``_gemm_tail.py``: full waves whole, the last short wave's
+and (with ``--tail``) tunes the experimental tail-split GEMM (``_gemm_tail.py``: full waves whole, the last short wave's
 tiles split along ``K``) over the template's space times its split caps, to measure that cause. A route
 "row split" times two library calls instead: ``matmul`` over the leading rows (a multiple of 256) and over
 the trailing ones (at most 256 rows, which ``matmul`` sends to its split-K op).
 Writes ``<out>/probe_gemm_space.json.gz``.
 
-    python benchmarks/probe_gemm_space.py [--rows M:N:K,...] [--full] [--out DIR]
+    python benchmarks/probe_gemm_space.py [--rows M:N:K,...] [--full] [--tail] [--out DIR]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def waves(m: int, n: int, tm: int, tn: int, sms: int, occupancy: int) -> float:
     return (-(-m // tm)) * (-(-n // tn)) / (sms * occupancy)
 
 
-def probe_row(m: int, n: int, k: int, full_space: bool = False) -> dict[str, Any]:
+def probe_row(m: int, n: int, k: int, full_space: bool = False, tail_space_too: bool = False) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -79,10 +79,13 @@ def probe_row(m: int, n: int, k: int, full_space: bool = False) -> dict[str, Any
     lib = {tuple(sorted(dict(c).items())) for c in GEMM_SPACE.candidates(arch)}
     from _gemm_tail import tail_plan, tail_plan_numbers, tail_space
 
-    tail = autotune(tail_space(), reference=GEMM.reference, writes=list(GEMM.writes), tolerance=GEMM.tolerance,
-                    name="probe_gemm_space.tail", db=False, progress=False)(tail_plan)
-    tail_res, tail_wall = tune_once(tail, args)
-    routes = {"library call": lambda: K.matmul(x, w.t()), "tail-split winner": lambda: tail(*args)}
+    routes: dict[str, Any] = {"library call": lambda: K.matmul(x, w.t())}
+    tail_res = tail_wall = None
+    if tail_space_too:
+        tail = autotune(tail_space(), reference=GEMM.reference, writes=list(GEMM.writes), tolerance=GEMM.tolerance,
+                        name="probe_gemm_space.tail", db=False, progress=False)(tail_plan)
+        tail_res, tail_wall = tune_once(tail, args)
+        routes["tail-split winner"] = lambda: tail(*args)
     rows, ok, best_lib, wall, winner = [], [], None, None, None
     if full_space:
         full = autotune(GEMM_FULL_SPACE, reference=GEMM.reference, writes=list(GEMM.writes),
@@ -105,7 +108,8 @@ def probe_row(m: int, n: int, k: int, full_space: bool = False) -> dict[str, Any
         grid, dp, s, r = tail_plan_numbers(SimpleNamespace(**cfg), m, n, k, sms)
         return {"grid": grid, "whole_tiles": dp, "tail_tiles": r, "tail_splits": s}
 
-    tail_rows = measurement_rows(tail_res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, tail_extra)
+    tail_rows = [] if tail_res is None else \
+        measurement_rows(tail_res, lambda us: {"tflops": round(flops / us / 1e6, 1)}, tail_extra)
     tail_ok = ranked_ok(tail_rows)
     # the row split: the library's GEMM over the leading rows (a multiple of 256, so every tile height fits) and
     # the library's split-K op over the trailing ones (at most 256 rows), two launches of existing ops
@@ -120,7 +124,8 @@ def probe_row(m: int, n: int, k: int, full_space: bool = False) -> dict[str, Any
     head = do_bench_rounds(routes, warmup=10, rep=60)
     return {"shape": f"{m}x{n}x{k}", "flops": flops, "sm_count": sms, "full_space_size": len(rows),
             "wall_s": wall and round(wall, 1), "winner": winner, "best": ok[0] if ok else None,
-            "best_library": best_lib, "tail_wall_s": round(tail_wall, 1), "tail_winner": dict(tail_res.winner),
+            "best_library": best_lib, "tail_wall_s": tail_wall and round(tail_wall, 1),
+            "tail_winner": tail_res and dict(tail_res.winner),
             "tail_best": tail_ok[0] if tail_ok else None,
             "tail_best_unsplit": next((r for r in tail_ok if r["tail_tiles"] == 0), None),
             "head_to_head_us": head,
@@ -142,8 +147,9 @@ def main() -> int:
     ap.add_argument("--rows", default=DEFAULT_ROWS, help="M:N:K, comma-separated (default %(default)s)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--full", action="store_true", help="also tune the 512-config GEMM_FULL_SPACE")
-    return run_probe("probe_gemm_space", ap, parse_rows, lambda row, args: probe_row(*row, full_space=args.full),
-                     report)
+    ap.add_argument("--tail", action="store_true", help="also tune the experimental tail-split kernel's space")
+    return run_probe("probe_gemm_space", ap, parse_rows,
+                     lambda row, args: probe_row(*row, full_space=args.full, tail_space_too=args.tail), report)
 
 
 if __name__ == "__main__":
