@@ -555,3 +555,53 @@ def test_a_tuned_keys_time_outside_its_session_is_recorded_in_its_stats():
     assert r.stats["miss_s"] >= r.wall_s > 0
     assert r.stats["store_s"] >= 0 and r.stats["install_s"] >= 0 and r.stats["first_launch_s"] >= 0
     assert torch.equal(y, x * 2)
+
+
+@pytest.mark.parametrize("where", ["database", "table"])
+def test_a_database_or_table_answer_that_nothing_compiled_runs_the_fallback_while_it_compiles(
+        tmp_path, monkeypatch, fallback_on, where):
+    """A fresh machine (no compile cache) with a database record or a table entry for the key: the first
+    call does not wait for the compiler (the fallback answers while the record's config compiles); once
+    compiled, the record's config launches; a compile cache that holds it launches it at once."""
+    import threading
+
+    from tiletune.resolve import tables
+
+    monkeypatch.setenv("TILETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TILETUNE_TABLES", raising=False)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(tables, "SHIPPED", shipped)
+    tables.forget()
+    try:
+        source = tmp_path / "source.db"
+        _op(source, name="nn.fb", truth=lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64))  # K=3
+        if where == "table":
+            tables.install(tables.TuningTable.from_db(TuningDB(source)).save(tmp_path / "t.json"))
+            db = tmp_path / "fresh.db"
+        else:
+            db = source
+        gate = threading.Event()
+        backend = FakeCompilingBackend(lambda c: 10.0 + abs(c.K - 3), cached=lambda c: False, ahead_gate=gate)
+        server, calls = _fb_op(db, backend)
+        log: list[str] = []
+        server_chain = Chain([Spy(s, log) for s in default_sources()])
+        x, y = torch.randn(64), torch.empty(64)
+        with monkeypatch.context() as m:
+            m.setattr("tiletune.resolve.chain._default", server_chain)
+            server(x, y)
+        assert log[-1] == where  # the source that found the config answered with the fallback
+        assert calls == [64] and torch.equal(y, x * 2) and [[c.K for c in cfgs] for cfgs in backend.ahead] == [[3]]
+        assert backend.launches == [] and server.tuning_count == 0
+        gate.set()
+        assert tt.wait_for_compiles(5)
+        y2 = torch.empty(64)
+        server(x, y2)  # compiled: the record's config launches from now on
+        assert calls == [64] and torch.equal(y2, x * 2) and [c.K for c, _, _ in backend.launches] == [3]
+        assert server.tuning_count == 0 and server.provisional == []
+        warm = FakeCompilingBackend(lambda c: 10.0 + abs(c.K - 3), cached=lambda c: c.K == 3)
+        server, calls = _fb_op(db, warm)
+        server(x, torch.empty(64))  # a compile cache holds it: launched at once, no fallback
+        assert calls == [] and warm.ahead == [] and [c.K for c, _, _ in warm.launches] == [3]
+    finally:
+        tables.forget()

@@ -100,11 +100,7 @@ class SingleSource:
         cfg = problem.spec.single(problem.arch)
         if cfg is None:
             return None
-        if fallback.may_fall_back(problem) and fallback.not_compiled(problem, cfg):
-            fell = fallback.fall_back(problem, [cfg])  # the op's fallback while it compiles
-            if fell is not None:
-                return fell
-        return Choice(cfg, "single")
+        return fallback.while_compiling(problem, cfg) or Choice(cfg, "single")
 
 
 # ---------------------------------------------------------------------- the chain

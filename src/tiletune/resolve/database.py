@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from tiletune.resolve import fallback
 from tiletune.resolve.problem import Choice
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -18,7 +19,8 @@ __all__ = ["DatabaseSource"]
 
 
 class DatabaseSource:
-    """The database's record of the identity (no lease, no waiting: the tune source takes the lease)."""
+    """The database's record of the identity (no lease, no waiting: the tune source takes the lease); on a
+    call that may fall back, the op's fallback while the record's config compiles, when no cache holds it."""
 
     name = "database"
 
@@ -30,4 +32,4 @@ class DatabaseSource:
         if cfg is None:
             return None
         logger.info("%s: database hit for %s -> %s", problem.name, problem.identity.key, cfg)
-        return Choice(cfg, "database", median_us=record.median_us)
+        return fallback.while_compiling(problem, cfg) or Choice(cfg, "database", median_us=record.median_us)

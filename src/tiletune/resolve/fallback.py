@@ -8,7 +8,8 @@ front-end cache) and the chain answers ``"fallback"``: the op runs its fallback 
 compile is done; the next call then resolves the key again and finds the configs compiled. A key falls
 back once per process (should its compile reach no cache, the next call compiles and waits). Never during
 a CUDA graph capture, nor for ``config_for`` / ``bind`` (they need a config); ``TILETUNE_FALLBACK=0``
-turns it off. The nearest-neighbour and single-config sources use it; :func:`wait_for_compiles` waits
+turns it off. The single-config, database, table and nearest-neighbour sources use it (:func:`while_compiling`,
+:func:`fall_back`); :func:`wait_for_compiles` waits
 for every background compile (benchmarks, warm-ups).
 """
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["AHEAD_CONFIGS", "fall_back", "may_fall_back", "not_compiled", "wait_for_compiles"]
+__all__ = ["AHEAD_CONFIGS", "fall_back", "may_fall_back", "not_compiled", "wait_for_compiles", "while_compiling"]
 
 
 #: configs compiled in the background for a new key that nothing compiled holds a config of (the
@@ -112,3 +113,13 @@ def not_compiled(problem: "Problem", cfg: "Config") -> bool:
     except Exception as exc:  # noqa: BLE001 - cannot tell: launch as before
         logger.debug("%s: compile-cache lookup failed (%s: %s)", problem.name, type(exc).__name__, exc)
         return False
+
+
+def while_compiling(problem: "Problem", cfg: "Config") -> "Choice | None":
+    """The op's fallback while ``cfg`` compiles in the background, for a source that has found ``cfg``
+    (the single config, a database record, a table entry) on a call that may fall back when no compile
+    cache holds it; None otherwise (the source answers ``cfg``, which a cache holds or the launch compiles)."""
+    if may_fall_back(problem) and not_compiled(problem, cfg):
+        return fall_back(problem, [cfg])
+    return None
+

@@ -318,7 +318,8 @@ def family(identity: TuningIdentity, siblings: bool = True) -> list[tuple[TableE
 
 
 class TableSource:
-    """The tuning tables' entry for exactly this identity (user tables, then the shipped ones)."""
+    """The tuning tables' entry for exactly this identity (user tables, then the shipped ones); on a call
+    that may fall back, the op's fallback while the entry's config compiles, when no cache holds it."""
 
     name = "table"
 
@@ -333,4 +334,6 @@ class TableSource:
         if cfg is None:
             return None
         logger.info("%s: tuning table %s -> %s", problem.name, table.source, cfg)
-        return Choice(cfg, "table", median_us=entry.median_us)
+        from tiletune.resolve import fallback
+
+        return fallback.while_compiling(problem, cfg) or Choice(cfg, "table", median_us=entry.median_us)
