@@ -32,7 +32,7 @@ default on sm_90; 8: two consumer warpgroups sharing the ``BLOCK_M`` rows).  The
 :func:`fits` constraint bounds the fp32 ``S`` tile (``BLOCK_M * BLOCK_N <= 128 * 256``): 11 tile
 shapes x 5 latencies x 3 occupancies x 2 warp counts = 330 configs, all of which compile for sm_90
 (``tools/compile_check_all.py``). The library op tunes over :data:`ATTENTION_SPACE_PARAMS`, the
-16 configs of it that the H200 recording says matter.
+28 configs of it that the H200 recording and probes say matter.
 """
 
 from __future__ import annotations
@@ -78,12 +78,15 @@ ATTENTION_FULL_SPACE_PARAMS = dict(
 )
 
 #: The library op's space: the tile shapes (>= 64) and warp counts of the full space, no latency
-#: hint, occupancy 1 (16 configs).
+#: hint, occupancy 1, and occupancy 2 for score tiles of at most 128 x 128 (:func:`in_flight`; 28 configs).
+#: The recording that shrank the full space (causal S=4096) found occupancy 1 within 0.3% of the best
+#: there; on shorter sequences (``benchmarks/probe_attention.py`` on GQA rows of S 552 and 1404) the
+#: full space's winners ran two blocks per SM with 4 worker warps.
 ATTENTION_SPACE_PARAMS = dict(
     BLOCK_M=[64, 128, 256],
     BLOCK_N=[64, 128, 256],
     KV_LATENCY=[0],
-    occupancy=[1],
+    occupancy=[1, 2],
     num_worker_warps=[4, 8],
 )
 
@@ -96,23 +99,24 @@ def fits(cfg) -> bool:
     return _param(cfg, "BLOCK_M") * _param(cfg, "BLOCK_N") <= 128 * 256
 
 
-#: ``Space(..., constraints=ATTENTION_CONSTRAINTS)``.
+#: ``Space(**ATTENTION_FULL_SPACE_PARAMS, constraints=ATTENTION_CONSTRAINTS)``.
 ATTENTION_CONSTRAINTS = {"fits": fits}
 
 #: Heads of at most 64: the library's tiles and warp counts, and occupancy 2 and 4 for score tiles of at
 #: most 128 x 128 (40 configs). On the H200 (``benchmarks/probe_attention.py``, all 330 configs at D=64,
-#: ``results/h200/probe_attention.json.gz``) 64 x 64 tiles at occupancy 4 beat every config at occupancy 1;
-#: the recording that shrank :data:`ATTENTION_SPACE_PARAMS` had D=128.
+#: ``results/h200/probe_attention.json.gz``) 64 x 64 tiles at occupancy 4 beat every config at occupancy 1.
 ATTENTION_SMALL_HEAD_SPACE_PARAMS = dict(ATTENTION_SPACE_PARAMS, occupancy=[1, 2, 4])
 
 
-def small_head_in_flight(cfg) -> bool:
+def in_flight(cfg) -> bool:
     """Occupancy above 1 only for score tiles of at most ``128 * 128`` elements."""
     return _param(cfg, "occupancy") == 1 or _param(cfg, "BLOCK_M") * _param(cfg, "BLOCK_N") <= 128 * 128
 
 
+#: ``Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_LIBRARY_CONSTRAINTS)`` (and the small-head space).
+ATTENTION_LIBRARY_CONSTRAINTS = {"fits": fits, "in_flight": in_flight}
 #: ``Space(**ATTENTION_SMALL_HEAD_SPACE_PARAMS, constraints=ATTENTION_SMALL_HEAD_CONSTRAINTS)``.
-ATTENTION_SMALL_HEAD_CONSTRAINTS = {"fits": fits, "small_head_in_flight": small_head_in_flight}
+ATTENTION_SMALL_HEAD_CONSTRAINTS = ATTENTION_LIBRARY_CONSTRAINTS
 
 
 @ct.kernel
