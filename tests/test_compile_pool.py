@@ -574,3 +574,101 @@ def test_the_baseline_compiles_before_bigger_tiles(fake, monkeypatch):
     js[2] = CompileJob(2, js[2].kernel, js[2].args, "sm_90", first=True)
     list(CompilePool(workers=1).compile_all(js))
     assert fronts == ["base", "s256", "s128", "s64"] and asms == fronts
+
+
+# ---------------------------------------------------------------------- claims: one assembly per cubin
+
+
+def _claim_path(ints, key):
+    import hashlib
+
+    return Path(ints.cache_dir) / compile_pool.CLAIMS_DIR / hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def _plant_claim(ints, key, pid):
+    path = _claim_path(ints, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{pid} 0")
+    return path
+
+
+def test_two_pools_compiling_the_same_cubins_at_once_assemble_each_once(fake, monkeypatch):
+    """The caller compiling ahead while its worker compiles the same candidates (or two ranks): the second
+    to reach a key waits for the first's cubin instead of running tileiras on it again."""
+    ints, active, _, disk = fake(delay=0.3)
+    runs: list[str] = []
+    inner = ints.comp.compile_cubin
+
+    def counting(path, *a, **k):
+        runs.append(Path(path).read_bytes().decode())
+        return inner(path, *a, **k)
+
+    monkeypatch.setattr(ints.comp, "compile_cubin", counting)
+    names = [f"k{i}" for i in range(4)]
+    got: dict[int, dict] = {}
+
+    def run(i):
+        got[i] = {r.tag: r for r in CompilePool(workers=4).compile_all(jobs(names))}
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(runs) == names  # each cubin assembled once in all
+    for results in got.values():
+        assert all(r.error is None and not r.deferred for r in results.values())
+    assert sum(r.cached for results in got.values() for r in results.values()) == 4  # the waiters' answers
+    assert compile_pool.flush(5) and not list((Path(ints.cache_dir) / compile_pool.CLAIMS_DIR).iterdir())
+
+
+def test_a_key_another_live_process_claims_is_taken_from_the_disk_cache_once_stored(fake):
+    import subprocess
+    import sys
+
+    ints, active, _, disk = fake(delay=0.05)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        claim = _plant_claim(ints, "k0", other.pid)
+
+        def store_then_release():
+            disk["k0"] = b"cubin-from-the-other-process"
+            claim.unlink()
+
+        threading.Timer(0.3, store_then_release).start()
+        t = time.perf_counter()
+        (r,) = list(CompilePool(workers=2).compile_all(jobs(["k0"])))
+        assert r.cached and r.error is None and time.perf_counter() - t >= 0.25
+        assert "nice" not in active  # no tileiras ran here
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_claim_of_a_dead_process_or_one_given_up_is_assembled_here(fake):
+    import subprocess
+    import sys
+
+    ints, active, _, disk = fake(delay=0.05)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _plant_claim(ints, "k0", gone.pid)  # stale: its process is gone
+    (r,) = list(CompilePool(workers=1).compile_all(jobs(["k0"])))
+    assert not r.cached and r.error is None and len(active["nice"]) == 1
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        claim = _plant_claim(ints, "k1", other.pid)
+        threading.Timer(0.2, claim.unlink).start()  # the other gives up without storing anything
+        (r,) = list(CompilePool(workers=1).compile_all(jobs(["k1"])))
+        assert not r.cached and r.error is None and len(active["nice"]) == 2
+    finally:
+        other.kill()
+        other.wait()
+    assert compile_pool.flush(5) and disk["k1"] == b"cubin-k1"
+
+
+def test_a_failed_assembly_releases_its_claim(fake):
+    ints, _, _, _ = fake(fail={"bad"})
+    (r,) = list(CompilePool(workers=1).compile_all(jobs(["bad"])))
+    assert r.error is not None
+    assert compile_pool.flush(5) and not _claim_path(ints, "bad").exists()

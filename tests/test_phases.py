@@ -108,7 +108,10 @@ class _AheadFake:
 
     def __init__(self, configs):
         self.configs = list(configs)
-        self.finished = 0
+        self.finished = self.stopped = 0
+
+    def stop(self):
+        self.stopped += 1
 
     def finish(self, timeout):
         self.finished += 1
@@ -139,7 +142,7 @@ def test_the_caller_compiles_the_space_ahead_while_the_worker_starts():
     op(torch.randn(8), torch.empty(8))
     (res,) = op.results.values()
     (ahead,) = local.ahead
-    assert sorted(c.K for c in ahead.configs) == list(range(8)) and ahead.finished == 1
+    assert sorted(c.K for c in ahead.configs) == list(range(8)) and ahead.stopped == 1 and ahead.finished == 1
     assert res.stats["ahead_jobs"] == 8 and res.stats["ahead_cpu_s"] == 2.5
     ph = res.stats["phases"]
     _check_phases(ph, res.wall_s)

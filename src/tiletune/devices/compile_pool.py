@@ -16,6 +16,11 @@ assembler step itself needs no lock. This pool therefore splits compilation:
    compiling; nobody waits for those stores,
 4. candidates are yielded as they finish, so the GPU measures while the rest compile.
 
+An assembly claims its cubin's key beside cuTile's disk cache first (a marker file, see
+:func:`_claim`): a process that meets a key another live process is assembling (the caller compiling
+ahead while its worker starts; ranks of one job missing on the same kernels) waits for that cubin to be
+stored instead of running ``tileiras`` on it again, and assembles it itself only when the other gives up.
+
 Before any of that, a job the front-end cache answers (compiled by an earlier process) is handed its
 cubin at once: no front end, and no import of cuTile's compiler when every job is answered so.
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import hashlib
 import heapq
 import itertools
 import json
@@ -246,16 +252,11 @@ class _Writer:
                     break
             try:
                 disk = [fn.args for fn in batch if getattr(fn, "func", None) is _store_disk]
+                calls = [fn for fn in batch if getattr(fn, "func", None) is not _store_disk]
                 if disk:
-                    _store_disk_batch(disk)
-                for fn in batch:
-                    if getattr(fn, "func", None) is not _store_disk:
-                        fn()
-            except Exception as exc:  # noqa: BLE001 - a failed store only costs a later compile
-                import logging
-
-                logging.getLogger("tiletune").debug("tiletune: a compiled cubin was not stored (%s: %s)",
-                                                    type(exc).__name__, exc)
+                    _quietly(_store_disk_batch, disk)
+                for fn in calls:  # each on its own: a claim is released even where its store failed
+                    _quietly(fn)
             finally:
                 with self._lock:
                     self._pending -= len(batch)
@@ -266,6 +267,17 @@ class _Writer:
         """Wait until every queued store ran; False when ``timeout`` passed first."""
         with self._lock:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+
+def _quietly(fn: Any, *args: Any) -> None:
+    """Run a store (or a claim's release) of the writer: a failure only costs a later compile."""
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        import logging
+
+        logging.getLogger("tiletune").debug("tiletune: a compiled cubin was not stored (%s: %s)",
+                                            type(exc).__name__, exc)
 
 
 _writer = _Writer()
@@ -395,8 +407,9 @@ class CompilePool:
         largest = _largest_first()
         if largest:  # the slowest compiles start first rather than make the session's tail
             fronts.sort(key=lambda f: (not f[0].first, -tile_volume(f[0])))
-        # jobs waiting for an assembler: (not first, -tile volume, -bytecode size, seq, _assemble's arguments)
-        waiting: list[tuple[bool, int, int, int, tuple[Any, ...]]] = []
+        # jobs waiting for an assembler: (not first, claimed elsewhere, -tile volume, -bytecode size, seq,
+        # _assemble's arguments)
+        waiting: list[tuple[bool, bool, int, int, int, tuple[Any, ...]]] = []
         waiting_lock = threading.Lock()
         seq = itertools.count()
 
@@ -423,8 +436,10 @@ class CompilePool:
                 continue
             a = (ints, job, sig, key, bytecode, t0, out, cpu, entry, stop, (*front_at, time.time()))
             if largest:
+                # what another process is assembling goes after the rest: its cubin may be stored meanwhile
+                later = _claimed_elsewhere(ints, key, float(self.timeout_s or CLAIM_MAX_S))
                 with waiting_lock:
-                    heapq.heappush(waiting, (not job.first, -tile_volume(job), -len(bytecode), next(seq), a))
+                    heapq.heappush(waiting, (not job.first, later, -tile_volume(job), -len(bytecode), next(seq), a))
                 executor.submit(assemble_biggest)
             else:
                 executor.submit(self._assemble, *a)
@@ -538,6 +553,18 @@ class CompilePool:
         if stop is not None and stop.is_set():  # queued, not started: left to whoever compiles it next
             out.put(CompileResult(job.tag, time.perf_counter() - t0, deferred=True, cpu_s=front_cpu))
             return
+        limit = float(self.timeout_s or CLAIM_MAX_S)
+        claim, elsewhere = _claim(ints, key, limit)
+        if elsewhere:  # another live process assembles this very cubin: take it from the disk cache when stored
+            cubin = _await_claimed(ints, key, limit)
+            if cubin is not None:
+                job.kernel.offer(sig, cubin, job.arch)
+                if entry is not None:
+                    _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
+                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
+                return
+            claim, _ = _claim(ints, key, limit)  # the other gave up: assemble it here
+        released = False
         t_asm = time.perf_counter()
         try:
             tmp_dir = ints.context.config.temp_dir
@@ -556,6 +583,9 @@ class CompilePool:
             job.kernel.offer(sig, cubin, job.arch)
             if ints.cache_dir:
                 _writer.submit(functools.partial(_store_disk, ints, key, cubin, asm_s))
+            if claim is not None:  # after the store (one writer, in order): a waiting process then finds the cubin
+                _writer.submit(functools.partial(_release, claim))
+                released = True
             if entry is not None:  # after the disk store (one writer, in order): a record of cuTile's key
                 _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key if ints.cache_dir else None))
             out.put(CompileResult(job.tag, time.perf_counter() - t0, cpu_s=front_cpu + asm_s))
@@ -563,6 +593,9 @@ class CompilePool:
             timed_out = "timeout" in type(exc).__name__.lower() or "exceeded timeout" in str(exc)
             out.put(CompileResult(job.tag, time.perf_counter() - t0, error=_describe(exc), timed_out=timed_out,
                                   cpu_s=front_cpu + time.perf_counter() - t_asm))
+        finally:
+            if claim is not None and not released:
+                _release(claim)
 
 
 class AheadCompile:
@@ -617,6 +650,11 @@ class AheadCompile:
         if not self._done.wait(timeout):
             return False
         return flush(None if timeout is None else max(0.0, timeout - (time.perf_counter() - t)))
+
+    def stop(self) -> None:
+        """Start no more jobs (those running finish; their cubins are claimed, so a process compiling the
+        same candidates waits for them instead of assembling them again)."""
+        self._stop.set()
 
     def finish(self, timeout: float = 10.0) -> dict[str, float]:
         """Stop starting jobs, wait (up to ``timeout``) for those running and for their disk-cache stores;
@@ -734,6 +772,100 @@ def _lookup_disk(ints: _Internals, key: str) -> bytes | None:
         return read_cutile_cache(ints.cache_dir, key)
     except sqlite3.Error:
         return ints.cache.cache_lookup(ints.cache_dir, key)
+
+
+#: How long a claim on an assembly holds at most (and so how long another process waits for it) when the
+#: pool has no assembler limit of its own; a claim older than its holder's limit is stale.
+CLAIM_MAX_S = 300.0
+#: How often a process waiting for another's assembly looks for the cubin in the disk cache.
+CLAIM_POLL_S = 0.02
+CLAIMS_DIR = "tiletune-assembling"
+
+
+def _claim(ints: Any, key: str, limit_s: float) -> tuple[Path | None, bool]:
+    """Claim the assembly of ``key``'s cubin for this process: ``(marker, False)`` when this process may
+    assemble it (``marker`` None where no claim can be made: no disk cache, a folder this process cannot
+    write), ``(None, True)`` when another live process holds a fresh claim on it (see :func:`_claim_live`).
+
+    The marker is a file named after the key in ``CLAIMS_DIR`` beside cuTile's disk cache, created
+    exclusively, holding the claimer's pid; :func:`_release` removes it once the cubin is stored. A
+    marker whose process is gone or which is older than ``limit_s`` is taken over."""
+    if not ints.cache_dir:
+        return None, False
+    path = _claim_path(ints, key)
+    folder = path.parent
+    for _ in range(2):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if _claim_live(path, limit_s):
+                return None, True
+            with contextlib.suppress(OSError):
+                path.unlink()  # stale: its process is gone, or it is older than any assembly may take
+            continue
+        except OSError:
+            return None, False
+        try:
+            os.write(fd, f"{os.getpid()} {threading.get_ident()}".encode())
+        finally:
+            os.close(fd)
+        return path, False
+    return None, False  # taken over by a third process meanwhile: assemble without a claim
+
+
+def _claim_live(path: Path, limit_s: float) -> bool:
+    """Whether the claim ``path`` is held: the file exists, is younger than ``limit_s`` and names a process
+    that runs (a marker still being written counts as held)."""
+    try:
+        text = path.read_text()
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return False
+    if age > limit_s:
+        return False
+    try:
+        pid = int(text.split()[0])
+    except (ValueError, IndexError):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it runs
+        return True
+    return True
+
+
+def _claim_path(ints: Any, key: str) -> Path:
+    return Path(ints.cache_dir) / CLAIMS_DIR / hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def _claimed_elsewhere(ints: Any, key: str, limit_s: float) -> bool:
+    """Whether a live claim on ``key`` exists (this process holds none before it assembles)."""
+    return bool(ints.cache_dir) and _claim_live(_claim_path(ints, key), limit_s)
+
+
+def _await_claimed(ints: Any, key: str, limit_s: float) -> bytes | None:
+    """Wait (up to ``limit_s``) for the cubin another process claimed to reach the disk cache: the cubin,
+    or None when its claim ends without it (that process failed or gave up) or the wait runs out."""
+    path = _claim_path(ints, key)
+    deadline = time.monotonic() + limit_s
+    while True:
+        cubin = _lookup_disk(ints, key)
+        if cubin is not None:
+            return cubin
+        if not _claim_live(path, limit_s):
+            return _lookup_disk(ints, key)  # released just now: stored, or given up
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(CLAIM_POLL_S)
+
+
+def _release(path: Path) -> None:
+    """End a claim of :func:`_claim` (its cubin is stored, or its assembly failed)."""
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def _store_disk(ints: _Internals, key: str, cubin: bytes, asm_s: float) -> None:

@@ -268,6 +268,9 @@ class FakeAhead:
     def wait(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
 
+    def stop(self) -> None:
+        pass
+
     def finish(self, timeout: float = 10.0) -> dict[str, float]:
         self._done.wait(timeout)
         return {}

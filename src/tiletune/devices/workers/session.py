@@ -115,7 +115,9 @@ class IsolationOptions:
     start_spares: int = 2
     max_spares: int = 4
     reap_timeout_s: float = 30.0
-    #: how long the first compile waits for the caller's compiles ahead still running (and their stores)
+    #: how long the end of the session's compiles waits for the caller's compiles ahead still running (and
+    #: their stores), for their figures; the compiles themselves never wait for them (a cubin being
+    #: assembled is claimed, see compile_pool)
     ahead_wait_s: float = 10.0
     #: most configs the caller compiles ahead for a worker forked by the zygote (up in a few tenths of a
     #: second, its front ends spread over forked processes): the caller's front ends run one at a time, so
@@ -218,6 +220,7 @@ class WorkerSession:
     def __init__(self, worker: WorkerProcess, payload: dict, options: IsolationOptions, ahead: Any = None) -> None:
         self.t0 = time.perf_counter()
         self._ahead = ahead  # the caller's compile-ahead (compile_pool.AheadCompile) running meanwhile, or None
+        self._ahead_stopped = False
         self.worker = worker
         self.payload = payload
         self.options = options
@@ -457,9 +460,12 @@ class WorkerSession:
         pending are sent again, then one at a time: the one in flight when it dies again is the
         culprit and fails (``compiling took the worker down``).
         """
-        if self._ahead is not None:  # the caller compiled ahead while the worker started: let it hand over
-            ahead, self._ahead = self._ahead, None
-            self.stats.update(ahead.finish(self.options.ahead_wait_s))
+        if self._ahead is not None and not self._ahead_stopped:
+            # the caller compiled ahead while the worker started: it starts no more; what it is assembling
+            # is claimed (compile_pool), so the worker's compiles of those wait for their cubins rather than
+            # assemble them again, and everything else compiles in the worker from now on
+            self._ahead.stop()
+            self._ahead_stopped = True
         pending = {c.order: c for c in candidates}
         serial = False
         need_send = True
@@ -498,6 +504,9 @@ class WorkerSession:
             yield CompileOutcome(c, ev.status, ev.seconds, ev.reason, cpu_s=ev.cpu_s)
             if serial and not any(o in pending for o in in_flight):
                 need_send = True  # the next one
+        if self._ahead is not None and self._ahead_stopped:  # every compile is in: its figures (done by now)
+            ahead, self._ahead = self._ahead, None
+            self.stats.update(ahead.finish(self.options.ahead_wait_s))
 
     def check(self, candidate: Candidate) -> CheckOutcome:
         since = None
@@ -585,7 +594,7 @@ class WorkerSession:
         it held of the session, then this process collects the CUDA memory it had shared
         (``shares_held`` in the stats: the worker's IPC views still alive after the close, 0 normally)."""
         timeline.mark("session_finish")
-        if self._ahead is not None:  # never compiled: nothing more of it is wanted
+        if self._ahead is not None:  # never compiled (or not to the end): nothing more of it is wanted
             self._ahead.finish(0.0)
             self._ahead = None
         try:
