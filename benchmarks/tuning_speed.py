@@ -210,10 +210,16 @@ stats["compile_s_max"] = float(max(comp)) if comp else 0.0
 stats["tune_wall_s"] = float(r.wall_s)
 if isinstance(stats.get("session_clock_s"), (int, float)):
     stats["outside_session_s"] = wall - stats["session_clock_s"]
+# what the session measured of each config (median, samples, how its race ended) and the tie band's members:
+# a pick that differs from exhaustive_search's is read from these
+measured = [{"config": dict(m.config), "status": m.status.value, "n": len(m.samples_us),
+             "median_us": sorted(m.samples_us)[len(m.samples_us) // 2] if m.samples_us else None,
+             "baseline": bool(m.is_baseline)} for m in r.measurements]
 print("RESULT " + json.dumps({"wall_s": wall, "configs": len(SPACE.candidates("sm_90")), "pick": dict(r.winner),
                               "pick_us": r.winner_median_us, "ok": len(r.successes), "failed": len(r.failures),
                               "isolation": r.stats.get("isolation", "none"), "stats": stats, "call_at": call_at,
-                              "kernel_version": VERSION}))
+                              "kernel_version": VERSION, "measured": measured,
+                              "tied": [dict(t) for t in (r.tied or ())]}))
 """
 
 RETIME = """
@@ -478,6 +484,8 @@ def measure_kernel(kernel: str, reps: int, rounds: int, timeout: float) -> tuple
             r[f"{side}_ok"], r[f"{side}_failed"] = got["ok"], got["failed"]
             if side == "tiletune":
                 r["tiletune_stats"] = got.get("stats", {})
+                r["tiletune_measured"] = got.get("measured")
+                r["tiletune_tied"] = got.get("tied")
                 if got.get("compile_trace"):
                     r["compile_trace"] = got["compile_trace"]
                 r["isolation"] = got.get("isolation")
