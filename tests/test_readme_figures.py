@@ -39,8 +39,17 @@ def docs_text() -> str:
     return "\n\n".join(p.read_text() for p in DOCS)
 
 
+def _read(path: Path):
+    """A result file's JSON (``.json``, or ``.json.gz`` as the larger ones are committed)."""
+    if path.name.endswith(".gz"):
+        import gzip
+
+        return json.loads(gzip.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
+
+
 def _load(rel: str):
-    return json.loads((RESULTS / rel).read_text())
+    return _read(RESULTS / rel)
 
 
 def _strategy(space: str, strategy: str) -> dict:
@@ -56,7 +65,10 @@ TABLE_SOURCES: dict[str, list[str]] = {
                              "h200/first_call_linear.json", "h200/graphs_compile.json", "h200/first_forward.json",
                              "h200/nearest_quality.json", "h200/compile_tax.json", "h200/fault_space.json",
                              "h200/tuning_speed_cold.json", "h200/nearest_quality_race_seed5.json",
-                             "h200/tuning_speed_cold_matmul_rmsnorm_2026-12-06.json"],
+                             "h200/tuning_speed_cold_matmul_rmsnorm_2026-12-06.json",
+                             "h200/first_forward_seed53_2026-12-07.json", "h200/hf_patch_decode_2026-12-07.json",
+                             "h200/fault_space_2026-12-07_0603.json.gz", "h200/fault_space_2026-12-07_0604.json.gz",
+                             "h200/tuning_speed_cold_2026-12-07.json.gz"],
     "benchmark": ["h200/tuning_speed.json", "h200/warm_start.json", "h200/dispatch_overhead.json",
                   "h200/determinism.json", "h200/fault_matrix.json", "h200/host_cost.json",
                   "h200/graphs_compile.json", "h200/first_call.json", "h200/ab.json",
@@ -97,7 +109,7 @@ def _numbers(obj) -> list[float]:
 def stored_numbers(files: list[Path]) -> list[float]:
     values: set[float] = set()
     for f in files:
-        values.update(_numbers(json.loads(f.read_text())))
+        values.update(_numbers(_read(f)))
     return sorted(values)
 
 
