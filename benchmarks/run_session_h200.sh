@@ -47,6 +47,10 @@
 # on large-M rows (probe_gemm_space), each against SDPA / cuBLAS with do_bench;
 # ap = the direct-kernel GPU tests (the fused SDPA reference), the references' first calls, then ao with one
 # attention row; aq = first forward (seed $SEED) and the patched HF decode in rounds (an's second half), fault space.
+# ar (2026-12-07) = the fallback and fault GPU tests (table answers fall back while compiling), the five shipped
+# attention entries re-made in the 28-config space (make_table into $OUT/r/table.json: copy it over the shipped
+# file), the off-grid GQA attention rows (seed $SEED, default 11); as = cold tuning of matmul and rmsnorm (the
+# sessions' per-config measurements recorded) and the fault space, after the claims on assemblies.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -351,6 +355,23 @@ aq)
     --seed ${SEED:-47} --budget-s $(( ${FF_S:-170} - 25 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log | cut -c1-300)
   (cd benchmarks && timeout ${HF_S:-240} python hf_patch.py --out $TSO --quick --models qwen2,llama --phases decode \
     --rounds ${ROUNDS:-3} --budget-s $(( ${HF_S:-240} - 15 )) > $TSO/hf.log 2>&1; tail -1 $TSO/hf.log | cut -c1-300)
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
+  ;;
+ar)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout ${TEST_S:-150} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_fallback.py tests/test_gpu_faults.py \
+    > $TSO/pytest_ar.txt 2>&1; tail -4 $TSO/pytest_ar.txt
+  cp src/tiletune/data/tables/h200-sm90.json $TSO/table.json
+  (cd benchmarks && TILETUNE_TABLES=0 timeout ${MT_S:-200} python make_table.py --db /tmp/attn_fill.db --table $TSO/table.json \
+    --ops "" --attention-s 512,1024,2048,4096,8192 --model llama3-8b --deadline-s $(( ${MT_S:-200} - 40 )) \
+    --report $TSO/make_table_attention.json > $TSO/make_table.log 2>&1; tail -2 $TSO/make_table.log | cut -c1-300)
+  (cd benchmarks && timeout ${OG_S:-200} python offgrid.py --out $TSO --families attention_gqa --per-family ${PER:-8} \
+    --seed ${SEED:-11} --budget-s $(( ${OG_S:-200} - 20 )) > $TSO/offgrid.log 2>&1; tail -3 $TSO/offgrid.log | cut -c1-300)
+  ;;
+as)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
   (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
   ;;
 aj)
