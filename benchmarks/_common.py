@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -234,13 +236,17 @@ def failure_fields(exc: BaseException, report: bool = True) -> dict[str, str]:
 
 
 def run_rows(rows: list[Any], probe: Callable[[Any], dict[str, Any]],
-             report: Callable[[dict[str, Any]], list[str]]) -> tuple[list[dict[str, Any]], float]:
+             report: Callable[[dict[str, Any]], list[str]],
+             after_row: Callable[[list[dict[str, Any]], float], None] | None = None) -> tuple[list[dict[str, Any]], float]:
     """Each row through ``probe(row)``, its start time printed and ``report(result)``'s lines after it; a
-    row that raises becomes ``{"row": row, "error", "traceback"}`` and the others go on. Returns
-    ``(results, wall seconds)``."""
-    results = []
+    row that raises becomes ``{"row": row, "error", "traceback"}`` and the others go on. ``after_row(results
+    so far, seconds so far)`` after each row (a probe cut short by a time limit keeps what it finished).
+    Returns ``(results, wall seconds)``."""
+    results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    for row in rows:
+    for i, row in enumerate(rows):
+        if i and after_row is not None:
+            after_row(results, round(time.perf_counter() - t0, 1))
         print(f"[{time.perf_counter() - t0:6.1f} s] {row}", flush=True)
         try:
             r = probe(row)
@@ -268,7 +274,12 @@ def run_probe(name: str, ap: Any, parse_rows: Callable[[str], list[Any]],
         print(f"{name}: needs a CUDA GPU", file=sys.stderr)
         return 2
     out = Path(args.out or os.environ.get("BENCH_OUT") or DEFAULT_OUT)
-    results, wall = run_rows(rows, lambda row: probe(row, args), report)
-    path = write_result(name, {"problems": results, "wall_s": wall}, out, compress=True)
+
+    def partial(done: list[dict[str, Any]], wall_s: float) -> None:  # the rows so far, "complete": false
+        with contextlib.redirect_stdout(io.StringIO()):
+            write_result(name, {"problems": done, "wall_s": wall_s, "complete": False}, out, compress=True)
+
+    results, wall = run_rows(rows, lambda row: probe(row, args), report, after_row=partial)
+    path = write_result(name, {"problems": results, "wall_s": wall, "complete": True}, out, compress=True)
     print(f"wrote {path}")
     return 0

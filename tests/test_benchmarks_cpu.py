@@ -542,6 +542,16 @@ def test_run_rows_keeps_going_after_a_failing_row(capsys):
     assert "v=1" in out and "v=3" in out and "ERROR RuntimeError: boom" in out and wall >= 0
 
 
+def test_run_rows_hands_over_the_rows_done_before_each_next_row():
+    """A probe cut short by its time limit keeps the rows it finished: run_probe writes them after each row."""
+    from _common import run_rows
+
+    seen = []
+    run_rows([(1,), (2,), (3,)], lambda row: {"v": row[0]}, lambda r: [],
+             after_row=lambda done, wall: seen.append([r["v"] for r in done]))
+    assert seen == [[1], [1, 2]]  # the last row's results are the caller's to write
+
+
 def test_probe_power_refuses_unknown_kernels_and_causal_lazy_rows():
     import probe_power
 
