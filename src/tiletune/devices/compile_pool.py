@@ -429,10 +429,7 @@ class CompilePool:
             sig, key, bytecode, front_at = got
             cubin = _lookup_disk(ints, key) if ints.cache_dir else None
             if cubin is not None:
-                job.kernel.offer(sig, cubin, job.arch)
-                if entry is not None:
-                    _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=cpu))
+                _hand_over_cached(job, sig, key, cubin, entry, t0, cpu, out)
                 continue
             a = (ints, job, sig, key, bytecode, t0, out, cpu, entry, stop, (*front_at, time.time()))
             if largest:
@@ -558,10 +555,7 @@ class CompilePool:
         if elsewhere:  # another live process assembles this very cubin: take it from the disk cache when stored
             cubin = _await_claimed(ints, key, limit)
             if cubin is not None:
-                job.kernel.offer(sig, cubin, job.arch)
-                if entry is not None:
-                    _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
-                out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=front_cpu))
+                _hand_over_cached(job, sig, key, cubin, entry, t0, front_cpu, out)
                 return
             claim, _ = _claim(ints, key, limit)  # the other gave up: assemble it here
         released = False
@@ -772,6 +766,16 @@ def _lookup_disk(ints: _Internals, key: str) -> bytes | None:
         return read_cutile_cache(ints.cache_dir, key)
     except sqlite3.Error:
         return ints.cache.cache_lookup(ints.cache_dir, key)
+
+
+def _hand_over_cached(job: CompileJob, sig: Any, key: str, cubin: bytes, entry: Any, t0: float, cpu_s: float,
+                      out: "queue.Queue[CompileResult]") -> None:
+    """A cubin cuTile's disk cache holds for ``job``: offered to its kernel, recorded in the front-end cache
+    (``entry``), reported as cached."""
+    job.kernel.offer(sig, cubin, job.arch)
+    if entry is not None:
+        _writer.submit(functools.partial(entry.save, cubin, sig.symbol, key))
+    out.put(CompileResult(job.tag, time.perf_counter() - t0, cached=True, cpu_s=cpu_s))
 
 
 #: How long a claim on an assembly holds at most (and so how long another process waits for it) when the
