@@ -32,7 +32,7 @@ default on sm_90; 8: two consumer warpgroups sharing the ``BLOCK_M`` rows).  The
 :func:`fits` constraint bounds the fp32 ``S`` tile (``BLOCK_M * BLOCK_N <= 128 * 256``): 11 tile
 shapes x 5 latencies x 3 occupancies x 2 warp counts = 330 configs, all of which compile for sm_90
 (``tools/compile_check_all.py``). The library op tunes over :data:`ATTENTION_SPACE_PARAMS`, the
-28 configs of it that the H200 recording and probes say matter.
+22 configs of it that the H200 recording, the probes and the compiled code say matter.
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ ATTENTION_FULL_SPACE_PARAMS = dict(
 )
 
 #: The library op's space: the tile shapes (>= 64) and warp counts of the full space, no latency
-#: hint, occupancy 1, and occupancy 2 for score tiles of at most 128 x 128 (:func:`in_flight`; 28 configs).
-#: The recording that shrank the full space (causal S=4096) found occupancy 1 within 0.3% of the best
-#: there; on shorter sequences (``benchmarks/probe_attention.py`` on GQA rows of S 552 and 1404) the
-#: full space's winners ran two blocks per SM with 4 worker warps.
+#: hint, occupancy 1, and occupancy 2 for score tiles of at most 64 x 128 (:func:`in_flight_up_to`; 22
+#: configs). The recording that shrank the full space (causal S=4096) found occupancy 1 within 0.3% of the
+#: best there; on shorter sequences (``benchmarks/probe_attention.py`` on GQA rows of S 552 and 1404) the
+#: full space's winners ran two blocks per SM with 4 worker warps (64 x 128 and 128 x 64 tiles). Larger
+#: tiles at occupancy 2 either compile to their occupancy-1 kernel (the hint not honoured: 168 or 255
+#: registers) or spill heavily (``benchmarks/results/cpu/sass_attention_causal_2026-12-07.txt``).
 ATTENTION_SPACE_PARAMS = dict(
     BLOCK_M=[64, 128, 256],
     BLOCK_N=[64, 128, 256],
@@ -108,15 +110,19 @@ ATTENTION_CONSTRAINTS = {"fits": fits}
 ATTENTION_SMALL_HEAD_SPACE_PARAMS = dict(ATTENTION_SPACE_PARAMS, occupancy=[1, 2, 4])
 
 
-def in_flight(cfg) -> bool:
-    """Occupancy above 1 only for score tiles of at most ``128 * 128`` elements."""
-    return _param(cfg, "occupancy") == 1 or _param(cfg, "BLOCK_M") * _param(cfg, "BLOCK_N") <= 128 * 128
+def in_flight_up_to(elements: int):
+    """Constraint: occupancy above 1 only for score tiles of at most ``elements`` elements."""
+
+    def in_flight(cfg) -> bool:
+        return _param(cfg, "occupancy") == 1 or _param(cfg, "BLOCK_M") * _param(cfg, "BLOCK_N") <= elements
+
+    return in_flight
 
 
-#: ``Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_LIBRARY_CONSTRAINTS)`` (and the small-head space).
-ATTENTION_LIBRARY_CONSTRAINTS = {"fits": fits, "in_flight": in_flight}
+#: ``Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_LIBRARY_CONSTRAINTS)``.
+ATTENTION_LIBRARY_CONSTRAINTS = {"fits": fits, "in_flight": in_flight_up_to(64 * 128)}
 #: ``Space(**ATTENTION_SMALL_HEAD_SPACE_PARAMS, constraints=ATTENTION_SMALL_HEAD_CONSTRAINTS)``.
-ATTENTION_SMALL_HEAD_CONSTRAINTS = ATTENTION_LIBRARY_CONSTRAINTS
+ATTENTION_SMALL_HEAD_CONSTRAINTS = {"fits": fits, "in_flight": in_flight_up_to(128 * 128)}
 
 
 @ct.kernel

@@ -123,9 +123,13 @@ def score_tile_fits(c: Any) -> bool:
     return c.BLOCK_M * c.BLOCK_N <= 128 * 256
 
 
-def score_tile_in_flight(c: Any) -> bool:
-    """Occupancy above 1 only for score tiles of at most ``128 * 128`` elements."""
-    return c.occupancy == 1 or c.BLOCK_M * c.BLOCK_N <= 128 * 128
+def score_tile_in_flight(elements: int) -> Callable[[Any], bool]:
+    """Constraint: occupancy above 1 only for score tiles of at most ``elements`` elements."""
+
+    def in_flight(c: Any) -> bool:
+        return c.occupancy == 1 or c.BLOCK_M * c.BLOCK_N <= elements
+
+    return in_flight
 
 
 def dual_stage_fits(elem_bytes: int) -> Callable[[Any], bool]:
@@ -472,9 +476,12 @@ def _fmha(head_dim: int = 128) -> Recipe:
             values[a]["BLOCK_M"] = [b for b in values[a]["BLOCK_M"] if b <= 128]
             values[a]["BLOCK_N"] = [b for b in values[a]["BLOCK_N"] if b <= 128]
     rules = [Rule.of("fits", score_tile_fits)]
-    if head_dim <= 128:  # the library's spaces: occupancy 2 (heads of 128) or 2-4 (64) for score tiles up to 128 x 128
-        values["sm_90"]["occupancy"] = [1, 2, 4] if head_dim <= 64 else [1, 2]
-        rules.append(Rule.of("in_flight", score_tile_in_flight))
+    if head_dim <= 64:  # the library's small-head space: occupancy 2-4 for score tiles up to 128 x 128
+        values["sm_90"]["occupancy"] = [1, 2, 4]
+        rules.append(Rule.of("in_flight", score_tile_in_flight, 128 * 128))
+    elif head_dim <= 128:  # heads of 128: occupancy 2 for score tiles up to 64 x 128
+        values["sm_90"]["occupancy"] = [1, 2]
+        rules.append(Rule.of("in_flight", score_tile_in_flight, 64 * 128))
     base = dict(BLOCK_M=128, BLOCK_N=64, KV_LATENCY=0, occupancy=1, num_worker_warps=4)
     return _finish("fmha", f"fmha(head_dim={head_dim})", values, rules, {"sm_90": base})
 
