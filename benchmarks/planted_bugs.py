@@ -22,7 +22,7 @@ Multi-output ops get every bug in every output (``op[h]`` names the second outpu
 
 Writes ``<out>/planted_bugs.json``: ``{"gpu", "driver", "versions", "date", "rows": [{"op", "bug",
 "rejected", "reason"}], "real_configs": [{"op", "candidates", "mismatches"}]}``. Small shapes, at most
-8 evaluations per memory-bound op (GEMM and attention tune their 38 and 22 configs): a few minutes on
+8 evaluations per memory-bound op (GEMM and attention tune their 38 and 17 configs): a few minutes on
 an H200. ``python benchmarks/planted_bugs.py --out $OUT``. Importing this module does no work; the
 planting functions run on any torch device (``tests/test_verify.py`` runs them on CPU tensors).
 """

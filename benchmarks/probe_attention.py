@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Probe an attention row that trails SDPA: is a faster config outside the library's space?
 
-``tiletune.attention`` tunes :data:`~tiletune.kernels.attention_op.ATTENTION_SPACE` (22 configs, shrunk
+``tiletune.attention`` tunes :data:`~tiletune.kernels.attention_op.ATTENTION_SPACE` (17 configs, shrunk
 from the 330-config :data:`~tiletune.kernels.attention_op.ATTENTION_FULL_SPACE`: no KV latency hint,
-occupancy 2 only for score tiles up to 64 x 128; 16 configs at occupancy 1 until 2026-12-07). For each row given, this tunes the whole 330-config
+occupancy 2 only for score tiles up to 64 x 128, no tile whose registers spill; 16 configs at occupancy 1 until 2026-12-07). For each row given, this tunes the whole 330-config
 space through tiletune's harness (compile pool, reference check, cold-L2 timing, no database), marks
 the configs that are in the library space, and times the library call, the full space's winner and
 SDPA (torch's default backend choice, and cuDNN alone) with ``triton.testing.do_bench`` (L2 flushed,

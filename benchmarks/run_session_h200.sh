@@ -48,7 +48,7 @@
 # ap = the direct-kernel GPU tests (the fused SDPA reference), the references' first calls, then ao with one
 # attention row; aq = first forward (seed $SEED) and the patched HF decode in rounds (an's second half), fault space.
 # ar (2026-12-07) = the fallback and fault GPU tests (table answers fall back while compiling), the five shipped
-# attention entries re-made in the 22-config space (make_table into $OUT/r/table.json: copy it over the shipped
+# attention entries re-made in the 17-config space (make_table into $OUT/r/table.json: copy it over the shipped
 # file), the off-grid GQA attention rows (seed $SEED, default 11); as = cold tuning of matmul and rmsnorm (the
 # sessions' per-config measurements recorded) and the fault space, after the claims on assemblies.
 # Results under $OUT/r (tarred by the caller).

@@ -559,3 +559,21 @@ def test_sass_attention_counts_its_classes_and_reads_registers():
     assert set(counts) == set(sass_attention.CLASSES)
     res = "Function attention_kernel:\n REG:168 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:904 TEXTURE:0"
     assert sass_attention.registers(res) == 168 and sass_attention.registers("nothing") is None
+
+
+def test_sass_space_groups_configs_by_their_instructions_not_their_addresses_or_names():
+    """``tools/sass_space.py``: two cubins whose instructions are the same (other addresses, another kernel
+    name, other encodings) share a digest; one changed operand does not."""
+    _tools()
+    import sass_space
+
+    def text(name, base, reg):
+        return "\n".join([f"        Function : {name}",
+                          f"        /*{base:04x}*/                   LDC R1, c[0x0][0x28] ;   /* 0x00000a00ff017b82 */",
+                          f"        /*{base + 16:04x}*/               @P0 BRA 0x{base + 64:x} ;   /* 0x000fe20000000800 */",
+                          f"        /*{base + 32:04x}*/                   FFMA R{reg}, R2, R3, R4 ;"])
+
+    a = sass_space.code_digest(text("gemm_TM128_occ1", 0x0, 1))
+    assert a == sass_space.code_digest(text("gemm_TM128_occ2", 0x100, 1))
+    assert a != sass_space.code_digest(text("gemm_TM128_occ2", 0x0, 5))
+

@@ -157,7 +157,7 @@ def test_library_spaces_are_small_and_keep_their_baselines():
         assert space.baseline() is not None
     assert gemm_mod.GEMM_FULL_SPACE.size() == 512
     att = importlib.import_module("tiletune.kernels.attention_op")
-    assert att.ATTENTION_SPACE.size() == 22 and att.ATTENTION_FULL_SPACE.size() == 330
+    assert att.ATTENTION_SPACE.size() == 17 and att.ATTENTION_FULL_SPACE.size() == 330
     assert att.ATTENTION_SPACE.baseline() is not None
 
 

@@ -32,7 +32,7 @@ default on sm_90; 8: two consumer warpgroups sharing the ``BLOCK_M`` rows).  The
 :func:`fits` constraint bounds the fp32 ``S`` tile (``BLOCK_M * BLOCK_N <= 128 * 256``): 11 tile
 shapes x 5 latencies x 3 occupancies x 2 warp counts = 330 configs, all of which compile for sm_90
 (``tools/compile_check_all.py``). The library op tunes over :data:`ATTENTION_SPACE_PARAMS`, the
-22 configs of it that the H200 recording, the probes and the compiled code say matter.
+17 configs of it that the H200 recording, the probes and the compiled code say matter.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ ATTENTION_FULL_SPACE_PARAMS = dict(
 )
 
 #: The library op's space: the tile shapes (>= 64) and warp counts of the full space, no latency
-#: hint, occupancy 1, and occupancy 2 for score tiles of at most 64 x 128 (:func:`in_flight_up_to`; 22
-#: configs). The recording that shrank the full space (causal S=4096) found occupancy 1 within 0.3% of the
+#: hint, occupancy 1, and occupancy 2 for score tiles of at most 64 x 128 (:func:`in_flight_up_to`), without
+#: the tiles whose registers spill (:func:`consumer_registers_fit`; 17 configs). The recording that shrank the full space (causal S=4096) found occupancy 1 within 0.3% of the
 #: best there; on shorter sequences (``benchmarks/probe_attention.py`` on GQA rows of S 552 and 1404) the
 #: full space's winners ran two blocks per SM with 4 worker warps (64 x 128 and 128 x 64 tiles). Larger
 #: tiles at occupancy 2 either compile to their occupancy-1 kernel (the hint not honoured: 168 or 255
@@ -119,8 +119,22 @@ def in_flight_up_to(elements: int):
     return in_flight
 
 
-#: ``Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_LIBRARY_CONSTRAINTS)``.
-ATTENTION_LIBRARY_CONSTRAINTS = {"fits": fits, "in_flight": in_flight_up_to(64 * 128)}
+def consumer_registers_fit(head_dim: int, per_thread: int = 192):
+    """Constraint: the fp32 output accumulator (``BLOCK_M x head_dim``) and score tile (``BLOCK_M x BLOCK_N``)
+    come to at most ``per_thread`` elements per thread of the worker warps. Beyond that the sm_90 kernel
+    spills: heads of 128 with 4 worker warps at 128 x 128 and up, and with 8 at 256 x 128 (268-3,996
+    spilled loads, ``benchmarks/results/cpu/sass_attention_causal_2026-12-07.txt``)."""
+
+    def consumer_registers(cfg) -> bool:
+        return (_param(cfg, "BLOCK_M") * (head_dim + _param(cfg, "BLOCK_N"))
+                <= per_thread * 32 * _param(cfg, "num_worker_warps"))
+
+    return consumer_registers
+
+
+#: ``Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_LIBRARY_CONSTRAINTS)``: heads of 128.
+ATTENTION_LIBRARY_CONSTRAINTS = {"fits": fits, "in_flight": in_flight_up_to(64 * 128),
+                                 "registers": consumer_registers_fit(128)}
 #: ``Space(**ATTENTION_SMALL_HEAD_SPACE_PARAMS, constraints=ATTENTION_SMALL_HEAD_CONSTRAINTS)``.
 ATTENTION_SMALL_HEAD_CONSTRAINTS = {"fits": fits, "in_flight": in_flight_up_to(128 * 128)}
 

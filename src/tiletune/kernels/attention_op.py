@@ -54,8 +54,9 @@ __all__ = ["ATTENTION", "ATTENTION_FULL_SPACE", "ATTENTION_SMALL_HEAD_SPACE", "A
 #: BLOCK_M x BLOCK_N (score tile <= 128*256) x KV_LATENCY x occupancy x num_worker_warps.
 ATTENTION_FULL_SPACE = Space(**ATTENTION_FULL_SPACE_PARAMS, constraints=ATTENTION_CONSTRAINTS,
                              baseline=ATTENTION_BASELINE)
-#: The space of heads of 128 (22 configs), shrunk from the full one: no latency hint, BLOCK_N >= 64,
-#: occupancy 1 and, for score tiles of at most 64 x 128, occupancy 2 (see ``ATTENTION_SPACE_PARAMS``).
+#: The space of heads of 128 (17 configs), shrunk from the full one: no latency hint, BLOCK_N >= 64,
+#: occupancy 1 and, for score tiles of at most 64 x 128, occupancy 2, no tile whose registers spill (see
+#: ``ATTENTION_SPACE_PARAMS``).
 ATTENTION_SPACE = Space(**ATTENTION_SPACE_PARAMS, constraints=ATTENTION_LIBRARY_CONSTRAINTS,
                         baseline=ATTENTION_BASELINE)
 

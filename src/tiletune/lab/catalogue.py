@@ -57,6 +57,7 @@ __all__ = [
     "Rule",
     "TEMPLATES",
     "Template",
+    "attention_registers_fit",
     "chunk_fits",
     "dual_acc_fits",
     "dual_stage_fits",
@@ -130,6 +131,16 @@ def score_tile_in_flight(elements: int) -> Callable[[Any], bool]:
         return c.occupancy == 1 or c.BLOCK_M * c.BLOCK_N <= elements
 
     return in_flight
+
+
+def attention_registers_fit(head_dim: int, per_thread: int = 192) -> Callable[[Any], bool]:
+    """Constraint: the fp32 accumulator (``BLOCK_M x head_dim``) and score tile (``BLOCK_M x BLOCK_N``) come to
+    at most ``per_thread`` elements per worker thread (more spills on sm_90)."""
+
+    def consumer_registers(c: Any) -> bool:
+        return c.BLOCK_M * (head_dim + c.BLOCK_N) <= per_thread * 32 * c.num_worker_warps
+
+    return consumer_registers
 
 
 def dual_stage_fits(elem_bytes: int) -> Callable[[Any], bool]:
@@ -479,9 +490,10 @@ def _fmha(head_dim: int = 128) -> Recipe:
     if head_dim <= 64:  # the library's small-head space: occupancy 2-4 for score tiles up to 128 x 128
         values["sm_90"]["occupancy"] = [1, 2, 4]
         rules.append(Rule.of("in_flight", score_tile_in_flight, 128 * 128))
-    elif head_dim <= 128:  # heads of 128: occupancy 2 for score tiles up to 64 x 128
+    elif head_dim <= 128:  # heads of 128: occupancy 2 for score tiles up to 64 x 128, no tile that spills
         values["sm_90"]["occupancy"] = [1, 2]
         rules.append(Rule.of("in_flight", score_tile_in_flight, 64 * 128))
+        rules.append(Rule.of("registers", attention_registers_fit, head_dim))
     base = dict(BLOCK_M=128, BLOCK_N=64, KV_LATENCY=0, occupancy=1, num_worker_warps=4)
     return _finish("fmha", f"fmha(head_dim={head_dim})", values, rules, {"sm_90": base})
 
