@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from compile_check_memory import find_tool, signature  # noqa: E402
-from sass_gemm import cuobjdump_texts, opcode_counts  # noqa: E402
+from compile_check_memory import signature  # noqa: E402
+from sass_gemm import cuobjdump_texts, need_cuobjdump, opcode_counts  # noqa: E402
 
 CLASSES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP", "STS", "LDS", "LDSM", "STSM", "LDL", "STL",
            "UTMALDG", "BAR", "SYNCS")
@@ -55,9 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-bin", default=None, help="folder holding cuobjdump")
     ap.add_argument("--causal", action="store_true")
     args = ap.parse_args(argv)
-    cuobjdump = find_tool("cuobjdump", args.cuda_bin)
+    cuobjdump = need_cuobjdump("sass_attention", args.cuda_bin)
     if cuobjdump is None:
-        print("sass_attention: cuobjdump not found (--cuda-bin DIR, $CUDA_HOME/bin or PATH)", file=sys.stderr)
         return 2
     from tiletune.kernels.attention_op import ATTENTION_SPACE
 

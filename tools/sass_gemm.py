@@ -108,13 +108,20 @@ def library_gemm(op_name: str, dtype: Any, n: int, cuobjdump: str) -> tuple[str,
     return str(dict(cfg)), disassemble(spec.kernel, signature(spec.kernel, spec.args), cfg.hints, cuobjdump)
 
 
+def need_cuobjdump(tool: str, cuda_bin: str | None) -> str | None:
+    """``cuobjdump``'s path (``--cuda-bin``, ``$CUDA_HOME/bin`` or PATH), or None after one line on stderr."""
+    found = find_tool("cuobjdump", cuda_bin)
+    if found is None:
+        print(f"{tool}: cuobjdump not found (--cuda-bin DIR, $CUDA_HOME/bin or PATH)", file=sys.stderr)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cuda-bin", default=None, help="folder holding cuobjdump")
     args = ap.parse_args(argv)
-    cuobjdump = find_tool("cuobjdump", args.cuda_bin)
+    cuobjdump = need_cuobjdump("sass_gemm", args.cuda_bin)
     if cuobjdump is None:
-        print("sass_gemm: cuobjdump not found (--cuda-bin DIR, $CUDA_HOME/bin or PATH)", file=sys.stderr)
         return 2
     rows = []
     for name, op, dtype in (("bf16 GEMM", "GEMM", torch.bfloat16), ("tf32 GEMM", "GEMM_TF32", torch.float32)):

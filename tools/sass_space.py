@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from compile_check_memory import find_tool, signature  # noqa: E402
+from compile_check_memory import signature  # noqa: E402
 from sass_attention import registers  # noqa: E402
-from sass_gemm import cuobjdump_texts, opcode_counts  # noqa: E402
+from sass_gemm import cuobjdump_texts, need_cuobjdump, opcode_counts  # noqa: E402
 
 
 def code_digest(sass: str) -> str:
@@ -83,9 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--cuda-bin", default=None, help="folder holding cuobjdump and nvdisasm")
     args = ap.parse_args(argv)
-    cuobjdump = find_tool("cuobjdump", args.cuda_bin)
+    cuobjdump = need_cuobjdump("sass_space", args.cuda_bin)
     if cuobjdump is None:
-        print("sass_space: cuobjdump not found (--cuda-bin DIR, $CUDA_HOME/bin or PATH)", file=sys.stderr)
         return 2
     space, plan = gemm_plans(args.m, args.n, args.k) if args.op == "gemm" else attention_plans(args.causal)
     rows = []
