@@ -36,6 +36,11 @@ EXPECTED = {
     "compile_error": {Status.COMPILE_ERROR},
 }
 
+#: illegal addresses that a GPU may report past the kernel watchdog's floor (seen on an H200: 0.13-1.1 s
+#: after the launch, for the first fault of a session, before the session knows how late its faults come):
+#: still a failed candidate, named by the watchdog as either a kernel that never ends or a late fault
+LATE_REPORTED = {"oob_gather", "oob_scatter", "misaligned"}
+
 
 def test_every_planted_fault_fails_alone_in_one_session(monkeypatch):
     monkeypatch.setenv("TILETUNE_WATCHDOG_S", "8")
@@ -49,7 +54,8 @@ def test_every_planted_fault_fails_alone_in_one_session(monkeypatch):
     by_mode = {m.config["MODE"]: m for m in res.measurements}
     for mode, fault in FAULTS.items():
         m = by_mode[mode]
-        assert m.status in EXPECTED[fault], (fault, m.status, m.reason[:300])
+        late = fault in LATE_REPORTED and m.status is Status.TIMEOUT and "fault not reported yet" in m.reason
+        assert m.status in EXPECTED[fault] or late, (fault, m.status, m.reason[:300])
     assert by_mode[4].status is Status.TIMEOUT and "watchdog" in by_mode[4].reason
     assert res.winner["MODE"] == 0
     assert len(res.measurements) == len(op.space.candidates("sm_90"))

@@ -605,7 +605,9 @@ class WorkerProcess:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not wait([conn], left):
             since = {"launched": " of its kernel's launch", "ran": " of its kernel's end"}.get(phase, "")
-            self._fault("timeout", f"no answer from the worker within {timeout:.2f} s{since} (watchdog)",
+            # a GPU may report a fault (an illegal address) a second or more after the launch
+            maybe = ": a kernel that never ends, or a fault not reported yet" if phase == "launched" else ""
+            self._fault("timeout", f"no answer from the worker within {timeout:.2f} s{since} (watchdog{maybe})",
                         phase=phase or "request", deadline_s=timeout)
         try:
             raw = conn.recv_bytes()
