@@ -260,19 +260,22 @@ def test_rank_clear_winner():
     assert [e.ident for e in r.ordered] == [1, 2, 0]
 
 
-def test_rank_tie_prefers_baseline():
+def test_rank_tie_prefers_the_baseline_only_inside_the_smallest_band():
     entries = [
         Entry(0, False, make_summary(100.0, 0.01)),
         Entry(1, False, make_summary(99.0, 0.01)),
-        Entry(2, True, make_summary(100.5, 0.01)),  # band 2%: 99 * 1.02 = 100.98
+        Entry(2, True, make_summary(100.5, 0.01)),  # band 2%: 99 * 1.02 = 100.98 -> tied, but 1.5% slower
     ]
     r = rank(entries)
     assert r.fastest.ident == 1
     assert {e.ident for e in r.tied} == {0, 1, 2}
-    assert r.winner.ident == 2
+    assert r.winner.ident == 1  # a tie is no reason to give up 1.5%
+    entries[2] = Entry(2, True, make_summary(99.4, 0.01))  # 0.4% slower: inside min_band 0.5%
+    assert rank(entries).winner.ident == 2
+    assert rank(entries, min_band=0.003).winner.ident == 1  # 0.4% > 0.3%
 
 
-def test_rank_tie_without_baseline_picks_smallest_ident():
+def test_rank_tie_without_baseline_picks_the_fastest():
     entries = [
         Entry(3, False, make_summary(99.0, 0.01)),
         Entry(5, False, make_summary(100.0, 0.01)),
@@ -283,7 +286,10 @@ def test_rank_tie_without_baseline_picks_smallest_ident():
     r = rank(entries)
     assert r.fastest.ident == 3
     assert {e.ident for e in r.tied} == {1, 3, 5}
-    assert r.winner.ident == 1
+    assert r.winner.ident == 3
+    # equal medians: the smaller ident, whatever the order of the entries
+    same = [Entry(7, False, make_summary(99.0, 0.01)), Entry(4, False, make_summary(99.0, 0.01))]
+    assert rank(same).winner.ident == 4 and rank(same[::-1]).winner.ident == 4
 
 
 def test_rank_min_band_applies_to_noiseless_entries():
@@ -302,14 +308,14 @@ def test_rank_band_clamped_by_max_band():
     r = rank(entries)
     assert r.winner.ident == 1
     assert [e.ident for e in r.tied] == [1]
-    # ...but 2.9% slower is still within max_band 3%
+    # ...but 2.9% slower is still within max_band 3%: tied (the faster one still wins)
     entries[0] = Entry(0, True, make_summary(102.9, 0.5))
-    assert rank(entries).winner.ident == 0
+    assert sorted(e.ident for e in rank(entries).tied) == [0, 1] and rank(entries).winner.ident == 1
     # and an infinite half-width also clamps to max_band
     entries[0] = Entry(0, True, dataclasses.replace(make_summary(102.9), rel_halfwidth=math.inf))
-    assert rank(entries).winner.ident == 0
+    assert sorted(e.ident for e in rank(entries).tied) == [0, 1]
     entries[0] = Entry(0, True, dataclasses.replace(make_summary(105.0), rel_halfwidth=math.inf))
-    assert rank(entries).winner.ident == 1
+    assert [e.ident for e in rank(entries).tied] == [1]
 
 
 def test_rank_equal_medians_fastest_by_ident():

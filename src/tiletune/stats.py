@@ -9,9 +9,8 @@ statistics rather than on the mean and a normal model:
   median.
 * :class:`StoppingRule` decides when a candidate has been measured enough.
 * :func:`raced_out` and :func:`hopeless` let the tuner drop candidates early.
-* :func:`rank` picks a winner with a noise-aware tie band and a deterministic
-  tie-break, so repeated tuning runs choose the same configuration when the
-  candidates are inside each other's noise.
+* :func:`rank` picks the fastest median (the baseline where it is within the
+  smallest band of it), and reports the entries inside each other's noise as tied.
 
 Median confidence interval
 --------------------------
@@ -277,7 +276,8 @@ class Ranking:
     """Result of :func:`rank`.
 
     Attributes:
-        winner: the chosen entry (baseline if tied with the fastest, else smallest ident among the tied).
+        winner: the chosen entry: the baseline if its median is within ``min_band`` of the fastest's,
+            else the fastest.
         fastest: the entry with the smallest median (ties broken by smaller ident).
         tied: entries within their tie band of ``fastest`` (including it), sorted by ``(median, ident)``.
         ordered: all entries sorted by ``(median, ident)``.
@@ -299,9 +299,11 @@ def rank(entries: Sequence[Entry], min_band: float = 0.005, max_band: float = 0.
     For each entry ``c`` the band is
     ``clamp(fastest.rel_halfwidth + c.rel_halfwidth, min_band, max_band)`` (an infinite
     half-width clamps to ``max_band``), and ``c`` is tied with the fastest when
-    ``c.median <= fastest.median * (1 + band)``. The winner is the baseline if it is tied
-    (smallest ident if several baselines are), else the tied entry with the smallest ident.
-    The result does not depend on the order of ``entries``.
+    ``c.median <= fastest.median * (1 + band)``. The winner is the baseline if its median is
+    within ``min_band`` of the fastest's (smallest ident if several baselines are), else the
+    fastest entry (smallest median, then smallest ident): the tied set says which entries the
+    measurement cannot tell apart, not which one to prefer. The result does not depend on the
+    order of ``entries``.
 
     Raises:
         ValueError: if ``entries`` is empty, idents are not unique, or the bands are invalid.
@@ -321,7 +323,10 @@ def rank(entries: Sequence[Entry], min_band: float = 0.005, max_band: float = 0.
         band = min(max(best_rel + c.summary.rel_halfwidth, min_band), max_band)
         if c is fastest or c.summary.median <= fastest.summary.median * (1.0 + band):
             tied.append(c)
-    baselines = [e for e in tied if e.is_baseline]
-    pool = baselines if baselines else tied
-    winner = min(pool, key=lambda e: e.ident)
+    # the baseline keeps its place only inside the smallest band (a difference no measurement here
+    # resolves); anywhere else in the noise band the faster median wins: preferring the baseline (or
+    # the first in candidate order) across the whole band gave up to max_band of speed on every pick
+    near = fastest.summary.median * (1.0 + min_band)
+    baselines = [e for e in tied if e.is_baseline and e.summary.median <= near]
+    winner = min(baselines, key=lambda e: e.ident) if baselines else fastest
     return Ranking(winner=winner, fastest=fastest, tied=tuple(tied), ordered=ordered)

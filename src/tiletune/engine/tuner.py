@@ -4,8 +4,8 @@ Flow for one session: candidates are compiled by the backend (in parallel where 
 over as they finish; each compiled candidate is checked against the reference, then measured in
 batches. While compilation continues the GPU already measures whatever is ready. Candidates that
 clearly cannot win are raced out; contenders get samples until their confidence interval is tight.
-The winner is picked by :func:`tiletune.stats.rank`: the fastest median, with candidates inside the
-noise band tied and the tie broken deterministically (baseline first, then candidate order).
+The winner is picked by :func:`tiletune.stats.rank`: the fastest median (the baseline where it is
+within the smallest band of it), with the candidates inside the noise band reported as tied.
 """
 
 from __future__ import annotations
