@@ -405,3 +405,66 @@ def test_prestart_waits_for_torch_and_a_quick_exit_is_silent():
     got = subprocess.run([_sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
     assert got.stderr == ""
+
+
+def test_a_kernel_launched_late_in_a_teardown_gets_only_what_is_left_of_it():
+    """The kernel watchdog's allowance for a killed worker still being torn down is what is left of
+    1.5x the slowest teardown so far, not that whole time again: on an H200, a worker killed with an
+    unreported fault took 3.5 s to be gone, the spare's session open waited most of it out, and the
+    next endless kernel was then given 8 s instead of about 1.5 s."""
+    from types import SimpleNamespace
+
+    from tiletune.devices.workers.session import WorkerSession
+
+    def deadline(since, reap_s=(3.5,)):
+        worker = SimpleNamespace(reaping_for_s=lambda: since, reap_s=list(reap_s))
+        s = SimpleNamespace(options=IsolationOptions(first_watchdog_s=30.0), _slow_us=10.0, _best_us=10.0,
+                            _kernel_max_s=0.001, _fatal_kernel_max_s=0.0, worker=worker)
+        return WorkerSession._kernel_deadline(s)
+
+    assert deadline(None) == pytest.approx(1.0)  # nothing torn down: the floor
+    assert deadline(0.0) == pytest.approx(1.0 + 5.25)  # a teardown just begun: all of 1.5 x 3.5 s
+    assert deadline(3.5) == pytest.approx(1.0 + 1.75)  # 3.5 s into it
+    assert deadline(6.0) == pytest.approx(1.5)  # past the expectation: check_slack_s still
+
+
+def test_reaping_for_s_times_the_oldest_teardown_still_running(monkeypatch):
+    import subprocess as sp_mod
+
+    w = WorkerProcess()
+    assert w.reaping_for_s() is None
+    proc = sp_mod.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    real_wait = sp_mod.Popen.wait
+
+    def slow_wait(self, timeout=None):
+        if timeout is not None and timeout >= 30:
+            time.sleep(0.6)
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(sp_mod.Popen, "wait", slow_wait)
+    w.proc = proc
+    w.kill()
+    time.sleep(0.2)
+    since = w.reaping_for_s()
+    assert since is not None and 0.15 <= since < 0.6, since
+    w.wait_reaped(5.0)
+    assert w.reaping_for_s() is None and w.reap_s and w.reap_s[-1] >= 0.6
+
+
+def test_after_its_kernel_a_check_gets_check_after_s_for_its_reference_and_comparison():
+    """A session's first mismatch runs comparison code (and loads kernels) seen there first: on an H200
+    a wrong-result candidate was taken for a hang at 0.5 s after its kernel's end."""
+    from types import SimpleNamespace
+
+    from tiletune.devices.workers.session import WorkerSession
+
+    s = WorkerSession.__new__(WorkerSession)
+    s.options = IsolationOptions(first_watchdog_s=30.0)
+    s._best_us = s._slow_us = 10.0
+    s._kernel_max_s = s._fatal_kernel_max_s = s._load_max_s = s._after_max_s = s._check_max_s = 0.001
+    s._checks_in_gen = 1
+    s.worker = SimpleNamespace(reaping_for_s=lambda: None, reap_s=[])
+    _, phases = s._check_watch()
+    assert phases["ran"] == pytest.approx(s.options.check_after_s) and s.options.check_after_s >= 2.0
+    s._after_max_s = 1.0
+    assert s._check_watch()[1]["ran"] == pytest.approx(4.0)  # check_slack_factor x the slowest so far

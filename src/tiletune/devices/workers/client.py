@@ -158,6 +158,7 @@ class WorkerProcess:
         self._spare_done = threading.Event()  # a spare's start finished (started or failed)
         self._on_started: Callable[[], None] | None = None  # called when a background start finishes
         self._reaping: list[threading.Thread] = []  # reaper threads of killed children
+        self._reap_started: dict[threading.Thread, float] = {}  # each reaper's SIGKILL time
         self.reap_s: list[float] = []
         self.spares_used = 0
         self.graceful_exits = 0
@@ -481,6 +482,7 @@ class WorkerProcess:
         t = threading.Thread(target=reap, name="tiletune-worker-reap", daemon=True)
         with self._start_lock:
             self._reaping = [r for r in self._reaping if r.is_alive()] + [t]
+            self._reap_started[t] = t0
         t.start()
 
     @staticmethod
@@ -495,6 +497,15 @@ class WorkerProcess:
         """Whether a child this object killed is still being torn down (on a GPU: a kernel that hung
         there may still share the GPU with the next check)."""
         return any(r.is_alive() for r in self._reaping)
+
+    def reaping_for_s(self) -> float | None:
+        """How long the oldest teardown still running has taken (seconds since its SIGKILL), or None
+        when no killed child is still being torn down."""
+        now = time.perf_counter()
+        with self._start_lock:
+            alive = [self._reap_started.get(r, now) for r in self._reaping if r.is_alive()]
+            self._reap_started = {r: t for r, t in self._reap_started.items() if r.is_alive()}
+        return now - min(alive) if alive else None
 
     def wait_reaped(self, timeout: float | None = None) -> float:
         """Wait until every child this object killed is gone (its CUDA context torn down, so a kernel

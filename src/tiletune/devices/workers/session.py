@@ -104,6 +104,9 @@ class IsolationOptions:
     #: the fault first); a floor below that reports such a fault as a hang
     kernel_floor_s: float = 1.0
     check_slack_s: float = 0.5
+    #: after a check's kernel has ended, its reference and the comparison (no place for an endless
+    #: kernel; the first mismatch of a session runs code paths, and loads kernels, seen there first)
+    check_after_s: float = 3.0
     check_slack_min_s: float = 0.1
     check_slack_factor: float = 4.0
     first_watchdog_s: float = field(default_factory=lambda: settings.watchdog_s())
@@ -357,28 +360,31 @@ class WorkerSession:
         guard's set-up, module loads and cuTile's launch path: a few tenths of a second for the first
         check in a new worker) and after it (the reference and the comparison) are no place for an
         endless kernel and get generous deadlines: ``check_slack_factor`` x the slowest such phase
-        so far in the session, at least ``check_slack_s`` (before the launch also at least the whole
-        check's former deadline, which stands alone for a worker that reports no phases). Compiles
+        so far in the session, at least ``check_slack_s`` before the launch (and at least the whole
+        check's former deadline, which stands alone for a worker that reports no phases) and
+        ``check_after_s`` after it. Compiles
         are covered by the worker's heartbeats (see :meth:`_compile_allowance`)."""
         o = self.options
         if self._best_us is None:
             return o.first_watchdog_s, None
         whole = self._deadline(1) + self._check_slack()
         load = max(whole, o.check_slack_factor * self._load_max_s)
-        after = max(o.check_slack_s, o.check_slack_factor * self._after_max_s)
+        after = max(o.check_after_s, o.check_slack_factor * self._after_max_s)
         return load, {"launched": self._kernel_deadline(), "ran": after}
 
     def _kernel_deadline(self) -> float:
         """How long a check's kernel may run from its launch: ``max(kernel_floor_s, watchdog_factor x``
         the slowest median so far (plus the flush), ``check_slack_factor x`` the slowest checked kernel
-        so far), plus ``check_slack_s`` while a killed worker is still being torn down (a kernel that
-        hung there holds the GPU until its context is gone)."""
+        so far), plus, while a killed worker is still being torn down (a kernel that hung there holds
+        the GPU until its context is gone), what is left of 1.5x the slowest teardown so far (at least
+        ``check_slack_s``): a teardown that began seconds before the launch has mostly passed."""
         o = self.options
         slow = self._slow_us if self._slow_us is not None else (self._best_us or 0.0)
         d = max(o.kernel_floor_s, o.watchdog_factor * (slow + o.flush_us) * 1e-6, o.check_slack_factor * self._kernel_max_s,
                 2.0 * self._fatal_kernel_max_s)  # a fault the GPU reports late is not taken for a hang
-        if self.worker.reaping:
-            d += max(o.check_slack_s, 2.0 * max(self.worker.reap_s or [0.0]))
+        since = self.worker.reaping_for_s()
+        if since is not None:  # what is left of the teardown, expected from the slowest one so far
+            d += max(o.check_slack_s, 1.5 * max(self.worker.reap_s or [0.0]) - since)
         return d
 
     def _check_slack(self) -> float:
