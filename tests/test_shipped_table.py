@@ -69,17 +69,7 @@ HOW_TO_FIX = (
 #: Entries known to be stale, as (name, kernel_id, key): each with the reason, until the table is
 #: re-made on the GPU. Only these are tolerated; any other stale entry fails the test, and so does a
 #: listed entry that is no longer in the table or is fresh again (keep the list true).
-#: The space of heads of 128 before occupancy 2 joined it (16 configs): the shipped attention entries were
-#: tuned over it. Their configs are members of today's space, so they serve as siblings (neighbours whose
-#: configs are raced on the caller's arguments), not as exact answers, until make_table.py re-makes them.
-ATTENTION_SPACE_BEFORE_OCCUPANCY_2 = "5c9ebfcb93b10fd0a16f8b4f966d6fb2"
-
-KNOWN_STALE: dict[tuple[str, str, str], str] = {
-    (e["name"], e["kernel_id"], e["key"]): "the attention space of heads of 128 gained occupancy 2 and lost the tiles that spill (17 configs)"
-    for path in sorted(tables.SHIPPED.glob("*.json"))
-    for e in json.loads(path.read_text())["entries"]
-    if e["name"] == "tiletune.attention" and e["space_hash"] == ATTENTION_SPACE_BEFORE_OCCUPANCY_2
-}
+KNOWN_STALE: dict[tuple[str, str, str], str] = {}
 
 
 # ------------------------------------------------------------------------------------ the matcher
