@@ -50,7 +50,9 @@
 # ar (2026-12-07) = the fallback and fault GPU tests (table answers fall back while compiling), the five shipped
 # attention entries re-made in the 17-config space (make_table into $OUT/r/table.json: copy it over the shipped
 # file), the off-grid GQA attention rows (seed $SEED, default 11); as = cold tuning of matmul and rmsnorm (the
-# sessions' per-config measurements recorded) and the fault space, after the claims on assemblies.
+# sessions' per-config measurements recorded) and the fault space, after the claims on assemblies;
+# at = the fault and fallback GPU tests and the fault space twice after the watchdog's teardown allowance, the
+# pick's load regimes (probe_pick_regimes), off-grid attention with the re-made table (seeds 61 and $SEED).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -373,6 +375,16 @@ as)
   (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
     --kernels ${KERNELS:-matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
   (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
+  ;;
+at)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout ${TEST_S:-90} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_faults.py tests/test_gpu_fallback.py \
+    > $TSO/pytest_at.txt 2>&1; tail -3 $TSO/pytest_at.txt
+  for i in 1 2; do mkdir -p $TSO/fs$i; (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO/fs$i \
+    > $TSO/fs$i/fault.log 2>&1; head -1 $TSO/fs$i/fault.log | cut -c1-300); done
+  (cd benchmarks && timeout 60 python probe_pick_regimes.py --out $TSO > $TSO/regimes.log 2>&1; tail -6 $TSO/regimes.log | cut -c1-200)
+  for sd in 61 ${SEED:-71}; do mkdir -p $TSO/og$sd; (cd benchmarks && timeout 70 python offgrid.py --out $TSO/og$sd \
+    --families attention_gqa --per-family 8 --seed $sd --budget-s 60 > $TSO/og$sd/offgrid.log 2>&1; tail -1 $TSO/og$sd/offgrid.log | cut -c1-200); done
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
