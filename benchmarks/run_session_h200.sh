@@ -52,7 +52,11 @@
 # file), the off-grid GQA attention rows (seed $SEED, default 11); as = cold tuning of matmul and rmsnorm (the
 # sessions' per-config measurements recorded) and the fault space, after the claims on assemblies;
 # at = the fault and fallback GPU tests and the fault space twice after the watchdog's teardown allowance, the
-# pick's load regimes (probe_pick_regimes), off-grid attention with the re-made table (seeds 61 and $SEED).
+# pick's load regimes (probe_pick_regimes), off-grid attention with the re-made table (seeds 61 and $SEED);
+# au = the compile tax of decode after the lowering (one shape per model), then Nsight Compute on the two worst
+# off-grid GEMM rows of seed 61 (the library GEMM against F.linear); av = first forward with served_vs_tuned
+# (seed $SEED, default 79, 3 shapes per model, 2 of them tuned), then nearest-neighbour quality of softmax and
+# matmul (40 shapes each as the budget allows, seed $SEED).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -385,6 +389,27 @@ at)
   (cd benchmarks && timeout 60 python probe_pick_regimes.py --out $TSO > $TSO/regimes.log 2>&1; tail -6 $TSO/regimes.log | cut -c1-200)
   for sd in 61 ${SEED:-71}; do mkdir -p $TSO/og$sd; (cd benchmarks && timeout 70 python offgrid.py --out $TSO/og$sd \
     --families attention_gqa --per-family 8 --seed $sd --budget-s 60 > $TSO/og$sd/offgrid.log 2>&1; tail -1 $TSO/og$sd/offgrid.log | cut -c1-200); done
+  ;;
+au)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${CT_S:-220} python compile_tax.py --out $TSO --quick --phases decode \
+    --budget-s $(( ${CT_S:-220} - 20 )) > $TSO/ctax.log 2>&1; tail -2 $TSO/ctax.log | cut -c1-300)
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout ${NCU_S:-200} "$NCU" --profile-from-start off --clock-control none --target-processes application-only --nvtx \
+    --set full -f -o "$TSO/ncu_gemm_offgrid" python benchmarks/ncu_rows.py \
+    --rows ${NCU_ROWS:-gemm:5008x512x3584,gemm:1058x4608x3584} 2>&1 | grep -v "^==PROF==" | tail -6
+  "$NCU" --import "$TSO/ncu_gemm_offgrid.ncu-rep" --csv --page details > "$TSO/ncu_gemm_details.csv" 2> "$TSO/ncu_import.err"
+  "$NCU" --import "$TSO/ncu_gemm_offgrid.ncu-rep" --csv --page raw > "$TSO/ncu_gemm_raw.csv" 2>> "$TSO/ncu_import.err"
+  python benchmarks/ncu_rows.py --summarize "$TSO/ncu_gemm_details.csv" "$TSO/ncu_gemm_raw.csv" --name ncu_gemm_offgrid \
+    --out "$TSO" 2>&1 | tail -2
+  rm -f "$TSO/ncu_gemm_raw.csv" "$TSO/ncu_gemm_offgrid.ncu-rep"
+  ;;
+av)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${FF_S:-260} python first_forward.py --out $TSO --shapes ${FF_SHAPES:-3} --tuned-rows 2 \
+    --seed ${SEED:-79} --budget-s $(( ${FF_S:-260} - 60 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log | cut -c1-300)
+  (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-79} \
+    --families softmax,matmul_linear --budget-s $(( ${NQ_S:-280} - 30 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
