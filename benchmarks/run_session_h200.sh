@@ -56,7 +56,8 @@
 # au = the compile tax of decode after the lowering (one shape per model), then Nsight Compute on the two worst
 # off-grid GEMM rows of seed 61 (the library GEMM against F.linear); av = first forward with served_vs_tuned
 # (seed $SEED, default 79, 3 shapes per model, 2 of them tuned), then nearest-neighbour quality of softmax and
-# matmul (40 shapes each as the budget allows, seed $SEED).
+# matmul (40 shapes each as the budget allows, seed $SEED); aw = cold tuning of TileGym's matmul with 16 compile
+# processes against 8 (tuning_speed --env-ab), then the cold tuning rows of all three kernels (2 repetitions).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -410,6 +411,13 @@ av)
     --seed ${SEED:-79} --budget-s $(( ${FF_S:-260} - 60 )) > $TSO/ff.log 2>&1; tail -1 $TSO/ff.log | cut -c1-300)
   (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-79} \
     --families softmax,matmul_linear --budget-s $(( ${NQ_S:-280} - 30 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
+aw)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${AB_S:-150} python tuning_speed.py --out $TSO --reps ${AB_REPS:-3} --kernels tilegym_matmul \
+    --env-ab ${AB:-TILETUNE_COMPILE_WORKERS=16,8} > $TSO/envab.log 2>&1; tail -2 $TSO/envab.log | cut -c1-300)
+  (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO

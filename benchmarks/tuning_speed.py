@@ -51,7 +51,9 @@ the full run about 6-7 min).
 ``--order-ab``: instead, only the tiletune side, ``--reps`` times per kernel with
 ``TILETUNE_COMPILE_ORDER=largest`` and ``given`` each (alternating which goes first), every run cold as
 above; writes ``compile_order_ab.json``: ``{"rows": [{"kernel", "largest_s", "given_s", "ratio", "runs"}]}``
-(medians; ``ratio`` = largest / given; each run keeps its compile-trace summary).
+(medians; ``ratio`` = largest / given; each run keeps its compile-trace summary). ``--env-ab VAR=A,B`` does the
+same for any environment variable (``TILETUNE_COMPILE_WORKERS=16,8``: how many compile processes the 16
+host cores serve best) into ``env_ab_<var>.json``: ``{"rows": [{"kernel", "<A>_s", "<B>_s", "ratio", "runs"}]}``.
 """
 
 from __future__ import annotations
@@ -336,7 +338,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one child process may take")
     ap.add_argument("--order-ab", action="store_true",
                     help="only tiletune, TILETUNE_COMPILE_ORDER=largest against given (compile_order_ab.json)")
+    ap.add_argument("--env-ab", default=None, metavar="VAR=A,B",
+                    help="only tiletune, the environment variable VAR at A against B (env_ab_<var>.json), e.g. "
+                         "TILETUNE_COMPILE_WORKERS=16,8")
     args = ap.parse_args(argv)
+    if args.env_ab is not None:
+        try:
+            args.env_ab = parse_env_ab(args.env_ab)
+        except ValueError as exc:
+            ap.error(str(exc))
     if args.reps is None:
         args.reps = 1 if args.quick else 3
     if args.reps < 1:
@@ -508,16 +518,25 @@ def measure_kernel(kernel: str, reps: int, rounds: int, timeout: float) -> tuple
 ORDERS = ("largest", "given")
 
 
-def order_ab(kernel: str, reps: int, timeout: float) -> dict[str, Any]:
-    """The tiletune side alone, cold, ``reps`` times under each ``TILETUNE_COMPILE_ORDER`` (alternating
-    which goes first): median seconds of each and their ratio (largest / given)."""
+def parse_env_ab(spec: str) -> tuple[str, tuple[str, str]]:
+    """``VAR=A,B`` -> ``(VAR, (A, B))`` (pure); a bad spec raises ValueError naming the form."""
+    var, sep, vals = spec.partition("=")
+    values = tuple(v.strip() for v in vals.split(","))
+    if not sep or not var.strip() or len(values) != 2 or not all(values) or values[0] == values[1]:
+        raise ValueError(f"--env-ab wants VAR=A,B with two different values, got {spec!r}")
+    return var.strip(), (values[0], values[1])
+
+
+def env_ab(kernel: str, reps: int, timeout: float, var: str, values: tuple[str, str]) -> dict[str, Any]:
+    """The tiletune side alone, cold, ``reps`` times under each value of the environment variable ``var``
+    (alternating which goes first): median seconds of each (``<value>_s``) and their ratio (first / second)."""
     runs: list[dict[str, Any]] = []
     for rep in range(reps):
-        for order in (ORDERS if rep % 2 == 0 else ORDERS[::-1]):
-            print(f"  {kernel} rep {rep}: compile order {order} ...", flush=True)
-            run: dict[str, Any] = {"rep": rep, "order": order}
+        for value in (values if rep % 2 == 0 else values[::-1]):
+            print(f"  {kernel} rep {rep}: {var}={value} ...", flush=True)
+            run: dict[str, Any] = {"rep": rep, "value": value}
             try:
-                got = run_side(kernel, "tiletune", timeout, TILETUNE_COMPILE_ORDER=order)
+                got = run_side(kernel, "tiletune", timeout, **{var: value})
             except Exception as exc:  # noqa: BLE001 - one failing run must not lose the others
                 run["error"] = failure_fields(exc)["error"]
                 runs.append(run)
@@ -528,14 +547,39 @@ def order_ab(kernel: str, reps: int, timeout: float) -> dict[str, Any]:
                                   or k in ("session_clock_s", "outside_session_s", "worker_wait_s")}})
             print(f"    {got['wall_s']:.2f} s", flush=True)
             runs.append(run)
-    med = {o: median([r.get("tiletune_s") for r in runs if r["order"] == o]) for o in ORDERS}
-    ratio = med["largest"] / med["given"] if med["largest"] and med["given"] else None
-    return {"kernel": kernel, "largest_s": med["largest"], "given_s": med["given"], "ratio": ratio, "runs": runs}
+    med = {v: median([r.get("tiletune_s") for r in runs if r["value"] == v]) for v in values}
+    a, b = (med[v] for v in values)
+    return {"kernel": kernel, "variable": var, "values": list(values), **{f"{v}_s": med[v] for v in values},
+            "ratio": a / b if a and b else None, "runs": runs}
+
+
+def order_ab(kernel: str, reps: int, timeout: float) -> dict[str, Any]:
+    """:func:`env_ab` of ``TILETUNE_COMPILE_ORDER`` largest against given (``largest_s``, ``given_s``, ratio
+    largest / given; each run names its ``order``)."""
+    row = env_ab(kernel, reps, timeout, "TILETUNE_COMPILE_ORDER", ORDERS)
+    for run in row["runs"]:
+        run["order"] = run.pop("value")
+    for key in ("variable", "values"):
+        row.pop(key)
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     t0 = time.perf_counter()
+    if args.env_ab:
+        var, values = args.env_ab
+        ab_rows = []
+        for kernel in args.kernels:
+            print(f"[{time.perf_counter() - t0:6.1f} s] {kernel} ({var} A/B)", flush=True)
+            ab_rows.append(env_ab(kernel, args.reps, args.timeout, var, values))
+            print("  " + ", ".join(f"{v} {ab_rows[-1][v + '_s']} s" for v in values), flush=True)
+            write_result("env_ab_" + var.lower(), {
+                "method": "tiletune side only, each run in a fresh process with empty caches (as tuning_speed_cold); "
+                          f"{var} {values[0]} vs {values[1]}, alternating which goes first; medians",
+                "variable": var, "values": list(values), "reps": args.reps, "rows": ab_rows,
+                "complete": len(ab_rows) == len(args.kernels), "wall_s": round(time.perf_counter() - t0, 1)}, args.out)
+        return
     if args.order_ab:
         ab_rows = []
         for kernel in args.kernels:

@@ -363,3 +363,32 @@ def test_frontend_cache_benchmark_measures_the_three_first_launches(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frontend_cache.py"), "--kernels", "nope"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown kernels" in bad.stderr
+
+
+def test_env_ab_alternates_the_values_of_any_variable(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_side(kernel, side, timeout, **extra):
+        assert side == "tiletune" and list(extra) == ["TILETUNE_COMPILE_WORKERS"]
+        calls.append(extra["TILETUNE_COMPILE_WORKERS"])
+        return {"wall_s": {"16": 2.0, "8": 1.6}[calls[-1]] + len(calls) * 0.01, "pick": {"TM": 128},
+                "pick_us": 100.0, "stats": {"phase_compile_s": 1.0, "samples": 5}}
+
+    monkeypatch.setattr(ts, "run_side", fake_side)
+    writes = []
+    monkeypatch.setattr(ts, "write_result", lambda name, doc, out: writes.append((name, doc)))
+    ts.main(["--env-ab", "TILETUNE_COMPILE_WORKERS=16,8", "--kernels", "tilegym_matmul", "--reps", "2",
+             "--out", str(tmp_path)])
+    assert calls == ["16", "8", "8", "16"]
+    (name, doc), = writes
+    (row,) = doc["rows"]
+    assert name == "env_ab_tiletune_compile_workers" and doc["values"] == ["16", "8"]
+    assert row["16_s"] == pytest.approx((2.01 + 2.04) / 2) and row["8_s"] == pytest.approx((1.62 + 1.63) / 2)
+    assert row["ratio"] == pytest.approx(row["16_s"] / row["8_s"])
+    assert row["runs"][0]["stats"] == {"phase_compile_s": 1.0}
+
+
+@pytest.mark.parametrize("spec", ["TILETUNE_COMPILE_WORKERS", "X=1", "X=1,1", "=1,2", "X=1,2,3", "X=,2"])
+def test_env_ab_refuses_a_bad_spec(spec):
+    with pytest.raises(SystemExit):
+        ts.parse_args(["--env-ab", spec])

@@ -396,11 +396,10 @@ def _picked_configs(space):
     compiles every config: ``python tools/compile_check_all.py --only gemm_splitk``)."""
     out, seen = [], set()
     for cfg in space.configs("sm_90"):
-        for key in (("S", cfg.SPLIT_K), ("TM", cfg.TM), ("TN", cfg.TN)):
-            if key not in seen:
-                seen.add(key)
-                out.append(cfg)
-                break
+        keys = {("S", cfg.SPLIT_K), ("TM", cfg.TM), ("TN", cfg.TN)}
+        if not keys <= seen:  # a config counts for every value it covers (no second config for a value)
+            seen |= keys
+            out.append(cfg)
     return out
 
 

@@ -194,14 +194,16 @@ def test_patched_decode_compiles_into_one_graph_like_the_unpatched_model(kind, f
 @pytest.mark.skipif(not ATTN, reason="transformers without the attention mask interface")
 def test_patched_decode_has_no_graph_break_with_dynamic_shapes(standins):
     ref = build("llama")
-    ref_breaks, _, _ = compiled_steps(ref, Decode(ref), 2, dynamic=True)
+    ref_breaks, _, _ = compiled_steps(ref, Decode(ref), 2, inductor=False, dynamic=True)
     model = copy.deepcopy(ref)
     report = hf.apply_tiletune(model)
     try:
         with eager_ops():
             decode = Decode(model)
-        # the attention scale is then a symbolic float: math.isfinite on it broke the graph in every layer
-        breaks, graphs, _ = compiled_steps(model, decode, 2, dynamic=True)
+        # the attention scale is then a symbolic float: math.isfinite on it broke the graph in every layer.
+        # Graph breaks are Dynamo's: its graph runs as it is (Inductor's code generation for symbolic shapes
+        # is half a minute of the suite; the fused test above compiles through Inductor)
+        breaks, graphs, _ = compiled_steps(model, decode, 2, inductor=False, dynamic=True)
         assert breaks <= ref_breaks, dict(counters["graph_break"])
         assert sum(tiletune_nodes(g)["attention"] for g in graphs) == model.config.num_hidden_layers
     finally:

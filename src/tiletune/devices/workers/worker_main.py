@@ -233,15 +233,19 @@ class Worker:
         from tiletune.devices.plans import PlanCache
         from tiletune.devices.workers.shipping import own_copy
 
+        from tiletune.devices import timeline
+
         sid = int(msg["session"])
         try:
             backend = self._backend(msg.get("backend"))
+            timeline.mark("worker_open_backend")
             t0 = time.perf_counter()
             args = tuple(own_copy(a) for a in msg["args"])
             torch = getattr(backend, "torch", None)
             if torch is not None:
                 torch.cuda.synchronize(int(msg["device_index"]))
             copy_s = time.perf_counter() - t0
+            timeline.mark("worker_open_args")
         finally:
             del msg["args"]  # drop the IPC views of the caller's memory now (copied, or failed)
         plan = msg["plan"]
@@ -260,6 +264,7 @@ class Worker:
             tolerance=msg.get("tolerance"),
             name=str(msg.get("name", "op")),
         )
+        timeline.mark("worker_open_session")
         written = set(msg["writes"]) | set(msg["inplace"])
         self.sessions[sid] = _Served(session, args, written)
         return {"ok": True, "copy_s": copy_s}
