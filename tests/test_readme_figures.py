@@ -83,6 +83,9 @@ TABLE_SOURCES: dict[str, list[str]] = {
     "compute-bound, earlier sweep": ["h200/sweep-2026-12-01/kernels_compute.json"],
     "decoder layer": ["h200/decoder_layer.json", "h200/decoder_layer_qwen2.5-7b.json",
                       "h200/decoder_layer_fused_mlp.json"],
+    # HISTORY.md's H100 rows: every H100 result file, plain or gzipped
+    "measured on one H100": sorted(str(p.relative_to(RESULTS)) for p in (RESULTS / "h100").rglob("*.json*")
+                                   if p.name.endswith((".json", ".json.gz"))),
 }
 
 #: Figures computed from a result file (not stored in one): (table row label prefix, figure as shown)
