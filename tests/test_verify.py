@@ -841,6 +841,31 @@ def test_checker_without_reference_or_outputs():
         Checker(lambda x, y: x, ArgGuard((x, y), outputs=(1,), inplace=(0,)))
 
 
+def test_a_deferred_reference_runs_once_at_prepare_on_the_pristine_arguments():
+    """``defer=True`` (a worker starting its compiles first): nothing runs at construction; :meth:`prepare`
+    runs the reference once, on the saved copies of the written arguments; its errors surface there."""
+    x, y = torch.arange(4.0), torch.zeros(4)
+    calls = []
+
+    def reference(a, b):
+        calls.append(b.clone())
+        return a * 2
+
+    guard = ArgGuard((x, y), outputs=(1,))
+    checker = Checker(reference, guard, defer=True)
+    assert calls == [] and not checker.prepared and checker.expected is None
+    y.fill_(7.0)  # a written argument changed after the open: the reference still sees the saved copy
+    checker.prepare()
+    checker.prepare()
+    assert len(calls) == 1 and torch.equal(calls[0], torch.zeros(4)) and checker.prepared
+    y.copy_(x * 2)
+    assert checker.compare() is None
+    bad = Checker(lambda a, b: (a, b), ArgGuard((x, y), outputs=(1,)), defer=True)
+    with pytest.raises(ValueError, match=r"^the reference returned 2 value\(s\) but the op writes 1 argument"):
+        bad.prepare()
+    assert Checker(reference, guard).prepared and len(calls) == 2  # not deferred: at construction
+
+
 def test_checker_uses_each_outputs_own_tolerance_and_joins_reasons():
     x = torch.randn(8, 16, generator=gen(40))
     y1, y2 = torch.empty(8, 16), torch.empty(8, 16)

@@ -243,3 +243,44 @@ def test_shutdown_collects_after_the_workers_have_exited(monkeypatch):
     client.worker_for("ipc-test", 0, Closing)
     client.shutdown_all(final=False)
     assert order == ["close", "collect"]
+
+
+class _DeferringSession(_Session):
+    def __init__(self, args, reference, defer) -> None:
+        super().__init__(args, reference)
+        self.ran = [] if defer else [reference(*args)]
+
+    def prepare(self) -> None:
+        if not self.ran:
+            self.ran.append(self.reference(*self.args))
+
+
+class _DeferringBackend:
+    defers_reference = True
+
+    def open_session(self, plan, args, *, device_index, writes, inplace, reference, tolerance, name,
+                     defer_reference=False):
+        return _DeferringSession(args, reference, defer_reference)
+
+
+def test_an_open_that_defers_the_reference_runs_it_at_prepare_only():
+    """The caller opens with ``defer_reference`` and sends ``prepare`` once its first compiles are sent: the
+    reference runs then (while they compile), not at the open; a backend that cannot defer runs it at the
+    open, and ``prepare`` is then a no-op."""
+    calls = []
+
+    def reference(*a):
+        calls.append(a)
+        return a[0]
+
+    w = Worker(_Conn())
+    assert w.op_open(dict(_open_msg(_DeferringBackend(), (torch.zeros(4),), reference), defer_reference=True))["ok"]
+    assert calls == []
+    reply = w.op_prepare({"op": "prepare", "session": 1})
+    assert reply["ok"] and len(calls) == 1 and reply["seconds"] >= 0
+    assert w.op_prepare({"op": "prepare", "session": 1})["ok"] and len(calls) == 1
+    w.op_close({"op": "close", "session": 1})
+    assert w.op_open(_open_msg(_DeferringBackend(), (torch.zeros(4),), reference))["ok"]  # not asked: at the open
+    assert len(calls) == 2
+    assert w.op_open(dict(_open_msg(_Backend(), (torch.zeros(4),), reference), defer_reference=True))["ok"]
+    assert w.op_prepare({"op": "prepare", "session": 1})["ok"]  # a backend without deferral: nothing to run

@@ -8,6 +8,7 @@ shipped :class:`~tiletune.devices.backends.FakeBackend`; the "kernels" are Pytho
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -556,3 +557,23 @@ def test_the_caller_compiles_ahead_only_what_a_starting_worker_would_wait_for(mo
                            tolerance=None, name="t", ahead=[object()] * n)
     assert got == "session"
     assert local.asked == ([n] if wanted else [])
+
+
+def test_the_worker_runs_the_reference_after_the_first_compiles_are_sent(monkeypatch, tmp_path):
+    """The session opens with the reference deferred, sends its compiles, then ``prepare`` (the reference
+    runs in the worker while they compile); every check comes after it, and the winner is still right."""
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("TILETUNE_COMPILE_TRACE", str(trace))
+    op, _ = make_op({})
+    x = torch.randn(32)
+    y = torch.empty(32)
+    op(x, y)
+    (result,) = op.results.values()
+    torch.testing.assert_close(y, x * 2)
+    assert len(result.stats["reference_s"]) == 1 + result.stats["worker_restarts"]  # once per worker
+    marks = [json.loads(line) for line in trace.read_text().splitlines()]
+    worker = [m for m in marks if m.get("mark") in ("worker_recv", "worker_prepared")]
+    ops = [m.get("op", m["mark"]) for m in worker]
+    first_check = ops.index("check")
+    assert ops[:4] == ["hello", "open", "compile", "prepare"] or ops[:3] == ["open", "compile", "prepare"], ops
+    assert ops.index("worker_prepared") < first_check

@@ -530,31 +530,51 @@ class ArgGuard:
 
 
 class Checker:
-    """Compares every written argument of a candidate with the reference's answer."""
+    """Compares every written argument of a candidate with the reference's answer.
+
+    The reference runs when the checker is made, or with ``defer=True`` at :meth:`prepare` (a worker
+    starts its compiles first: the reference is then off their way), at the latest before the first
+    checked launch (:meth:`prepare` again: a no-op once done) and never after one (a candidate's stray
+    write into an input would reach it)."""
 
     def __init__(
         self,
         reference: Callable[..., Any] | None,
         guard: ArgGuard,
         tolerance: Mapping[str, Any] | None = None,
+        defer: bool = False,
     ) -> None:
         self.guard = guard
         self.tolerance = tolerance
         self.positions = (*guard.outputs, *guard.inplace)
         self.expected: tuple[Any, ...] | None = None
-        if reference is not None and self.positions:
-            shared = bool(getattr(reference, READS_ONLY_ATTR, False))  # reads_only: unwritten args as they are
-            written = set(self.positions)
-            ref_args = tuple(a if shared and i not in written else a.clone() if hasattr(a, "clone") else a
-                             for i, a in enumerate(guard.pristine_args()))
-            out = reference(*ref_args)
-            out = out if isinstance(out, (tuple, list)) else (out,)
-            if len(out) != len(self.positions):
-                raise ValueError(
-                    f"the reference returned {len(out)} value(s) but the op writes {len(self.positions)} "
-                    "argument(s) (outputs then in-place ones)"
-                )
-            self.expected = tuple(out)
+        self._reference = reference if (reference is not None and self.positions) else None
+        if not defer:
+            self.prepare()
+
+    @property
+    def prepared(self) -> bool:
+        """Whether the reference has run (or there is none to run)."""
+        return self._reference is None
+
+    def prepare(self) -> None:
+        """Run the reference on the pristine arguments, once (raises what it raises, and ValueError when it
+        returns another number of values than the op writes)."""
+        reference, self._reference = self._reference, None
+        if reference is None:
+            return
+        shared = bool(getattr(reference, READS_ONLY_ATTR, False))  # reads_only: unwritten args as they are
+        written = set(self.positions)
+        ref_args = tuple(a if shared and i not in written else a.clone() if hasattr(a, "clone") else a
+                         for i, a in enumerate(self.guard.pristine_args()))
+        out = reference(*ref_args)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        if len(out) != len(self.positions):
+            raise ValueError(
+                f"the reference returned {len(out)} value(s) but the op writes {len(self.positions)} "
+                "argument(s) (outputs then in-place ones)"
+            )
+        self.expected = tuple(out)
 
     def compare(self) -> str | None:
         """``None`` when every written argument matches, else the reasons (every failing output)."""

@@ -90,6 +90,7 @@ def tune(problem: "Problem", *, resume: bool = False, on_result: Callable[[Measu
     """Tune one key: the strategy's search over a session. Stores nothing (the chain stores the
     winner); ``on_result`` is called with every candidate's result as soon as it is known, ``prior``
     holds the results another (killed) process recorded for this identity."""
+    from tiletune.devices import timeline
     from tiletune.engine.progress import tuning_progress
     from tiletune.engine.search import DEFAULT_SEARCH_EVALS, default_search, run_search
     from tiletune.resolve.attempt import MissScope, current_scope
@@ -119,6 +120,7 @@ def tune(problem: "Problem", *, resume: bool = False, on_result: Callable[[Measu
     n_valid = len(strategy.pool)
     exhaustive = strategy.name == "exhaustive" and budget.max_evals is None and strategy.lazy is None
     t0 = time.perf_counter()
+    timeline.mark("tune_strategy_ready", configs=n_valid)
     # exhaustive: the first (only) batch is the whole pool, known now; compiled while the worker starts
     session = open_session(problem, ahead=strategy.pool if exhaustive else ())
     winner = None
@@ -217,6 +219,9 @@ class TuneSource:
             if handle.writable(db, problem.name):
                 on_result = functools.partial(_record_progress, problem, db)
         attempt.tuning_started = True
+        from tiletune.devices import timeline
+
+        timeline.mark("tune_lease_held", lease=lease is not None)
         result = tune(problem, resume=lease is not None, on_result=on_result, prior=prior)
         cfg = problem.spec.space.config(problem.arch, **dict(result.winner))
         # an in-process session leaves exactly one launch of the winner on the caller's arguments;

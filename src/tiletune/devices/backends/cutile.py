@@ -65,6 +65,8 @@ class CutileBackend:
     name = "cutile"
     #: ``ct.launch`` reads ``__cuda_array_interface__`` objects (recipes pass views that way)
     accepts_array_interface = True
+    #: ``open_session(defer_reference=True)``: a worker starts the compiles before the reference runs
+    defers_reference = True
 
     def __init__(self, workers: int | None = None, compile_timeout_s: float | None = 300.0) -> None:
         self.torch, self.ct = _import_cutile()
@@ -168,8 +170,12 @@ class CutileBackend:
         reference: Callable[..., Any] | None,
         tolerance: Mapping[str, tuple[float, float]] | None,
         name: str,
+        defer_reference: bool = False,
     ) -> "CutileSession":
-        return CutileSession(self, plan, args, device_index, writes, inplace, reference, tolerance)
+        """``defer_reference``: the reference runs at :meth:`CutileSession.prepare` (a worker calls it once its
+        compiles are under way), at the latest before the first checked launch."""
+        return CutileSession(self, plan, args, device_index, writes, inplace, reference, tolerance,
+                             defer_reference=defer_reference)
 
 
 class CutileSession:
@@ -187,6 +193,7 @@ class CutileSession:
         inplace: Sequence[int],
         reference: Callable[..., Any] | None,
         tolerance: Mapping[str, tuple[float, float]] | None,
+        defer_reference: bool = False,
     ) -> None:
         self.t0 = time.perf_counter()
         self.backend = backend
@@ -197,7 +204,8 @@ class CutileSession:
         self._devctx = self.torch.cuda.device(device_index)
         self._devctx.__enter__()
         self.guard = ArgGuard(args, writes, inplace) if (writes or inplace) else None
-        self.checker = Checker(reference, self.guard, tolerance) if self.guard is not None else None
+        self.checker = (Checker(reference, self.guard, tolerance, defer=defer_reference)
+                        if self.guard is not None else None)
         self.timer = ColdL2Timer(device_index, backlog_us=settings.timer_backlog_us())
         self.pool = CompilePool(backend.workers, backend.compile_timeout_s)
         self._launchers: dict[int, Callable[[], None]] = {}
@@ -282,7 +290,13 @@ class CutileSession:
 
         return fn
 
+    def prepare(self) -> None:
+        """Run the deferred reference now (a no-op when it has run)."""
+        if self.checker is not None:
+            self.checker.prepare()
+
     def check(self, candidate: Candidate) -> CheckOutcome:
+        self.prepare()  # before the launch: the reference reads the pristine inputs
         fn = self._launcher(candidate)
         banded = self._checked_launcher(candidate)
         if banded is not None:

@@ -134,7 +134,13 @@ class SimulatedSession:
             status = d.status if d.status in (Status.COMPILE_ERROR, Status.TIMEOUT) else Status.OK
             yield CompileOutcome(c, status, d.compile_s, d.reason if status is not Status.OK else "", cpu_s=d.compile_s)
 
+    def prepare(self) -> None:
+        """Run a deferred reference now (a no-op when it has run)."""
+        if self.checker is not None:
+            self.checker.prepare()
+
     def check(self, candidate: Candidate) -> CheckOutcome:
+        self.prepare()  # before the run: the reference reads the pristine inputs
         self._clock += self.check_overhead_s
         self.checked.append(candidate.order)
         d = self.source.describe(candidate.config)
@@ -286,6 +292,7 @@ class FakeBackend(SimulatedBackend):
     """
 
     name = "fake"
+    defers_reference = True  # open_session(defer_reference=True), as the cuTile backend
 
     def __init__(
         self,
@@ -330,9 +337,12 @@ class FakeBackend(SimulatedBackend):
         reference: Callable[..., Any] | None,
         tolerance: Mapping[str, tuple[float, float]] | None,
         name: str,
+        defer_reference: bool = False,
     ) -> SimulatedSession:
+        """``defer_reference``: the reference runs at the session's ``prepare`` (or before its first check),
+        as on the cuTile backend."""
         guard = ArgGuard(args, writes, inplace) if (writes or inplace) else None
-        checker = Checker(reference, guard, tolerance) if guard is not None else None
+        checker = Checker(reference, guard, tolerance, defer=defer_reference) if guard is not None else None
 
         def run(c: Candidate) -> None:
             self._execute(c.config, plan(c.config, *args))

@@ -198,6 +198,7 @@ class IsolatedBackend:
             "name": name,
         }
         dumps(payload, probe=True)  # fail here, before any worker is involved, when something cannot be shipped
+        timeline.mark("session_payload_probed")
         worker = self.worker(device_index)
         pre = None
         compile_ahead = getattr(self.local, "compile_ahead", None)
@@ -231,6 +232,7 @@ class WorkerSession:
         self.sid = WorkerSession._next_sid
         self.stats: dict[str, Any] = {"isolation": "process", "worker_restarts": 0, "faults": []}
         self._opened_gen = -1  # worker generation the session is open in
+        self._prepared_gen = -1  # worker generation that has run the session's reference (see _prepare)
         self._compiled: set[int] = set()  # candidates compiled in the current worker generation
         self._compile_s: dict[int, float] = {}  # each candidate's compile time in the worker
         self._best_us: float | None = None
@@ -277,7 +279,8 @@ class WorkerSession:
         if self._opened_gen == w.generation:
             return
         t_open = time.perf_counter()
-        reply = w.request(dict(self.payload, op="open", session=self.sid), self.options.open_timeout_s)
+        reply = w.request(dict(self.payload, op="open", session=self.sid, defer_reference=True),
+                          self.options.open_timeout_s)
         collect_shared()  # the worker has copied the arguments and released its views of their staging copies
         timeline.mark("session_opened")
         if not reply.ok and w.forked and w.fork_ok:
@@ -295,7 +298,8 @@ class WorkerSession:
             if spares:
                 w.keep_spares(spares)
             self.stats["worker_forked"] = bool(w.forked)
-            reply = w.request(dict(self.payload, op="open", session=self.sid), self.options.open_timeout_s)
+            reply = w.request(dict(self.payload, op="open", session=self.sid, defer_reference=True),
+                              self.options.open_timeout_s)
             collect_shared()
         if not reply.ok:
             raise Unshippable(f"the worker could not open the session: {reply.error}")
@@ -436,6 +440,7 @@ class WorkerSession:
         first), so the rest of the session waits for no compile of its own."""
         self._open()
         if cand.order in self._compiled:
+            self._prepare()
             return
         if cand.order not in self._sent:
             rest = sorted((c for o, c in self._ok.items() if o not in self._sent and o != cand.order),
@@ -444,6 +449,7 @@ class WorkerSession:
             self._sent.update(c.order for c in batch)
             self.worker.request({"op": "compile", "session": self.sid, "candidates": [self._wire(c) for c in batch]},
                                 30.0)
+        self._prepare()  # while those compile; before the check's watchdog starts
         limit = self.options.compile_timeout_s + self.options.compile_slack_s
         while True:
             gen, ev = self._event_for([cand.order], limit)
@@ -454,6 +460,20 @@ class WorkerSession:
             if ev.status is not Status.OK:
                 raise CandidateFault(ev.status, f"recompiling in a new worker failed: {ev.reason}")
             return
+
+    def _prepare(self) -> None:
+        """Have the worker run the session's reference, once per worker generation (deferred at the open,
+        so the session's first compiles start before it). Its time counts against the open's timeout,
+        never against a check's watchdog; a reference that raises fails the session like an open that
+        fails."""
+        w = self.worker
+        if self._prepared_gen == w.generation:
+            return
+        reply = w.request({"op": "prepare", "session": self.sid}, self.options.open_timeout_s)
+        if not reply.ok:
+            raise Unshippable(f"the worker could not open the session: {reply.error}")
+        self._prepared_gen = w.generation
+        self.stats.setdefault("reference_s", []).append(round(float(reply.body.get("seconds", 0.0)), 4))
 
     def _fault_status(self, fault: WorkerFault) -> Status:
         return Status.TIMEOUT if fault.kind == "timeout" else Status.LAUNCH_ERROR
@@ -491,6 +511,7 @@ class WorkerSession:
                     self.worker.request(
                         {"op": "compile", "session": self.sid, "candidates": [self._wire(c) for c in batch]}, 30.0
                     )
+                    self._prepare()  # the reference runs in the worker while these compile
                 gen, ev = self._event_for(list(pending), limit)
             except WorkerFault as fault:
                 self._restarted(fault, None)
