@@ -57,7 +57,9 @@
 # off-grid GEMM rows of seed 61 (the library GEMM against F.linear); av = first forward with served_vs_tuned
 # (seed $SEED, default 79, 3 shapes per model, 2 of them tuned), then nearest-neighbour quality of softmax and
 # matmul (40 shapes each as the budget allows, seed $SEED); aw = cold tuning of TileGym's matmul with 16 compile
-# processes against 8 (tuning_speed --env-ab), then the cold tuning rows of all three kernels (2 repetitions).
+# processes against 8 (tuning_speed --env-ab), then the cold tuning rows of all three kernels (2 repetitions);
+# ax (owed on an H200 after 2026-12-07's H100 calls) = the pick's load regimes, cold tuning of the three kernels
+# after the deferred reference (2 repetitions), the fault space, the compile tax of decode.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -418,6 +420,15 @@ aw)
     --env-ab ${AB:-TILETUNE_COMPILE_WORKERS=16,8} > $TSO/envab.log 2>&1; tail -2 $TSO/envab.log | cut -c1-300)
   (cd benchmarks && timeout ${TS_S:-300} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
     --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  ;;
+ax)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 60 python probe_pick_regimes.py --out $TSO > $TSO/regimes.log 2>&1; tail -6 $TSO/regimes.log | cut -c1-200)
+  (cd benchmarks && timeout ${TS_S:-260} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
+  (cd benchmarks && timeout ${CT_S:-120} python compile_tax.py --out $TSO --quick --phases decode \
+    --budget-s $(( ${CT_S:-120} - 20 )) > $TSO/ctax.log 2>&1; tail -1 $TSO/ctax.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
