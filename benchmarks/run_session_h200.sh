@@ -59,7 +59,9 @@
 # matmul (40 shapes each as the budget allows, seed $SEED); aw = cold tuning of TileGym's matmul with 16 compile
 # processes against 8 (tuning_speed --env-ab), then the cold tuning rows of all three kernels (2 repetitions);
 # ax (owed on an H200 after 2026-12-07's H100 calls) = the pick's load regimes, cold tuning of the three kernels
-# after the deferred reference (2 repetitions), the fault space, the compile tax of decode.
+# after the deferred reference (2 repetitions), the fault space, the compile tax of decode; ay = the two off-grid
+# GEMM rows Nsight Compute read on 2026-12-07 tuned over the 512-config space (GROUP_M 16 included: does a swizzle
+# band that covers all 9 row tiles stop the 1058-row kernel reading its weight twice?).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -429,6 +431,11 @@ ax)
   (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
   (cd benchmarks && timeout ${CT_S:-120} python compile_tax.py --out $TSO --quick --phases decode \
     --budget-s $(( ${CT_S:-120} - 20 )) > $TSO/ctax.log 2>&1; tail -1 $TSO/ctax.log | cut -c1-300)
+  ;;
+ay)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${PG_S:-400} python probe_gemm_space.py --rows ${ROWS:-1058:4608:3584,5008:512:3584} --full \
+    --out $TSO > $TSO/pgs.log 2>&1; tail -8 $TSO/pgs.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
