@@ -577,3 +577,33 @@ def test_the_worker_runs_the_reference_after_the_first_compiles_are_sent(monkeyp
     first_check = ops.index("check")
     assert ops[:4] == ["hello", "open", "compile", "prepare"] or ops[:3] == ["open", "compile", "prepare"], ops
     assert ops.index("worker_prepared") < first_check
+
+
+def _reference_not_in_workers(x, y):
+    from tiletune import settings
+
+    if settings.in_worker():
+        raise RuntimeError("this reference needs the caller's process")
+    return x * 2
+
+
+def test_a_reference_that_fails_only_in_the_worker_runs_in_the_caller_and_tuning_stays_isolated():
+    be = FakeBackend(model, noise=0.002)
+    iso = IsolatedBackend(be, worker_spec=be, options=FAST)
+    op = tt.autotune(SPACE, reference=_reference_not_in_workers, writes=["y"], db=False, backend=iso,
+                     progress=False, isolation="none")(lambda cfg, x, y: tt.Launch(good_kernel, (1,), (x, y)))
+    x, y = torch.randn(16), torch.empty(16)
+    op(x, y)
+    (result,) = op.results.values()
+    assert result.stats["isolation"] == "process"
+    assert all(m.status is Status.OK for m in result.measurements)
+    torch.testing.assert_close(y, x * 2)
+
+
+def test_a_reference_that_fails_everywhere_raises_its_own_error():
+    be = FakeBackend(model, noise=0.002)
+    iso = IsolatedBackend(be, worker_spec=be, options=FAST)
+    op = tt.autotune(SPACE, reference=lambda x, y: (x, y), writes=["y"], db=False, backend=iso, progress=False,
+                     isolation="none")(lambda cfg, x, y: tt.Launch(good_kernel, (1,), (x, y)))
+    with pytest.raises(ValueError, match=r"^the reference returned 2 value\(s\) but the op writes 1 argument"):
+        op(torch.randn(16), torch.empty(16))

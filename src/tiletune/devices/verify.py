@@ -567,13 +567,18 @@ class Checker:
         written = set(self.positions)
         ref_args = tuple(a if shared and i not in written else a.clone() if hasattr(a, "clone") else a
                          for i, a in enumerate(self.guard.pristine_args()))
-        out = reference(*ref_args)
+        self.set_expected(reference(*ref_args))
+
+    def set_expected(self, out: Any) -> None:
+        """Take the reference's answer computed elsewhere (the caller's, when a worker cannot run the
+        reference); ValueError when it holds another number of values than the op writes."""
         out = out if isinstance(out, (tuple, list)) else (out,)
         if len(out) != len(self.positions):
             raise ValueError(
                 f"the reference returned {len(out)} value(s) but the op writes {len(self.positions)} "
                 "argument(s) (outputs then in-place ones)"
             )
+        self._reference = None
         self.expected = tuple(out)
 
     def compare(self) -> str | None:

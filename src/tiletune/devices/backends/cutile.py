@@ -290,10 +290,14 @@ class CutileSession:
 
         return fn
 
-    def prepare(self) -> None:
-        """Run the deferred reference now (a no-op when it has run)."""
+    def prepare(self, expected: Any = None) -> None:
+        """Run the deferred reference now (a no-op when it has run), or take ``expected``, its answer
+        computed elsewhere."""
         if self.checker is not None:
-            self.checker.prepare()
+            if expected is not None:
+                self.checker.set_expected(expected)
+            else:
+                self.checker.prepare()
 
     def check(self, candidate: Candidate) -> CheckOutcome:
         self.prepare()  # before the launch: the reference reads the pristine inputs

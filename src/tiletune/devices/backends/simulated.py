@@ -134,10 +134,14 @@ class SimulatedSession:
             status = d.status if d.status in (Status.COMPILE_ERROR, Status.TIMEOUT) else Status.OK
             yield CompileOutcome(c, status, d.compile_s, d.reason if status is not Status.OK else "", cpu_s=d.compile_s)
 
-    def prepare(self) -> None:
-        """Run a deferred reference now (a no-op when it has run)."""
+    def prepare(self, expected: Any = None) -> None:
+        """Run a deferred reference now (a no-op when it has run), or take ``expected``, its answer computed
+        elsewhere."""
         if self.checker is not None:
-            self.checker.prepare()
+            if expected is not None:
+                self.checker.set_expected(expected)
+            else:
+                self.checker.prepare()
 
     def check(self, candidate: Candidate) -> CheckOutcome:
         self.prepare()  # before the run: the reference reads the pristine inputs

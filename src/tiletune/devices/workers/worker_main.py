@@ -275,14 +275,22 @@ class Worker:
         return {"ok": True, "copy_s": copy_s}
 
     def op_prepare(self, msg: dict) -> dict:
-        """Run the session's deferred reference (a no-op for a session without one)."""
+        """Run the session's deferred reference (a no-op for a session without one), or, with ``expected``,
+        take the reference's answer the caller computed (copied: the caller's memory is not held)."""
         from tiletune.devices import timeline
+        from tiletune.devices.workers.shipping import own_copy
 
         served = self.sessions[int(msg["session"])]
         prepare = getattr(served.session, "prepare", None)
         t0 = time.perf_counter()
+        try:
+            expected = msg.get("expected")
+            if expected is not None:
+                expected = tuple(own_copy(t) for t in expected)
+        finally:
+            msg.pop("expected", None)  # drop the IPC views of the caller's memory now
         if prepare is not None:
-            prepare()
+            prepare(expected) if expected is not None else prepare()
         timeline.mark("worker_prepared")
         return {"ok": True, "seconds": round(time.perf_counter() - t0, 4)}
 
