@@ -15,3 +15,43 @@ def _gpu_tests_tune_every_key(request, monkeypatch):
     if request.node.get_closest_marker("gpu") is not None and request.node.get_closest_marker("served") is None:
         monkeypatch.setenv("TILETUNE_ON_MISS", "tune")
     yield
+
+
+#: Tests of several seconds each on a 2-core machine (worker and zygote processes started and killed, a Ray
+#: cluster, real TileIR compiles, Inductor code generation), by file and name prefix. They are marked
+#: ``slow``: ``-m "not gpu and not slow"`` is the quick loop while editing (about half the suite's time);
+#: CI and the README's test command run everything.
+SLOW = {
+    "test_campaign_ray.py": ("test_a_campaign_on_ray_actors",),
+    "test_campaign.py": ("test_a_sigkilled_campaign", "test_a_worker_that_dies", "test_a_campaign_on_two_workers"),
+    "test_workers.py": ("test_only_verified_configs", "test_every_fault_is_a_failed", "test_a_compiler_that_crashes",
+                        "test_a_slow_first_launch", "test_all_failing_raises", "test_plan_the_worker_cannot_import"),
+    "test_worker_lifecycle.py": ("test_a_slow_first_launch_in_a_new_worker", "test_two_faults_in_quick_succession",
+                                 "test_after_a_crash_the_warm_spare", "test_keep_spares_starts_them",
+                                 "test_a_session_starts_its_spares", "test_exit_after_isolated_tuning",
+                                 "test_the_dead_worker_is_reaped", "test_a_hang_costs_about"),
+    "test_tuning.py": ("test_concurrent_processes_tune_a_key_once", "test_sigkill_mid_tune"),
+    "test_distributed.py": ("test_ranks_use_one_pick_per_key",),
+    "test_zygote.py": ("test_a_changed_import_time_environment", "test_a_dead_zygote_never_blocks",
+                       "test_an_import_that_starts_a_thread"),
+    "test_zygote_fork.py": ("test_a_plan_a_forked_worker_cannot_load", "test_a_compiler_warm_up_that_makes",
+                            "test_a_caller_that_cannot_be_forked"),
+    "test_torch_import_race.py": ("test_first_call_with_prestart_in_the_background",),
+    "test_frontend_cache.py": ("test_on_the_launch_path_the_cubin", "test_a_fresh_process_never_imports"),
+    "test_bench_scripts_tuning.py": ("test_frontend_cache_benchmark",),
+    "test_bench_scripts_new.py": ("test_compile_tax_cpu",),
+    "test_hf_compile.py": ("test_patched_decode_compiles_into_one_graph",),
+    "test_gemm_splitk.py": ("test_splitk_configs_compile_for_sm90",),
+    "test_decode_attention.py": ("test_every_row_shape_compiles_for_sm90", "test_direct_kernel_extreme_configs_compile",
+                                 "test_direct_kernel_compiles_for_sm90"),
+    "test_recorded_spaces.py": ("test_baseline_compiles_for_sm90",),
+    "test_lazy_spaces.py": ("test_a_billion_configs_in_under_500_mb",),
+    "test_kernels_background_import.py": ("test_a_fork_waits_for_the_background_import",),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        prefixes = SLOW.get(item.path.name)
+        if prefixes and item.name.startswith(prefixes):
+            item.add_marker(pytest.mark.slow)
