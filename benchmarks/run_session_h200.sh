@@ -437,6 +437,15 @@ ay)
   (cd benchmarks && timeout ${PG_S:-400} python probe_gemm_space.py --rows ${ROWS:-1058:4608:3584,5008:512:3584} --full \
     --out $TSO > $TSO/pgs.log 2>&1; tail -8 $TSO/pgs.log | cut -c1-300)
   ;;
+az)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout ${TEST_S:-230} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_faults.py tests/test_gpu_ipc.py \
+    tests/test_gpu_zygote.py tests/test_gpu_zygote_fork.py tests/test_gpu_fallback.py tests/test_gpu_core.py \
+    > $TSO/pytest_az.txt 2>&1; tail -4 $TSO/pytest_az.txt
+  (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
+  (cd benchmarks && timeout ${TS_S:-250} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   timeout ${TEST_S:-400} python -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_gpu_torch_ops.py tests/test_gpu_hf_patch.py \

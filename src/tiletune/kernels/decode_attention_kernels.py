@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 
 import cuda.tile as ct
-from tiletune.kernels._config import param as _param
+from tiletune.space.templates import param as _param
 
 __all__ = [
     "DECODE_BASELINE",

@@ -36,7 +36,7 @@ import cuda.tile as ct
 
 from tiletune.space.spaces import Space
 from tiletune.space.templates import matmul_params
-from tiletune.kernels._config import param as _param
+from tiletune.space.templates import param as _param
 from tiletune.kernels.gemm_kernels import _tile_coords
 from tiletune.kernels.glu import _sigmoid_mul
 

@@ -43,7 +43,7 @@ import cuda.tile as ct
 
 from tiletune.space.spaces import Space
 from tiletune.space.templates import acc_fits, matmul_baseline, matmul_constraints, matmul_params, stage_fits, warps_fit
-from tiletune.kernels._config import param as _param
+from tiletune.space.templates import param as _param
 
 __all__ = [
     "GEMM_BASELINE",

@@ -68,6 +68,7 @@ __all__ = [
     "matmul_shape",
     "matmul_space",
     "next_power_of_2",
+    "param",
     "row_regime",
     "thread_regs_fit",
     "tma_rows",
@@ -94,6 +95,17 @@ SHORT_ROWS_HIGH_OCCUPANCY_TILE = 4096
 #: short rows: the ``GRID_FRAC`` of the non-persistent launch (``num_SMs * occupancy * 1024`` blocks, more
 #: than any realistic count of row blocks: one block each)
 SHORT_ROWS_GRID_ALL = 1024.0
+
+
+def param(cfg: Any, name: str, default: Any = None) -> Any:
+    """Read ``name`` from a config (attribute access, e.g. :class:`tiletune.Config`) or a mapping, for the
+    host-side launch helpers of kernels (the library's and the examples')."""
+    if isinstance(cfg, dict):
+        return cfg.get(name, default)
+    try:
+        return getattr(cfg, name)
+    except AttributeError:
+        return default
 
 
 def next_power_of_2(n: int) -> int:

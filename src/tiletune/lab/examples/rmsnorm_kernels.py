@@ -17,7 +17,7 @@ from __future__ import annotations
 
 
 import cuda.tile as ct
-from tiletune.kernels._config import param as _param
+from tiletune.space.templates import param as _param
 from tiletune.space.templates import next_power_of_2
 
 __all__ = [
