@@ -56,9 +56,11 @@ def load_in_background(modules: "list[str] | None" = None) -> bool:
     by the program (a side thread must not race the program's own torch import), cuda.tile installed,
     not inside a tuning worker, and ``TILETUNE_PREWARM`` not off. Returns whether it started the thread.
     An attribute the program reads while the thread imports its module waits for that import (Python's
-    module locks), so nothing is imported twice. ``os.fork()`` (a data loader's workers, say) waits for
-    the thread first, so no child inherits an import half done (its lock held by a thread the child does
-    not have); so does the interpreter's exit. ``modules``: full module names (tests), by default every
+    module locks), so nothing is imported twice. ``os.fork()`` (a data loader's workers, the tuning
+    worker's zygote) waits for the module the thread is importing, not for the whole list: the thread takes
+    one step at a time (an import, the tables' read) and a fork waiting goes before its next step, so no child inherits an
+    import half done (its lock held by a thread the child does not have) and the thread goes on once the
+    fork is made. The interpreter's exit waits for the thread. ``modules``: full module names (tests), by default every
     op module of this package.
     """
     global _background
@@ -77,30 +79,61 @@ def load_in_background(modules: "list[str] | None" = None) -> bool:
     if modules is None:
         modules = [f"{__name__}.{m}" for m in sorted({*_MEMORY_OPS.values(), *_DECODE_OPS.values(), "gemm", "attention_op"})]
 
+    gate = threading.Condition()  # the side thread's steps and the forks, one at a time
+    state = {"busy": False, "forks": 0}  # a step under way; forks waiting or being made
+    forking = threading.local()
+
+    def step(fn: Any, *args: Any) -> None:
+        with gate:
+            gate.wait_for(lambda: not state["forks"])  # a fork waiting goes first
+            state["busy"] = True
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - best effort: the first use imports it (or reads them) itself
+            pass
+        finally:
+            with gate:
+                state["busy"] = False
+                gate.notify_all()
+
     def work() -> None:
         import importlib
 
         for module in modules:
-            try:
-                importlib.import_module(module)
-            except Exception:  # noqa: BLE001 - best effort: the first use imports it and reports the error
-                pass
-        try:  # what a first miss of any op reads, whatever its shape: the identity sources, the tables
-            warm_first_miss()
-        except Exception:  # noqa: BLE001 - best effort: the first miss reads them itself
-            pass
+            step(importlib.import_module, module)
+        # what a first miss of any op reads, whatever its shape: the identity sources, the tables
+        step(warm_first_miss)
 
-    thread = _background = threading.Thread(target=work, name="tiletune-kernels-import", daemon=True)
+    thread = threading.Thread(target=work, name="tiletune-kernels-import", daemon=True)
 
     def wait(timeout: float) -> None:
         if thread.is_alive() and threading.current_thread() is not thread:
             thread.join(timeout)
 
+    def before_fork() -> None:  # the thread between two steps (or done) while the fork is made
+        forking.counted = threading.current_thread() is not thread and thread.is_alive()
+        if forking.counted:
+            with gate:
+                state["forks"] += 1
+                gate.wait_for(lambda: not state["busy"], timeout=30.0)
+
+    def after_fork_parent() -> None:
+        if getattr(forking, "counted", False):
+            forking.counted = False
+            with gate:
+                state["forks"] -= 1
+                gate.notify_all()
+
+    def after_fork_child() -> None:  # no side thread here; the gate was free when the fork was made
+        forking.counted = False
+
     import atexit
     import os
 
+    _background = thread
     if hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=lambda: wait(30.0))
+        os.register_at_fork(before=before_fork, after_in_parent=after_fork_parent,
+                            after_in_child=after_fork_child)
     atexit.register(wait, 10.0)  # never tear modules down under an import in progress
     thread.start()
     return True
