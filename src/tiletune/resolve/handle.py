@@ -20,6 +20,7 @@ import threading
 import warnings
 from typing import Any
 
+from tiletune.devices import timeline
 from tiletune.errors import DatabaseError, DatabaseWarning
 from tiletune.records import TuningIdentity
 from tiletune.store import TuningDB
@@ -106,6 +107,7 @@ class DatabaseHandle:
                 if self._db is None and not self.dropped:
                     self._db = open_database(self.arg)
                     self.dropped = self._db is None
+                    timeline.mark("database_opened", ok=not self.dropped)
         return self._db
 
     def failed(self, db: TuningDB, exc: DatabaseError, name: str = "") -> None:
