@@ -173,3 +173,29 @@ def test_the_gpu_warm_test_shapes_are_covered_by_its_tune_command():
     need = set(fill.layer_keys(LLAMA, "prefill", 1, 50)) | set(fill.layer_keys(LLAMA, "decode", 1, 400))
     assert not need - warmed
     assert len(calls) == 17
+
+
+def test_the_library_keys_exact_form_differs_only_in_the_bucketed_sizes():
+    """What a nearest-neighbour source measures from (``ProblemKey.exact_key_json``): the same names and
+    flags as the stored key, the call's own sizes where the key holds their buckets."""
+    from types import SimpleNamespace as T
+
+    from tiletune.kernels.attention_op import attention_problem
+    from tiletune.kernels.decode_attention_op import DECODE_KEY
+    from tiletune.kernels.gemm import GEMM_BUCKETS
+    from tiletune.kernels.rope import rope_problem
+
+    bf = torch.bfloat16
+    gemm_args = (T(shape=(1, 1058, 3584), dtype=bf), T(shape=(1, 4608, 3584), dtype=bf), T(shape=(1, 1058, 4608), dtype=bf),
+                 None, None, False, True, False)
+    stored, exact = GEMM_BUCKETS.key_json(gemm_args)[1], GEMM_BUCKETS.exact_key_json(gemm_args)[1]
+    assert stored["M"] == 2048 and exact["M"] == 1058
+    assert {k: v for k, v in stored.items() if k != "M"} == {k: v for k, v in exact.items() if k != "M"}
+    decode_args = (T(shape=(12, 8, 4, 1, 128), dtype=bf), T(shape=(12, 8, 5000, 128), dtype=bf), None, None, True, None)
+    stored, exact = DECODE_KEY.key_json(decode_args)[1], DECODE_KEY.exact_key_json(decode_args)[1]
+    assert (stored["batch"], stored["kv_len"], exact["batch"], exact["kv_len"]) == (16, 8192, 12, 5000)
+    attn = (T(shape=(3, 32, 1500, 128), dtype=bf), T(shape=(3, 8, 1500, 128), dtype=bf), None, None, True)
+    assert attention_problem(attn)["q_len"] == 2048 and attention_problem(attn, exact=True)["q_len"] == 1500
+    assert attention_problem(attn, exact=True)["batch_heads"] == 96
+    rope = (T(shape=(3, 500, 32, 64), dtype=bf), None, T(shape=(3, 500, 8, 64), dtype=bf), None, T(shape=(1, 500, 64), dtype=bf))
+    assert rope_problem(rope)["tokens"] == 2048 and rope_problem(rope, exact=True)["tokens"] == 1500

@@ -151,6 +151,69 @@ def test_neighbours_are_ordered_nearest_first_ties_to_the_larger():
     assert neighbours(key(64), [(key(64), {"K": 1}, 5.0, "db")]) == []  # the key itself is no neighbour
 
 
+def test_a_bucketed_key_measures_its_distances_from_the_calls_own_sizes():
+    """A GEMM of 1,058 rows keys as the 2,048-row bucket; from the bucket's bound the 2,048-row entry is the
+    nearest, from the call's own rows the 1,024-row one (as measured on an H100, 2026-12-07: the 1,024-row
+    entry's config ran 76.5 us on 1058x4608x3584, the 2,048-row entry's 86.4 us)."""
+    def key(m, n=4096, k=4096):
+        return json.dumps([{"bucketed": True}, {"problem": "gemm", "M": m, "N": n, "K": k, "layout": "nt"}],
+                          sort_keys=True)
+
+    stored = [(key(1024), {"K": 1}, 50.0, "h200.json"), (key(2048), {"K": 2}, 95.0, "h200.json"),
+              (key(4096), {"K": 3}, 180.0, "h200.json")]
+    bucket, own = key(2048, 4608, 3584), key(1058, 4608, 3584)
+    assert [n.config["K"] for n in neighbours(bucket, stored)] == [2, 1, 3]
+    got = neighbours(bucket, stored, own)
+    assert [n.config["K"] for n in got] == [1, 2, 3]
+    assert got[0].distance == pytest.approx(distance([1058, 4608, 3584], [1024, 4096, 4096]))
+    assert not got[0].larger  # 1,024 rows are fewer than the call's 1,058
+    # the bucket's own key stays excluded (it would be the database's answer), and sizes of another
+    # structure are ignored
+    assert [n.config["K"] for n in neighbours(key(2048), stored, key(1500))] == [1, 3]
+    other = json.dumps([{"bucketed": True}, {"problem": "gemm", "M": 1058}], sort_keys=True)
+    assert [n.config["K"] for n in neighbours(bucket, stored, other)] == [2, 1, 3]
+
+
+def test_bucket_keys_in_their_exact_form_keep_the_structure_and_the_calls_sizes():
+    from tiletune.buckets import Buckets
+    from tiletune.kernels._keys import ProblemKey, rounded
+
+    b = Buckets({"x": {0: "pow2"}}).resolve(["x", "n"])
+    x = torch.empty(1058, 64)
+    assert b.key_json((x, 3)) == [{"bucketed": True}, {"shape": [2048, 64], "dtype": "float32", "contiguous": True}, 3]
+    assert b.exact_key_json((x, 3)) == [{"bucketed": True}, {"shape": [1058, 64], "dtype": "float32",
+                                                              "contiguous": True}, 3]
+
+    def describe(args, exact=False):
+        return {"M": rounded(args[0].shape[0], exact=exact), "grid": rounded(args[0].shape[1], (16, 256), exact)}
+
+    pk = ProblemKey("demo", describe, {"M": "pow2", "grid": [16, 256]})
+    assert pk.key_json((x,)) == [{"bucketed": True}, {"problem": "demo", "M": 2048, "grid": 256}]
+    assert pk.exact_key_json((x,)) == [{"bucketed": True}, {"problem": "demo", "M": 1058, "grid": 64}]
+
+
+def test_a_problem_of_a_bucketed_op_is_served_by_the_neighbour_nearest_its_own_sizes(tmp_path):
+    path = tmp_path / "t.db"
+    buckets = tt.Buckets({"x": {0: "pow2"}, "y": {0: "pow2"}})
+    tuner = _op(path, name="nn.b", truth=lambda c: 10.0 + abs(c.K - 1), buckets=buckets)  # K=1 at 64 rows
+    tuner(torch.randn(64), torch.empty(64))
+    tuner2 = _op(path, name="nn.b", truth=lambda c: 10.0 + abs(c.K - 4), buckets=buckets)  # K=4 at 256 rows
+    tuner2(torch.randn(256), torch.empty(256))
+    seen = []
+    listener = events.subscribe("choice", lambda op, problem, choice: seen.append((problem, choice)))
+    try:
+        server = _op(path, name="nn.b", on_miss="nearest", truth=lambda c: 10.0, buckets=buckets)
+        x, y = torch.randn(66), torch.empty(66)  # the 128-row bucket: from 128, 64 and 256 tie (the larger
+        # would win); from 66, 64 is nearest
+        server(x, y)
+    finally:
+        events.unsubscribe("choice", listener)
+    ((problem, choice),) = seen
+    assert '"shape":[128]' in problem.key_json and '"shape":[66]' in problem.sizes_json
+    assert choice.source == "nearest" and choice.config["K"] == 1 and '"shape":[64]' in choice.neighbour
+    assert torch.equal(y, x * 2)
+
+
 def test_winners_tuned_on_another_device_follow_this_devices_and_may_share_the_key():
     def key(m):
         return json.dumps([{"shape": [m, 64], "dtype": "bfloat16", "contiguous": True}])

@@ -147,6 +147,14 @@ class Buckets:
     def key_json(self, args: Sequence[Any]) -> list[Any]:
         """The stored (JSON) form of the bucket key: like the default key's, with bucketed shapes and a
         ``bucketed`` marker so a bucket's record never answers for an exact key or the reverse."""
+        return self._json(args, self._dims)
+
+    def exact_key_json(self, args: Sequence[Any]) -> list[Any]:
+        """:meth:`key_json`'s form with the call's own sizes in place of their buckets' (what a
+        nearest-neighbour source measures distances from: the bucket's bound may be twice the size)."""
+        return self._json(args, lambda pos, shape: tuple(int(n) for n in shape))
+
+    def _json(self, args: Sequence[Any], dims: Callable[[int, Sequence[int]], tuple[int, ...]]) -> list[Any]:
         out: list[Any] = []
         for pos, a in enumerate(args):
             t = type(a)
@@ -154,7 +162,7 @@ class Buckets:
                 out.append(a)
             elif t is not float and t not in _BY_VALUE and is_tensor(a):
                 layout = _layout(a)
-                d: dict[str, Any] = {"shape": list(self._dims(pos, a.shape)), "dtype": _dtype_name(a.dtype),
+                d: dict[str, Any] = {"shape": list(dims(pos, a.shape)), "dtype": _dtype_name(a.dtype),
                                      "contiguous": layout == "contiguous"}
                 if layout != "contiguous":
                     d["dim_order"], d["stride_ratios"] = list(layout[0]), list(layout[1])

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tiletune.buckets import Buckets, bucket_size
 
-__all__ = ["ProblemKey", "convert_stored_key", "dtype_name", "layout_name", "pow2", "KV_LEN_GRID"]
+__all__ = ["ProblemKey", "convert_stored_key", "dtype_name", "layout_name", "pow2", "rounded", "KV_LEN_GRID"]
 
 #: Cache lengths of decode attention are bucketed on this coarse grid (the attended length is on the
 #: device; the capacity is its host-side bound): 1-1024, 1025-8192, 8193-65536, 65537-524288.
@@ -33,6 +33,12 @@ KV_LEN_GRID = (1024, 8192, 65536, 524288)
 def pow2(n: int) -> int:
     """``n`` rounded up to a power of two (0 stays 0)."""
     return bucket_size(int(n), "pow2")
+
+
+def rounded(n: int, rule: Any = "pow2", exact: bool = False) -> int:
+    """``n`` in its bucket under ``rule`` (:func:`~tiletune.buckets.bucket_size`), or ``n`` itself when
+    ``exact``: the describe functions of :class:`ProblemKey` take ``exact`` for the call's own sizes."""
+    return int(n) if exact else bucket_size(int(n), rule)
 
 
 def dtype_name(dtype: Any) -> str:
@@ -51,8 +57,9 @@ class ProblemKey(Buckets):
 
     Args:
         kind: the problem's name in the stored key (``"gemm"``, ``"attention"``, ...).
-        describe: ``describe(args) -> {name: int | str | bool}``: the problem of one call, its bucketed
-            dimensions already rounded (``args``: the launch plan's arguments, positional, after the config).
+        describe: ``describe(args, exact=False) -> {name: int | str | bool}``: the problem of one call, its
+            bucketed dimensions already rounded (``args``: the launch plan's arguments, positional, after
+            the config); with ``exact=True`` the same names with the call's own sizes (:meth:`exact_key_json`).
         rules: ``{name: rule}`` of the bucketed names, for reports and a nearest-neighbour source (which
             names are sizes worth a distance); not applied here.
         refine: as for :class:`~tiletune.buckets.Buckets`.
@@ -85,6 +92,9 @@ class ProblemKey(Buckets):
 
     def key_json(self, args: Sequence[Any]) -> list[Any]:
         return [{"bucketed": True}, self.problem(args)]
+
+    def exact_key_json(self, args: Sequence[Any]) -> list[Any]:
+        return [{"bucketed": True}, {"problem": self.kind, **self.describe_fn(args, exact=True)}]
 
     def describe(self) -> dict[str, Any]:
         return {"problem": self.kind, **{k: (r if isinstance(r, str) else list(r)) for k, r in self.named_rules.items()}}
@@ -132,15 +142,15 @@ def _convert_rope(key: list[Any]) -> list[Any] | None:
 
 
 def rope_problem_dict(tokens: int, hq: int, hk: int, half: int, dtype: str, trig_dtype: str,
-                      trig_batched: bool) -> dict[str, Any]:
-    return {"problem": "rope", "tokens": pow2(tokens), "q_heads": hq, "kv_heads": hk, "rotary": 2 * half,
+                      trig_batched: bool, exact: bool = False) -> dict[str, Any]:
+    return {"problem": "rope", "tokens": rounded(tokens, exact=exact), "q_heads": hq, "kv_heads": hk, "rotary": 2 * half,
             "dtype": dtype, "trig_dtype": trig_dtype, "trig_batched": trig_batched}
 
 
 def attention_problem_dict(b: int, h: int, hkv: int, sq: int, sk: int, d: int, causal: bool,
-                           dtype: str) -> dict[str, Any]:
-    return {"problem": "attention", "batch_heads": pow2(b * h), "group": h // max(1, hkv), "q_len": pow2(sq),
-            "kv_len": pow2(sk), "head_dim": d, "causal": bool(causal), "dtype": dtype}
+                           dtype: str, exact: bool = False) -> dict[str, Any]:
+    return {"problem": "attention", "batch_heads": rounded(b * h, exact=exact), "group": h // max(1, hkv),
+            "q_len": rounded(sq, exact=exact), "kv_len": rounded(sk, exact=exact), "head_dim": d, "causal": bool(causal), "dtype": dtype}
 
 
 def _convert_attention(key: list[Any]) -> list[Any] | None:

@@ -106,7 +106,7 @@ def _space_for(regime: str | None) -> Space:
     return ATTENTION_SMALL_HEAD_SPACE if regime == SMALL_HEAD else ATTENTION_SPACE
 
 
-def attention_problem(args: Any) -> dict[str, Any]:
+def attention_problem(args: Any, exact: bool = False) -> dict[str, Any]:
     """The named problem of an attention launch (:func:`attention_plan`'s arguments): batch x query heads
     (the grid's second axis, bucketed to a power of two), the group size (query heads per kv head), the
     query and key lengths (each bucketed to a power of two: the kernel masks ragged tiles), the head
@@ -115,7 +115,8 @@ def attention_problem(args: Any) -> dict[str, Any]:
     is a run-time value."""
     q, k = args[0], args[1]
     b, h, sq, d = (int(x) for x in q.shape)
-    p = attention_problem_dict(b, h, int(k.shape[1]), sq, int(k.shape[2]), d, bool(args[4]), dtype_name(q.dtype))
+    p = attention_problem_dict(b, h, int(k.shape[1]), sq, int(k.shape[2]), d, bool(args[4]), dtype_name(q.dtype),
+                               exact)
     del p["problem"]
     return p
 

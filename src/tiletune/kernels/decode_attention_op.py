@@ -36,7 +36,7 @@ import threading
 from typing import Any
 
 from tiletune.devices.backends.base import Launch
-from tiletune.buckets import Buckets, bucket_size
+from tiletune.buckets import Buckets
 from tiletune.space.spaces import Space
 from tiletune.space.templates import next_power_of_2
 from tiletune.devices.verify import Tolerance, derived_tolerance, derived_tolerances, eps
@@ -54,7 +54,7 @@ from tiletune.kernels.fastcall import constant_tensor, custom_op_route, fast_op
 from tiletune.kernels._membound import Prepared, int64_twin, needs_int64, sm_count
 from tiletune.kernels.kv_cache_kernels import KV_APPEND_CHUNK, kv_append_kernel, kv_append_kernel_fn
 from tiletune.kernels.library_op import LibraryOp
-from tiletune.kernels._keys import KV_LEN_GRID, ProblemKey, dtype_name, pow2
+from tiletune.kernels._keys import KV_LEN_GRID, ProblemKey, dtype_name, rounded
 from tiletune.kernels.decode_attention_kernels import (
     DECODE_BASELINE,
     DECODE_HEAD_DIMS,
@@ -352,7 +352,7 @@ def _rows_bucketed(**dims: int) -> Buckets:
     return Buckets({name: {dim: "pow2"} for name, dim in dims.items()})
 
 
-def decode_problem(args: Any) -> dict[str, Any]:
+def decode_problem(args: Any, exact: bool = False) -> dict[str, Any]:
     """The named problem of a partial or direct decode launch (``q5, k, v, lens, ...``, the plans'
     arguments): the batch (bucketed to a power of two), kv heads, group size (query heads per kv head),
     query tokens, head dimension, the cache length bucketed on the coarse grid :data:`~._keys.KV_LEN_GRID`
@@ -360,8 +360,8 @@ def decode_problem(args: Any) -> dict[str, Any]:
     caches' strides or their exact capacity, and no second batch size: the caches' batch is the queries'."""
     q5, k = args[0], args[1]
     b, hkv, g, sq, d = (int(x) for x in q5.shape)
-    return {"batch": pow2(b), "kv_heads": hkv, "group": g, "q_len": sq, "head_dim": d,
-            "kv_len": bucket_size(int(k.shape[2]), KV_LEN_GRID), "causal": bool(args[-2]),
+    return {"batch": rounded(b, exact=exact), "kv_heads": hkv, "group": g, "q_len": sq, "head_dim": d,
+            "kv_len": rounded(int(k.shape[2]), KV_LEN_GRID, exact), "causal": bool(args[-2]),
             "dtype": dtype_name(q5.dtype)}
 
 
@@ -675,14 +675,14 @@ def kv_append_reference(cache_k: Any, cache_v: Any, k: Any, v: Any, start: Any) 
     return cache_k, cache_v
 
 
-def _append_problem(args: Any) -> dict[str, Any]:
+def _append_problem(args: Any, exact: bool = False) -> dict[str, Any]:
     """The named problem of an append launch (``cache_k, cache_v, k, v, start``): batch, new tokens and
     capacity bucketed to powers of two, kv heads, head dimension, element type, the start's type. The
     rows' strides (views of a fused qkv output or contiguous tensors) do not enter: the kernel reads them."""
     cache_k, k, start = args[0], args[2], args[4]
     b, hkv, t, d = (int(x) for x in k.shape)
-    return {"batch": pow2(b), "kv_heads": hkv, "tokens": pow2(t), "head_dim": d,
-            "capacity": pow2(int(cache_k.shape[2])), "bits": dtype_name(k.dtype), "start": dtype_name(start.dtype)}
+    return {"batch": rounded(b, exact=exact), "kv_heads": hkv, "tokens": rounded(t, exact=exact), "head_dim": d,
+            "capacity": rounded(int(cache_k.shape[2]), exact=exact), "bits": dtype_name(k.dtype), "start": dtype_name(start.dtype)}
 
 
 #: The append's library op (:data:`KV_APPEND_SPACE`, one regime: ``KV_APPEND.op(None)``; reads and writes

@@ -33,7 +33,7 @@ from tiletune.space.strategies.base import Budget
 from tiletune.space.templates import matmul_space
 from tiletune.devices.verify import SCRATCH, Tolerance, derived_tolerance, eps
 from tiletune.kernels.library_op import LibraryOp
-from tiletune.kernels._keys import ProblemKey, dtype_name, layout_name, pow2
+from tiletune.kernels._keys import ProblemKey, dtype_name, layout_name, rounded
 from tiletune.kernels.gemm_kernels import (
     GEMM_BASELINE,
     GEMM_CONSTRAINTS,
@@ -171,7 +171,7 @@ def _fp8_tolerance(a: Any, b: Any, c: Any, scale_a: Any, scale_b: Any, trans_a: 
     return out
 
 
-def gemm_problem(args: Any) -> dict[str, Any]:
+def gemm_problem(args: Any, exact: bool = False) -> dict[str, Any]:
     """The named problem of a GEMM launch ``(a, b, c, scale_a, scale_b, trans_a, trans_b, scaled, ...)``:
     ``M`` (the rows of ``c``: every leading dimension of a ``(..., M, K) @ (K, N)`` call folded in,
     bucketed to a power of two), ``N``, ``K``, the batch of a batched product, the operands' named layout
@@ -180,7 +180,7 @@ def gemm_problem(args: Any) -> dict[str, Any]:
     a, _, c = args[0], args[1], args[2]
     trans_a, trans_b, scaled = bool(args[5]), bool(args[6]), bool(args[7])
     batch, m, n = (int(x) for x in c.shape)
-    return {"batch": batch, "M": pow2(m), "N": n, "K": int(a.shape[1] if trans_a else a.shape[2]),
+    return {"batch": batch, "M": rounded(m, exact=exact), "N": n, "K": int(a.shape[1] if trans_a else a.shape[2]),
             "layout": layout_name(trans_a, trans_b), "dtype": dtype_name(a.dtype), "out_dtype": dtype_name(c.dtype),
             "scaled": scaled}
 

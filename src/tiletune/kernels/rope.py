@@ -126,7 +126,7 @@ def rope_tolerance(*_: Any) -> dict:
     return derived_tolerances(atol_ulps=2.0)
 
 
-def rope_problem(args: Any) -> dict[str, Any]:
+def rope_problem(args: Any, exact: bool = False) -> dict[str, Any]:
     """The named problem of a RoPE launch (:func:`rope_plan`'s arguments): the tokens ``B * S`` (bucketed to
     a power of two), not how they split into batch and sequence; the heads of q and k, the rotary
     dimension, the dtypes, and whether cos/sin hold a row per batch entry (a kernel constant). The views'
@@ -134,7 +134,7 @@ def rope_problem(args: Any) -> dict[str, Any]:
     q1, k1, c1 = args[0], args[2], args[4]
     b, s, hq, half = (int(x) for x in q1.shape)
     p = rope_problem_dict(b * s, hq, int(k1.shape[2]), half, dtype_name(q1.dtype), dtype_name(c1.dtype),
-                          int(c1.shape[0]) > 1)
+                          int(c1.shape[0]) > 1, exact)
     del p["problem"]
     return p
 

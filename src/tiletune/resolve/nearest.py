@@ -7,7 +7,9 @@ one *family* when they have the same structure: the same arguments, dtypes, layo
 the order of strides) and the same non-size values (flags, strings, dtypes, non-positive ints). The
 distance between two keys of a family is the sum over their sizes (tensor dimensions and positive
 ints) of ``|log2(1 + a) - log2(1 + b)|``: a neighbour twice as large in one dimension is one unit
-away, whatever the dimension's scale. Ties go to the larger neighbour (a config tuned for more work
+away, whatever the dimension's scale. For an op that buckets its keys the distance is measured from the
+call's own sizes, not from its bucket's bound (a stored key holds its bucket's bound: the size it was
+tuned at, for the tables' power-of-two grids). Ties go to the larger neighbour (a config tuned for more work
 rarely starves a smaller problem; the other way round it may leave the GPU idle). When the family has
 fewer members than the race takes, its *kin* follow: keys that differ only in a flag (another value of
 ``causal``), nearest first.
@@ -148,7 +150,7 @@ class Neighbour:
     foreign: bool = False  # tuned on another device of this architecture (a table made for it)
 
 
-def neighbours(key_json: str, stored: Iterable[tuple[Any, ...]]) -> list[Neighbour]:
+def neighbours(key_json: str, stored: Iterable[tuple[Any, ...]], sizes_json: str | None = None) -> list[Neighbour]:
     """The stored winners ``(key, config, median_us, source[, foreign])`` of the problem's family, nearest first
     (ties: the larger neighbour first, then the key's text, so every process orders them alike); after
     them the family's kin, ordered alike: keys that differ from the problem's only in a flag (a non-causal
@@ -156,10 +158,19 @@ def neighbours(key_json: str, stored: Iterable[tuple[Any, ...]]) -> list[Neighbo
     default config (the same kernel at the same sizes), but never preferred to a true neighbour's; like
     every neighbour's config it is raced and checked on the caller's arguments before it is served.
     Winners tuned on another device of this architecture (``foreign``) come after this device's, in the
-    same order: a first guess where this device knows none, never preferred to what was tuned here."""
+    same order: a first guess where this device knows none, never preferred to what was tuned here.
+
+    ``sizes_json``: the problem's key with its own sizes where the op buckets them
+    (:attr:`~tiletune.resolve.problem.Problem.sizes_json`), the point distances are measured from: a GEMM
+    of 1,058 rows is the 2,048-row bucket's key, but its neighbour is the 1,024-row entry, not the 2,048-row
+    one. Default: ``key_json``."""
     mine = key_features(key_json)
     if mine is None:
         return []
+    if sizes_json is not None and sizes_json != key_json:
+        own = key_features(sizes_json)
+        if own is not None and own.signature == mine.signature:
+            mine = own
     out: dict[str, Neighbour] = {}
     for key, config, median, source, *rest in stored:
         foreign = bool(rest and rest[0])
@@ -199,7 +210,7 @@ def _stored(problem: "Problem") -> list[tuple[str, dict[str, Any], float | None,
 
 def nearest(problem: "Problem") -> list[Neighbour]:
     """The problem's stored neighbours, nearest first."""
-    return neighbours(problem.identity.key, _stored(problem))
+    return neighbours(problem.identity.key, _stored(problem), problem.sizes_json)
 
 
 def check_once(problem: "Problem", cfg: "Config") -> str | None:

@@ -183,6 +183,20 @@ class Problem:
             raise TiletuneError(f"{spec.name}: {exc}") from exc
 
     @cached_property
+    def sizes_json(self) -> str:
+        """:attr:`key_json` with the call's own sizes where the op buckets them (the same structure: a bucket
+        key's form, not a key of its own): where a nearest-neighbour source measures distances from. Equal
+        to :attr:`key_json` for an op without buckets, an exact problem or a key function of the user's."""
+        spec = self.spec
+        if spec.user_key or spec.buckets is None or self.exact:
+            return self.key_json
+        exact = getattr(spec.buckets, "exact_key_json", None)
+        try:
+            return canonical_json(exact(self.args)) if exact is not None else self.key_json
+        except TypeError:
+            return self.key_json
+
+    @cached_property
     def identity(self) -> TuningIdentity:
         """Everything the answer depends on (kernel sources, space, key, device, versions)."""
         kernel = kernel_part(self.spec, self.backend, self.arch, self.plans)
