@@ -62,6 +62,9 @@
 # after the deferred reference (2 repetitions), the fault space, the compile tax of decode; ay = the two off-grid
 # GEMM rows Nsight Compute read on 2026-12-07 tuned over the 512-config space (GROUP_M 16 included: does a swizzle
 # band that covers all 9 row tiles stop the 1058-row kernel reading its weight twice?).
+# az (2026-12-07 evening) = the worker, fault and fallback GPU tests after the deferred reference, the fault space,
+# cold tuning of the three kernels; suite1, suite2 = the whole GPU suite in two calls (suite1: the kernel files on
+# 6 pytest-xdist workers; suite2: the timing-sensitive and process-spawning files, one test at a time).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -445,6 +448,24 @@ az)
   (cd benchmarks && timeout 60 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
   (cd benchmarks && timeout ${TS_S:-250} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
     --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  ;;
+suite1|suite2)
+  # the whole GPU suite in two calls: suite1 = the kernel files on 6 pytest-xdist workers (timing does not
+  # decide their verdicts); suite2 = the timing-sensitive and process-spawning files, one test at a time
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  ls tests/test_gpu_*.py > $TSO/gpu_files.txt
+  SEQ="tests/test_gpu_call_gap.py tests/test_gpu_bench.py tests/test_gpu_core.py tests/test_gpu_fastcall.py
+    tests/test_gpu_faults.py tests/test_gpu_compile_pool.py tests/test_gpu_campaign.py tests/test_gpu_ipc.py
+    tests/test_gpu_zygote.py tests/test_gpu_zygote_fork.py tests/test_gpu_fallback.py tests/test_gpu_warm_model.py"
+  PAR=$(for f in tests/test_gpu_*.py; do case " $(echo $SEQ) " in *" $f "*) ;; *) echo $f;; esac; done)
+  if [ "$1" = suite1 ]; then
+    timeout ${TEST_S:-560} python -m pytest -m gpu -v -rs -n 6 --dist load -p no:cacheprovider $PAR \
+      > $TSO/pytest_suite1.txt 2>&1
+    grep -cE " PASSED" $TSO/pytest_suite1.txt; grep -E "FAILED|ERROR| passed| failed" $TSO/pytest_suite1.txt | tail -8
+  else
+    timeout ${TEST_S:-560} python -m pytest -m gpu -v -rs -p no:cacheprovider $SEQ > $TSO/pytest_suite2.txt 2>&1
+    grep -cE " PASSED" $TSO/pytest_suite2.txt; grep -E "FAILED|ERROR| passed| failed" $TSO/pytest_suite2.txt | tail -8
+  fi
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
