@@ -421,7 +421,8 @@ def compile_trace_summary(jobs: Sequence[dict[str, Any]], call_at: float | None,
     timeline's marks (``tiletune.devices.timeline``: the miss, each source asked, the session's start,
     its worker's requests, the pool's start...) as ``[name, seconds after the call, pid, details]``."""
     if not jobs:
-        return {"jobs": 0, "marks": _marks(marks, call_at)}
+        return {"jobs": 0, "marks": _marks(marks, call_at)} if not marks else \
+            {"jobs": 0, "marks": _marks(marks, call_at), "before_compile": before_compile(marks)}
     base = call_at if call_at is not None else min(j["front"][0] for j in jobs)
     fronts = [j["front"] for j in jobs]
     asms = [j["asm"] for j in jobs]
@@ -452,7 +453,26 @@ def compile_trace_summary(jobs: Sequence[dict[str, Any]], call_at: float | None,
         "bytecode_bytes": [j.get("bytecode") for j in jobs],
         "asm_s": [r(b - a) for a, b in asms],
         "marks": _marks(marks, base),
+        "before_compile": before_compile(marks),
     }
+
+
+def before_compile(marks: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """Where the caller's miss went before its session sent the first compile: ``[step, seconds]`` from each of
+    the calling process's marks (a source asked is ``source:<name>``) to its next one, from the miss to
+    ``session_compile_sent`` (the other processes' and threads' marks in between are not steps)."""
+    miss = next((m for m in sorted(marks, key=lambda m: m["t"]) if m["mark"] == "miss"), None)
+    if miss is None:
+        return []
+    own = [m for m in sorted(marks, key=lambda m: m["t"]) if m["pid"] == miss["pid"] and m["t"] >= miss["t"]
+           and m["mark"] != "worker_start"]
+    out: list[list[Any]] = []
+    for a, b in zip(own, own[1:]):
+        name = f"source:{a['name']}" if a["mark"] == "source" and "name" in a else a["mark"]
+        out.append([name, round(b["t"] - a["t"], 4)])
+        if b["mark"] == "session_compile_sent":
+            break
+    return out
 
 
 def _marks(marks: Sequence[dict[str, Any]], base: float | None) -> list[list[Any]]:

@@ -392,3 +392,19 @@ def test_env_ab_alternates_the_values_of_any_variable(monkeypatch, tmp_path):
 def test_env_ab_refuses_a_bad_spec(spec):
     with pytest.raises(SystemExit):
         ts.parse_args(["--env-ab", spec])
+
+
+def test_before_compile_names_the_callers_steps_up_to_the_first_compile():
+    marks = [{"mark": "miss", "t": 10.00, "pid": 7},
+             {"mark": "worker_start", "t": 10.01, "pid": 7, "thread": "w"},  # another thread: not a step
+             {"mark": "source", "t": 10.02, "pid": 7, "name": "database"},
+             {"mark": "worker_main", "t": 10.05, "pid": 9},  # another process
+             {"mark": "source", "t": 10.15, "pid": 7, "name": "table"},
+             {"mark": "tune_lease_held", "t": 10.20, "pid": 7},
+             {"mark": "session_compile_sent", "t": 10.30, "pid": 7},
+             {"mark": "session_finish", "t": 11.00, "pid": 7}]
+    assert ts.before_compile(marks) == [["miss", 0.02], ["source:database", 0.13], ["source:table", 0.05],
+                                        ["tune_lease_held", 0.1]]
+    assert ts.before_compile(marks[1:]) == []  # no miss marked
+    got = ts.compile_trace_summary([], 9.0, marks)
+    assert got["before_compile"][1] == ["source:database", 0.13]
