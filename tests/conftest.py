@@ -46,7 +46,8 @@ SLOW = {
                                  "test_direct_kernel_compiles_for_sm90"),
     "test_recorded_spaces.py": ("test_baseline_compiles_for_sm90",),
     "test_lazy_spaces.py": ("test_a_billion_configs_in_under_500_mb",),
-    "test_kernels_background_import.py": ("test_a_fork_waits_for_the_background_import",),
+    "test_kernels_background_import.py": ("test_a_fork_waits_for_the_background_import",
+                                           "test_a_fork_waits_for_one_module"),
 }
 
 
