@@ -280,6 +280,7 @@ class WorkerSession:
         if self._opened_gen == w.generation:
             return
         t_open = time.perf_counter()
+        timeline.mark("session_open_request")  # pickling the payload (sharing its CUDA tensors) and sending follow
         reply = w.request(dict(self.payload, op="open", session=self.sid, defer_reference=True),
                           self.options.open_timeout_s)
         collect_shared()  # the worker has copied the arguments and released its views of their staging copies

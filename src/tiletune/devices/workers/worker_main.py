@@ -155,6 +155,7 @@ class Worker:
             except (EOFError, OSError):
                 return  # the caller is gone
             rid = int.from_bytes(raw[:8], "little", signed=True)
+            timeline.mark("worker_read", bytes=len(raw))  # loading it (CUDA IPC views, a plan by value) follows
             try:
                 msg = loads(raw[8:])
             except Exception as exc:  # an unloadable request (e.g. a plan that cannot be imported here)
