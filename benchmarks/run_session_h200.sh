@@ -64,7 +64,8 @@
 # band that covers all 9 row tiles stop the 1058-row kernel reading its weight twice?).
 # az (2026-12-07 evening) = the worker, fault and fallback GPU tests after the deferred reference, the fault space,
 # cold tuning of the three kernels; suite1, suite2 = the whole GPU suite in two calls (suite1: the kernel files on
-# 6 pytest-xdist workers; suite2: the timing-sensitive and process-spawning files, one test at a time).
+# 6 pytest-xdist workers; suite2: the timing-sensitive and process-spawning files, one test at a time);
+# ba = cold tuning of the three kernels, then nearest-neighbour quality of the GEMM (seed $SEED, default 97).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -466,6 +467,16 @@ suite1|suite2)
     timeout ${TEST_S:-560} python -m pytest -m gpu -v -rs -p no:cacheprovider $SEQ > $TSO/pytest_suite2.txt 2>&1
     grep -cE " PASSED" $TSO/pytest_suite2.txt; grep -E "FAILED|ERROR| passed| failed" $TSO/pytest_suite2.txt | tail -8
   fi
+  ;;
+ba)
+  # after 2026-12-07 evening's CPU-tested changes: cold tuning of the three kernels (the examples no longer import
+  # the library; before_compile and the open's marks in the result), then nearest-neighbour quality of the GEMM
+  # (neighbours measured from the call's own rows) on a fresh seed
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${TS_S:-250} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-97} \
+    --families matmul_linear --budget-s $(( ${NQ_S:-280} - 30 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
