@@ -65,7 +65,8 @@
 # az (2026-12-07 evening) = the worker, fault and fallback GPU tests after the deferred reference, the fault space,
 # cold tuning of the three kernels; suite1, suite2 = the whole GPU suite in two calls (suite1: the kernel files on
 # 6 pytest-xdist workers; suite2: the timing-sensitive and process-spawning files, one test at a time);
-# ba = cold tuning of the three kernels, then nearest-neighbour quality of the GEMM (seed $SEED, default 97).
+# ba = cold tuning of the three kernels, then nearest-neighbour quality of the GEMM (seed $SEED, default 97);
+# bb = cold tuning of RMSNorm and TileGym's matmul with the caller's cuTile prewarm on and off (--env-ab).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -477,6 +478,15 @@ ba)
     --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
   (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-97} \
     --families matmul_linear --budget-s $(( ${NQ_S:-280} - 30 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
+bb)
+  # is the caller's cuTile prewarm thread what slows the first miss's sources (0.1-0.25 s in the database source on
+  # the GPU host, 4 ms on a CPU one)? cold tuning with TILETUNE_PREWARM on and off, alternated
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  for k in rmsnorm tilegym_matmul; do
+    (cd benchmarks && timeout ${AB_S:-200} python tuning_speed.py --out $TSO/$k --reps ${AB_REPS:-3} --kernels $k \
+      --env-ab TILETUNE_PREWARM=1,0 > $TSO/envab_$k.log 2>&1; tail -2 $TSO/envab_$k.log | cut -c1-300)
+  done
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
