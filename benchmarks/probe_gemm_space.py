@@ -7,8 +7,10 @@
 :data:`~tiletune.kernels.gemm.GEMM_FULL_SPACE` (``GROUP_M`` 8/16, ``LAT`` 0/2/4/8 added) on ``x @ w.t()`` (``nn.Linear``'s weight layout, bf16) through
 tiletune's harness (compile pool, reference check, cold-L2 timing, no database), marks the configs of the
 library space, and times the library call, the full space's winner, ``F.linear`` and ``torch.matmul``
-with ``triton.testing.do_bench`` (L2 flushed, interleaved). It also reports the wave count of each
-tile shape on this GPU (tiles over SMs x occupancy), the suspected cause of the large-M rows below 0.9,
+with ``triton.testing.do_bench`` (L2 flushed, interleaved), and what answered the library call's key
+(``served``: the source, config and neighbour of each answer, its fallback's compiles awaited). It also
+reports the wave count of each tile shape on this GPU (tiles over SMs x occupancy), the suspected cause of
+the large-M rows below 0.9,
 and (with ``--tail``) tunes the experimental tail-split GEMM (``_gemm_tail.py``: full waves whole, the last short wave's
 tiles split along ``K``) over the template's space times its split caps, to measure that cause. A route
 "row split" times two library calls instead: ``matmul`` over the leading rows (a multiple of 256) and over
@@ -119,8 +121,16 @@ def probe_row(m: int, n: int, k: int, full_space: bool = False, tail_space_too: 
         routes[f"row split at {split_rows}"] = lambda: (K.matmul(x[:split_rows], wt), K.matmul(x[split_rows:], wt))
     routes["F.linear"] = lambda: F.linear(x, w)
     routes["torch.matmul"] = lambda: torch.matmul(x, w.t())
-    for fn in routes.values():
-        fn()
+    from nearest_quality import ChoiceLog
+
+    from tiletune import wait_for_compiles
+
+    with ChoiceLog() as log:  # what answers the library call's key (a table, a neighbour, its fallback first)
+        for fn in routes.values():
+            fn()
+        wait_for_compiles()
+        routes["library call"]()
+    served = [dict(info, op=name) for name, _, info in log.items if name.startswith("tiletune.gemm")]
     head = do_bench_rounds(routes, warmup=10, rep=60)
     return {"shape": f"{m}x{n}x{k}", "flops": flops, "sm_count": sms, "full_space_size": len(rows),
             "wall_s": wall and round(wall, 1), "winner": winner, "best": ok[0] if ok else None,
@@ -128,6 +138,7 @@ def probe_row(m: int, n: int, k: int, full_space: bool = False, tail_space_too: 
             "tail_winner": tail_res and dict(tail_res.winner),
             "tail_best": tail_ok[0] if tail_ok else None,
             "tail_best_unsplit": next((r for r in tail_ok if r["tail_tiles"] == 0), None),
+            "served": [{k: v for k, v in c.items() if k != "tuning"} for c in served],
             "head_to_head_us": head,
             "head_to_head_tflops": {name: round(flops / us / 1e6, 1) for name, us in head.items()},
             "rows": rows, "tail_rows": tail_rows}
