@@ -194,3 +194,18 @@ def test_model_strategy_needs_scikit_learn(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn.ensemble", None)  # import fails
     with pytest.raises(TiletuneError, match="scikit-learn"):
         make_strategy("model", SPACE, "sm_90")
+
+
+def test_looking_up_one_builtin_imports_only_its_module():
+    """A first miss that searches exhaustively imports no other strategy's module (the surrogate's, the
+    portfolio's); listing the names imports them all, in the builtins' order."""
+    import subprocess
+
+    code = ("import sys; from tiletune.space.strategies.registry import resolve_strategy, strategy_names\n"
+            "c = resolve_strategy('exhaustive')\n"
+            "lazy = [m for m in ('local', 'portfolio', 'surrogate') if 'tiletune.space.strategies.' + m in sys.modules]\n"
+            "print(c.__name__, lazy, list(strategy_names())[:3],"
+            " all('tiletune.space.strategies.' + m in sys.modules for m in ('local', 'portfolio', 'surrogate')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "ExhaustiveStrategy [] ['exhaustive', 'random', 'evolutionary'] True"

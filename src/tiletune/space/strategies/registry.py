@@ -1,7 +1,7 @@
 """The strategies by name: the registry behind ``strategy=``.
 
-The built-in strategies are listed here by name and import path, and imported when a name is first
-looked up: their modules import :mod:`tiletune.space.strategies.base` (and this module, where they
+The built-in strategies are listed here by name and import path, and each is imported when its name is
+first looked up (all of them when the names are listed): their modules import :mod:`tiletune.space.strategies.base` (and this module, where they
 build other strategies), never the other way round. :func:`register` adds a user's
 :class:`~tiletune.space.strategies.base.Strategy` subclass under a new name. :func:`resolve_strategy`
 and :func:`make_strategy` accept a name, a ``"package.module:Name"`` path, a subclass or an instance
@@ -118,7 +118,10 @@ def resolve_strategy(spec: Any) -> "type[Strategy] | Strategy":
     """
     obj = spec
     if isinstance(spec, str):
-        _load_builtins()
+        if spec in BUILTINS and spec not in STRATEGIES:  # only its own module (a first miss imports no other)
+            STRATEGIES[spec] = _from_import_path(BUILTINS[spec])
+        if spec not in STRATEGIES:
+            _load_builtins()
         if spec in STRATEGIES:
             return STRATEGIES[spec]  # type: ignore[return-value]
         if ":" not in spec:
