@@ -454,3 +454,23 @@ def test_rank_band_edge_is_tied_and_equal_bands_are_valid():
     # min_band 0 is valid: no band at all
     assert rank([Entry(0, True, make_summary(100.5)), Entry(1, False, make_summary(100.0))],
                 min_band=0.0, max_band=0.0).winner.ident == 1
+
+
+def test_summary_median_and_mad_equal_numpys_without_importing_numpy_ma():
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from tiletune.stats import MAD_SCALE, summarize
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 4, 7, 10, 51, 100):
+        x = rng.lognormal(3.0, 0.2, size=n)
+        s = summarize(list(x))
+        assert s.median == float(np.median(x))
+        assert s.mad == float(np.median(np.abs(x - np.median(x)))) * MAD_SCALE
+    code = ("import sys; from tiletune.stats import summarize; summarize([3.0, 1.0, 2.0, 5.0]); "
+            "print('numpy.ma' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
