@@ -2,17 +2,13 @@
 neighbour, checked once, at once.
 
 The neighbours of a problem are the winners of the same op (kernel id and space hash), device and
-architecture, in the tuning database and in the tuning tables, under any key. Two stored keys are of
-one *family* when they have the same structure: the same arguments, dtypes, layouts (contiguity and
-the order of strides) and the same non-size values (flags, strings, dtypes, non-positive ints). The
-distance between two keys of a family is the sum over their sizes (tensor dimensions and positive
-ints) of ``|log2(1 + a) - log2(1 + b)|``: a neighbour twice as large in one dimension is one unit
-away, whatever the dimension's scale. For an op that buckets its keys the distance is measured from the
-call's own sizes, not from its bucket's bound (a stored key holds its bucket's bound: the size it was
-tuned at, for the tables' power-of-two grids). Ties go to the larger neighbour (a config tuned for more work
-rarely starves a smaller problem; the other way round it may leave the GPU idle). When the family has
-fewer members than the race takes, its *kin* follow: keys that differ only in a flag (another value of
-``causal``), nearest first.
+architecture, in the tuning database and in the tuning tables, under any key. The nearest is the one
+of the smallest distance within the problem's *family* (:mod:`tiletune.resolve.families`). For an op
+that buckets its keys the distance is measured from the call's own sizes, not from its bucket's bound
+(a stored key holds its bucket's bound: the size it was tuned at, for the tables' power-of-two grids).
+Ties go to the larger neighbour (a config tuned for more work rarely starves a smaller problem; the other
+way round it may leave the GPU idle). When the family has fewer members than the race takes, its *kin*
+follow: keys that differ only in a flag (another value of ``causal``), nearest first.
 
 The distinct configs of the nearest neighbours (``TILETUNE_NEAREST_RACE``, the space's default config
 beside them) race on the caller's arguments in this process (the configs ran correctly on neighbours of
@@ -33,8 +29,6 @@ configs compile in the background and the answer is ``"fallback"`` (:mod:`tiletu
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import math
 import time
@@ -43,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 from tiletune.errors import DatabaseError
 from tiletune.resolve import fallback
+from tiletune.resolve.families import KeyFeatures, distance, key_features
 
 if TYPE_CHECKING:  # pragma: no cover
     from tiletune.resolve.attempt import Attempt
@@ -62,78 +57,6 @@ RACE_FIRST_SAMPLES = 3
 #: against such a kernel, and its samples cost GPU time on the call's path
 LONG_RACE_US = 1000.0
 LONG_RACE_SAMPLES = 2
-
-
-class KeyFeatures(NamedTuple):
-    """What :func:`neighbours` compares of a key: ``signature`` (equal: one family, sizes line up),
-    ``sizes``, and ``kin``: the signature with its flags masked (the non-size values: booleans, strings,
-    ``None``, non-positive ints, floats), equal for keys that differ only in such values (a causal and a
-    non-causal attention of one shape)."""
-
-    signature: str
-    sizes: tuple[float, ...]
-    kin: str
-
-
-@functools.lru_cache(maxsize=16384)
-def key_features(key_json: str) -> KeyFeatures | None:
-    """The :class:`KeyFeatures` of a stored key; None for a key that is not JSON. Remembered per key
-    (every miss of an op compares its key with each stored key of the op)."""
-    try:
-        doc = json.loads(key_json)
-    except (TypeError, ValueError):
-        return None
-    sig: list[Any] = []
-    sizes: list[float] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            if "shape" in x and isinstance(x["shape"], list):
-                shape = [int(s) for s in x["shape"]]
-                strides = x.get("strides")
-                order = None
-                if isinstance(strides, list) and len(strides) == len(shape):
-                    order = sorted(range(len(strides)), key=lambda i: (-int(strides[i]), i))
-                sig.append(("tensor", x.get("dtype"), bool(x.get("contiguous", True)), len(shape), order,
-                            sorted(k for k in x if k not in ("shape", "strides", "dtype", "contiguous"))))
-                sizes.extend(float(s) for s in shape)
-                for k in sorted(x):
-                    if k not in ("shape", "strides", "dtype", "contiguous"):
-                        walk(x[k])
-                return
-            sig.append(("dict", sorted(x)))
-            for k in sorted(x):
-                walk(x[k])
-            return
-        if isinstance(x, list):
-            sig.append(("list", len(x)))
-            for v in x:
-                walk(v)
-            return
-        if isinstance(x, bool) or x is None or isinstance(x, str):
-            sig.append(("value", x))
-            return
-        if isinstance(x, int):
-            if x > 0:
-                sig.append("size")
-                sizes.append(float(x))
-            else:
-                sig.append(("value", x))
-            return
-        if isinstance(x, float):
-            sig.append(("float", x))
-            return
-        sig.append(("other", repr(x)))
-
-    walk(doc)
-    kin = [s[0] if isinstance(s, tuple) and s[0] in ("value", "float") else s for s in sig]
-    return KeyFeatures(json.dumps(sig, sort_keys=True, default=str), tuple(sizes),
-                       json.dumps(kin, sort_keys=True, default=str))
-
-
-def distance(a: Sequence[float], b: Sequence[float]) -> float:
-    """The distance of two keys' sizes (same family): the sum of ``|log2(1+a) - log2(1+b)|``."""
-    return sum(abs(math.log2(1.0 + x) - math.log2(1.0 + y)) for x, y in zip(a, b))
 
 
 @dataclass(frozen=True)
