@@ -214,6 +214,52 @@ def test_a_problem_of_a_bucketed_op_is_served_by_the_neighbour_nearest_its_own_s
     assert torch.equal(y, x * 2)
 
 
+def test_a_table_answers_a_bucketed_call_from_its_entry_nearest_the_calls_own_sizes(tmp_path, monkeypatch):
+    """A bucket is bounded above: 1,058 rows key as the 2,048-row bucket, but the 1,024-row entry lies nearer
+    the call. The table answers from the nearest entry of this device's tables (ties and calls nearer the
+    bound keep the bucket's entry); an entry of a table made for another device never answers."""
+    from tiletune.records import DeviceInfo
+    from tiletune.resolve import tables
+
+    monkeypatch.setenv("TILETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TILETUNE_TABLES", raising=False)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(tables, "SHIPPED", shipped)
+    tables.forget()
+    buckets = tt.Buckets({"x": {0: "pow2"}, "y": {0: "pow2"}})
+    seen: list = []
+    listener = events.subscribe("choice", lambda op, problem, choice: seen.append(choice))
+    try:
+        source = tmp_path / "source.db"
+        _op(source, name="tb.b", truth=lambda c: 10.0 + abs(c.K - 1), buckets=buckets)(
+            torch.randn(1024), torch.empty(1024))  # K=1 at 1,024 rows
+        _op(source, name="tb.b", truth=lambda c: 10.0 + abs(c.K - 4), buckets=buckets)(
+            torch.randn(2048), torch.empty(2048))  # K=4 at 2,048 rows
+        made = tables.TuningTable.from_db(TuningDB(source))
+        tables.install(made.save(tmp_path / "t.json"))
+        ((_k, _s, key1024),) = [k for k in made.entries if '"shape":[1024]' in k[2]]
+        near_2048 = key1024.replace('"shape":[1024]', '"shape":[1900]')  # nearer 1,900 rows than the bucket's bound
+        other = DeviceInfo(name="Other GPU", arch=made.device.arch, sm_count=made.device.sm_count + 1)
+        foreign = tables.TuningTable(other, made.versions, [tables.TableEntry("tb.b", e.kernel_id, e.space_hash,
+                                                                           near_2048, {"K": 5})
+                                                           for e in made.entries.values()][:1])
+        tables.install(foreign.save(tmp_path / "other.json"))
+        seen.clear()
+        for rows in (1058, 1400, 1500, 1900, 2048):
+            x, y = torch.randn(rows), torch.empty(rows)
+            _op(tmp_path / "fresh.db", name="tb.b", on_miss="nearest", truth=lambda c: 10.0, buckets=buckets)(x, y)
+            assert torch.equal(y, x * 2)
+    finally:
+        events.unsubscribe("choice", listener)
+        tables.forget()
+    # 1,400 rows: 0.45 from 1,024 against 0.55 from 2,048; 1,500 rows: 0.55 against 0.45
+    assert [(c.source, c.config["K"]) for c in seen] == [("table", 1), ("table", 1), ("table", 4), ("table", 4),
+                                                         ("table", 4)]
+    assert [c.neighbour for c in seen] == [key1024, key1024, None, None, None]
+    assert seen[0].median_us is None and seen[4].median_us is not None
+
+
 def test_winners_tuned_on_another_device_follow_this_devices_and_may_share_the_key():
     def key(m):
         return json.dumps([{"shape": [m, 64], "dtype": "bfloat16", "contiguous": True}])

@@ -221,7 +221,8 @@ class Choice:
 
     ``provisional``: the config answers the key for now (a neighbour's, the baseline during a capture
     or under ``on_miss="default"``); the key is recorded as pending and tuned later.
-    ``neighbour``: for ``"nearest"``, the stored key whose config was taken.
+    ``neighbour``: for ``"nearest"`` (and ``"table"`` when another entry lay nearer the call than its bucket's),
+    the stored key whose config was taken.
     ``"fallback"``: no config yet (``config`` is None): the configs that will answer the key compile in
     the background (``ahead``, with ``done`` and ``wait(timeout)``); until then calls run the op's
     fallback, and the next call after the compile resolves the key again.

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("tiletune")
 
 __all__ = ["FORMAT", "TableEntry", "TableSource", "TuningTable", "family", "table_folders", "tables", "lookup", "install",
-           "forget"]
+           "forget", "nearer_in_bucket"]
 
 FORMAT = "tiletune-table"
 VERSION = 1
@@ -317,9 +317,46 @@ def family(identity: TuningIdentity, siblings: bool = True) -> list[tuple[TableE
     return [e for g in groups for e in g]
 
 
+def nearer_in_bucket(identity: TuningIdentity, sizes_json: str) -> tuple[TableEntry, TuningTable] | None:
+    """For a bucketed key that a table answers (its bucket's entry, tuned at the bucket's bound), the entry of
+    this device's tables nearer the call's own sizes (``sizes_json``: the key with the call's sizes), or None
+    when the bucket's entry is the nearest (ties keep it).
+
+    A bucket is bounded above: a GEMM of 1,058 rows keys as the 2,048-row bucket, whose entry was tuned at
+    2,048 rows, while the 1,024-row entry lies almost on the call. Both configs are of one space, so both
+    are valid for the call (an op that buckets promises every config of its space for every size); the
+    nearer one was tuned for a problem like the call's. Distances as the nearest-neighbour source measures
+    them (:mod:`tiletune.resolve.families`), over entries of the same kernel, space and key family only."""
+    from tiletune.resolve.families import distance, key_features
+
+    if sizes_json == identity.key:
+        return None
+    own, bound = key_features(sizes_json), key_features(identity.key)
+    if own is None or bound is None or own.signature != bound.signature:
+        return None
+    hit_d = distance(own.sizes, bound.sizes)
+    nearer: list[tuple[float, bool, str, TableEntry, TuningTable]] = []
+    for entry, table in family(identity, siblings=False):
+        if entry.key == identity.key or table.mismatch(identity) is not None:
+            continue
+        f = key_features(entry.key)
+        if f is None or f.signature != own.signature:
+            continue
+        d = distance(own.sizes, f.sizes)
+        if d < hit_d - 1e-9:  # ties: the larger neighbour, then the key's text (every process alike)
+            nearer.append((round(d, 9), not all(b >= a for a, b in zip(own.sizes, f.sizes)), entry.key, entry, table))
+    if not nearer:
+        return None
+    best = min(nearer, key=lambda n: n[:3])
+    return best[3], best[4]
+
+
 class TableSource:
     """The tuning tables' entry for exactly this identity (user tables, then the shipped ones); on a call
-    that may fall back, the op's fallback while the entry's config compiles, when no cache holds it."""
+    that may fall back, the op's fallback while the entry's config compiles, when no cache holds it.
+
+    For a bucketed key whose call lies nearer another entry of the op's family than its bucket's bound, that
+    entry answers (:func:`nearer_in_bucket`; the Choice's ``neighbour`` names its key)."""
 
     name = "table"
 
@@ -329,11 +366,18 @@ class TableSource:
         hit = lookup(problem.identity)
         if hit is None:
             return None
-        entry, table = hit
+        near = nearer_in_bucket(problem.identity, problem.sizes_json)
+        entry, table = near or hit
         cfg = problem.config_from(entry.config)
+        if cfg is None and near is not None:
+            entry, table = hit
+            near, cfg = None, problem.config_from(entry.config)
         if cfg is None:
             return None
-        logger.info("%s: tuning table %s -> %s", problem.name, table.source, cfg)
+        logger.info("%s: tuning table %s -> %s%s", problem.name, table.source, cfg,
+                    f" (the entry nearest the call's sizes: {entry.key})" if near is not None else "")
         from tiletune.resolve import fallback
 
-        return fallback.while_compiling(problem, cfg) or Choice(cfg, "table", median_us=entry.median_us)
+        return fallback.while_compiling(problem, cfg) or Choice(
+            cfg, "table", median_us=None if near is not None else entry.median_us,
+            neighbour=entry.key if near is not None else None)
