@@ -66,7 +66,8 @@
 # cold tuning of the three kernels; suite1, suite2 = the whole GPU suite in two calls (suite1: the kernel files on
 # 6 pytest-xdist workers; suite2: the timing-sensitive and process-spawning files, one test at a time);
 # ba = cold tuning of the three kernels, then nearest-neighbour quality of the GEMM (seed $SEED, default 97);
-# bb = cold tuning of RMSNorm and TileGym's matmul with the caller's cuTile prewarm on and off (--env-ab).
+# bb = cold tuning of RMSNorm and TileGym's matmul with the caller's cuTile prewarm on and off (--env-ab);
+# bc = the tables' bucket entry against the entry nearest the call's rows (probe_table_nearer), GEMM nearest quality.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -487,6 +488,15 @@ bb)
     (cd benchmarks && timeout ${AB_S:-200} python tuning_speed.py --out $TSO/$k --reps ${AB_REPS:-3} --kernels $k \
       --env-ab TILETUNE_PREWARM=1,0 > $TSO/envab_$k.log 2>&1; tail -2 $TSO/envab_$k.log | cut -c1-300)
   done
+  ;;
+bc)
+  # the tables' bucket answers from the entry nearest the call's rows (2026-12-07 late): the bucket entry's config
+  # against the nearer entry's on drawn rows where the rule switches, then GEMM nearest quality (seed $SEED)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${PT_S:-200} python probe_table_nearer.py --seed ${SEED:-5} --per-pair ${PER_PAIR:-2} \
+    --out $TSO > $TSO/ptn.log 2>&1; grep -E "nearer \(|wrote" $TSO/ptn.log | cut -c1-160)
+  (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-5} \
+    --families matmul_linear --budget-s $(( ${NQ_S:-280} - 30 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
