@@ -67,7 +67,8 @@
 # 6 pytest-xdist workers; suite2: the timing-sensitive and process-spawning files, one test at a time);
 # ba = cold tuning of the three kernels, then nearest-neighbour quality of the GEMM (seed $SEED, default 97);
 # bb = cold tuning of RMSNorm and TileGym's matmul with the caller's cuTile prewarm on and off (--env-ab);
-# bc = the tables' bucket entry against the entry nearest the call's rows (probe_table_nearer), GEMM nearest quality.
+# bc = the tables' bucket entry against the entry nearest the call's rows (probe_table_nearer), GEMM nearest quality;
+# bd = ba's cold tuning, then bc, in one call.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -497,6 +498,16 @@ bc)
     --out $TSO > $TSO/ptn.log 2>&1; grep -E "nearer \(|wrote" $TSO/ptn.log | cut -c1-160)
   (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-5} \
     --families matmul_linear --budget-s $(( ${NQ_S:-280} - 30 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
+bd)
+  # one call for what a short session owes: cold tuning of the three kernels (ba's first half), then bc
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${TS_S:-220} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+    --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  (cd benchmarks && timeout ${PT_S:-150} python probe_table_nearer.py --seed ${SEED:-5} --per-pair ${PER_PAIR:-2} \
+    --out $TSO > $TSO/ptn.log 2>&1; grep -E "nearer \(|wrote" $TSO/ptn.log | cut -c1-160)
+  (cd benchmarks && timeout ${NQ_S:-140} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-5} \
+    --families matmul_linear --budget-s $(( ${NQ_S:-140} - 25 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
