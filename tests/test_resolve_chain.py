@@ -214,10 +214,14 @@ def test_a_problem_of_a_bucketed_op_is_served_by_the_neighbour_nearest_its_own_s
     assert torch.equal(y, x * 2)
 
 
-def test_a_table_answers_a_bucketed_call_from_its_entry_nearest_the_calls_own_sizes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["shipped", "user"])
+def test_a_shipped_table_answers_a_bucketed_call_from_its_entry_nearest_the_calls_own_sizes(tmp_path, monkeypatch,
+                                                                                            where):
     """A bucket is bounded above: 1,058 rows key as the 2,048-row bucket, but the 1,024-row entry lies nearer
-    the call. The table answers from the nearest entry of this device's tables (ties and calls nearer the
-    bound keep the bucket's entry); an entry of a table made for another device never answers."""
+    the call. A shipped table (tuned at its buckets' bounds) answers from its entry nearest the call (ties and
+    calls nearer the bound keep the bucket's entry); entries of other tables never answer for it (another
+    device's here). A user's table (an export of a database: a bucket's winner may have been tuned anywhere
+    in the bucket) answers with the bucket's entry."""
     from tiletune.records import DeviceInfo
     from tiletune.resolve import tables
 
@@ -237,14 +241,18 @@ def test_a_table_answers_a_bucketed_call_from_its_entry_nearest_the_calls_own_si
         _op(source, name="tb.b", truth=lambda c: 10.0 + abs(c.K - 4), buckets=buckets)(
             torch.randn(2048), torch.empty(2048))  # K=4 at 2,048 rows
         made = tables.TuningTable.from_db(TuningDB(source))
-        tables.install(made.save(tmp_path / "t.json"))
+        if where == "shipped":
+            made.save(shipped / "h.json")
+        else:
+            tables.install(made.save(tmp_path / "t.json"))
         ((_k, _s, key1024),) = [k for k in made.entries if '"shape":[1024]' in k[2]]
         near_2048 = key1024.replace('"shape":[1024]', '"shape":[1900]')  # nearer 1,900 rows than the bucket's bound
         other = DeviceInfo(name="Other GPU", arch=made.device.arch, sm_count=made.device.sm_count + 1)
         foreign = tables.TuningTable(other, made.versions, [tables.TableEntry("tb.b", e.kernel_id, e.space_hash,
                                                                            near_2048, {"K": 5})
                                                            for e in made.entries.values()][:1])
-        tables.install(foreign.save(tmp_path / "other.json"))
+        foreign.save(shipped / "other.json")
+        tables.forget()
         seen.clear()
         for rows in (1058, 1400, 1500, 1900, 2048):
             x, y = torch.randn(rows), torch.empty(rows)
@@ -253,9 +261,12 @@ def test_a_table_answers_a_bucketed_call_from_its_entry_nearest_the_calls_own_si
     finally:
         events.unsubscribe("choice", listener)
         tables.forget()
+    assert [c.source for c in seen] == ["table"] * 5
+    if where == "user":
+        assert [c.config["K"] for c in seen] == [4] * 5 and [c.neighbour for c in seen] == [None] * 5
+        return
     # 1,400 rows: 0.45 from 1,024 against 0.55 from 2,048; 1,500 rows: 0.55 against 0.45
-    assert [(c.source, c.config["K"]) for c in seen] == [("table", 1), ("table", 1), ("table", 4), ("table", 4),
-                                                         ("table", 4)]
+    assert [c.config["K"] for c in seen] == [1, 1, 4, 4, 4]
     assert [c.neighbour for c in seen] == [key1024, key1024, None, None, None]
     assert seen[0].median_us is None and seen[4].median_us is not None
 

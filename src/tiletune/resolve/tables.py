@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("tiletune")
 
 __all__ = ["FORMAT", "TableEntry", "TableSource", "TuningTable", "family", "table_folders", "tables", "lookup", "install",
-           "forget", "nearer_in_bucket"]
+           "forget", "made_at_bounds", "nearer_in_bucket"]
 
 FORMAT = "tiletune-table"
 VERSION = 1
@@ -317,45 +317,54 @@ def family(identity: TuningIdentity, siblings: bool = True) -> list[tuple[TableE
     return [e for g in groups for e in g]
 
 
-def nearer_in_bucket(identity: TuningIdentity, sizes_json: str) -> tuple[TableEntry, TuningTable] | None:
-    """For a bucketed key that a table answers (its bucket's entry, tuned at the bucket's bound), the entry of
-    this device's tables nearer the call's own sizes (``sizes_json``: the key with the call's sizes), or None
-    when the bucket's entry is the nearest (ties keep it).
+def made_at_bounds(table: TuningTable) -> bool:
+    """Whether ``table``'s entries were tuned at their keys' own sizes (the buckets' bounds): the tables
+    shipped with tiletune (``benchmarks/make_table.py`` tunes powers of two). A table exported from a
+    database (``tiletune db export --table``) may hold a bucket's winner tuned anywhere in the bucket."""
+    try:
+        return pathlib.Path(table.source).resolve().parent == SHIPPED.resolve()
+    except (OSError, ValueError):
+        return False
 
-    A bucket is bounded above: a GEMM of 1,058 rows keys as the 2,048-row bucket, whose entry was tuned at
-    2,048 rows, while the 1,024-row entry lies almost on the call. Both configs are of one space, so both
-    are valid for the call (an op that buckets promises every config of its space for every size); the
+
+def nearer_in_bucket(identity: TuningIdentity, sizes_json: str,
+                     hit: tuple[TableEntry, TuningTable]) -> TableEntry | None:
+    """For a bucketed key that ``hit`` answers (its bucket's entry), the entry of the same table nearer the
+    call's own sizes (``sizes_json``: the key with the call's sizes), or None when the bucket's entry is the
+    nearest (ties keep it) or the table was not made at its buckets' bounds (:func:`made_at_bounds`).
+
+    A bucket is bounded above: a GEMM of 1,058 rows keys as the 2,048-row bucket, whose shipped entry was
+    tuned at 2,048 rows, while the 1,024-row entry lies almost on the call. Both configs are of one space, so
+    both are valid for the call (an op that buckets promises every config of its space for every size); the
     nearer one was tuned for a problem like the call's. Distances as the nearest-neighbour source measures
     them (:mod:`tiletune.resolve.families`), over entries of the same kernel, space and key family only."""
     from tiletune.resolve.families import distance, key_features
 
-    if sizes_json == identity.key:
+    table = hit[1]
+    if sizes_json == identity.key or not made_at_bounds(table):
         return None
     own, bound = key_features(sizes_json), key_features(identity.key)
     if own is None or bound is None or own.signature != bound.signature:
         return None
     hit_d = distance(own.sizes, bound.sizes)
-    nearer: list[tuple[float, bool, str, TableEntry, TuningTable]] = []
-    for entry, table in family(identity, siblings=False):
-        if entry.key == identity.key or table.mismatch(identity) is not None:
+    nearer: list[tuple[float, bool, str, TableEntry]] = []
+    for (kernel_id, space_hash, key), entry in table.entries.items():
+        if kernel_id != identity.kernel_id or space_hash != identity.space_hash or key == identity.key:
             continue
-        f = key_features(entry.key)
+        f = key_features(key)
         if f is None or f.signature != own.signature:
             continue
         d = distance(own.sizes, f.sizes)
         if d < hit_d - 1e-9:  # ties: the larger neighbour, then the key's text (every process alike)
-            nearer.append((round(d, 9), not all(b >= a for a, b in zip(own.sizes, f.sizes)), entry.key, entry, table))
-    if not nearer:
-        return None
-    best = min(nearer, key=lambda n: n[:3])
-    return best[3], best[4]
+            nearer.append((round(d, 9), not all(b >= a for a, b in zip(own.sizes, f.sizes)), key, entry))
+    return min(nearer, key=lambda n: n[:3])[3] if nearer else None
 
 
 class TableSource:
     """The tuning tables' entry for exactly this identity (user tables, then the shipped ones); on a call
     that may fall back, the op's fallback while the entry's config compiles, when no cache holds it.
 
-    For a bucketed key whose call lies nearer another entry of the op's family than its bucket's bound, that
+    For a bucketed key whose call lies nearer another entry of a shipped table than its bucket's bound, that
     entry answers (:func:`nearer_in_bucket`; the Choice's ``neighbour`` names its key)."""
 
     name = "table"
@@ -366,12 +375,13 @@ class TableSource:
         hit = lookup(problem.identity)
         if hit is None:
             return None
-        near = nearer_in_bucket(problem.identity, problem.sizes_json)
-        entry, table = near or hit
-        cfg = problem.config_from(entry.config)
-        if cfg is None and near is not None:
-            entry, table = hit
+        entry, table = hit
+        near = nearer_in_bucket(problem.identity, problem.sizes_json, hit)
+        cfg = problem.config_from(near.config) if near is not None else None
+        if cfg is None:
             near, cfg = None, problem.config_from(entry.config)
+        else:
+            entry = near
         if cfg is None:
             return None
         logger.info("%s: tuning table %s -> %s%s", problem.name, table.source, cfg,
