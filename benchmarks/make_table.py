@@ -95,6 +95,12 @@ def main() -> int:
                     help="measure every config of every key (LibraryOp.configure(budget=Budget())), not the "
                          "budgeted search a cold key gets at run time: a shipped table is made once, offline")
     args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(TOKENS)
+    seqs = [int(s) for s in args.attention_s.split(",") if s]
+    off = [n for n in (*tokens, *seqs) if n < 1 or n & (n - 1)]
+    if off:  # a shipped table answers a bucketed call from its entry nearest the call (tables.made_at_bounds)
+        ap.error(f"token counts and sequence lengths must be powers of two, the bounds of the keys' buckets "
+                 f"(a shipped entry is tuned at its key's sizes): {off}")
     os.environ["TILETUNE_DB"] = args.db
     os.environ.setdefault("TILETUNE_TABLES", "0")  # tune every key: an older table must not answer
 
@@ -102,7 +108,6 @@ def main() -> int:
     from tiletune.store import TuningDB
     from tiletune.resolve.tables import TuningTable
 
-    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(TOKENS)
     ops = [o for o in args.ops.split(",") if o]
     unknown = sorted(set(ops) - set(MEMORY_OPS))
     if unknown:
@@ -121,8 +126,7 @@ def main() -> int:
                                             fused=args.fused, **dims)) if ops else []
     if not args.no_attention:
         attention = unique_calls(c for dims in all_dims
-                                 for c in llm_calls(["attention"], [int(s) for s in args.attention_s.split(",") if s],
-                                                    **dims))
+                                 for c in llm_calls(["attention"], seqs, **dims))
         attention = attention_variants(attention, args.attention_causal)
         calls = attention + calls if args.attention_first else calls + attention
     t0 = time.perf_counter()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import os
 import subprocess
 import sys
 import types
@@ -590,6 +591,21 @@ def test_make_table_attention_variants():
     both = make_table.attention_variants(calls, "both")
     assert [c.kwargs["causal"] for c in both] == [True, False, True, False]
     assert both[1].args == calls[0].args and calls[0].kwargs["causal"] is True  # the originals untouched
+
+
+@pytest.mark.parametrize("flag", [["--tokens", "1,48"], ["--attention-s", "1000"]])
+def test_make_table_refuses_sizes_off_the_buckets_bounds(tmp_path, monkeypatch, capsys, flag):
+    """A shipped table answers a bucketed call from its entry nearest the call, which holds only when each
+    entry was tuned at its key's sizes: make_table tunes powers of two only, and says so before any work."""
+    import make_table
+
+    monkeypatch.setattr(sys, "argv", ["make_table.py", "--db", str(tmp_path / "f.db"), "--table",
+                                      str(tmp_path / "t.json"), *flag])
+    with pytest.raises(SystemExit) as exc:
+        make_table.main()
+    assert exc.value.code == 2 and "powers of two" in capsys.readouterr().err
+    assert not (tmp_path / "f.db").exists() and not (tmp_path / "t.json").exists()
+    assert os.environ.get("TILETUNE_DB") != str(tmp_path / "f.db")  # refused before it set its environment
 
 
 def test_compile_tax_cpu_writes_one_row_per_stack(tmp_path):

@@ -319,7 +319,7 @@ def family(identity: TuningIdentity, siblings: bool = True) -> list[tuple[TableE
 
 def made_at_bounds(table: TuningTable) -> bool:
     """Whether ``table``'s entries were tuned at their keys' own sizes (the buckets' bounds): the tables
-    shipped with tiletune (``benchmarks/make_table.py`` tunes powers of two). A table exported from a
+    shipped with tiletune (``benchmarks/make_table.py`` tunes powers of two only). A table exported from a
     database (``tiletune db export --table``) may hold a bucket's winner tuned anywhere in the bucket."""
     try:
         return pathlib.Path(table.source).resolve().parent == SHIPPED.resolve()
