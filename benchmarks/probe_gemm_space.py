@@ -60,21 +60,32 @@ def waves(m: int, n: int, tm: int, tn: int, sms: int, occupancy: int) -> float:
     return (-(-m // tm)) * (-(-n // tn)) / (sms * occupancy)
 
 
-def probe_row(m: int, n: int, k: int, full_space: bool = False, tail_space_too: bool = False) -> dict[str, Any]:
+def linear_operands(m: int, n: int, k: int, seed: int = 0) -> tuple[Any, Any, tuple[Any, ...]]:
+    """``(x, w, the library GEMM's launch arguments of x @ w.t())`` in bf16 (``nn.Linear``'s weight layout);
+    a product that ``matmul`` sends to another op than the plain GEMM is a ValueError."""
     import torch
-    import torch.nn.functional as F
 
-    import tiletune.kernels as K
-    from tiletune import autotune
-    from tiletune.kernels.gemm import GEMM, GEMM_FULL_SPACE, GEMM_SPACE, prepare_matmul
+    from tiletune.kernels.gemm import GEMM, prepare_matmul
 
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k ** 0.5
     one = torch.ones((), device="cuda", dtype=torch.float32)
     lib_op, _, args = prepare_matmul(x, w.t(), torch.bfloat16, one, one, False)
     if lib_op is not GEMM:
         raise ValueError(f"M={m}: matmul sends this product to {lib_op.name}, not the plain GEMM")
+    return x, w, args
+
+
+def probe_row(m: int, n: int, k: int, full_space: bool = False, tail_space_too: bool = False) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    import tiletune.kernels as K
+    from tiletune import autotune
+    from tiletune.kernels.gemm import GEMM, GEMM_FULL_SPACE, GEMM_SPACE
+
+    x, w, args = linear_operands(m, n, k)
     flops = 2 * m * n * k
     arch = "sm_%d%d" % torch.cuda.get_device_capability()
     sms = torch.cuda.get_device_properties(0).multi_processor_count

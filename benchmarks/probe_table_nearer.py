@@ -91,8 +91,9 @@ def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
     import tiletune as tt
     import tiletune.kernels as K
     from tiletune import wait_for_compiles
-    from tiletune.kernels.gemm import GEMM, prepare_matmul
+    from tiletune.kernels.gemm import GEMM
     from nearest_quality import ChoiceLog
+    from probe_gemm_space import linear_operands
 
     entries = gemm_entries()
     have = sorted(t for (t, nn, kk) in entries if (nn, kk) == (n, k))
@@ -100,13 +101,7 @@ def probe_row(m: int, n: int, k: int) -> dict[str, Any]:
         raise ValueError(f"{m}x{n}x{k}: the table has no entry for the {bucket(m)}-row bucket of this N, K")
     near = nearer_m(m, have)
     cfg_bucket, cfg_near = entries[(bucket(m), n, k)], entries[(near, n, k)]
-    g = torch.Generator(device="cuda").manual_seed(m)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k ** 0.5
-    one = torch.ones((), device="cuda", dtype=torch.float32)
-    lib_op, _, args = prepare_matmul(x, w.t(), torch.bfloat16, one, one, False)
-    if lib_op is not GEMM:
-        raise ValueError(f"M={m}: matmul sends this product to {lib_op.name}, not the plain GEMM")
+    x, w, args = linear_operands(m, n, k, seed=m)
 
     def one_config(cfg: dict[str, Any], tag: str) -> Any:
         return tt.autotune(tt.Space(**{p: [v] for p, v in cfg.items()}), reference=GEMM.reference,

@@ -490,24 +490,19 @@ bb)
       --env-ab TILETUNE_PREWARM=1,0 > $TSO/envab_$k.log 2>&1; tail -2 $TSO/envab_$k.log | cut -c1-300)
   done
   ;;
-bc)
-  # the tables' bucket answers from the entry nearest the call's rows (2026-12-07 late): the bucket entry's config
-  # against the nearer entry's on drawn rows where the rule switches, then GEMM nearest quality (seed $SEED)
+bc|bd)
+  # bc: the tables' bucket answers from the entry nearest the call's rows (2026-12-07 late): the bucket entry's
+  # config against the nearer entry's on drawn rows where the rule switches, then GEMM nearest quality (seed
+  # $SEED); bd: cold tuning of the three kernels (ba's first half) first, all in one call
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
-  (cd benchmarks && timeout ${PT_S:-200} python probe_table_nearer.py --seed ${SEED:-5} --per-pair ${PER_PAIR:-2} \
-    --out $TSO > $TSO/ptn.log 2>&1; grep -E "nearer \(|wrote" $TSO/ptn.log | cut -c1-160)
-  (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-5} \
-    --families matmul_linear --budget-s $(( ${NQ_S:-280} - 30 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
-  ;;
-bd)
-  # one call for what a short session owes: cold tuning of the three kernels (ba's first half), then bc
-  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
-  (cd benchmarks && timeout ${TS_S:-220} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
-    --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  if [ "$1" = bd ]; then
+    (cd benchmarks && timeout ${TS_S:-220} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
+      --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
+  fi
   (cd benchmarks && timeout ${PT_S:-150} python probe_table_nearer.py --seed ${SEED:-5} --per-pair ${PER_PAIR:-2} \
     --out $TSO > $TSO/ptn.log 2>&1; grep -E "nearer \(|wrote" $TSO/ptn.log | cut -c1-160)
-  (cd benchmarks && timeout ${NQ_S:-140} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-5} \
-    --families matmul_linear --budget-s $(( ${NQ_S:-140} - 25 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  (cd benchmarks && timeout ${NQ_S:-200} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-5} \
+    --families matmul_linear --budget-s $(( ${NQ_S:-200} - 25 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
 aj)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO

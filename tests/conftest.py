@@ -51,6 +51,23 @@ SLOW = {
 }
 
 
+@pytest.fixture
+def private_tables(tmp_path, monkeypatch):
+    """Tuning tables read from ``tmp_path`` only: the user's folder beside the database (via
+    ``TILETUNE_CACHE_DIR``, with compile caches of its own) and an empty shipped folder, ``tmp_path/shipped``
+    (yielded); re-read at the next lookup, and again after the test."""
+    from tiletune.resolve import tables
+
+    monkeypatch.setenv("TILETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TILETUNE_TABLES", raising=False)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(tables, "SHIPPED", shipped)
+    tables.forget()
+    yield shipped
+    tables.forget()
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         prefixes = SLOW.get(item.path.name)

@@ -215,7 +215,7 @@ def test_a_problem_of_a_bucketed_op_is_served_by_the_neighbour_nearest_its_own_s
 
 
 @pytest.mark.parametrize("where", ["shipped", "user"])
-def test_a_shipped_table_answers_a_bucketed_call_from_its_entry_nearest_the_calls_own_sizes(tmp_path, monkeypatch,
+def test_a_shipped_table_answers_a_bucketed_call_from_its_entry_nearest_the_calls_own_sizes(tmp_path, private_tables,
                                                                                             where):
     """A bucket is bounded above: 1,058 rows key as the 2,048-row bucket, but the 1,024-row entry lies nearer
     the call. A shipped table (tuned at its buckets' bounds) answers from its entry nearest the call (ties and
@@ -225,12 +225,7 @@ def test_a_shipped_table_answers_a_bucketed_call_from_its_entry_nearest_the_call
     from tiletune.records import DeviceInfo
     from tiletune.resolve import tables
 
-    monkeypatch.setenv("TILETUNE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("TILETUNE_TABLES", raising=False)
-    shipped = tmp_path / "shipped"
-    shipped.mkdir()
-    monkeypatch.setattr(tables, "SHIPPED", shipped)
-    tables.forget()
+    shipped = private_tables
     buckets = tt.Buckets({"x": {0: "pow2"}, "y": {0: "pow2"}})
     seen: list = []
     listener = events.subscribe("choice", lambda op, problem, choice: seen.append(choice))
@@ -679,7 +674,7 @@ def test_a_tuned_keys_time_outside_its_session_is_recorded_in_its_stats():
 
 @pytest.mark.parametrize("where", ["database", "table"])
 def test_a_database_or_table_answer_that_nothing_compiled_runs_the_fallback_while_it_compiles(
-        tmp_path, monkeypatch, fallback_on, where):
+        tmp_path, monkeypatch, fallback_on, where, private_tables):
     """A fresh machine (no compile cache) with a database record or a table entry for the key: the first
     call does not wait for the compiler (the fallback answers while the record's config compiles); once
     compiled, the record's config launches; a compile cache that holds it launches it at once."""
@@ -687,12 +682,6 @@ def test_a_database_or_table_answer_that_nothing_compiled_runs_the_fallback_whil
 
     from tiletune.resolve import tables
 
-    monkeypatch.setenv("TILETUNE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("TILETUNE_TABLES", raising=False)
-    shipped = tmp_path / "shipped"
-    shipped.mkdir()
-    monkeypatch.setattr(tables, "SHIPPED", shipped)
-    tables.forget()
     try:
         source = tmp_path / "source.db"
         _op(source, name="nn.fb", truth=lambda c: 10.0 + abs(c.K - 3))(torch.randn(64), torch.empty(64))  # K=3

@@ -41,17 +41,10 @@ def make_op(be, db=False):
 
 
 @pytest.fixture(autouse=True)
-def folders(tmp_path, monkeypatch):
+def folders(tmp_path, monkeypatch, private_tables):
     """A private user table folder (via TILETUNE_CACHE_DIR) and an empty shipped folder."""
-    monkeypatch.setenv("TILETUNE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TILETUNE_DB", raising=False)
-    monkeypatch.delenv("TILETUNE_TABLES", raising=False)
-    shipped = tmp_path / "shipped"
-    shipped.mkdir()
-    monkeypatch.setattr(tables, "SHIPPED", shipped)
-    tables.forget()
     yield tmp_path
-    tables.forget()
 
 
 def tuned_db(tmp_path, shapes=(16,)):
