@@ -52,6 +52,10 @@ a config's cubin depends on its constants, dtypes and the 16-divisibility of sha
 cuTile's dispatcher infers, not on the sizes, so a family's later rows compile little. Each row keeps its
 tunings' stats (``kernels[].tuning``: evaluations, strategy, phases, compile / check / timing seconds),
 its ``row_s``, ``tune_s``, ``served_first_call_s`` and ``timing_s``; each family ``time_s`` (their sums).
+A row served by a race of neighbours' configs keeps it (``kernels[].raced``: each config weighed, its
+neighbour, distance, race median ``race_us`` and verdict); where the served config is over
+:data:`RACE_REPLAY_RATIO` slower than the tuned one, every config the race compiled is timed again by
+``do_bench`` (``bench_us``): does the race rank them as ``do_bench`` does, or did a faster one fail its check?
 
 Rows are measured round-robin over the families (shape i of every family, then i + 1), so a run cut
 by ``--budget-s`` (no new shape is started once it is spent) leaves every family measured alike; the
@@ -299,6 +303,15 @@ def key_summary(key_json: str | None) -> Any:
     return key_shapes(key_json)
 
 
+def raced_out(raced: Iterable[Any]) -> list[dict[str, Any]]:
+    """A nearest choice's race (:class:`tiletune.resolve.problem.Raced`), for the row: each config weighed,
+    its neighbour's shapes, distance, race median (us) and verdict."""
+    return [{"config": _config_dict(r.config), "neighbour": key_summary(r.neighbour),
+             "distance": None if r.distance is None else round(float(r.distance), 4),
+             "race_us": None if r.median_us is None or r.median_us == float("inf") else round(float(r.median_us), 3),
+             "verdict": r.verdict} for r in raced]
+
+
 class ChoiceLog:
     """Listens to ``tiletune.events``' ``"choice"`` while in a ``with`` block: ``(op name, key) ->
     {"source", "config", "neighbour", "provisional"}`` of every key answered."""
@@ -311,7 +324,8 @@ class ChoiceLog:
         info = {"source": getattr(choice, "source", None), "config": _config_dict(getattr(choice, "config", None)),
                 "neighbour": getattr(choice, "neighbour", None),
                 "provisional": bool(getattr(choice, "provisional", False)),
-                "seconds": getattr(choice, "seconds", None), "tuning": tuning_stats(getattr(choice, "result", None))}
+                "seconds": getattr(choice, "seconds", None), "tuning": tuning_stats(getattr(choice, "result", None)),
+                "raced": tuple(getattr(choice, "raced", ()) or ())}
         self.items.append((str(name), getattr(problem, "key", None), info))
 
     def find(self, name: str, key: Any) -> dict[str, Any] | None:
@@ -351,7 +365,8 @@ def kernels_of(recorded: Iterable[tuple[Any, Any, tuple[Any, ...]]], log: Choice
         out.append({"op": op, "name": op.name, "args": args, "config": cfg,
                     "source": info["source"] if info is not None else "bucket",
                     "neighbour": info["neighbour"] if info is not None else None,
-                    "tuning": info.get("tuning") if info is not None else None})
+                    "tuning": info.get("tuning") if info is not None else None,
+                    "raced": info.get("raced") if info is not None else None})
     return out
 
 
@@ -426,6 +441,7 @@ def compare(row: dict[str, Any], served_k: list[dict[str, Any]], tuned_k: list[d
     row["kernels"] = [{"op": s["name"], "source": s["source"], "served_config": _config_dict(s["config"]),
                        "tuned_config": _config_dict(t["config"]) if t is not None else None,
                        "neighbour": key_summary(s["neighbour"]),
+                       "raced": raced_out(s.get("raced") or ()) or None,
                        "tuning": t.get("tuning") if t is not None else None}
                       for s, t in zip(served_k, list(tuned_k) + [None] * max(0, len(served_k) - len(tuned_k)))]
     if row["paired"]:  # both configs on the tuned call's arguments
@@ -445,8 +461,35 @@ def compare(row: dict[str, Any], served_k: list[dict[str, Any]], tuned_k: list[d
         row.update(served_us=us, tuned_us=us, ratio=1.0, round_ratios=[])
     else:
         row.update(time_pair(s_fns, t_fns, bench, rounds=rounds))
+    if row["paired"] and (row.get("ratio") or 0) > RACE_REPLAY_RATIO:
+        replay_race(row, served_k, tuned_k, bench, make_launcher)
     row["timing_s"] = round(time.perf_counter() - t0, 3)
     return row
+
+
+#: a paired row whose served config is this much slower than the tuned one has its race replayed
+RACE_REPLAY_RATIO = 1.10
+
+
+def replay_race(row: dict[str, Any], served_k: list[dict[str, Any]], tuned_k: list[dict[str, Any]],
+                bench: Callable[[Callable[[], Any]], float],
+                make_launcher: Callable[[Any, Any, tuple[Any, ...]], Callable[[], None]]) -> None:
+    """A slow served row's race, re-timed by ``bench`` on the tuned call's arguments: each raced config
+    that the race compiled gets ``bench_us`` in ``row["kernels"][i]["raced"]``, so the row tells whether
+    the race's timing ranked the configs as ``bench`` does, or the faster one failed its check."""
+    for i, (s, t) in enumerate(zip(served_k, tuned_k)):
+        raced = list(s.get("raced") or ())
+        out = row["kernels"][i].get("raced") or []
+        if len(raced) < 2 or len(out) != len(raced):
+            continue
+        for r, o in zip(raced, out):
+            if r.verdict in ("served", "slower"):
+                try:
+                    fn = make_launcher(t["op"], r.config, t["args"])
+                    fn()
+                    o["bench_us"] = round(bench(fn), 3)
+                except Exception as exc:  # noqa: BLE001 - a config that cannot launch here: say so in the row
+                    o["bench_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
 # --------------------------------------------------------------------------------------------

@@ -266,8 +266,45 @@ def test_compare_times_both_configs_on_the_tuned_calls_arguments():
     assert row["served_us"] == 20.0 and row["tuned_us"] == 10.0
     assert row["tuned_config"] == {"T": 128}
     assert row["kernels"] == [{"op": "tiletune.gemm", "source": "nearest", "served_config": {"T": 64},
-                               "tuned_config": {"T": 128}, "neighbour": None, "tuning": None}]
+                               "tuned_config": {"T": 128}, "neighbour": None, "raced": None, "tuning": None}]
     assert row["timing_s"] >= 0
+
+
+def _raced(T, verdict, median, neighbour=None, distance=None):
+    from tiletune.resolve.problem import Raced
+
+    return Raced(FakeConfig(T=T), neighbour, distance, median, verdict)
+
+
+@pytest.mark.parametrize("ratio,replayed", [(2.0, True), (1.05, False)])
+def test_a_slow_served_row_has_its_race_replayed_by_the_bench(ratio, replayed):
+    """Served over RACE_REPLAY_RATIO slower than tuned: every config the race compiled is timed again on the
+    tuned call's arguments (the one that failed its check and the one never compiled are not)."""
+    op_s, op_t = FakeOp("tiletune.softmax", {}), FakeOp("tiletune.softmax", {})
+    near = json.dumps([{"shape": [11, 32064], "dtype": "bfloat16"}, True])
+    race = (_raced(64, "served", 9.5, near, 0.25), _raced(128, "failed: mismatch: off", 8.0, near, 0.5),
+            _raced(256, "slower", 11.0, near, 1.0), _raced(512, "not compiled", None, near, 2.0),
+            _raced(32, "slower", float("inf")))
+    served = [dict(_kernel(op_s, FakeConfig(T=64), ("served-args",)), raced=race)]
+    tuned = [_kernel(op_t, FakeConfig(T=512), ("tuned-args",), "tuned")]
+    made: list = []
+    bench_us = {64: 20.0 * ratio, 512: 20.0, 256: 30.0, 32: 40.0}
+
+    def make(op, cfg, args):
+        made.append((cfg.as_dict()["T"], args))
+        return lambda: bench_us[cfg.as_dict()["T"]]
+
+    row = nq.compare({}, served, tuned, lambda fn: fn(), 3, make_launcher=make)
+    got = row["kernels"][0]["raced"]
+    assert [r["verdict"] for r in got] == ["served", "failed: mismatch: off", "slower", "not compiled", "slower"]
+    assert [r["race_us"] for r in got] == [9.5, 8.0, 11.0, None, None]  # never timed: no median
+    assert got[0]["neighbour"] == [[11, 32064]] and got[0]["distance"] == 0.25 and got[4]["neighbour"] is None
+    assert row["ratio"] == pytest.approx(ratio)
+    if replayed:
+        assert [r.get("bench_us") for r in got] == [40.0, None, 30.0, None, 40.0]
+        assert all(args == ("tuned-args",) for _, args in made)
+    else:
+        assert all("bench_us" not in r for r in got)
 
 
 def test_compare_identical_configs_have_ratio_one_and_are_timed_once():

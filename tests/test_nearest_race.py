@@ -275,3 +275,39 @@ def test_the_live_session_reports_a_launch_failure_and_refuses_without_twins():
     launched.clear()
     s = _cutile_session((buf[:64], buf[64:]), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched)
     assert s.race_samples([Candidate(SPACE.config(K=1), 0)], 2) is None and launched == []
+
+
+def test_the_choice_keeps_the_race_each_config_its_median_and_verdict(tmp_path):
+    """A nearest choice names every config it weighed (neighbour, distance, race median, verdict): a served
+    config slower than the tuned one can be traced to the race's timing or to a failed check."""
+    from tiletune import events
+
+    path = tmp_path / "t.db"
+    _tuned(path)
+    backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4),  # K=4 fastest but wrong, then K=2, then the default K=0
+                          failures=lambda c: SimulatedCandidate(tt.Status.MISMATCH, "off by one") if c.K == 4 else None)
+    op = _op(path, backend)
+    heard = []
+
+    def listen(op=None, problem=None, choice=None, **_):
+        heard.append(choice)
+
+    events.subscribe("choice", listen)
+    try:
+        op(torch.randn(100), torch.empty(100))
+    finally:
+        events.unsubscribe("choice", listen)
+    (choice,) = [c for c in heard if c.source == "nearest"]
+    raced = choice.raced
+    assert [r.config["K"] for r in raced] == [2, 4, 0]
+    assert [r.verdict.split(":")[0] for r in raced] == ["served", "failed", "slower"]
+    assert "mismatch" in raced[1].verdict and "off by one" in raced[1].verdict
+    assert [r.median_us for r in raced] == pytest.approx([12.0, 10.0, 14.0], rel=0.01)  # the fake adds noise
+    assert raced[0].neighbour == choice.neighbour and raced[2].neighbour is None and raced[2].distance is None
+    assert 0 < raced[0].distance < raced[1].distance
+
+
+def test_the_race_result_tells_what_became_of_each_config():
+    got = nearest.RaceResult(1, {2: "mismatch: wrong"}, (0, 1, 2), (3,), (1,), {0: 5.0, 1: 4.0})
+    assert [got.verdict(i) for i in range(4)] == ["slower", "served", "failed: mismatch: wrong", "not compiled"]
+    assert nearest.RaceResult(None, {}, (), (0,), ()).medians == {}

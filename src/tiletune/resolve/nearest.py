@@ -33,11 +33,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple, Sequence
 
 from tiletune.errors import DatabaseError
 from tiletune.resolve import fallback
 from tiletune.resolve.families import KeyFeatures, distance, key_features
+from tiletune.resolve.problem import Raced
 
 if TYPE_CHECKING:  # pragma: no cover
     from tiletune.resolve.attempt import Attempt
@@ -147,13 +149,23 @@ class RaceResult(NamedTuple):
     ``why`` ``{index: why it failed}`` for the configs compiled that failed (to compile, launch or check);
     ``compiled`` the indices compiled (or answered by a compile cache); ``skipped`` those never compiled
     (in no compile cache, and not needed: a config compiled before them passed); ``checked`` the indices
-    checked, in order."""
+    checked, in order; ``medians`` ``{index: median of its race samples (us)}`` for the configs timed."""
 
     won: int | None
     why: dict[int, str]
     compiled: tuple[int, ...]
     skipped: tuple[int, ...]
     checked: tuple[int, ...]
+    medians: Mapping[int, float] = MappingProxyType({})
+
+    def verdict(self, i: int) -> str:
+        """What became of config ``i``: ``"served"``, ``"failed: ..."``, ``"slower"`` (compiled, not
+        served) or ``"not compiled"``."""
+        if i == self.won:
+            return "served"
+        if i in self.why:
+            return f"failed: {self.why[i]}"
+        return "slower" if i in self.compiled else "not compiled"
 
 
 def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = None, *,
@@ -185,6 +197,7 @@ def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = Non
     why: dict[int, str] = {}
     checked: list[int] = []
     compiled: list[int] = []
+    medians: dict[int, float] = {}
     try:
         cold = max(0, cold)
         if spares and cold:
@@ -196,13 +209,14 @@ def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = Non
             lazy = {c.order for c in cands[cold:]} if getattr(session, "compiles_only_cached", False) else set()
             ready, skipped = _compile(session, cands, lazy, why)
         compiled.extend(c.order for c in ready)
-        won = _pick(session, ready, n, why, checked)
+        won = _pick(session, ready, n, why, checked, medians)
         if won is None and skipped and cold:
             ready, _ = _compile(session, skipped, set(), why)
             compiled.extend(c.order for c in ready)
-            won = _pick(session, ready, n, why, checked)
+            won = _pick(session, ready, n, why, checked, medians)
             skipped = []
-        return RaceResult(won, why, tuple(compiled), tuple(c.order for c in skipped), tuple(checked))
+        return RaceResult(won, why, tuple(compiled), tuple(c.order for c in skipped), tuple(checked),
+                          MappingProxyType(medians))
     finally:
         session.finish(None)
 
@@ -278,8 +292,10 @@ def _time(session: Any, cands: Sequence[Any], n: int) -> dict[int, list[float] |
     return got
 
 
-def _pick(session: Any, cands: Sequence[Any], n: int, why: dict[int, str], checked: list[int]) -> int | None:
-    """The order of the fastest of the compiled ``cands`` that passes its check (see :func:`race`), or None."""
+def _pick(session: Any, cands: Sequence[Any], n: int, why: dict[int, str], checked: list[int],
+          medians: dict[int, float]) -> int | None:
+    """The order of the fastest of the compiled ``cands`` that passes its check (see :func:`race`), or None;
+    the medians of the configs timed go to ``medians``."""
     if not cands:
         return None
     if len(cands) == 1:
@@ -289,7 +305,9 @@ def _pick(session: Any, cands: Sequence[Any], n: int, why: dict[int, str], check
         passed = [c for c in cands if _check(session, c, why, checked)]
         if len(passed) <= 1:
             return passed[0].order if passed else None
-        return min(passed, key=lambda c: (_median(session.sample(c, n)), c.order)).order
+        for c in passed:
+            medians[c.order] = _median(session.sample(c, n))
+        return min(passed, key=lambda c: (medians[c.order], c.order)).order
     ranked = []
     for c in cands:
         t = times.get(c.order)
@@ -297,6 +315,8 @@ def _pick(session: Any, cands: Sequence[Any], n: int, why: dict[int, str], check
             why[c.order] = t
         else:
             ranked.append((_median(t or []), c.order, c))
+            if t:
+                medians[c.order] = _median(t)
     for _, _, c in sorted(ranked, key=lambda r: (r[0], r[1])):
         if _check(session, c, why, checked):
             return c.order
@@ -355,6 +375,9 @@ class NearestSource:
         if got is None:
             got = race(problem, cfgs, spares=same)
         won = got.won
+        raced = tuple(Raced(cfg, n.key if n is not None else None, n.distance if n is not None else None,
+                            got.medians.get(i), got.verdict(i))
+                      for i, (cfg, n) in enumerate(picks))
         for i, reason in sorted(got.why.items()):
             n = picks[i][1]
             logger.info("%s: the config %s of %s failed its check (%s)", problem.name, picks[i][0],
@@ -364,14 +387,14 @@ class NearestSource:
             if n is None:
                 logger.info("%s: no neighbour's config of %s passed or beat the default config %s, "
                             "provisionally", problem.name, problem.identity.key, cfg)
-                return Choice(cfg, "default", provisional=True)
+                return Choice(cfg, "default", provisional=True, raced=raced)
             logger.info("%s: nearest %s of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d of %d "
                         "configs, %d checked)", problem.name,
                         "kin (another flag)" if n.kin else "neighbour (tuned on another device)" if n.foreign
                         else "neighbour",
                         problem.identity.key, n.key, n.source, n.distance,
                         cfg, time.perf_counter() - t0, len(got.compiled), len(picks), len(got.checked))
-            return Choice(cfg, "nearest", provisional=True, neighbour=n.key)
+            return Choice(cfg, "nearest", provisional=True, neighbour=n.key, raced=raced)
         if race_size <= 1:
             return self._default(problem)  # the nearest one failed its check: the default config, checked
         return None  # every config failed its check, the default's too: tune

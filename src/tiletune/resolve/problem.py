@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 from tiletune.devices.backends.base import Backend
 from tiletune.devices.plans import KernelPart, PlanCache
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tiletune.buckets import Buckets
     from tiletune.resolve.handle import DatabaseHandle
 
-__all__ = ["ON_MISS", "OpSpec", "Problem", "Choice", "SOURCES", "IDENTITY_SAMPLE", "identity_configs"]
+__all__ = ["ON_MISS", "OpSpec", "Problem", "Choice", "Raced", "SOURCES", "IDENTITY_SAMPLE", "identity_configs"]
 
 #: What an op does with a key that nothing stored answers: ``"tune"`` it now (the default of
 #: ``autotune``), serve the config of its ``"nearest"`` tuned neighbour at once and record the key
@@ -213,6 +213,21 @@ class Problem:
         return self.spec.config_from(values, self.arch)
 
 
+class Raced(NamedTuple):
+    """One config of a race of neighbours' configs on the call's arguments (see
+    :func:`tiletune.resolve.nearest.race`): where it came from (``neighbour`` the stored key, None for the
+    space's default config; ``distance`` from the call), the median of its race samples in microseconds
+    (None: not timed) and its ``verdict``: ``"served"``; ``"slower"`` (timed, not checked: a faster
+    one passed); ``"not compiled"`` (in no compile cache and not needed); ``"failed: ..."`` (its compile,
+    launch or check, with why)."""
+
+    config: Mapping[str, Any]
+    neighbour: str | None
+    distance: float | None
+    median_us: float | None
+    verdict: str
+
+
 @dataclass(frozen=True)
 class Choice:
     """The answer to a :class:`Problem`: the config, where it came from (one of :data:`SOURCES`),
@@ -222,7 +237,8 @@ class Choice:
     ``provisional``: the config answers the key for now (a neighbour's, the baseline during a capture
     or under ``on_miss="default"``); the key is recorded as pending and tuned later.
     ``neighbour``: for ``"nearest"`` (and ``"table"`` when another entry lay nearer the call than its bucket's),
-    the stored key whose config was taken.
+    the stored key whose config was taken; ``raced``: for ``"nearest"``, every config the race weighed
+    (:class:`Raced`, nearest first), so a served config can be told apart from the one a tuning picks.
     ``"fallback"``: no config yet (``config`` is None): the configs that will answer the key compile in
     the background (``ahead``, with ``done`` and ``wait(timeout)``); until then calls run the op's
     fallback, and the next call after the compile resolves the key again.
@@ -237,6 +253,7 @@ class Choice:
     provisional: bool = False
     neighbour: str | None = None
     ahead: Any = None
+    raced: tuple[Raced, ...] = ()
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
