@@ -7,6 +7,8 @@ first call is served, such as the model-warming and Hugging Face tests)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -14,6 +16,22 @@ import pytest
 def _gpu_tests_tune_every_key(request, monkeypatch):
     if request.node.get_closest_marker("gpu") is not None and request.node.get_closest_marker("served") is None:
         monkeypatch.setenv("TILETUNE_ON_MISS", "tune")
+    yield
+
+
+#: ``TILETUNE_WORKER_ZYGOTE`` as the runner of the suite set it (None: unset, the tests choose)
+RUNNER_ZYGOTE = os.environ.get("TILETUNE_WORKER_ZYGOTE")
+
+
+@pytest.fixture(autouse=True)
+def _cpu_workers_fork_from_a_zygote(request, monkeypatch):
+    """CPU tests' tuning workers fork from a zygote (``TILETUNE_WORKER_ZYGOTE=on``), as on a GPU host, rather
+    than each importing torch in a fresh interpreter (about 2 CPU-seconds a worker on a 2-core machine, and
+    the suite starts about a hundred). A test of a fresh interpreter's start (the default where no GPU is
+    visible) is marked ``spawned_workers``; tests that set the variable themselves keep their value."""
+    if request.node.get_closest_marker("gpu") is None and RUNNER_ZYGOTE is None:
+        monkeypatch.setenv("TILETUNE_WORKER_ZYGOTE",
+                           "off" if request.node.get_closest_marker("spawned_workers") is not None else "on")
     yield
 
 
@@ -66,6 +84,41 @@ def private_tables(tmp_path, monkeypatch):
     tables.forget()
     yield shipped
     tables.forget()
+
+
+#: Files whose every test is marked ``gpu`` (a module-level ``pytestmark``; tests/test_suite_layout.py keeps
+#: it true). A run whose ``-m`` expression selects no ``gpu`` test does not import them: collecting them
+#: costs each pytest-xdist worker seconds (transformers, assertion rewriting) for tests it would deselect.
+GPU_FILES = "test_gpu_*.py"
+
+
+def selects_no_gpu_test(markexpr: str) -> bool:
+    """Whether the ``-m`` expression is false for every test marked ``gpu``, whatever its other marks: every
+    combination of the other names in it is tried. An expression this cannot read selects some."""
+    import itertools
+    import keyword
+    import re
+
+    expr = (markexpr or "").strip()
+    if not expr or re.search(r"[^\w\s()]", expr):
+        return False
+    names = sorted({w for w in re.findall(r"[A-Za-z_]\w*", expr) if not keyword.iskeyword(w)} - {"gpu"})
+    if len(names) > 8:
+        return False
+    try:
+        code = compile(expr, "<markexpr>", "eval")
+        for values in itertools.product((False, True), repeat=len(names)):
+            if eval(code, {"__builtins__": {}}, dict(zip(names, values), gpu=True)):  # noqa: S307 - names only
+                return False
+    except Exception:  # noqa: BLE001 - not a plain boolean expression of names: collect as usual
+        return False
+    return True
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.match(GPU_FILES) and selects_no_gpu_test(config.getoption("markexpr", "")):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -50,6 +50,7 @@ def test_a_fake_tuning_reports_its_phases_and_logs_them(caplog):
     assert len(lines) == 1 and "compile wait" in lines[0] and "timing" in lines[0]
 
 
+@pytest.mark.spawned_workers
 def test_an_isolated_tuning_reports_worker_start_and_real_time():
     from tiletune.devices.workers import IsolatedBackend, IsolationOptions
 
@@ -90,6 +91,7 @@ def _isolated_op(local, spec):
     return iso, op
 
 
+@pytest.mark.spawned_workers
 def test_a_worker_started_in_the_background_counts_as_worker_start_not_idle():
     """A worker started before the session (prestart, when the op is defined) holds its lock until it is
     up: the session waiting for it is worker start time."""

@@ -273,6 +273,7 @@ def test_two_faults_in_quick_succession_are_each_answered_by_a_ready_spare():
     assert len(w.spares) == 2  # the session's extra spares were let go (start_spares stay for the next one)
 
 
+@pytest.mark.spawned_workers
 def test_keep_spares_starts_them_in_parallel():
     """Spares start side by side: every child exists long before one start (importing torch) is over."""
     w = WorkerProcess(FakeBackend(lambda c: 1.0), 0)
@@ -293,6 +294,7 @@ def test_keep_spares_starts_them_in_parallel():
         w.close(final=True)
 
 
+@pytest.mark.spawned_workers
 def test_the_dead_worker_is_reaped_off_the_critical_path(monkeypatch):
     """A killed worker that takes long to be gone (on a GPU: its CUDA context's teardown) delays neither
     the fault's verdict nor the take-over; only timing waits for it (a kernel that hung would still

@@ -124,14 +124,17 @@ def test_plan_modules_follows_kernels_and_helpers():
 def test_fork_hazards_see_python_threads_and_extra_os_threads():
     import subprocess
 
+    env = {**os.environ, "TILETUNE_WORKER_ZYGOTE": "off"}  # no zygote started on import: no thread of tiletune's
     code = ("import os; from tiletune.devices.workers.zygote_main import fork_hazards, os_threads;"
             "print(repr(fork_hazards(os_threads())))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env).stdout.strip()
     assert out == "''"
     code = ("import threading, time; from tiletune.devices.workers.zygote_main import fork_hazards, os_threads;"
             "n = os_threads(); threading.Thread(target=time.sleep, args=(5,), daemon=True).start();"
             "print(fork_hazards(n))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env).stdout.strip()
     assert out == "2 Python threads run", out
 
 
