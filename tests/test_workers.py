@@ -91,7 +91,9 @@ def make_op(bad: dict[int, object] | None = None, options: IsolationOptions = FA
     return op, be
 
 
-def test_every_fault_is_a_failed_candidate_and_the_winner_is_correct():
+@pytest.mark.parametrize("start", ["forked", pytest.param("spawned", marks=pytest.mark.spawned_workers)])
+def test_every_fault_is_a_failed_candidate_and_the_winner_is_correct(start):
+    """Both ways a worker starts: forked by the zygote (a GPU host) and a fresh interpreter (no GPU seen)."""
     op, be = make_op()
     x = torch.randn(64)
     x0 = x.clone()
@@ -118,6 +120,10 @@ def test_every_fault_is_a_failed_candidate_and_the_winner_is_correct():
     assert result.stats["isolation"] == "process"
     assert result.stats["worker_restarts"] == 3  # exit, hang, SIGKILL
     assert wall < 60
+    from conftest import RUNNER_ZYGOTE
+
+    if RUNNER_ZYGOTE is None:
+        assert result.stats["worker_forked"] is (start == "forked"), result.stats
 
 
 def test_only_verified_configs_ever_run_in_the_caller():
