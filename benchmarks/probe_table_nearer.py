@@ -2,9 +2,11 @@
 """Probe the tables' bucket answers: the bucket's entry against the entry nearest the call's own rows.
 
 A GEMM key buckets its rows up to a power of two (``M = 1,058`` keys as the 2,048-row bucket), and the shipped
-table's entry for a bucket was tuned at its bound. The table source answers such a call from the entry of the
-table nearest the call's own sizes (:func:`tiletune.resolve.tables.nearer_in_bucket`: the 1,024-row entry for
-1,058 rows). This probe measures whether that helps, on the rows where the two entries' configs differ.
+table's entry for a bucket was tuned at its bound. Should such a call be answered by the bucket's entry, or by the
+entry nearest the call's own sizes (the 1,024-row entry for 1,058 rows)? This probe measures the two on the rows
+where their configs differ. (Its H200 run of 2026-12-07, ``results/h200/probe_table_nearer_seed13_2026-12-07``:
+neither wins reliably, by up to 1.4x either way; since then a shipped table leaves such calls to the
+nearest-neighbour race, both entries among the configs raced, and the library call's column measures that.)
 
 Rows (``--rows M:N:K,...``, or drawn with ``--seed`` from the H200 table's ``tiletune.gemm`` entries of
 ``nn.Linear``'s layout): for each pair of entries of one ``(N, K)`` at ``M_lo`` and ``2 M_lo`` whose configs

@@ -424,12 +424,15 @@ def test_a_kernel_edit_is_reported(fake_sms, monkeypatch):
     assert set(after) - before == softmax  # nothing else launches the softmax kernel
 
 
-@pytest.mark.parametrize("rows,want", [(1058, 1024), (1400, 1024), (1500, 2048), (600, 512), (2048, 2048)])
-def test_the_shipped_table_answers_an_off_grid_gemm_from_the_entry_nearest_its_rows(fake_sms, rows, want):
+@pytest.mark.parametrize("rows,near", [(1058, [1024, 2048]), (1400, [1024, 2048]), (1500, [2048, 1024]),
+                                       (600, [512, 1024]), (2048, None)])
+def test_off_its_bound_the_shipped_gemm_entry_races_with_the_entries_nearest_the_rows(fake_sms, rows, near):
     """The library GEMM's real keys: ``x @ w.t()`` of 4,096 x 4,096 at ``rows`` rows keys as its power-of-two
-    bucket; the shipped table answers from its entry nearest the call's own rows
-    (:func:`tiletune.resolve.tables.nearer_in_bucket`), which needs the call's exact key form to line up
-    with the stored keys' (the same family)."""
+    bucket. Off the bound the shipped table leaves the call to the race (:func:`tables.left_to_the_race`),
+    whose neighbours, measured from the call's own rows, are the two entries around it: the call's exact key
+    form lines up with the stored keys' (the same family). At the bound the table answers."""
+    from tiletune.resolve.nearest import neighbours
+
     (table,) = [t for t in shipped_tables() if t.source.endswith("h200-sm90.json")]
     op, plan_args = gemm_mod.GEMM.op(None), args_from_problem(
         {"problem": "gemm", "batch": 1, "M": rows, "N": 4096, "K": 4096, "layout": "nt", "dtype": "bfloat16",
@@ -437,11 +440,15 @@ def test_the_shipped_table_answers_an_off_grid_gemm_from_the_entry_nearest_its_r
     plans = PlanCache(lambda cfg: op.launch_spec(cfg, plan_args))
     problem = op.problem(plan_args, op.key_fn(*plan_args) if op.key_fn is not None else None, plans=plans,
                          backend=_TableBackend(table), device=0, arch=table.device.arch)
+    assert problem.policy == "nearest"
     entry = table.lookup(problem.identity)
     assert entry is not None and f'"M":{1 << (rows - 1).bit_length()}' in entry.key
-    hit = (entry, table)
-    assert tables.made_at_bounds(table)
-    near = tables.nearer_in_bucket(problem.identity, problem.sizes_json, hit)
-    answered = near or entry
-    assert f'"M":{want},' in answered.key and '"N":4096' in answered.key and '"K":4096' in answered.key
-    assert (near is None) == (want == 1 << (rows - 1).bit_length())
+    assert tables.left_to_the_race(problem, table) is (near is not None)
+    if near is None:
+        return
+    ident = problem.identity
+    stored = [(e.key, e.config, e.median_us, table.source) for e in table.entries.values()
+              if (e.kernel_id, e.space_hash) == (ident.kernel_id, ident.space_hash)]
+    got = neighbours(ident.key, stored, problem.sizes_json)
+    assert [json.loads(n.key)[1]["M"] for n in got[:2]] == near
+    assert all('"N":4096' in n.key and '"K":4096' in n.key for n in got[:2])

@@ -87,20 +87,23 @@ def neighbours(key_json: str, stored: Iterable[tuple[Any, ...]], sizes_json: str
 
     ``sizes_json``: the problem's key with its own sizes where the op buckets them
     (:attr:`~tiletune.resolve.problem.Problem.sizes_json`), the point distances are measured from: a GEMM
-    of 1,058 rows is the 2,048-row bucket's key, but its neighbour is the 1,024-row entry, not the 2,048-row
-    one. Default: ``key_json``."""
+    of 1,058 rows is the 2,048-row bucket's key, and its nearest neighbour is the 1,024-row entry; the
+    2,048-row entry (the bucket key's own, tuned at its bound, which a shipped table leaves to the race off the
+    bound: :func:`tiletune.resolve.tables.left_to_the_race`) is a neighbour too, at its distance. Default:
+    ``key_json``."""
     mine = key_features(key_json)
     if mine is None:
         return []
-    if sizes_json is not None and sizes_json != key_json:
+    exact = sizes_json is None or sizes_json == key_json
+    if not exact:
         own = key_features(sizes_json)
         if own is not None and own.signature == mine.signature:
             mine = own
     out: dict[str, Neighbour] = {}
     for key, config, median, source, *rest in stored:
         foreign = bool(rest and rest[0])
-        if (key == key_json and not foreign) or key in out:  # the key itself is no neighbour, unless tuned elsewhere
-            continue
+        if (key == key_json and not foreign and exact) or key in out:
+            continue  # the key itself is no neighbour, unless tuned elsewhere or at its bucket's bound, off the call
         f = key_features(key)
         if f is None or len(f.sizes) != len(mine.sizes):
             continue

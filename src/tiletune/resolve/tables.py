@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("tiletune")
 
 __all__ = ["FORMAT", "TableEntry", "TableSource", "TuningTable", "family", "table_folders", "tables", "lookup", "install",
-           "forget", "made_at_bounds", "nearer_in_bucket"]
+           "forget", "made_at_bounds", "left_to_the_race"]
 
 FORMAT = "tiletune-table"
 VERSION = 1
@@ -327,45 +327,29 @@ def made_at_bounds(table: TuningTable) -> bool:
         return False
 
 
-def nearer_in_bucket(identity: TuningIdentity, sizes_json: str,
-                     hit: tuple[TableEntry, TuningTable]) -> TableEntry | None:
-    """For a bucketed key that ``hit`` answers (its bucket's entry), the entry of the same table nearer the
-    call's own sizes (``sizes_json``: the key with the call's sizes), or None when the bucket's entry is the
-    nearest (ties keep it) or the table was not made at its buckets' bounds (:func:`made_at_bounds`).
+def left_to_the_race(problem: Any, table: TuningTable) -> bool:
+    """Whether a shipped table's bucket entry should not answer this call, and the nearest-neighbour
+    source's race should: the op serves misses from its neighbours, raced on the call's arguments
+    (``on_miss="nearest"``, ``TILETUNE_NEAREST_RACE`` > 1), the table's entries were tuned at their buckets'
+    bounds (:func:`made_at_bounds`), and the call's own sizes are not its bucket's bound.
 
-    A bucket is bounded above: a GEMM of 1,058 rows keys as the 2,048-row bucket, whose shipped entry was
-    tuned at 2,048 rows, while the 1,024-row entry lies almost on the call. Both configs are of one space, so
-    both are valid for the call (an op that buckets promises every config of its space for every size); the
-    nearer one was tuned for a problem like the call's. Distances as the nearest-neighbour source measures
-    them (:mod:`tiletune.resolve.families`), over entries of the same kernel, space and key family only."""
-    from tiletune.resolve.families import distance, key_features
+    A bucket is bounded above: a GEMM of 1,521 rows keys as the 2,048-row bucket, whose entry was tuned at
+    2,048 rows, and tile counts, waves and split decisions change inside a bucket. Neither that entry nor the
+    one nearest the call's sizes is reliably the faster on the call (H200, 2026-12-07: either way by up to
+    1.4x), so both race there, with the other neighbours' configs, as for any unseen shape."""
+    if getattr(problem, "policy", None) != "nearest" or problem.sizes_json == problem.identity.key:
+        return False
+    from tiletune import settings
 
-    table = hit[1]
-    if sizes_json == identity.key or not made_at_bounds(table):
-        return None
-    own, bound = key_features(sizes_json), key_features(identity.key)
-    if own is None or bound is None or own.signature != bound.signature:
-        return None
-    hit_d = distance(own.sizes, bound.sizes)
-    nearer: list[tuple[float, bool, str, TableEntry]] = []
-    for (kernel_id, space_hash, key), entry in table.entries.items():
-        if kernel_id != identity.kernel_id or space_hash != identity.space_hash or key == identity.key:
-            continue
-        f = key_features(key)
-        if f is None or f.signature != own.signature:
-            continue
-        d = distance(own.sizes, f.sizes)
-        if d < hit_d - 1e-9:  # ties: the larger neighbour, then the key's text (every process alike)
-            nearer.append((round(d, 9), not all(b >= a for a, b in zip(own.sizes, f.sizes)), key, entry))
-    return min(nearer, key=lambda n: n[:3])[3] if nearer else None
+    return settings.nearest_race() > 1 and made_at_bounds(table)
 
 
 class TableSource:
     """The tuning tables' entry for exactly this identity (user tables, then the shipped ones); on a call
     that may fall back, the op's fallback while the entry's config compiles, when no cache holds it.
 
-    For a bucketed key whose call lies nearer another entry of a shipped table than its bucket's bound, that
-    entry answers (:func:`nearer_in_bucket`; the Choice's ``neighbour`` names its key)."""
+    A shipped entry does not answer a call inside its bucket but off its bound when the op races its
+    neighbours (:func:`left_to_the_race`): the nearest-neighbour source does, with that entry among them."""
 
     name = "table"
 
@@ -376,18 +360,14 @@ class TableSource:
         if hit is None:
             return None
         entry, table = hit
-        near = nearer_in_bucket(problem.identity, problem.sizes_json, hit)
-        cfg = problem.config_from(near.config) if near is not None else None
-        if cfg is None:
-            near, cfg = None, problem.config_from(entry.config)
-        else:
-            entry = near
+        if left_to_the_race(problem, table):
+            logger.info("%s: tuning table %s holds the bucket of %s, tuned at its bound; the neighbours race",
+                        problem.name, table.source, problem.sizes_json)
+            return None
+        cfg = problem.config_from(entry.config)
         if cfg is None:
             return None
-        logger.info("%s: tuning table %s -> %s%s", problem.name, table.source, cfg,
-                    f" (the entry nearest the call's sizes: {entry.key})" if near is not None else "")
+        logger.info("%s: tuning table %s -> %s", problem.name, table.source, cfg)
         from tiletune.resolve import fallback
 
-        return fallback.while_compiling(problem, cfg) or Choice(
-            cfg, "table", median_us=None if near is not None else entry.median_us,
-            neighbour=entry.key if near is not None else None)
+        return fallback.while_compiling(problem, cfg) or Choice(cfg, "table", median_us=entry.median_us)
