@@ -5,7 +5,7 @@ A GEMM key buckets its rows up to a power of two (``M = 1,058`` keys as the 2,04
 table's entry for a bucket was tuned at its bound. Should such a call be answered by the bucket's entry, or by the
 entry nearest the call's own sizes (the 1,024-row entry for 1,058 rows)? This probe measures the two on the rows
 where their configs differ. (Its H200 run of 2026-12-07, ``results/h200/probe_table_nearer_seed13_2026-12-07``:
-neither wins reliably, by up to 1.4x either way; since then a shipped table leaves such calls to the
+neither wins reliably; since then a shipped table leaves such calls to the
 nearest-neighbour race, both entries among the configs raced, and the library call's column measures that.)
 
 Rows (``--rows M:N:K,...``, or drawn with ``--seed`` from the H200 table's ``tiletune.gemm`` entries of

@@ -236,8 +236,9 @@ class Choice:
 
     ``provisional``: the config answers the key for now (a neighbour's, the baseline during a capture
     or under ``on_miss="default"``); the key is recorded as pending and tuned later.
-    ``neighbour``: for ``"nearest"``, the stored key whose config was taken; ``raced``: for ``"nearest"``, every config the race weighed
-    (:class:`Raced`, nearest first), so a served config can be told apart from the one a tuning picks.
+    ``neighbour``: for ``"nearest"``, the stored key whose config was taken. ``raced``: for a race of
+    neighbours' configs (``"nearest"``, or ``"default"`` where the default config won it), every config
+    weighed (:class:`Raced`, nearest first), so a served config can be told apart from a tuning's pick.
     ``"fallback"``: no config yet (``config`` is None): the configs that will answer the key compile in
     the background (``ahead``, with ``done`` and ``wait(timeout)``); until then calls run the op's
     fallback, and the next call after the compile resolves the key again.

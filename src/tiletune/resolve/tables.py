@@ -335,8 +335,8 @@ def left_to_the_race(problem: Any, table: TuningTable) -> bool:
 
     A bucket is bounded above: a GEMM of 1,521 rows keys as the 2,048-row bucket, whose entry was tuned at
     2,048 rows, and tile counts, waves and split decisions change inside a bucket. Neither that entry nor the
-    one nearest the call's sizes is reliably the faster on the call (H200, 2026-12-07: either way by up to
-    1.4x), so both race there, with the other neighbours' configs, as for any unseen shape."""
+    one nearest the call's sizes is reliably the faster on the call (``benchmarks/probe_table_nearer.py``
+    measures both), so both race there, with the other neighbours' configs, as for any unseen shape."""
     if getattr(problem, "policy", None) != "nearest" or problem.sizes_json == problem.identity.key:
         return False
     from tiletune import settings
