@@ -507,6 +507,15 @@ bc|bd)
   (cd benchmarks && timeout ${NQ_S:-200} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-5} \
     --families matmul_linear --budget-s $(( ${NQ_S:-200} - 25 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
+bf)
+  # after shipped tables left calls off their buckets' bounds to the race (2026-12-07 late): a model's first forward
+  # (warm and cold, served vs tuned) and GEMM nearest quality on a new seed
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout $(( ${FF_S:-220} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
+    --seed ${SEED:-29} --budget-s ${FF_S:-220} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
+  (cd benchmarks && timeout ${NQ_S:-240} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-29} \
+    --families matmul_linear --budget-s $(( ${NQ_S:-240} - 25 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
 be)
   # suite1's 16 failures of 2026-12-07 20:00 (6 xdist workers on one GPU), one process, with their reasons: is it the
   # contention (a watchdog or a check deadline under six tuning processes) or the kernels?

@@ -697,3 +697,34 @@ def test_gemm_tail_splits_only_the_short_last_wave():
     from tiletune.kernels.gemm import GEMM_SPACE
 
     assert len(g.tail_space().candidates("sm_90")) == len(g.TAIL_MAX_VALUES) * len(GEMM_SPACE.candidates("sm_90"))
+
+
+def test_the_gpu_session_script_names_only_flags_and_tests_that_exist():
+    """benchmarks/run_session_h200.sh is run on the GPU host, where a typo costs a device call: every
+    ``python <script>.py --flag`` it runs names a flag that script (or benchmarks/_common.py) defines, and
+    every test file and ``file::test`` it names exists."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    text = re.sub(r"\\\n\s*", " ", (root / "benchmarks" / "run_session_h200.sh").read_text())
+    common = (root / "benchmarks" / "_common.py").read_text()
+    checked, bad = 0, []
+    for m in re.finditer(r"python ([\w./-]+\.py)((?:\s+[^\s;|>&)]+)*)", text):
+        script = root / "benchmarks" / m.group(1)
+        if not script.exists():
+            script = root / m.group(1)
+        if not script.exists():
+            bad.append(f"no script {m.group(1)}")
+            continue
+        src = script.read_text() + common
+        for flag in set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", m.group(2))):
+            checked += 1
+            if f'"{flag}"' not in src and f"'{flag}'" not in src:
+                bad.append(f"{m.group(1)} {flag}")
+    for path, name in re.findall(r"(tests/test_\w+\.py)(?:::(\w+))?", text):
+        checked += 1
+        if not (root / path).exists():
+            bad.append(f"no file {path}")
+        elif name and not re.search(rf"^def {name}\(", (root / path).read_text(), flags=re.M):
+            bad.append(f"no test {path}::{name}")
+    assert checked > 100 and not bad, bad
