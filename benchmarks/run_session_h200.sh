@@ -465,11 +465,11 @@ suite1|suite2)
   # at the limit pytest gets SIGINT, not SIGKILL: it still prints every failure's traceback and the summary
   # (2026-12-07's suite1 was cut at 95% with 16 failures and no reason for any of them)
   if [ "$1" = suite1 ]; then
-    timeout -s INT -k 40 ${TEST_S:-560} python -m pytest -m gpu -v -rfEs --tb=short -n 6 --dist load \
+    timeout -s INT -k 30 ${TEST_S:-520} python -m pytest -m gpu -v -rfEs --tb=short -n 6 --dist load \
       -p no:cacheprovider --junitxml=$TSO/suite1.xml $PAR > $TSO/pytest_suite1.txt 2>&1
     grep -cE " PASSED" $TSO/pytest_suite1.txt; grep -E "^(FAILED|ERROR)|_ test_| passed| failed" $TSO/pytest_suite1.txt | tail -24
   else
-    timeout -s INT -k 40 ${TEST_S:-560} python -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider \
+    timeout -s INT -k 30 ${TEST_S:-520} python -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider \
       --junitxml=$TSO/suite2.xml $SEQ > $TSO/pytest_suite2.txt 2>&1
     grep -cE " PASSED" $TSO/pytest_suite2.txt; grep -E "^(FAILED|ERROR)|_ test_| passed| failed" $TSO/pytest_suite2.txt | tail -24
   fi
