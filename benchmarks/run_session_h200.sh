@@ -58,7 +58,7 @@
 # (seed $SEED, default 79, 3 shapes per model, 2 of them tuned), then nearest-neighbour quality of softmax and
 # matmul (40 shapes each as the budget allows, seed $SEED); aw = cold tuning of TileGym's matmul with 16 compile
 # processes against 8 (tuning_speed --env-ab), then the cold tuning rows of all three kernels (2 repetitions);
-# ax (owed on an H200 after 2026-12-07's H100 calls) = the pick's load regimes, cold tuning of the three kernels
+# ax (owed on an H200 after 2026-12-07's H100 calls) = the narrow-row store probe (probe_narrow_rows), the pick's load regimes, cold tuning of the three kernels
 # after the deferred reference (2 repetitions), the fault space, the compile tax of decode; ay = the two off-grid
 # GEMM rows Nsight Compute read on 2026-12-07 tuned over the 512-config space (GROUP_M 16 included: does a swizzle
 # band that covers all 9 row tiles stop the 1058-row kernel reading its weight twice?).
@@ -432,6 +432,7 @@ aw)
   ;;
 ax)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 90 python probe_narrow_rows.py --out $TSO > $TSO/narrow.log 2>&1; tail -40 $TSO/narrow.log | cut -c1-260)
   (cd benchmarks && timeout 60 python probe_pick_regimes.py --out $TSO > $TSO/regimes.log 2>&1; tail -6 $TSO/regimes.log | cut -c1-200)
   (cd benchmarks && timeout ${TS_S:-260} python tuning_speed.py --out $TSO --reps ${REPS:-2} \
     --kernels ${KERNELS:-tilegym_matmul,matmul,rmsnorm} > $TSO/ts.log 2>&1; tail -2 $TSO/ts.log | cut -c1-300)
