@@ -69,6 +69,7 @@
 # bb = cold tuning of RMSNorm and TileGym's matmul with the caller's cuTile prewarm on and off (--env-ab);
 # bc = the tables' bucket entry against the entry nearest the call's rows (probe_table_nearer), GEMM nearest quality;
 # bd = ba's cold tuning, then bc, in one call.
+# bg (2026-12-07 late) = the narrow-row fix: be's failing tests, the padded-row and narrow-product tests, the probe.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -516,6 +517,16 @@ bf)
     --seed ${SEED:-29} --budget-s ${FF_S:-220} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
   (cd benchmarks && timeout ${NQ_S:-240} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-29} \
     --families matmul_linear --budget-s $(( ${NQ_S:-240} - 25 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
+bg)
+  # after the narrow-row fix (2026-12-07 late): plain stores for rows that cannot use TMA, one-row or one-column
+  # products off 16 bytes through torch; the tests that failed in be, the padded-row test, the narrow products
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  TILETUNE_GPU_QUICK=1 timeout -s INT -k 30 ${TEST_S:-240} python -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider \
+    "tests/test_gpu_kernels_compute.py::test_matmul_batched_and_vector_shapes" tests/test_gpu_kernels_memory.py \
+    tests/test_gpu_gemm_glu.py -k "test_matmul_batched or shape1 or narrow or test_ragged_shapes" > $TSO/pytest_bg.txt 2>&1
+  grep -cE " PASSED" $TSO/pytest_bg.txt; grep -E "^(FAILED|ERROR)|^E |_ test_| passed| failed" $TSO/pytest_bg.txt | tail -40
+  (cd benchmarks && timeout 90 python probe_narrow_rows.py --out $TSO > $TSO/narrow.log 2>&1; tail -3 $TSO/narrow.log | cut -c1-260)
   ;;
 be)
   # suite1's 16 failures of 2026-12-07 20:00 (6 xdist workers on one GPU), one process, with their reasons: is it the

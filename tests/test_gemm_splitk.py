@@ -576,3 +576,32 @@ def test_sass_space_groups_configs_by_their_instructions_not_their_addresses_or_
     assert a == sass_space.code_digest(text("gemm_TM128_occ2", 0x100, 1))
     assert a != sass_space.code_digest(text("gemm_TM128_occ2", 0x0, 5))
 
+
+
+@pytest.mark.parametrize("sa,sb,narrow", [
+    ((1000,), (1000, 100), True),      # vector @ matrix: (1, 100) bf16 is 200 bytes
+    ((100, 1000), (1000,), True),      # matrix @ vector: (100, 1)
+    ((5, 64, 32), (32,), False),       # (5, 64, 1): 128 bytes per batch, a multiple of 16
+    ((1, 4096), (4096, 50257), True),  # decode over an odd vocabulary
+    ((1, 4096), (4096, 32000), False),
+    ((7, 4096), (4096, 50257), False),  # several rows: the row stride is not 16-byte aligned, no TMA store
+])
+def test_one_row_or_column_results_off_16_bytes_are_narrow(sa, sb, narrow):
+    """matmul computes these with torch.matmul: TMA stores wrote past the end of such results on sm_90."""
+    from tiletune.kernels.gemm import narrow_output, prepare_matmul
+
+    a = torch.empty(sa, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(sb, dtype=torch.bfloat16, device="meta")
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    one = torch.ones(1, device="meta")
+    _, _, args = prepare_matmul(a2, b2, torch.bfloat16, one, one)
+    assert narrow_output(args[2]) is narrow
+
+
+def test_narrow_result_rule():
+    from tiletune.kernels.gemm_kernels import narrow_result
+
+    assert narrow_result(1, 1001, 2) and narrow_result(100, 1, 2) and narrow_result(7, 1, 4)
+    assert not narrow_result(1, 1000, 2) and not narrow_result(8, 1, 2) and not narrow_result(4, 1, 4)
+    assert not narrow_result(7, 1001, 2)  # several rows and columns: the kernels' stores stay in bounds

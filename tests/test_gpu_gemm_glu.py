@@ -108,7 +108,8 @@ def test_decoder_shapes_tuned(tuned, monkeypatch, m, trans_b):
 
 
 @pytest.mark.parametrize("m,n,k,dtype", [(1000, 1000, 1000, torch.float16), (37, 100, 264, torch.bfloat16),
-                                         (5, 12, 40, torch.float16)])
+                                         (5, 12, 40, torch.float16),
+                                         (1, 1001, 256, torch.bfloat16)])  # one row, not 16 bytes: torch
 @pytest.mark.parametrize("trans_b", [False, True], ids=["kn", "wt"])
 def test_ragged_shapes(tuned, m, n, k, dtype, trans_b):
     """Edge tiles in every dimension; ``N = 12`` puts the up half 24 bytes into each row (the op copies

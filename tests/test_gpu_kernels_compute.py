@@ -292,6 +292,7 @@ def test_gemm_second_call_reuses_tuning(small_gemm):
     ((1000,), (1000, 100)),                # vector @ matrix
     ((100, 1000), (1000,)),                # matrix @ vector
     ((5, 64, 32), (32,)),                  # batched matrix @ vector
+    ((1000,), (1000, 1001)),               # one row of an odd width (torch.matmul: see narrow_output)
 ])
 def test_matmul_batched_and_vector_shapes(small_gemm, sa, sb):
     g = torch.Generator(device="cuda").manual_seed(8)

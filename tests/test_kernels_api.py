@@ -240,10 +240,18 @@ def test_rows_that_cannot_use_tma_get_the_plain_load_space():
 
     assert tma_rows(4096, 4096, 2) and tma_rows(8, 8, 2)
     assert not tma_rows(4, 4, 2)  # a padded row under 16 bytes
-    assert not tma_rows(1001, 1001, 2) and tma_rows(1001, 1008, 2)  # the row stride decides
+    assert not tma_rows(1000, 1001, 2) and tma_rows(1000, 1008, 2)  # the row stride decides
+    # rows whose bytes are not a multiple of 16 inside an aligned stride: TMA stores wrote the gaps (sm_90)
+    assert not tma_rows(1001, 1008, 2) and not tma_rows(5, 8, 2) and not tma_rows(3, 4, 4)
     plain = rowwise_space(1001, 2, tma=False)
     assert {c.LAT for c in plain.candidates("sm_90")} == {0}
-    assert {c.STORE_TMA for c in plain.candidates("sm_90")} == {True}
+    # plain stores: a store allowed TMA wrote past the end of (7, 1) and (5, 1) outputs on sm_90
+    assert {c.STORE_TMA for c in plain.candidates("sm_90")} == {False}
+    assert plain.baseline("sm_90").STORE_TMA is False
+    assert {c.STORE_TMA for c in rowwise_space(1, 2).candidates("sm_90")} == {False}
+    assert {c.STORE_TMA for c in rowwise_space(1, 4, streams=2).candidates("sm_90")} == {False}
+    assert {c.STORE_TMA for c in rowwise_space(50257, 2, tma=False).candidates("sm_90")} == {False}
+    assert {c.STORE_TMA for c in rowwise_space(4096, 2).candidates("sm_90")} == {False, True}
     assert {c.num_worker_warps for c in plain.candidates("sm_90")} == {4, 8}
     assert {c.LAT for c in rowwise_space(1, 2).candidates("sm_90")} == {0}  # 2-byte rows: tma is off
     assert {c.LAT for c in rowwise_space(1024, 2).candidates("sm_90")} == {0}  # short rows: no latency hint
@@ -257,6 +265,10 @@ def test_rows_that_cannot_use_tma_get_the_plain_load_space():
     assert norms.prepare_rms_norm_residual(torch.randn(4, 1000), torch.randn(4, 1001)[:, :1000],
                                            None).regime[:2] == (1024, False)
     assert softmax_mod.prepare_softmax(torch.randn(2, 50257)).regime == ("chunked", False)
+    # one-element rows (the GPU suite's (7, 1) and (5, 1)) are plain-store regimes
+    assert norms.prepare_rms_norm(torch.randn(7, 1), None).regime[:2] == (1, False)
+    assert norms.prepare_layer_norm(torch.randn(7, 1), None, None).regime[:2] == (1, False)
+    assert softmax_mod.prepare_softmax(torch.randn(7, 1)).regime == (1, False)
 
 
 def test_row_regimes():

@@ -43,6 +43,7 @@ from tiletune.kernels.gemm_kernels import (
     gemm_kernel,
     gemm_splitk_kernel,
     gemm_swap_kernel,
+    narrow_result,
     pow2_ceil,
     splitk_args,
     splitk_grid,
@@ -63,6 +64,7 @@ __all__ = [
     "GEMM_TF32_SPACE",
     "gemm",
     "matmul",
+    "narrow_output",
     "prepare_matmul",
     "splitk_scratch_shapes",
     "splitk_workspace",
@@ -451,7 +453,8 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
         out_dtype: result dtype of an fp8 product (bfloat16 by default; float16 or float32);
             other inputs return their own dtype.
 
-    Returns a new tensor of the broadcast shape.
+    Returns a new tensor of the broadcast shape. A product whose result is one row or one column of a
+    size that is not a multiple of 16 bytes runs through ``torch.matmul`` (:func:`narrow_output`).
     """
     import torch
 
@@ -500,6 +503,9 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
         return _finish(c, out_shape, a, b)
     if k == 0:
         return _finish(c.zero_(), out_shape, a, b)
+    if narrow_output(c):
+        out = torch.matmul(a2, b2) if not fp8 else (torch.matmul(a2.float(), b2.float()) * (sa * sb)).to(out_dtype)
+        return _finish(out, out_shape, a, b)
     if lib_op is GEMM_SPLITK:
         op = GEMM_SPLITK.op(regime)
         ws, sem = _splitk_scratch(op, a.device, args, c.shape[1], c.shape[2], c.shape[0], regime[3])
@@ -507,6 +513,17 @@ def matmul(a: Any, b: Any, *, scale_a: Any = None, scale_b: Any = None, out_dtyp
     else:
         lib_op.op(regime)(*args)
     return _finish(c, out_shape, a, b)
+
+
+def narrow_output(c: Any) -> bool:
+    """Whether a ``(batch, M, N)`` result is one row or one column (``M == 1`` or ``N == 1``: a vector times
+    a matrix, a matrix times a vector) whose ``M * N`` elements do not fill a multiple of 16 bytes.
+
+    The GEMM kernels' tile stores may use TMA, and on sm_90 such a store wrote past the end of these
+    results in every config (``benchmarks/probe_narrow_rows.py``), so :func:`matmul`
+    computes them with ``torch.matmul`` (cuBLAS; a matrix-vector product is its home ground anyway)."""
+    _, m, n = c.shape
+    return narrow_result(m, n, c.element_size())
 
 
 def prepare_matmul(a2: Any, b2: Any, out_dtype: Any, scale_a: Any, scale_b: Any,

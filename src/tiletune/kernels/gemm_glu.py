@@ -31,6 +31,7 @@ from tiletune.devices.verify import Tolerance, derived_tolerance
 from tiletune.kernels.library_op import LibraryOp
 from tiletune.kernels._membound import Prepared, check_device, check_tensor, sm_count
 from tiletune.kernels.gemm_glu_kernels import gemm_swiglu_args, gemm_swiglu_grid, gemm_swiglu_kernel, gemm_swiglu_space
+from tiletune.kernels.gemm_kernels import narrow_result
 
 __all__ = [
     "GEMM_SWIGLU",
@@ -181,7 +182,8 @@ def matmul_swiglu(x: Any, w_gate_up: Any) -> Any:
         w_gate_up: CUDA tensor ``[K, 2N]`` of ``x``'s dtype: row-major, or ``W.t()`` of a row-major
             ``[2N, K]`` weight (read in place).
 
-    Returns a new ``[..., N]`` tensor of ``x``'s dtype.
+    Returns a new ``[..., N]`` tensor of ``x``'s dtype. A result of one row or one column whose size is not a
+    multiple of 16 bytes is computed with torch (:func:`~tiletune.kernels.gemm_kernels.narrow_result`).
 
     Calls after the first ones with a signature replay the launch (:func:`tiletune.kernels.fastcall.fast_op`);
     a call that copies an operand or a weight half the kernel cannot read by TMA, or whose operands
@@ -212,4 +214,7 @@ def matmul_swiglu(x: Any, w_gate_up: Any) -> Any:
     out_shape = tuple(x.shape[:-1]) + (n2 // 2,)
     if x.numel() == 0 or x.shape[-1] == 0:  # no rows, or K = 0: silu(0) * 0 = 0
         return torch.zeros(out_shape, dtype=x.dtype, device=x.device)
+    if narrow_result(x.numel() // x.shape[-1], n2 // 2, x.element_size()):  # one row or column: torch
+        y = torch.matmul(x, w_gate_up).float()
+        return (torch.nn.functional.silu(y[..., : n2 // 2]) * y[..., n2 // 2:]).to(x.dtype)
     return prepare_matmul_swiglu(x, w_gate_up).run()

@@ -61,6 +61,7 @@ __all__ = [
     "gemm_splitk_kernel",
     "gemm_swap_kernel",
     "library_constraints",
+    "narrow_result",
     "pow2_ceil",
     "pow2_floor",
     "splitk_args",
@@ -476,6 +477,13 @@ def splitk_space(elem_bytes: int, k_floor: int, m_cap: int, s_max: int) -> Space
         base = dict(TM=64, TN=64, SWAP=0)
     base.update(TK=256 // elem_bytes, GROUP_M=8, LAT=0, SPLIT_K=1, occupancy=1, num_worker_warps=4)
     return Space(**params, constraints=cons, baseline=base)
+
+
+def narrow_result(m: int, n: int, itemsize: int) -> bool:
+    """Whether an ``m x n`` result is one row or one column (``m == 1`` or ``n == 1``) whose elements do not
+    fill a multiple of 16 bytes: a tile store allowed to use TMA wrote past the end of such results on
+    sm_90 (``benchmarks/probe_narrow_rows.py``), so the ops compute them with torch."""
+    return (int(m) == 1 or int(n) == 1) and (int(m) * int(n) * int(itemsize)) % 16 != 0
 
 
 def pow2_ceil(n: int) -> int:

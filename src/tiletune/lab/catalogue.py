@@ -364,7 +364,7 @@ def _rowwise(n_cols: int = 4096, dtype_bytes: int = 2, streams: int = 1, tma: bo
         if "LAT" in lib.names and len(lib.values("LAT", "sm_90")) > 1:
             return _chunked(call, streams=streams, chunks=(4096, 8192), lat=(0, 10), store_tma=(False,),
                             occupancies=(1, 2, 4), values_per_sm=16384)
-        return _chunked(call, streams=streams, chunks=(2048, 4096), lat=(0,), store_tma=(True,),
+        return _chunked(call, streams=streams, chunks=(2048, 4096), lat=(0,), store_tma=(False,),
                         occupancies=(1, 2), values_per_sm=16384)
     values = _same(_sm90_of(lib))
     for a in _NO_TMA:

@@ -27,8 +27,10 @@ memory, threads and TMA instructions from the cubins; tileiras 13.4):
   Padding modes other than zero rule TMA out (``PaddingMode.NEG_INF`` loads compiled to plain
   ``LDG``), so the kernels load zero-padded and mask in registers. Rows under 16 bytes, or with a
   row stride that is not a multiple of 16 bytes, cannot use TMA either (:func:`tma_rows`); there
-  the latency hint and TMA stores change nothing, and ``LAT=10`` even made tileiras unroll tiny-row
-  kernels into 10-40 s compiles that spill, so those spaces drop both knobs.
+  the latency hint changes nothing, and ``LAT=10`` even made tileiras unroll tiny-row kernels into
+  10-40 s compiles that spill, so those spaces drop it. Their stores are plain (``STORE_TMA``
+  False): a store allowed to use TMA wrote past the end of outputs of one-element rows and into
+  the gaps of padded rows on sm_90 (``benchmarks/probe_narrow_rows.py``).
 * Reduction-free streams (gated activations, RoPE) compile to vectorized plain ``LDG.128`` /
   ``STG.128`` with 128 threads per block, no TMA and no warp specialization, whatever the hints:
   ``LAT`` and ``STORE_TMA`` produced identical SASS. Their knobs are the bytes in flight and how
@@ -147,12 +149,15 @@ def rows_per_tile(n_cols: int, target_elems: int = 4096) -> int:
 
 
 def tma_rows(n_cols: int, row_stride: int, dtype_bytes: int) -> bool:
-    """Whether row tiles of a 2-D array can move by TMA: a padded row of at least 16 bytes and a row
-    stride that is a multiple of 16 bytes (single rows need no stride). Otherwise tileiras falls back
-    to plain loads, where the latency hint and TMA stores do nothing (and ``LAT=10`` made tileiras
-    unroll tiny-row kernels into 10-40 s compiles that spill), so the spaces drop those knobs."""
+    """Whether row tiles of a 2-D array can move by TMA: a padded row of at least 16 bytes, a row of a
+    multiple of 16 bytes and a row stride that is a multiple of 16 bytes (single rows need no stride).
+    Otherwise tileiras falls back to plain loads, where the latency hint does nothing (and ``LAT=10``
+    made tileiras unroll tiny-row kernels into 10-40 s compiles that spill), so the spaces drop it, and
+    stores must not be allowed TMA: rows of one element (a ``(M, 1)`` array) and rows whose bytes are not
+    a multiple of 16 inside a 16-byte row stride were written past their end by TMA stores."""
     b = int(dtype_bytes)
-    return next_power_of_2(n_cols) * b >= 16 and (int(row_stride) * b) % 16 == 0
+    return (next_power_of_2(n_cols) * b >= 16 and (int(n_cols) * b) % 16 == 0
+            and (int(row_stride) * b) % 16 == 0)
 
 
 def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: bool = True) -> Space:
@@ -162,7 +167,7 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: b
     column chunk of the two-pass variant), ``LAT``, ``STORE_TMA`` and the hints ``occupancy`` and
     ``num_worker_warps``. ``streams`` is the number of row tiles a block holds at once (2 for a
     fused residual add), which tightens the register rule. ``tma=False`` (see :func:`tma_rows`, or
-    rows shorter than 16 bytes) keeps only the knobs that matter for plain loads.
+    rows shorter than 16 bytes) keeps only the knobs that matter for plain loads, and plain stores.
 
     * rows of 4096 to ``16384 / streams`` padded elements: one row per tile, occupancy {1, 2, 4} where
       the registers allow, ``LAT`` {0, 10}, ``STORE_TMA`` {False, True}: 4-12 configs; the widest rows
@@ -178,7 +183,7 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: b
         if tma:
             return chunked_row_space(n_cols, streams=streams)
         # plain loads: chunks of 2048-4096 at occupancy <= 2 (occupancy 4 spilled in the probe)
-        return chunked_row_space(n_cols, streams=streams, chunks=(2048, 4096), lat=(0,), store_tma=(True,),
+        return chunked_row_space(n_cols, streams=streams, chunks=(2048, 4096), lat=(0,), store_tma=(False,),
                                  occupancies=(1, 2))
     if row_regime(n_cols, streams) == "rows":
         return short_rows_space(n_cols, streams=streams, tma=tma)
@@ -191,9 +196,9 @@ def rowwise_space(n_cols: int, dtype_bytes: int = 2, *, streams: int = 1, tma: b
         CHUNK=[0],
         occupancy=per_arch(sm_80=occ_ampere, default=occ),
         LAT=[0, 10] if tma else [0],
-        STORE_TMA=[False, True] if tma else [True],
+        STORE_TMA=[False, True] if tma else [False],
     )
-    baseline: dict[str, Any] = dict(TM=tm, CHUNK=0, occupancy=occ[min(1, len(occ) - 1)], LAT=0, STORE_TMA=True)
+    baseline: dict[str, Any] = dict(TM=tm, CHUNK=0, occupancy=occ[min(1, len(occ) - 1)], LAT=0, STORE_TMA=tma)
     if p * max(1, int(streams)) >= ROW_MAX_ELEMS:  # one very wide row per block: try 2 consumer warpgroups
         params["num_worker_warps"] = [4, 8]
         baseline["num_worker_warps"] = 4
@@ -212,7 +217,8 @@ def short_rows_space(n_cols: int, *, streams: int = 1, tma: bool = True) -> Spac
     :data:`SHORT_ROWS_HIGH_OCCUPANCY_TILE` values (larger tiles spilled there in the H200 probe,
     ``benchmarks/probe_rows.py``); ``GRID_FRAC`` 1 (the persistent grid) or :data:`SHORT_ROWS_GRID_ALL`
     (in practice one block per row block: the hardware balances the blocks over the SMs); ``LAT`` 0;
-    ``STORE_TMA`` {False, True}. ``tma=False``: plain stores, 4 or 8 worker warps and occupancy 2-4. About 16-32 configs.
+    ``STORE_TMA`` {False, True}. ``tma=False``: plain stores (``STORE_TMA`` False), 4 or 8 worker warps and
+    occupancy 2-4. About 16-32 configs.
     Baseline: ``rows_per_tile`` rows at occupancy 2 on the persistent grid."""
     p = next_power_of_2(n_cols)
     tm = rows_per_tile(n_cols)
@@ -227,10 +233,10 @@ def short_rows_space(n_cols: int, *, streams: int = 1, tma: bool = True) -> Spac
     allowed = set(pairs)
     params: dict[str, Any] = dict(TM=sorted({t for t, _ in pairs}), CHUNK=[0],
                                   occupancy=sorted({o for _, o in pairs}), LAT=[0],
-                                  STORE_TMA=[False, True] if tma else [True],
+                                  STORE_TMA=[False, True] if tma else [False],
                                   GRID_FRAC=[1.0, SHORT_ROWS_GRID_ALL])
     first = (tm, 2) if (tm, 2) in allowed else pairs[0]
-    baseline: dict[str, Any] = dict(TM=first[0], CHUNK=0, occupancy=first[1], LAT=0, STORE_TMA=True, GRID_FRAC=1.0)
+    baseline: dict[str, Any] = dict(TM=first[0], CHUNK=0, occupancy=first[1], LAT=0, STORE_TMA=tma, GRID_FRAC=1.0)
     if not tma:  # plain loads: the block size is a knob too (as in elementwise_space)
         params["num_worker_warps"] = [4, 8]
         baseline["num_worker_warps"] = 4
