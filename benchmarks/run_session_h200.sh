@@ -524,7 +524,7 @@ bg)
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
   TILETUNE_GPU_QUICK=1 timeout -s INT -k 30 ${TEST_S:-240} python -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider \
     "tests/test_gpu_kernels_compute.py::test_matmul_batched_and_vector_shapes" tests/test_gpu_kernels_memory.py \
-    tests/test_gpu_gemm_glu.py -k "test_matmul_batched or shape1 or narrow or test_ragged_shapes" > $TSO/pytest_bg.txt 2>&1
+    tests/test_gpu_gemm_glu.py -k "test_matmul_batched or shape1 or narrow or test_ragged_shapes or (glu and shape6)" > $TSO/pytest_bg.txt 2>&1
   grep -cE " PASSED" $TSO/pytest_bg.txt; grep -E "^(FAILED|ERROR)|^E |_ test_| passed| failed" $TSO/pytest_bg.txt | tail -40
   (cd benchmarks && timeout 90 python probe_narrow_rows.py --out $TSO > $TSO/narrow.log 2>&1; tail -3 $TSO/narrow.log | cut -c1-260)
   ;;

@@ -179,7 +179,8 @@ def test_softmax_large_values_other_dim_and_strided(dtype):
 # gated activations
 # ---------------------------------------------------------------------------------------------
 
-GLU_SHAPES = [(1, 2), (7, 2 * 1000), (3, 5, 2 * 1000), (4096, 2 * 14_336), (100_000, 2 * 64), (1, 2 * 11_008)]
+GLU_SHAPES = [(1, 2), (7, 2 * 1000), (3, 5, 2 * 1000), (4096, 2 * 14_336), (100_000, 2 * 64), (1, 2 * 11_008),
+              (7, 2)]  # a (7, 1) output: the shape whose TMA-allowed stores wrote past the end in the row ops
 
 
 def glu_ref(x, act):
