@@ -59,6 +59,9 @@ ZYGOTE_FORK_WAIT_S = 60.0
 #: "exit code 7", "killed by signal SIGSEGV"); a child still tearing down its CUDA context is not
 #: waited for longer (its status is then "still running" and it is reaped in the background).
 EXIT_STATUS_WAIT_S = 0.5
+#: how long a worker whose kernel faulted (the GPU said so, an Xid) may still take to report it after
+#: the kernel's deadline (the report can lag while the host is loaded)
+FAULT_REPORT_GRACE_S = 5.0
 
 
 def _keep_logs() -> bool:
@@ -142,6 +145,7 @@ class WorkerProcess:
         self.conn: Connection | None = None
         self.info: dict[str, Any] = {}
         self.marks: dict[str, float] = {}  # the last request's phases: seconds from sending (request())
+        self.xids: list[int] = []  # the last request's memory-fault Xids met at its kernel's deadline
         self.generation = 0  # bumped on every (re)start
         self.starts = 0
         self.start_s: list[float] = []
@@ -543,7 +547,7 @@ class WorkerProcess:
 
     # -- requests --------------------------------------------------------------------------
     def request(self, msg: dict, timeout: float | None, compile_allowance: float = 0.0,
-                phases: Mapping[str, float] | None = None) -> Reply:
+                phases: Mapping[str, float] | None = None, xid: Any = None) -> Reply:
         """Send one request and wait for its reply; compile events met meanwhile are queued.
 
         ``timeout`` is the watchdog of the work itself: each ``busy`` heartbeat of the worker (the
@@ -551,7 +555,11 @@ class WorkerProcess:
         compile is not taken for a hung kernel and a hung kernel is still caught after ``timeout``.
         ``phases`` re-arms it when the worker reports a phase of a check (``{"launched": s, "ran": s}``,
         :mod:`tiletune.devices.launch_marks`): from that moment the request may take ``s`` more. The
-        seconds from sending to each phase reported are left in :attr:`marks`.
+        seconds from sending to each phase reported are left in :attr:`marks`. ``xid``: the GPU's
+        :class:`~tiletune.devices.xid.XidWatch`, marked when the request is sent; when the kernel's
+        deadline passes and the GPU has reported a memory fault since, the worker gets
+        :data:`FAULT_REPORT_GRACE_S` more to report it, and a fault that is still not reported is
+        ``fatal``, not ``timeout`` (the Xids are left in :attr:`xids`).
 
         Raises :class:`WorkerFault` (the worker is killed first) on death, deadline, a fatal CUDA
         error reported by the worker, or an invalid reply.
@@ -562,6 +570,12 @@ class WorkerProcess:
         rid = self._next_id
         data = rid.to_bytes(8, "little", signed=True) + dumps(msg)  # the id travels outside the pickle
         self.marks = {}
+        self.xids = []
+        if xid is not None:
+            try:
+                xid.mark()  # the GPU's faults from now on are this request's (its kernel runs after the send)
+            except Exception:
+                xid = None
         try:
             assert self.conn is not None
             self.conn.send_bytes(data)
@@ -571,7 +585,7 @@ class WorkerProcess:
         deadline = None if timeout is None else t_sent + timeout
         phase = ""
         while True:
-            got = self._receive(deadline, timeout, phase)
+            got = self._receive(deadline, timeout, phase, xid)
             if isinstance(got, CompiledEvent):
                 self.events.append(got)
                 continue
@@ -609,12 +623,12 @@ class WorkerProcess:
             self._fault("protocol", f"unexpected reply {got.id} while waiting for compile results")
 
     def _receive(self, deadline: float | None, timeout: float | None,
-                 phase: str = "") -> Reply | CompiledEvent | BusyEvent | PhaseEvent:
+                 phase: str = "", xid: Any = None) -> Reply | CompiledEvent | BusyEvent | PhaseEvent:
         conn = self.conn
         if conn is None:
             raise WorkerFault("died", "the worker is not running")
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not wait([conn], left):
+        if not wait([conn], left) and not self._fault_reported_late(conn, phase, xid, timeout):
             since = {"launched": " of its kernel's launch", "ran": " of its kernel's end"}.get(phase, "")
             # a GPU may report a fault (an illegal address) a second or more after the launch
             maybe = ": a kernel that never ends, or a fault not reported yet" if phase == "launched" else ""
@@ -633,6 +647,26 @@ class WorkerProcess:
         except ProtocolError as exc:
             self._fault("protocol", f"invalid reply from the worker: {exc}")
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fault_reported_late(self, conn: Any, phase: str, xid: Any, timeout: float | None) -> bool:
+        """At a launched kernel's deadline: has the GPU reported a memory fault (an Xid) since the
+        launch? Then the worker has :data:`FAULT_REPORT_GRACE_S` more to say so (True: it has
+        something to read); a fault it still does not report is ``fatal``."""
+        if phase != "launched" or xid is None:
+            return False
+        try:
+            got = xid.faults()
+        except Exception:
+            return False
+        if not got:
+            return False
+        self.xids = list(got)
+        if wait([conn], FAULT_REPORT_GRACE_S):
+            return True
+        self._fault("fatal", f"the GPU reported Xid {', '.join(map(str, got))} (a memory fault) while the check's "
+                    f"kernel ran; the worker did not report it within {(timeout or 0.0) + FAULT_REPORT_GRACE_S:.2f} s "
+                    f"of the launch", phase=phase, deadline_s=timeout)
+        return False  # pragma: no cover (_fault raises)
 
     def _fault(self, kind: str, message: str, phase: str = "", deadline_s: float | None = None,
                info: Mapping[str, Any] | None = None) -> None:

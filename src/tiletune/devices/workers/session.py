@@ -34,7 +34,9 @@ check (a candidate's first launch) is watched in phases, which the worker report
 (:mod:`tiletune.devices.launch_marks`): its kernel, from launch to end, may take ``max(kernel_floor_s,
 watchdog_factor x`` the slowest median so far, ``check_slack_factor x`` the slowest checked kernel so
 far, twice the longest a kernel with a fatal error took to be reported) (more while a killed worker's
-context is still torn down), so an endless kernel costs about a second when the session's kernels are short; the phases before the launch (the guard,
+context is still torn down), so an endless kernel costs about a second when the session's kernels are short (a kernel past that
+deadline while the GPU has reported a memory fault, an Xid read through NVML, :mod:`tiletune.devices.xid`,
+is given a few seconds more to report it: a fault, not a hang); the phases before the launch (the guard,
 module loads, cuTile's launch path: slow in a new worker) and after the kernel (the reference, the
 comparison) are given ``check_slack_factor`` x their slowest time so far in the session, at least
 ``check_slack_s`` (a legitimately slow first launch is not taken for a hang). A worker that reports
@@ -57,7 +59,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from tiletune.devices import timeline
+from tiletune.devices import timeline, xid
 from tiletune.devices.backends.base import Backend, Candidate, CheckOutcome, CompileOutcome, Launch, LaunchParts
 from tiletune import settings
 from tiletune.records import DeviceInfo, Status
@@ -126,6 +128,9 @@ class IsolationOptions:
     #: second, its front ends spread over forked processes): the caller's front ends run one at a time, so
     #: a bigger space would leave the worker waiting for the caller's assemblies instead of compiling
     ahead_forked_max: int = 4
+    #: ask the GPU (NVML's Xid events) whether a check's kernel that outlived its deadline faulted
+    #: (:mod:`tiletune.devices.xid`; nothing where NVML gives no events)
+    xid_watch: bool = True
 
 
 class IsolatedBackend:
@@ -249,6 +254,8 @@ class WorkerSession:
         self._slow_us: float | None = None  # the slowest median so far
         self._checks_in_gen = 0  # checks answered by the current worker generation
         self._fault_at: float | None = None  # perf_counter of the last fault not yet recovered from
+        self._xid: Any = None  # the GPU's Xid watch (devices.xid), made at the first check
+        self._xid_tried = False
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
         if options.spare:  # before waiting for the worker: they start alongside a worker still starting
             worker.keep_spares(max(1, options.start_spares, len(worker.spares)))
@@ -331,6 +338,8 @@ class WorkerSession:
             entry["waited_s"] = round(time.perf_counter() - since, 4)
         if fault.kind == "timeout" and fault.deadline_s is not None:  # what the watchdog waited for, and how long
             entry.update({"phase": fault.phase, "deadline_s": round(fault.deadline_s, 4)})
+        if self.worker.xids:  # the GPU's memory faults met at the kernel's deadline
+            entry["xids"] = list(self.worker.xids)
         launched = self.worker.marks.get("launched") if since is not None else None
         if launched is not None:
             entry["launched_s"] = round(launched, 4)  # from sending to the kernel's launch
@@ -500,6 +509,16 @@ class WorkerSession:
         checker = Checker(p["reference"], guard, p["tolerance"])
         return tuple(checker.expected or ())
 
+    def _xid_watch(self) -> Any:
+        """The GPU's Xid watch for this session's checks (None: not a real GPU's worker, or NVML gives
+        no events here); ``stats["xid_watch"]`` says which."""
+        if not self._xid_tried:
+            self._xid_tried = True
+            if self.options.xid_watch:
+                self._xid = xid.watch_for(self.worker.device_index)
+            self.stats["xid_watch"] = self._xid is not None
+        return self._xid
+
     def _fault_status(self, fault: WorkerFault) -> Status:
         return Status.TIMEOUT if fault.kind == "timeout" else Status.LAUNCH_ERROR
 
@@ -564,6 +583,7 @@ class WorkerSession:
         since = None
         try:
             self._ensure_compiled(candidate)
+            watch = self._xid_watch()
             since = time.perf_counter()
             first, phases = self._check_watch()
             reply = self.worker.request(
@@ -571,6 +591,7 @@ class WorkerSession:
                 first,
                 compile_allowance=self._compile_allowance(),
                 phases=phases,
+                xid=watch,
             )
             if not reply.ok:
                 self._checks_in_gen += 1
