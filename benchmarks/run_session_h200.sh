@@ -528,6 +528,15 @@ bg)
   grep -cE " PASSED" $TSO/pytest_bg.txt; grep -E "^(FAILED|ERROR)|^E |_ test_| passed| failed" $TSO/pytest_bg.txt | tail -40
   (cd benchmarks && timeout 90 python probe_narrow_rows.py --out $TSO > $TSO/narrow.log 2>&1; tail -3 $TSO/narrow.log | cut -c1-260)
   ;;
+bh)
+  # one call for 2026-12-07 night: part bg (the narrow-row fix), the fault space (the watchdog asks the GPU for
+  # Xid events at a check kernel's deadline), a model's first forward on a new seed
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  TEST_S=${TEST_S:-200} bash "$0" bg
+  (cd benchmarks && timeout 70 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
+  (cd benchmarks && timeout $(( ${FF_S:-150} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
+    --seed ${SEED:-41} --budget-s ${FF_S:-150} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
+  ;;
 be)
   # suite1's 16 failures of 2026-12-07 20:00 (6 xdist workers on one GPU), one process, with their reasons: is it the
   # contention (a watchdog or a check deadline under six tuning processes) or the kernels?
