@@ -22,6 +22,7 @@ ct = pytest.importorskip("cuda.tile")
 
 import tiletune as tt  # noqa: E402
 from tiletune.devices.verify import compare_tensors, derived_tolerance  # noqa: E402
+from tiletune.kernels.gemm_kernels import narrow_result  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -117,7 +118,10 @@ def test_ragged_shapes(tuned, m, n, k, dtype, trans_b):
     x, w = _inputs(m, n, k, dtype, trans_b, seed=3)
     before = set(tuned.results)
     y = K.matmul_swiglu(x.view(1, m, k), w)
-    _all_passed(tuned, before)
+    if narrow_result(m, n, x.element_size()):  # one row whose bytes are not a multiple of 16: torch, no tuning
+        assert set(tuned.results) == before
+    else:
+        _all_passed(tuned, before)
     _check(y, x.view(1, m, k), w)
 
 

@@ -95,13 +95,15 @@ def _plan(bad):
 
 
 class _FaultingGpu:
-    """An Xid watch that says a memory fault (Xid 31) came during every kernel of the given configs."""
+    """An Xid watch that says a memory fault (Xid 31) came during every kernel."""
 
     def __init__(self) -> None:
         self.marks = 0
+        self.seen = [13]  # read before the session
 
     def mark(self):
         self.marks += 1
+        self.seen.append(31)
 
     def faults(self):
         return [31]
@@ -131,6 +133,7 @@ def test_a_fault_reported_after_the_deadline_is_a_fault_when_the_gpu_said_so(mon
     assert "illegal memory access" in by_k[2].reason
     assert stats["xid_watch"] is True
     assert by_k[0].status is Status.OK and by_k[1].status is Status.OK
+    assert stats["xids_seen"] and set(stats["xids_seen"]) == {31}  # the session's own, not the 13 before it
 
 
 def test_without_the_gpus_word_the_same_kernel_is_a_hang(monkeypatch):

@@ -256,6 +256,7 @@ class WorkerSession:
         self._fault_at: float | None = None  # perf_counter of the last fault not yet recovered from
         self._xid: Any = None  # the GPU's Xid watch (devices.xid), made at the first check
         self._xid_tried = False
+        self._xid_seen0 = 0  # the watch's Xids read before this session
         self.workers = None  # the batch size of a search defaults to the compile workers (unknown here)
         if options.spare:  # before waiting for the worker: they start alongside a worker still starting
             worker.keep_spares(max(1, options.start_spares, len(worker.spares)))
@@ -516,6 +517,7 @@ class WorkerSession:
             self._xid_tried = True
             if self.options.xid_watch:
                 self._xid = xid.watch_for(self.worker.device_index)
+                self._xid_seen0 = len(self._xid.seen) if self._xid is not None else 0
             self.stats["xid_watch"] = self._xid is not None
         return self._xid
 
@@ -687,6 +689,12 @@ class WorkerSession:
             collect_shared()
             self.stats["worker_starts"] = self.worker.starts
             self.stats["spares_used"] = self.worker.spares_used - self._spares_used0
+            if self._xid is not None:  # every Xid the GPU reported during the session (its faults', any process's)
+                try:
+                    self._xid.mark()
+                    self.stats["xids_seen"] = list(self._xid.seen[self._xid_seen0:])
+                except Exception:
+                    pass
             reaped = self.worker.reap_s[self._reaped0:]
             if reaped:
                 self.stats["reap_s"] = list(reaped)  # SIGKILL to gone, per killed worker (in the background)
