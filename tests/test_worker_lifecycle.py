@@ -421,7 +421,7 @@ def test_a_kernel_launched_late_in_a_teardown_gets_only_what_is_left_of_it():
     def deadline(since, reap_s=(3.5,)):
         worker = SimpleNamespace(reaping_for_s=lambda: since, reap_s=list(reap_s))
         s = SimpleNamespace(options=IsolationOptions(first_watchdog_s=30.0), _slow_us=10.0, _best_us=10.0,
-                            _kernel_max_s=0.001, _fatal_kernel_max_s=0.0, worker=worker)
+                            _kernel_max_s=0.001, _fatal_kernel_max_s=0.0, worker=worker, _xid=None)
         return WorkerSession._kernel_deadline(s)
 
     assert deadline(None) == pytest.approx(1.0)  # nothing torn down: the floor
@@ -466,6 +466,7 @@ def test_after_its_kernel_a_check_gets_check_after_s_for_its_reference_and_compa
     s._kernel_max_s = s._fatal_kernel_max_s = s._load_max_s = s._after_max_s = s._check_max_s = 0.001
     s._checks_in_gen = 1
     s.worker = SimpleNamespace(reaping_for_s=lambda: None, reap_s=[])
+    s._xid = None
     _, phases = s._check_watch()
     assert phases["ran"] == pytest.approx(s.options.check_after_s) and s.options.check_after_s >= 2.0
     s._after_max_s = 1.0

@@ -105,6 +105,8 @@ class _FaultingGpu:
         self.marks += 1
         self.seen.append(31)
 
+    proven = xid.XidWatch.proven
+
     def faults(self):
         return [31]
 
@@ -153,3 +155,29 @@ def test_a_kernel_that_faulted_and_never_reports_is_killed_after_the_grace_as_a_
     assert fault["kind"] == "fatal" and fault["xids"] == [31]
     assert 0.8 <= fault["waited_s"] < 3.0, fault  # the kernel's deadline (0.3 s) and the grace (0.5 s)
     assert time.perf_counter() - t < 60
+
+
+def test_once_the_gpus_faults_are_seen_here_an_endless_kernel_gets_the_floor_not_twice_the_slowest_report():
+    """Without the GPU's word a kernel may run twice the slowest fault report so far (a late report is not a
+    hang); once a memory-fault Xid has reached this process, the deadline is the floor and the Xid decides."""
+    from types import SimpleNamespace
+
+    from tiletune.devices.workers.session import WorkerSession
+
+    nv = FakeNvml()
+    watch = xid.XidWatch(nv, ("gpu", 0))
+
+    def deadline(w):
+        s = SimpleNamespace(options=IsolationOptions(first_watchdog_s=30.0), _slow_us=10.0, _best_us=10.0,
+                            _kernel_max_s=0.001, _fatal_kernel_max_s=0.9, _xid=w,
+                            worker=SimpleNamespace(reaping_for_s=lambda: None, reap_s=[]))
+        return WorkerSession._kernel_deadline(s)
+
+    assert deadline(None) == pytest.approx(1.8)
+    assert not watch.proven and deadline(watch) == pytest.approx(1.8)  # registered, but no fault seen through it
+    nv.queue[:] = [45]
+    watch.mark()
+    assert not watch.proven and deadline(watch) == pytest.approx(1.8)  # a killed process's Xid proves nothing
+    nv.queue[:] = [31]
+    watch.mark()  # the last fault's Xid, read when the next request is sent
+    assert watch.proven and deadline(watch) == pytest.approx(1.0)

@@ -63,6 +63,12 @@ class XidWatch:
         with self._lock:
             self._drain()
 
+    @property
+    def proven(self) -> bool:
+        """Whether this process has read a memory-fault Xid (:data:`FAULT_XIDS`) yet: the GPU's faults
+        do reach it here, so a kernel past its deadline with no such Xid did not fault."""
+        return any(x in FAULT_XIDS for x in self.seen)
+
     def faults(self) -> list[int]:
         """The memory-fault Xids (:data:`FAULT_XIDS`) since the last :meth:`mark`."""
         with self._lock:

@@ -391,13 +391,17 @@ class WorkerSession:
     def _kernel_deadline(self) -> float:
         """How long a check's kernel may run from its launch: ``max(kernel_floor_s, watchdog_factor x``
         the slowest median so far (plus the flush), ``check_slack_factor x`` the slowest checked kernel
-        so far), plus, while a killed worker is still being torn down (a kernel that hung there holds
+        so far, twice the slowest fatal report so far where the GPU's Xids are not known to reach this
+        process), plus, while a killed worker is still being torn down (a kernel that hung there holds
         the GPU until its context is gone), what is left of 1.5x the slowest teardown so far (at least
         ``check_slack_s``): a teardown that began seconds before the launch has mostly passed."""
         o = self.options
         slow = self._slow_us if self._slow_us is not None else (self._best_us or 0.0)
+        # a fault the GPU reports late is not taken for a hang: twice the slowest report so far, unless the
+        # GPU's own word on faults (Xids) has been seen to reach this process, which then decides at the deadline
+        late = 0.0 if self._xid is not None and self._xid.proven else 2.0 * self._fatal_kernel_max_s
         d = max(o.kernel_floor_s, o.watchdog_factor * (slow + o.flush_us) * 1e-6, o.check_slack_factor * self._kernel_max_s,
-                2.0 * self._fatal_kernel_max_s)  # a fault the GPU reports late is not taken for a hang
+                late)
         since = self.worker.reaping_for_s()
         if since is not None:  # what is left of the teardown, expected from the slowest one so far
             d += max(o.check_slack_s, 1.5 * max(self.worker.reap_s or [0.0]) - since)
