@@ -728,3 +728,26 @@ def test_the_gpu_session_script_names_only_flags_and_tests_that_exist():
         elif name and not re.search(rf"^def {name}\(", (root / path).read_text(), flags=re.M):
             bad.append(f"no test {path}::{name}")
     assert checked > 100 and not bad, bad
+
+
+def test_pytest_summary_reads_the_counts_and_the_failures_of_a_verbose_and_a_quiet_run(tmp_path):
+    import gzip
+
+    import pytest_summary
+
+    verbose = ("tests/test_a.py::test_x PASSED [ 50%]\n"
+               "tests/test_a.py::test_y[k-1] FAILED [100%]\n"
+               "FAILED tests/test_a.py::test_y[k-1] - AssertionError: no tuning session ran\n"
+               "=========== 1 failed, 1 passed, 3 deselected in 2.50s (0:00:02) ===========\n")
+    quiet = "..s                                                  [100%]\n2 passed, 1 skipped, 4 warnings in 0.31s\n"
+    (tmp_path / "v.txt.gz").write_bytes(gzip.compress(verbose.encode()))
+    (tmp_path / "q.txt").write_text(quiet)
+    out = tmp_path / "s.json"
+    pytest_summary.main([f"v={tmp_path / 'v.txt.gz'}", f"q={tmp_path / 'q.txt'}", "--out", str(out), "--gpu", "G"])
+    runs = json.loads(out.read_text())["runs"]
+    assert {k: runs["v"][k] for k in ("passed", "failed", "deselected", "tests", "seconds")} == {
+        "passed": 1, "failed": 1, "deselected": 3, "tests": 2, "seconds": 2.5}
+    assert runs["v"]["failed_tests"] == ["tests/test_a.py::test_y[k-1]"]
+    assert (runs["q"]["passed"], runs["q"]["skipped"], runs["q"]["failed"], runs["q"]["failed_tests"]) == (2, 1, 0, [])
+    with pytest.raises(ValueError, match="no pytest summary"):
+        pytest_summary.summarize("collected 0 items\n")
