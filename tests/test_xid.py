@@ -181,3 +181,32 @@ def test_once_the_gpus_faults_are_seen_here_an_endless_kernel_gets_the_floor_not
     nv.queue[:] = [31]
     watch.mark()  # the last fault's Xid, read when the next request is sent
     assert watch.proven and deadline(watch) == pytest.approx(1.0)
+
+
+def test_the_grace_is_given_once_per_request_not_again_for_each_message_read_within_it(monkeypatch):
+    """A worker whose kernel faulted may still send a message (a phase, a compile event) during the grace;
+    after reading it the client waits out what is left of that grace, without asking the GPU again (its
+    events were read) and without taking the empty answer for a hang."""
+    from multiprocessing import Pipe
+
+    from tiletune.devices.workers.client import WorkerFault
+
+    monkeypatch.setattr(client, "FAULT_REPORT_GRACE_S", 0.4)
+    w = WorkerProcess()
+    ours, theirs = Pipe()
+    asked = []
+
+    class Gpu:
+        def faults(self):
+            asked.append(1)
+            return [31] if len(asked) == 1 else []
+
+    theirs.send_bytes(b"a message sent during the grace")
+    t0 = time.monotonic()
+    assert w._fault_reported_late(ours, "launched", Gpu(), 0.3) is True and w.xids == [31]
+    ours.recv_bytes()
+    assert w._fault_reported_late(ours, "ran", Gpu(), 0.3) is False  # not a launched kernel's deadline
+    with pytest.raises(WorkerFault) as err:
+        w._fault_reported_late(ours, "launched", Gpu(), 0.3)
+    assert err.value.kind == "fatal" and "Xid 31" in str(err.value)
+    assert len(asked) == 1 and 0.35 <= time.monotonic() - t0 < 2.0

@@ -146,6 +146,7 @@ class WorkerProcess:
         self.info: dict[str, Any] = {}
         self.marks: dict[str, float] = {}  # the last request's phases: seconds from sending (request())
         self.xids: list[int] = []  # the last request's memory-fault Xids met at its kernel's deadline
+        self._grace_until = 0.0  # monotonic end of the grace those Xids gave (_fault_reported_late)
         self.generation = 0  # bumped on every (re)start
         self.starts = 0
         self.start_s: list[float] = []
@@ -654,17 +655,20 @@ class WorkerProcess:
         something to read); a fault it still does not report is ``fatal``."""
         if phase != "launched" or xid is None:
             return False
-        try:
-            got = xid.faults()
-        except Exception:
-            return False
-        if not got:
-            return False
-        self.xids = list(got)
-        if wait([conn], FAULT_REPORT_GRACE_S):
+        if not self.xids:  # the deadline has just passed: ask the GPU, once per request
+            try:
+                got = xid.faults()
+            except Exception:
+                return False
+            if not got:
+                return False
+            self.xids = list(got)
+            self._grace_until = time.monotonic() + FAULT_REPORT_GRACE_S
+        left = self._grace_until - time.monotonic()  # the same grace for every message read within it
+        if left > 0 and wait([conn], left):
             return True
-        self._fault("fatal", f"the GPU reported Xid {', '.join(map(str, got))} (a memory fault) while the check's "
-                    f"kernel ran; the worker did not report it within {(timeout or 0.0) + FAULT_REPORT_GRACE_S:.2f} s "
+        self._fault("fatal", f"the GPU reported Xid {', '.join(map(str, self.xids))} (a memory fault) while the "
+                    f"check's kernel ran; the worker did not report it within {(timeout or 0.0) + FAULT_REPORT_GRACE_S:.2f} s "
                     f"of the launch", phase=phase, deadline_s=timeout)
         return False  # pragma: no cover (_fault raises)
 
