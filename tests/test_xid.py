@@ -210,3 +210,20 @@ def test_the_grace_is_given_once_per_request_not_again_for_each_message_read_wit
         w._fault_reported_late(ours, "launched", Gpu(), 0.3)
     assert err.value.kind == "fatal" and "Xid 31" in str(err.value)
     assert len(asked) == 1 and 0.35 <= time.monotonic() - t0 < 2.0
+
+
+def test_doctor_says_whether_the_gpus_fault_events_are_readable(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from tiletune.cli import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    env = {"TILETUNE_DB": str(tmp_path / "d.db"), "COLUMNS": "400"}
+    monkeypatch.setattr(xid, "watch_for", lambda device_index, nvml=None: None)
+    out = CliRunner().invoke(app, ["doctor"], env=env).output
+    assert "GPU fault events" in out and "not readable" in out and "ruled a hang" in out
+    monkeypatch.setattr(xid, "watch_for", lambda device_index, nvml=None: _FaultingGpu())
+    out = CliRunner().invoke(app, ["doctor"], env=env).output
+    assert "readable (NVML Xid events)" in out and "not readable" not in out

@@ -915,6 +915,16 @@ def db_clear(
 # ---------------------------------------------------------------------------------------- doctor
 
 
+def _fault_events_row(device_index: int) -> str:
+    """Whether the tuning watchdog can read the GPU's fault events (NVML Xids, :mod:`tiletune.devices.xid`)."""
+    from tiletune.devices import xid
+
+    if xid.watch_for(device_index) is not None:
+        return "readable (NVML Xid events): a check whose kernel faults but reports late is ruled a fault, not a hang"
+    return ("not readable (needs nvidia-ml-py and NVML events): a kernel fault reported after its check's "
+            "deadline is ruled a hang")
+
+
 @app.command()
 def doctor() -> None:
     """Report what tiletune sees: Python packages, GPU, cuTile toolchain, database, environment."""
@@ -925,7 +935,10 @@ def doctor() -> None:
         import torch
 
         rows.append(("torch", torch.__version__))
-        rows.append(("GPU", torch.cuda.get_device_name() if torch.cuda.is_available() else "none"))
+        gpu = torch.cuda.is_available()
+        rows.append(("GPU", torch.cuda.get_device_name() if gpu else "none"))
+        if gpu:
+            rows.append(("GPU fault events", _fault_events_row(torch.cuda.current_device())))
     except Exception as exc:
         rows.append(("torch", f"missing ({exc})"))
     try:
