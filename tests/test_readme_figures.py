@@ -74,7 +74,7 @@ TABLE_SOURCES: dict[str, list[str]] = {
                              "h200/tuning_speed_cold_2026-12-07_bd.json.gz",
                              "h200/nearest_quality_gemm_seed13_2026-12-07.json.gz"],
     "benchmark": ["h200/tuning_speed.json", "h200/warm_start.json", "h200/dispatch_overhead.json",
-                  "h200/determinism.json", "h200/fault_matrix.json", "h200/host_cost.json",
+                  "h200/determinism.json", "h200/fault_matrix.json", "h200/host_cost.json.gz",
                   "h200/graphs_compile.json", "h200/first_call.json", "h200/ab.json",
                   "h200/campaign.json"],
     "space (valid configs)": ["h200/strategies_no_baseline.json"],
