@@ -309,7 +309,7 @@ def raced_out(raced: Iterable[Any]) -> list[dict[str, Any]]:
     return [{"config": _config_dict(r.config), "neighbour": key_summary(r.neighbour),
              "distance": None if r.distance is None else round(float(r.distance), 4),
              "race_us": None if r.median_us is None or r.median_us == float("inf") else round(float(r.median_us), 3),
-             "verdict": r.verdict} for r in raced]
+             "verdict": r.verdict, **({"variant": True} if getattr(r, "variant", False) else {})} for r in raced]
 
 
 class ChoiceLog:

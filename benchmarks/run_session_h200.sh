@@ -70,6 +70,8 @@
 # bc = the tables' bucket entry against the entry nearest the call's rows (probe_table_nearer), GEMM nearest quality;
 # bd = ba's cold tuning, then bc, in one call.
 # bg (2026-12-07 late) = the narrow-row fix: be's failing tests, the padded-row and narrow-product tests, the probe.
+# bi (2026-12-08) = the fault space, then nearest quality of the eight memory-bound families; bj = first forward,
+# then nearest quality of the GEMM and attention families.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -536,6 +538,24 @@ bh)
   (cd benchmarks && timeout 70 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
   (cd benchmarks && timeout $(( ${FF_S:-150} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
     --seed ${SEED:-41} --budget-s ${FF_S:-150} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
+  ;;
+bi)
+  # 2026-12-08: the fault space (the Xid floor rule and grace, first GPU run), then nearest-neighbour quality of the
+  # eight memory-bound families (the nearest config's variants race when a compile cache holds them), seed $SEED
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 70 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
+  (cd benchmarks && timeout ${NQ_S:-420} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-101} \
+    --families rms_norm,swiglu,softmax,rope,rms_norm_residual,layer_norm,geglu,cross_entropy \
+    --budget-s $(( ${NQ_S:-420} - 40 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
+bj)
+  # 2026-12-08: a model's first forward on the H200 (warm and cold, served vs tuned), then nearest-neighbour quality
+  # of the GEMM and attention families, seed $SEED
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout $(( ${FF_S:-150} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
+    --seed ${SEED:-101} --budget-s ${FF_S:-150} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
+  (cd benchmarks && timeout ${NQ_S:-360} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-101} \
+    --families matmul_linear,attention --budget-s $(( ${NQ_S:-360} - 40 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
 be)
   # suite1's 16 failures of 2026-12-07 20:00 (6 xdist workers on one GPU), one process, with their reasons: is it the

@@ -16,6 +16,13 @@ from tiletune.resolve import nearest
 SPACE = tt.Space(K=list(range(6)), baseline=dict(K=0))
 
 
+@pytest.fixture(autouse=True)
+def _no_variants(request, monkeypatch):
+    """The race of neighbours' configs alone (the variants of the nearest one have their own tests below)."""
+    if "variants" not in request.node.name:
+        monkeypatch.setenv("TILETUNE_NEAREST_VARIANTS", "0")
+
+
 def _kernel(x, y):
     y.copy_(x * 2)
 
@@ -200,6 +207,65 @@ def test_a_neighbour_at_distance_zero_is_served_without_a_race(tmp_path):
     s = _race_session(backend)
     assert [c["K"] for c in backend.compiled] == [3] and s.checked == [0] and s.timed == []
     assert torch.equal(y, x * 2)
+
+
+# ---------------------------------------------------------------------- variants of the nearest config
+
+GRID = tt.Space(TM=[16, 32, 64], CHUNK=[1, 2, 4], baseline=dict(TM=16, CHUNK=1))
+
+
+def _grid_op(db, backend, *, on_miss="nearest"):
+    return tt.autotune(GRID, reference=lambda x, y: x * 2, writes=["y"], db=db, backend=backend, progress=False,
+                       on_miss=on_miss, name="race.grid")(lambda cfg, x, y: tt.Launch(_kernel, (1,), (x, y)))
+
+
+def test_variants_are_the_configs_next_to_the_nearest_one_one_parameter_first():
+    from types import SimpleNamespace
+
+    problem = SimpleNamespace(spec=SimpleNamespace(space=GRID), arch="sm_90")
+    base = GRID.config(TM=32, CHUNK=2)
+    got = nearest.variants(problem, base, [base, GRID.config(TM=32, CHUNK=1)], 8)
+    # one parameter changed (TM 16, 64 at CHUNK 2; CHUNK 4 at TM 32; CHUNK 1 taken), then two, in space order
+    assert [(c.TM, c.CHUNK) for c in got[:3]] == [(16, 2), (32, 4), (64, 2)]
+    assert {(c.TM, c.CHUNK) for c in got[3:]} == {(16, 1), (16, 4), (64, 1), (64, 4)}
+    assert len(nearest.variants(problem, base, [base], 2)) == 2 and nearest.variants(problem, base, [base], 0) == []
+
+
+def test_variants_a_compile_cache_holds_join_the_race_and_can_win_it(tmp_path, monkeypatch):
+    """The neighbours' winner TM=16 CHUNK=1; on the new shape CHUNK=2 is faster: a config no neighbour holds,
+    one parameter from the nearest one's, raced because a compile cache holds it, and served."""
+    monkeypatch.delenv("TILETUNE_NEAREST_VARIANTS", raising=False)
+    path = tmp_path / "t.db"
+    _grid_op(path, FakeBackend(lambda c: 10.0 + abs(c.CHUNK - 1) + abs(c.TM - 16) / 16), on_miss="tune")(
+        torch.randn(64), torch.empty(64))
+    backend = FakeBackend(lambda c: 10.0 + abs(c.CHUNK - 2) + abs(c.TM - 16) / 16,
+                          cached=lambda c: (c.TM, c.CHUNK) in {(16, 2), (64, 4)})
+    op = _grid_op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    op(x, y)
+    assert (op.config_for(x, y)["TM"], op.config_for(x, y)["CHUNK"]) == (16, 2) and op.tuning_count == 0
+    assert [(c["TM"], c["CHUNK"]) for c in backend.compiled] == [(16, 1)]  # no variant compiled for the race
+    assert torch.equal(y, x * 2)
+    s = _race_session(backend)
+    assert len(set(s.timed)) == 3 and len(s.checked) == 1  # the nearest and the two cached variants; one check
+
+
+def test_variants_are_not_raced_when_set_to_zero_or_when_no_cache_holds_them(tmp_path, monkeypatch):
+    path = tmp_path / "t.db"
+    _grid_op(path, FakeBackend(lambda c: 10.0 + abs(c.CHUNK - 1) + abs(c.TM - 16) / 16), on_miss="tune")(
+        torch.randn(64), torch.empty(64))
+    monkeypatch.setenv("TILETUNE_NEAREST_VARIANTS", "0")
+    backend = FakeBackend(lambda c: 10.0 + abs(c.CHUNK - 2))
+    op = _grid_op(path, backend)
+    x, y = torch.randn(100), torch.empty(100)
+    op(x, y)
+    assert op.config_for(x, y)["CHUNK"] == 1 and op.tuning_count == 0
+    monkeypatch.delenv("TILETUNE_NEAREST_VARIANTS")
+    cold = FakeBackend(lambda c: 10.0 + abs(c.CHUNK - 2), cached=lambda c: False)
+    op = _grid_op(path, cold)
+    x, y = torch.randn(200), torch.empty(200)
+    op(x, y)
+    assert op.config_for(x, y)["CHUNK"] == 1 and [(c["TM"], c["CHUNK"]) for c in cold.compiled] == [(16, 1)]
 
 
 # ---------------------------------------------------------------------- the live session's race_samples

@@ -109,6 +109,9 @@ TILETUNE_COMPILE_FUSE            bool      true       Under ``torch.compile``, t
 TILETUNE_NEAREST_RACE            count     3          Configs of the nearest neighbours a new shape races
                                                       (with the default config) on its own arguments
                                                       before one is served; 1: the nearest, checked only.
+TILETUNE_NEAREST_VARIANTS        number    8          Configs of the space next to the nearest neighbour's
+                                                      (one parameter changed first) that join that race
+                                                      when a compile cache holds them; 0: none.
 TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).
@@ -165,6 +168,7 @@ __all__ = [
     "in_worker",
     "frontend_cache",
     "nearest_race",
+    "nearest_variants",
     "compile_fuse",
 ]
 
@@ -179,7 +183,7 @@ class Variable:
     """One documented environment variable."""
 
     name: str
-    type: str  # "bool", "level", "seconds", "factor", "count", "path", "choice", "text"
+    type: str  # "bool", "level", "seconds", "factor", "count", "number" (>= 0), "path", "choice", "text"
     default: object
     meaning: str
 
@@ -215,6 +219,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("TILETUNE_TIMER_BACKLOG_US", "microseconds", 0.0, "GPU spin before each tuning sample (0: off)"),
         Variable("TILETUNE_FRONTEND_CACHE", "bool", True, "cubins keyed by kernel code, hints and signature"),
         Variable("TILETUNE_NEAREST_RACE", "count", 3, "neighbour configs raced on a new shape (1: the nearest only)"),
+        Variable("TILETUNE_NEAREST_VARIANTS", "number", 8, "the nearest config's variants raced when compiled (0: none)"),
         Variable("TILETUNE_COMPILE_FUSE", "bool", True, "under torch.compile, norms, activations and RoPE fuse in Inductor"),
         Variable("TILETUNE_IN_WORKER", "bool", False, "internal: inside a tuning worker"),
         Variable("TILETUNE_WORKER_ADDRESS", "text", None, "internal: worker socket"),
@@ -531,6 +536,19 @@ def nearest_race() -> int:
     return 3 if got is None else got
 
 
+def nearest_variants() -> int:
+    """``TILETUNE_NEAREST_VARIANTS``: how many configs of the space that differ from the nearest neighbour's
+    (in one parameter first, then two, ...) join a new shape's race when a compile cache holds them (they are
+    never compiled for the race); 0: none (default 8)."""
+    raw = os.environ.get("TILETUNE_NEAREST_VARIANTS")
+    if raw is None or not raw.strip():
+        return 8
+    word = raw.strip()
+    if not word.isdigit():
+        raise ValueError(f"TILETUNE_NEAREST_VARIANTS={raw!r} is not a number; expected an integer >= 0, e.g. 8")
+    return int(word)
+
+
 def compile_fuse() -> bool:
     """``TILETUNE_COMPILE_FUSE`` (default true): whether the memory-bound library ops lower to torch
     expressions while ``torch.compile`` traces (:mod:`tiletune.kernels.lowerings`)."""
@@ -571,6 +589,8 @@ _CHECKS = {
     "TILETUNE_COMPILE_ORDER": compile_order,
     "TILETUNE_TIMER_BACKLOG_US": timer_backlog_us,
     "TILETUNE_COMPILE_FUSE": compile_fuse,
+    "TILETUNE_NEAREST_RACE": nearest_race,
+    "TILETUNE_NEAREST_VARIANTS": nearest_variants,
 }
 
 

@@ -11,7 +11,8 @@ way round it may leave the GPU idle). When the family has fewer members than the
 follow: keys that differ only in a flag (another value of ``causal``), nearest first.
 
 The distinct configs of the nearest neighbours (``TILETUNE_NEAREST_RACE``, the space's default config
-beside them) race on the caller's arguments in this process (the configs ran correctly on neighbours of
+beside them, and up to ``TILETUNE_NEAREST_VARIANTS`` configs of the space next to the nearest one's that a
+compile cache holds: :func:`variants`) race on the caller's arguments in this process (the configs ran correctly on neighbours of
 the same kernel, and a worker's start would cost more than the answer is worth): :func:`race` compiles
 the nearest one and those of the others a compile cache holds, times them on copies of the written
 arguments, and checks them fastest first; one that fails its check is passed over. The answer is
@@ -32,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple, Sequence
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("tiletune")
 
-__all__ = ["KeyFeatures", "Neighbour", "NearestSource", "key_features", "distance", "nearest", "neighbours"]
+__all__ = ["KeyFeatures", "Neighbour", "NearestSource", "key_features", "distance", "nearest", "neighbours", "variants"]
 
 #: cold-L2 timing samples per raced config (the median decides), at most
 RACE_SAMPLES = 5
@@ -59,6 +60,10 @@ RACE_FIRST_SAMPLES = 3
 #: against such a kernel, and its samples cost GPU time on the call's path
 LONG_RACE_US = 1000.0
 LONG_RACE_SAMPLES = 2
+#: a variant of the nearest config (a race's ``optional`` config) is served over the neighbours' configs only
+#: when its race median is at least this much lower (a neighbour's config won a tuning; a variant has only
+#: the race's few samples behind it)
+VARIANT_MARGIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class Neighbour:
     larger: bool  # at least as large as the problem in every size
     kin: bool = False  # of the family's kin only: another value of a flag (see :class:`KeyFeatures`)
     foreign: bool = False  # tuned on another device of this architecture (a table made for it)
+    variant: bool = False  # a config of the space next to this neighbour's (:func:`variants`), not its own
 
 
 def neighbours(key_json: str, stored: Iterable[tuple[Any, ...]], sizes_json: str | None = None) -> list[Neighbour]:
@@ -141,6 +147,23 @@ def nearest(problem: "Problem") -> list[Neighbour]:
     return neighbours(problem.identity.key, _stored(problem), problem.sizes_json)
 
 
+def variants(problem: "Problem", cfg: "Config", taken: Sequence["Config"], limit: int) -> list["Config"]:
+    """Up to ``limit`` configs of the problem's space next to ``cfg``: those that differ from it in one
+    parameter, then in two, and so on (space order within each), leaving out ``taken``. None on a space too
+    big to list."""
+    space = problem.spec.space
+    if limit <= 0 or space.is_lazy(problem.arch):
+        return []
+    names = tuple(cfg)
+    ranked = []
+    for i, other in enumerate(space.candidates(problem.arch)):
+        if tuple(other) != names or other == cfg or other in taken:
+            continue
+        ranked.append((sum(other[k] != cfg[k] for k in names), i, other))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    return [other for _, _, other in ranked[:limit]]
+
+
 def check_once(problem: "Problem", cfg: "Config") -> str | None:
     """Compile and check ``cfg`` on the problem's arguments in this process (the caller's arguments are
     saved and restored by the session); None when it passes, else why not."""
@@ -172,7 +195,7 @@ class RaceResult(NamedTuple):
 
 
 def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = None, *,
-         cold: int = 1, spares: bool = False) -> RaceResult:
+         cold: int = 1, spares: bool = False, optional: int = 0) -> RaceResult:
     # ``cold=0``: only what a compile cache holds is compiled and raced; nothing else is compiled
     """Serve the fastest of ``cfgs`` that passes its check on the problem's arguments, in this process.
 
@@ -188,8 +211,9 @@ def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = Non
        apart from the caller's tensors checks each first and times those that pass.
 
     A single compiled config is checked and not timed. ``spares``: the configs after the first ``cold``
-    are not raced at all, only compiled (and raced) when none of the first passes. The caller's arguments
-    are saved and restored by the session."""
+    are not raced at all, only compiled (and raced) when none of the first passes. ``optional``: the last
+    ``optional`` configs are raced only when a compile cache holds them, and never compiled (left out on a
+    session that cannot tell). The caller's arguments are saved and restored by the session."""
     from tiletune.devices.backends.base import Candidate
     from tiletune.resolve.tune import session_kwargs
 
@@ -203,22 +227,28 @@ def race(problem: "Problem", cfgs: Sequence["Config"], samples: int | None = Non
     medians: dict[int, float] = {}
     try:
         cold = max(0, cold)
+        only_cached = bool(getattr(session, "compiles_only_cached", False))
+        split = len(cands) - min(len(cands), max(0, optional))
+        extra = cands[split:] if only_cached else []  # the optional configs: raced only when a cache holds them
+        dropped = [] if only_cached else cands[split:]
+        cands = cands[:split]
         if spares and cold:
-            ready, skipped = _compile(session, cands[:cold], set(), why)
-            skipped += cands[cold:]
+            ready, skipped = _compile(session, cands[:cold] + extra, {c.order for c in extra}, why)
+            skipped = [c for c in skipped if c.order < split] + cands[cold:]
         else:
-            if not cold and not getattr(session, "compiles_only_cached", False):
-                return RaceResult(None, {}, (), tuple(c.order for c in cands), ())  # cannot tell: nothing compiled
-            lazy = {c.order for c in cands[cold:]} if getattr(session, "compiles_only_cached", False) else set()
-            ready, skipped = _compile(session, cands, lazy, why)
+            if not cold and not only_cached:
+                return RaceResult(None, {}, (), tuple(c.order for c in cands + dropped), ())  # cannot tell
+            lazy = {c.order for c in cands[cold:] + extra} if only_cached else set()
+            ready, skipped = _compile(session, cands + extra, lazy, why)
         compiled.extend(c.order for c in ready)
-        won = _pick(session, ready, n, why, checked, medians)
-        if won is None and skipped and cold:
-            ready, _ = _compile(session, skipped, set(), why)
+        won = _pick(session, ready, n, why, checked, medians, split)
+        retry = [c for c in skipped if c.order < split]  # an optional config is never compiled for a race
+        if won is None and retry and cold:
+            ready, _ = _compile(session, retry, set(), why)
             compiled.extend(c.order for c in ready)
             won = _pick(session, ready, n, why, checked, medians)
-            skipped = []
-        return RaceResult(won, why, tuple(compiled), tuple(c.order for c in skipped), tuple(checked),
+            skipped = [c for c in skipped if c.order >= split]
+        return RaceResult(won, why, tuple(compiled), tuple(c.order for c in [*skipped, *dropped]), tuple(checked),
                           MappingProxyType(medians))
     finally:
         session.finish(None)
@@ -296,9 +326,13 @@ def _time(session: Any, cands: Sequence[Any], n: int) -> dict[int, list[float] |
 
 
 def _pick(session: Any, cands: Sequence[Any], n: int, why: dict[int, str], checked: list[int],
-          medians: dict[int, float]) -> int | None:
+          medians: dict[int, float], optional_from: int | None = None) -> int | None:
     """The order of the fastest of the compiled ``cands`` that passes its check (see :func:`race`), or None;
-    the medians of the configs timed go to ``medians``."""
+    the medians of the configs timed go to ``medians``. Candidates of order ``optional_from`` or later rank
+    as :data:`VARIANT_MARGIN` slower than they ran."""
+    def rank(median: float, order: int) -> float:
+        return median * (1.0 + VARIANT_MARGIN) if optional_from is not None and order >= optional_from else median
+
     if not cands:
         return None
     if len(cands) == 1:
@@ -310,14 +344,14 @@ def _pick(session: Any, cands: Sequence[Any], n: int, why: dict[int, str], check
             return passed[0].order if passed else None
         for c in passed:
             medians[c.order] = _median(session.sample(c, n))
-        return min(passed, key=lambda c: (medians[c.order], c.order)).order
+        return min(passed, key=lambda c: (rank(medians[c.order], c.order), c.order)).order
     ranked = []
     for c in cands:
         t = times.get(c.order)
         if isinstance(t, str):
             why[c.order] = t
         else:
-            ranked.append((_median(t or []), c.order, c))
+            ranked.append((rank(_median(t or []), c.order), c.order, c))
             if t:
                 medians[c.order] = _median(t)
     for _, _, c in sorted(ranked, key=lambda r: (r[0], r[1])):
@@ -364,22 +398,33 @@ class NearestSource:
         # of this bucket) is not raced: the others are spares, compiled only should it fail its check
         same = (picks[0][1] is not None and picks[0][1].distance == 0.0 and not picks[0][1].kin
                 and not picks[0][1].foreign)
+        main = len(picks)
+        if race_size > 1 and not same:
+            # the configs next to the nearest one's (a softmax over 32,064 columns may want the chunk that its
+            # 32,768-column neighbour did not): raced when a compile cache holds them, never compiled for it
+            first = picks[0][1]
+            assert first is not None
+            twin = replace(first, variant=True)
+            picks.extend((cfg, twin) for cfg in variants(problem, picks[0][0], [c for c, _ in picks],
+                                                         settings.nearest_variants()))
         cfgs = [c for c, _ in picks]
+        optional = len(picks) - main
         got = None
         if fallback.may_fall_back(problem):
-            got = race(problem, cfgs[:1] if same else cfgs, cold=0)  # what compile caches hold, nothing compiled now
+            # what compile caches hold, nothing compiled now
+            got = race(problem, cfgs[:1] if same else cfgs, cold=0, optional=0 if same else optional)
             if 0 not in got.compiled:  # the nearest config is not compiled: it compiles in the background
-                fell = fallback.fall_back(problem, cfgs[:fallback.AHEAD_CONFIGS])
+                fell = fallback.fall_back(problem, cfgs[:min(main, fallback.AHEAD_CONFIGS)])
                 if fell is not None:
                     return fell
                 got = None
             elif got.won is None:
                 got = None
         if got is None:
-            got = race(problem, cfgs, spares=same)
+            got = race(problem, cfgs, spares=same, optional=optional)
         won = got.won
         raced = tuple(Raced(cfg, n.key if n is not None else None, n.distance if n is not None else None,
-                            got.medians.get(i), got.verdict(i))
+                            got.medians.get(i), got.verdict(i), n is not None and n.variant)
                       for i, (cfg, n) in enumerate(picks))
         for i, reason in sorted(got.why.items()):
             n = picks[i][1]
@@ -391,12 +436,12 @@ class NearestSource:
                 logger.info("%s: no neighbour's config of %s passed or beat the default config %s, "
                             "provisionally", problem.name, problem.identity.key, cfg)
                 return Choice(cfg, "default", provisional=True, raced=raced)
-            logger.info("%s: nearest %s of %s is %s (%s, distance %.2f) -> %s in %.2f s (raced %d of %d "
+            logger.info("%s: nearest %s of %s is %s (%s, distance %.2f) -> %s%s in %.2f s (raced %d of %d "
                         "configs, %d checked)", problem.name,
                         "kin (another flag)" if n.kin else "neighbour (tuned on another device)" if n.foreign
                         else "neighbour",
                         problem.identity.key, n.key, n.source, n.distance,
-                        cfg, time.perf_counter() - t0, len(got.compiled), len(picks), len(got.checked))
+                        cfg, " (a variant of its config)" if n.variant else "", time.perf_counter() - t0, len(got.compiled), len(picks), len(got.checked))
             return Choice(cfg, "nearest", provisional=True, neighbour=n.key, raced=raced)
         if race_size <= 1:
             return self._default(problem)  # the nearest one failed its check: the default config, checked

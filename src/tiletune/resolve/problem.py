@@ -219,13 +219,15 @@ class Raced(NamedTuple):
     space's default config; ``distance`` from the call), the median of its race samples in microseconds
     (None: not timed) and its ``verdict``: ``"served"``; ``"slower"`` (timed, not checked: a faster
     one passed); ``"not compiled"`` (in no compile cache and not needed); ``"failed: ..."`` (its compile,
-    launch or check, with why)."""
+    launch or check, with why). ``variant``: a config of the space next to the nearest neighbour's
+    (:func:`tiletune.resolve.nearest.variants`), not a neighbour's own."""
 
     config: Mapping[str, Any]
     neighbour: str | None
     distance: float | None
     median_us: float | None
     verdict: str
+    variant: bool = False  # a config of the space next to the neighbour's, not the neighbour's own
 
 
 @dataclass(frozen=True)
