@@ -300,3 +300,16 @@ def test_timer_backlog_is_off_by_default_and_validated(monkeypatch):
         monkeypatch.setenv("TILETUNE_TIMER_BACKLOG_US", bad)
         with pytest.raises(ValueError, match="TILETUNE_TIMER_BACKLOG_US="):
             settings.timer_backlog_us()
+
+
+def test_nearest_variants_is_a_number_zero_included(monkeypatch):
+    monkeypatch.delenv("TILETUNE_NEAREST_VARIANTS", raising=False)
+    assert settings.nearest_variants() == 8
+    for raw, want in (("0", 0), (" 3 ", 3), ("", 8)):
+        monkeypatch.setenv("TILETUNE_NEAREST_VARIANTS", raw)
+        assert settings.nearest_variants() == want
+    for bad in ("-1", "2.5", "all"):
+        monkeypatch.setenv("TILETUNE_NEAREST_VARIANTS", bad)
+        with pytest.raises(ValueError, match=r"TILETUNE_NEAREST_VARIANTS=.* is not a number; expected an integer >= 0"):
+            settings.nearest_variants()
+        assert any("TILETUNE_NEAREST_VARIANTS" in p for p in settings.check_all())
