@@ -71,7 +71,7 @@
 # bd = ba's cold tuning, then bc, in one call.
 # bg (2026-12-07 late) = the narrow-row fix: be's failing tests, the padded-row and narrow-product tests, the probe.
 # bi (2026-12-08) = the fault space, then nearest quality of the eight memory-bound families; bj = first forward,
-# then nearest quality of the GEMM and attention families.
+# then nearest quality of the GEMM and attention families; bk = bi with a shorter budget, then first forward.
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -556,6 +556,14 @@ bj)
     --seed ${SEED:-101} --budget-s ${FF_S:-150} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
   (cd benchmarks && timeout ${NQ_S:-360} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-101} \
     --families matmul_linear,attention --budget-s $(( ${NQ_S:-360} - 40 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
+bk)
+  # 2026-12-08, one call for what is left of the session's device time: bi's fault space and memory-bound nearest
+  # quality with a shorter budget, then a model's first forward (seed $SEED)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  NQ_S=${NQ_S:-300} bash "$0" bi
+  (cd benchmarks && timeout $(( ${FF_S:-110} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
+    --seed ${SEED:-101} --budget-s ${FF_S:-110} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
   ;;
 be)
   # suite1's 16 failures of 2026-12-07 20:00 (6 xdist workers on one GPU), one process, with their reasons: is it the
