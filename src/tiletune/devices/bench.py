@@ -60,8 +60,9 @@ THROTTLE_REASONS: dict[int, str] = {
 class DeviceTimer(Protocol):
     """What :func:`bench` needs from a timing source (:class:`tiletune.devices.measure.ColdL2Timer` on a GPU)."""
 
-    def time_each(self, launches: Sequence[Callable[[], None]]) -> list[float]:
-        """One sample per launch, in order, in microseconds."""
+    def time_each(self, launches: Sequence[Callable[[], None]], hold: bool = False) -> list[float]:
+        """One sample per launch, in order, in microseconds (``hold``: the device waits while the host
+        enqueues them all)."""
 
     def spin(self, seconds: float = 0.05) -> None:
         """Keep the device busy for about ``seconds`` (clocks leave their idle state)."""

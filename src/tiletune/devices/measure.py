@@ -17,6 +17,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+#: spin-kernel cycles queued per launch before a *held* batch (``time_each(..., hold=True)``): about 60 us
+#: a launch at an H200's working clock (1980 MHz), longer while the clock is still low, so the host enqueues
+#: the whole batch (a Python launch wrapper, the memset, two events: 30-60 us a sample) while the GPU waits
+HOLD_CYCLES_PER_LAUNCH = 120_000
+#: at most this many cycles in all (about 20 ms at the working clock)
+HOLD_MAX_CYCLES = 40_000_000
+
 
 class ColdL2Timer:
     """Times a zero-argument launch function on one device and stream with a cold L2."""
@@ -68,12 +75,23 @@ class ColdL2Timer:
         """``n`` samples of ``launch`` in microseconds."""
         return self.time_each([launch] * n)
 
-    def time_each(self, launches: Sequence[Callable[[], None]]) -> list[float]:
-        """One sample of each launch, in order, in microseconds (one synchronisation at the end)."""
+    def time_each(self, launches: Sequence[Callable[[], None]], hold: bool = False) -> list[float]:
+        """One sample of each launch, in order, in microseconds (one synchronisation at the end).
+
+        ``hold``: a spin kernel first (:data:`HOLD_CYCLES_PER_LAUNCH` a launch) keeps the GPU waiting while
+        the host enqueues the batch, so no sample's events enclose host time: without it a launch whose host
+        side outlasts the memset (a small kernel behind a Python wrapper) is timed with the host's gap, and
+        the batch's first sample, enqueued while the GPU is idle, with more of it."""
         if not launches:
             return []
         pairs = self._pairs(len(launches))
         buf = self._buffer
+        if hold and buf is not None:
+            try:
+                with self.torch.cuda.device(self.device):
+                    self.torch.cuda._sleep(min(HOLD_MAX_CYCLES, HOLD_CYCLES_PER_LAUNCH * len(launches)))
+            except Exception:  # noqa: BLE001 - no spin kernel: the samples are taken as without the hold
+                pass
         for (start, end), launch in zip(pairs, launches):
             if buf is not None:
                 buf.zero_()

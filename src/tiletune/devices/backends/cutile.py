@@ -338,7 +338,9 @@ class CutileSession:
 
         No clock-raising spin first (:meth:`sample` spins 50 ms once per session): the candidates are
         interleaved, so a clock still rising weighs on all of them alike. A candidate's first call here
-        launches it once untimed (its cubin loads outside the timed region)."""
+        launches it once untimed (its cubin loads outside the timed region). Each batch is held (the GPU
+        waits on a spin kernel while the host enqueues it): without it the samples of a small kernel timed
+        the host's launch as well, and the batch's first candidate more of it than the others."""
         g = self.guard
         if g is None or not g.banded or set(g.banded) != {*g.outputs, *g.inplace}:
             return None
@@ -368,7 +370,9 @@ class CutileSession:
             self._race_warm.add(order)
         if fns and n > 0:
             orders = list(fns)
-            got = self.timer.time_each([fns[o] for _ in range(n) for o in orders])
+            # held: the race's launches go through cuTile's Python launch, which can outlast the memset of a
+            # small kernel's sample; the GPU waits while they are enqueued, so no sample holds host time
+            got = self.timer.time_each([fns[o] for _ in range(n) for o in orders], hold=True)
             for i, o in enumerate(orders):
                 out[o] = got[i::len(orders)]
         return out
