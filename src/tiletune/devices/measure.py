@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 #: a launch at an H200's working clock (1980 MHz), longer while the clock is still low, so the host enqueues
 #: the whole batch (a Python launch wrapper, the memset, two events: 30-60 us a sample) while the GPU waits
 HOLD_CYCLES_PER_LAUNCH = 120_000
-#: at most this many cycles in all (about 20 ms at the working clock)
-HOLD_MAX_CYCLES = 40_000_000
+#: at most this many cycles in all (about 4 ms at the working clock; a race's batch of 12 configs x 5 samples)
+HOLD_MAX_CYCLES = 8_000_000
 
 
 class ColdL2Timer:
