@@ -524,9 +524,8 @@ def test_main_with_every_family_writes_every_family(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
-def test_served_and_tuned_phases_with_real_tuned_ops(tmp_path, monkeypatch):
+def test_served_and_tuned_phases_with_real_tuned_ops(tmp_path):
     torch = pytest.importorskip("torch")
-    monkeypatch.setenv("TILETUNE_NEAREST_VARIANTS", "0")  # the neighbour's own config (K=3, a variant, would win)
     import tiletune as tt
     from tiletune.devices.backends import FakeBackend
     from tiletune.op.tuned_op import record_launches

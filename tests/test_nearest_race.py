@@ -16,11 +16,6 @@ from tiletune.resolve import nearest
 SPACE = tt.Space(K=list(range(6)), baseline=dict(K=0))
 
 
-@pytest.fixture(autouse=True)
-def _no_variants(request, monkeypatch):
-    """The race of neighbours' configs alone (the variants of the nearest one have their own tests below)."""
-    if "variants" not in request.node.name:
-        monkeypatch.setenv("TILETUNE_NEAREST_VARIANTS", "0")
 
 
 def _kernel(x, y):
@@ -214,9 +209,11 @@ def test_a_neighbour_at_distance_zero_is_served_without_a_race(tmp_path):
 GRID = tt.Space(TM=[16, 32, 64], CHUNK=[1, 2, 4], baseline=dict(TM=16, CHUNK=1))
 
 
-def _grid_op(db, backend, *, on_miss="nearest"):
-    return tt.autotune(GRID, reference=lambda x, y: x * 2, writes=["y"], db=db, backend=backend, progress=False,
-                       on_miss=on_miss, name="race.grid")(lambda cfg, x, y: tt.Launch(_kernel, (1,), (x, y)))
+def _grid_op(db, backend, *, on_miss="nearest", variants=True):
+    op = tt.autotune(GRID, reference=lambda x, y: x * 2, writes=["y"], db=db, backend=backend, progress=False,
+                     on_miss=on_miss, name="race.grid")(lambda cfg, x, y: tt.Launch(_kernel, (1,), (x, y)))
+    op.race_variants = variants  # as the library's ops set it
+    return op
 
 
 def test_variants_are_the_configs_next_to_the_nearest_one_one_parameter_first():
@@ -248,6 +245,26 @@ def test_variants_a_compile_cache_holds_join_the_race_and_can_win_it(tmp_path, m
     assert torch.equal(y, x * 2)
     s = _race_session(backend)
     assert len(set(s.timed)) == 3 and len(s.checked) == 1  # the nearest and the two cached variants; one check
+
+
+def test_variants_are_raced_only_for_ops_that_ask_for_them(tmp_path):
+    """A user's op (``race_variants`` off, the default) races its neighbours' configs alone: a variant may never
+    have run, and a kernel of the user's that faults would take the caller's CUDA context with it."""
+    path = tmp_path / "t.db"
+    _grid_op(path, FakeBackend(lambda c: 10.0 + abs(c.CHUNK - 1) + abs(c.TM - 16) / 16), on_miss="tune")(
+        torch.randn(64), torch.empty(64))
+    backend = FakeBackend(lambda c: 10.0 + abs(c.CHUNK - 2) + abs(c.TM - 16) / 16)  # every config cached
+    op = _grid_op(path, backend, variants=False)
+    assert tt.autotune(GRID)(lambda cfg, x: None).race_variants is False
+    x, y = torch.randn(100), torch.empty(100)
+    op(x, y)
+    assert op.config_for(x, y)["CHUNK"] == 1 and op.tuning_count == 0
+    s = _race_session(backend)  # the nearest alone (the default is the same config): checked, nothing timed
+    assert s.compiled == [0] and s.checked == [0] and s.timed == []
+    from tiletune.kernels.softmax_op import SOFTMAX
+
+    library = SOFTMAX.op(("chunked", True))  # a library op races its variants (its kernels do not fault)
+    assert library.race_variants is True and library.spec().race_variants is True
 
 
 def test_variants_are_not_raced_when_set_to_zero_or_when_no_cache_holds_them(tmp_path, monkeypatch):

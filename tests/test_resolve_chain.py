@@ -35,13 +35,6 @@ def _plan(cfg, x, y):
     return tt.Launch(_kernel, (1,), (x, y))
 
 
-@pytest.fixture(autouse=True)
-def _neighbours_own_configs(monkeypatch):
-    """Which neighbour answers, and the chain around it: the race of the neighbours' own configs (the variants
-    of the nearest one, which win here where they are faster, have their tests in test_nearest_race.py)."""
-    monkeypatch.setenv("TILETUNE_NEAREST_VARIANTS", "0")
-
-
 def _op(db, *, on_miss="tune", truth=None, failures=None, backend=None, **kw):
     truth = truth or (lambda c: 10.0 + c.K)
     return tt.autotune(SPACE, reference=lambda x, y: x * 2, writes=["y"], db=db,

@@ -111,7 +111,8 @@ TILETUNE_NEAREST_RACE            count     3          Configs of the nearest nei
                                                       before one is served; 1: the nearest, checked only.
 TILETUNE_NEAREST_VARIANTS        number    8          Configs of the space next to the nearest neighbour's
                                                       (one parameter changed first) that join that race
-                                                      when a compile cache holds them; 0: none.
+                                                      when a compile cache holds them (the library's ops
+                                                      only); 0: none.
 TILETUNE_IN_WORKER               bool      false      Internal: set to 1 inside tuning worker processes.
 TILETUNE_WORKER_ADDRESS          text      internal   Internal: the socket a worker connects to.
 TILETUNE_WORKER_AUTHKEY          text      internal   Internal: the worker's connection key (hex).

@@ -117,6 +117,7 @@ class LibraryOp:
                     finally:
                         defer_worker_start.reset(token)
                     op.origin = {"library": self.name, "regime": _regime_json(regime)}
+                    op.race_variants = True  # the library's kernels do not fault: untried configs may race
                     self._ops[regime] = op
         return op
 

@@ -312,6 +312,9 @@ class TunedOp:
         self._background_thread: threading.Thread | None = None
         #: how another process can make this op again (set by the library's ops; see OpSpec.origin)
         self.origin: Any = None
+        #: a new shape's race also weighs configs next to the nearest neighbour's that a compile cache holds
+        #: (set by the library's ops, whose kernels do not fault; see OpSpec.race_variants)
+        self.race_variants = False
         sig = inspect.signature(plan)
         self._params = list(sig.parameters)[1:]
         self._binder = positional_binder(sig.replace(parameters=list(sig.parameters.values())[1:]))
@@ -662,7 +665,7 @@ class TunedOp:
             inplace=self.inplace, tolerance=self.tolerance, options=self.options, progress=self.progress,
             strategy=self.strategy, budget=self.budget, seed=self.seed, strategy_options=dict(self.strategy_options),
             user_key=self.key_fn is not None, buckets=self.buckets, tune_single=self.tune_single,
-            on_miss=self.on_miss, origin=self.origin, fallback=self.fallback,
+            on_miss=self.on_miss, origin=self.origin, fallback=self.fallback, race_variants=self.race_variants,
         )
 
     def problem(self, args: tuple[Any, ...], key: Any, *, plans: PlanCache | None = None, exact: bool = False,

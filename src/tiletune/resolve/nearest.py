@@ -11,8 +11,8 @@ way round it may leave the GPU idle). When the family has fewer members than the
 follow: keys that differ only in a flag (another value of ``causal``), nearest first.
 
 The distinct configs of the nearest neighbours (``TILETUNE_NEAREST_RACE``, the space's default config
-beside them, and up to ``TILETUNE_NEAREST_VARIANTS`` configs of the space next to the nearest one's that a
-compile cache holds: :func:`variants`) race on the caller's arguments in this process (the configs ran correctly on neighbours of
+beside them, and for the library's ops up to ``TILETUNE_NEAREST_VARIANTS`` configs of the space next to the
+nearest one's that a compile cache holds: :func:`variants`) race on the caller's arguments in this process (the configs ran correctly on neighbours of
 the same kernel, and a worker's start would cost more than the answer is worth): :func:`race` compiles
 the nearest one and those of the others a compile cache holds, times them on copies of the written
 arguments, and checks them fastest first; one that fails its check is passed over. The answer is
@@ -150,7 +150,11 @@ def nearest(problem: "Problem") -> list[Neighbour]:
 def variants(problem: "Problem", cfg: "Config", taken: Sequence["Config"], limit: int) -> list["Config"]:
     """Up to ``limit`` configs of the problem's space next to ``cfg``: those that differ from it in one
     parameter, then in two, and so on (space order within each), leaving out ``taken``. None on a space too
-    big to list."""
+    big to list.
+
+    Raced only for ops whose ``race_variants`` is set (the library's): a variant may never have run on any
+    shape, and the race launches it unchecked in the caller's process (on the guard bands' twins, which catch
+    a stray write but not an illegal address: a kernel that faults there takes the process's CUDA context)."""
     space = problem.spec.space
     if limit <= 0 or space.is_lazy(problem.arch):
         return []
@@ -399,7 +403,7 @@ class NearestSource:
         same = (picks[0][1] is not None and picks[0][1].distance == 0.0 and not picks[0][1].kin
                 and not picks[0][1].foreign)
         main = len(picks)
-        if race_size > 1 and not same:
+        if race_size > 1 and not same and problem.spec.race_variants:
             # the configs next to the nearest one's (a softmax over 32,064 columns may want the chunk that its
             # 32,768-column neighbour did not): raced when a compile cache holds them, never compiled for it
             first = picks[0][1]

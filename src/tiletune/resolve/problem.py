@@ -72,6 +72,10 @@ class OpSpec:
     #: ``fallback(*args)``: the op done another way (torch), writing what the kernel writes, run while the
     #: config that answers a new key compiles in the background (None: the call waits for the compile)
     fallback: Callable[..., Any] | None = None
+    #: whether a new shape's race also weighs the space's configs next to the nearest neighbour's that a compile
+    #: cache holds (:func:`tiletune.resolve.nearest.variants`): only for kernels trusted not to fault (the
+    #: library's), since a variant may never have run and the race launches it unchecked in the caller's process
+    race_variants: bool = False
 
     def config_from(self, values: Mapping[str, Any], arch: str) -> Config | None:
         """The space's config with these values on ``arch``, or None when they are not one of its
