@@ -16,7 +16,9 @@
 # bd = ba's cold tuning, then bc, in one call.
 # bg (2026-12-07 late) = the narrow-row fix: be's failing tests, the padded-row and narrow-product tests, the probe.
 # bi (2026-12-08) = the fault space, then nearest quality of the eight memory-bound families; bj = first forward,
-# then nearest quality of the GEMM and attention families; bk = bi with a shorter budget, then first forward.
+# then nearest quality of the GEMM and attention families; bk = bi with a shorter budget, then first forward;
+# bl = nearest quality of all ten families after the held race (seed $SEED, default 103); bm = the fault space and
+# first forward (for an H200).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -156,6 +158,21 @@ bk)
   NQ_S=${NQ_S:-300} bash "$0" bi
   (cd benchmarks && timeout $(( ${FF_S:-110} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
     --seed ${SEED:-101} --budget-s ${FF_S:-110} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
+  ;;
+bl)
+  # after 2026-12-08's held race (a spin kernel before each batch of race samples): nearest-neighbour quality of all
+  # ten families on a new seed, memory-bound families first (cheap rows), as far as the budget goes
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout ${NQ_S:-540} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-103} \
+    --families rms_norm,swiglu,softmax,rope,rms_norm_residual,layer_norm,geglu,cross_entropy,attention,matmul_linear \
+    --budget-s $(( ${NQ_S:-540} - 50 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
+bm)
+  # on an H200: the fault space (Xid watch, floor rule), then a model's first forward (seed $SEED) after the held race
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout 70 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
+  (cd benchmarks && timeout $(( ${FF_S:-220} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
+    --seed ${SEED:-103} --budget-s ${FF_S:-220} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
   ;;
 be)
   # suite1's 16 failures of 2026-12-07 20:00 (6 xdist workers on one GPU), one process, with their reasons: is it the
