@@ -17,7 +17,7 @@
 # bg (2026-12-07 late) = the narrow-row fix: be's failing tests, the padded-row and narrow-product tests, the probe.
 # bi (2026-12-08) = the fault space, then nearest quality of the eight memory-bound families; bj = first forward,
 # then nearest quality of the GEMM and attention families; bk = bi with a shorter budget, then first forward;
-# bl = nearest quality of all ten families after the held race (seed $SEED, default 103); bm = the fault space and
+# bl = the held race's GPU test, then nearest quality of all ten families after it (seed $SEED, default 103); bm = the fault space and
 # first forward (for an H200).
 # Results under $OUT/r (tarred by the caller).
 set -u
@@ -58,7 +58,8 @@ suite1|suite2)
   ls tests/test_gpu_*.py > $TSO/gpu_files.txt
   SEQ="tests/test_gpu_call_gap.py tests/test_gpu_bench.py tests/test_gpu_core.py tests/test_gpu_fastcall.py
     tests/test_gpu_faults.py tests/test_gpu_compile_pool.py tests/test_gpu_campaign.py tests/test_gpu_ipc.py
-    tests/test_gpu_zygote.py tests/test_gpu_zygote_fork.py tests/test_gpu_fallback.py tests/test_gpu_warm_model.py"
+    tests/test_gpu_zygote.py tests/test_gpu_zygote_fork.py tests/test_gpu_fallback.py tests/test_gpu_warm_model.py
+    tests/test_gpu_race.py"
   PAR=$(for f in tests/test_gpu_*.py; do case " $(echo $SEQ) " in *" $f "*) ;; *) echo $f;; esac; done)
   # at the limit pytest gets SIGINT, not SIGKILL: it still prints every failure's traceback and the summary
   # (2026-12-07's suite1 was cut at 95% with 16 failures and no reason for any of them)
@@ -163,9 +164,11 @@ bl)
   # after 2026-12-08's held race (a spin kernel before each batch of race samples): nearest-neighbour quality of all
   # ten families on a new seed, memory-bound families first (cheap rows), as far as the budget goes
   TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
-  (cd benchmarks && timeout ${NQ_S:-540} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-103} \
+  timeout -s INT -k 15 90 python -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider tests/test_gpu_race.py \
+    > $TSO/pytest_race.txt 2>&1; grep -E "^E |passed|failed" $TSO/pytest_race.txt | tail -6
+  (cd benchmarks && timeout ${NQ_S:-450} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-103} \
     --families rms_norm,swiglu,softmax,rope,rms_norm_residual,layer_norm,geglu,cross_entropy,attention,matmul_linear \
-    --budget-s $(( ${NQ_S:-540} - 50 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+    --budget-s $(( ${NQ_S:-450} - 50 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
 bm)
   # on an H200: the fault space (Xid watch, floor rule), then a model's first forward (seed $SEED) after the held race
