@@ -12,8 +12,9 @@ follow: keys that differ only in a flag (another value of ``causal``), nearest f
 
 The distinct configs of the nearest neighbours (``TILETUNE_NEAREST_RACE``, the space's default config
 beside them, and for the library's ops up to ``TILETUNE_NEAREST_VARIANTS`` configs of the space next to the
-nearest one's that a compile cache holds: :func:`variants`) race on the caller's arguments in this process (the configs ran correctly on neighbours of
-the same kernel, and a worker's start would cost more than the answer is worth): :func:`race` compiles
+nearest one's that a compile cache holds: :func:`variants`) race on the caller's arguments in this process
+(the configs ran correctly on neighbours of the same kernel, and a worker's start would cost more than the
+answer is worth): :func:`race` compiles
 the nearest one and those of the others a compile cache holds, times them on copies of the written
 arguments, and checks them fastest first; one that fails its check is passed over. The answer is
 provisional: the key is recorded as pending (:mod:`tiletune.resolve.pending`) and tuned later
@@ -149,7 +150,7 @@ def nearest(problem: "Problem") -> list[Neighbour]:
 
 def variants(problem: "Problem", cfg: "Config", taken: Sequence["Config"], limit: int) -> list["Config"]:
     """Up to ``limit`` configs of the problem's space next to ``cfg``: those that differ from it in one
-    parameter, then in two, and so on (space order within each), leaving out ``taken``. None on a space too
+    parameter, then in two, and so on (space order within each), leaving out ``taken``; none on a space too
     big to list.
 
     Raced only for ops whose ``race_variants`` is set (the library's): a variant may never have run on any
@@ -445,7 +446,8 @@ class NearestSource:
                         "kin (another flag)" if n.kin else "neighbour (tuned on another device)" if n.foreign
                         else "neighbour",
                         problem.identity.key, n.key, n.source, n.distance,
-                        cfg, " (a variant of its config)" if n.variant else "", time.perf_counter() - t0, len(got.compiled), len(picks), len(got.checked))
+                        cfg, " (a variant of its config)" if n.variant else "", time.perf_counter() - t0,
+                        len(got.compiled), len(picks), len(got.checked))
             return Choice(cfg, "nearest", provisional=True, neighbour=n.key, raced=raced)
         if race_size <= 1:
             return self._default(problem)  # the nearest one failed its check: the default config, checked
