@@ -59,7 +59,7 @@ def test_nvml_readings_when_available():
 
 
 #: how much wider ``do_bench``'s event pair may read than ours on the same device work, in us. On the
-#: H200 (``benchmarks/results/h200/probe_timer.json``, 2026-12-02) CUPTI timed the same kernel alike
+#: H200 (``benchmarks/results/h200/probe_timer.json.gz``, 2026-12-02) CUPTI timed the same kernel alike
 #: under both harnesses (1024x4096x4096 GEMM: 44.54 and 44.22 us) while ``do_bench``'s events read it
 #: 0.78 us above ours, and 16 MiB copies 0.1-0.9 us above (12.74-12.82 against 12.90-13.60 us): a
 #: fixed gap that is 6% of a 13 us copy and 0.6% of a 130 us one.

@@ -64,9 +64,9 @@ TABLE_SOURCES: dict[str, list[str]] = {
                              "h200/tuning_speed.json", "h200/fault_matrix.json", "h200/dispatch_overhead.json",
                              "h200/first_call_linear.json", "h200/graphs_compile.json", "h200/first_forward.json",
                              "h200/nearest_quality.json", "h200/compile_tax.json", "h200/fault_space.json",
-                             "h200/tuning_speed_cold.json", "h200/nearest_quality_race_seed5.json",
-                             "h200/tuning_speed_cold_matmul_rmsnorm_2026-12-06.json",
-                             "h200/first_forward_seed53_2026-12-07.json", "h200/hf_patch_decode_2026-12-07.json",
+                             "h200/tuning_speed_cold.json", "h200/nearest_quality_race_seed5.json.gz",
+                             "h200/tuning_speed_cold_matmul_rmsnorm_2026-12-06.json.gz",
+                             "h200/first_forward_seed53_2026-12-07.json.gz", "h200/hf_patch_decode_2026-12-07.json.gz",
                              "h200/fault_space_2026-12-07_0603.json.gz", "h200/fault_space_2026-12-07_0604.json.gz",
                              "h200/tuning_speed_cold_2026-12-07.json.gz", "h200/first_forward_seed67_2026-12-07.json.gz",
                              "h200/fault_space_2026-12-07_run13.json.gz", "h200/fault_space_2026-12-07_run19.json.gz",
@@ -79,12 +79,12 @@ TABLE_SOURCES: dict[str, list[str]] = {
                   "h200/campaign.json"],
     "space (valid configs)": ["h200/strategies_no_baseline.json"],
     "memory-bound op vs the fastest torch route": ["h200/kernels_memory.json"],
-    "memory-bound op, earlier sweep": ["h200/sweep-2026-12-01/kernels_memory.json"],
+    "memory-bound op, earlier sweep": ["h200/sweep-2026-12-01/kernels_memory.json.gz"],
     "compute-bound vs the fastest torch route": ["h200/kernels_compute.json"],
     "GEMM with nn.Linear's weight layout": ["h200/kernels_compute_wt.json"],
-    "compute-bound, earlier sweep": ["h200/sweep-2026-12-01/kernels_compute.json"],
+    "compute-bound, earlier sweep": ["h200/sweep-2026-12-01/kernels_compute.json.gz"],
     "decoder layer": ["h200/decoder_layer.json", "h200/decoder_layer_qwen2.5-7b.json",
-                      "h200/decoder_layer_fused_mlp.json"],
+                      "h200/decoder_layer_fused_mlp.json.gz"],
     # HISTORY.md's H100 rows: every H100 result file, plain or gzipped
     "measured on one H100": sorted(str(p.relative_to(RESULTS)) for p in (RESULTS / "h100").rglob("*.json*")
                                    if p.name.endswith((".json", ".json.gz"))),
@@ -124,7 +124,7 @@ def sources(first_header: str) -> list[Path]:
     for prefix, files in TABLE_SOURCES.items():
         if first_header.startswith(prefix):
             return [RESULTS / f for f in files]
-    return sorted(RESULTS.rglob("*.json"))
+    return sorted(p for p in RESULTS.rglob("*.json*") if p.name.endswith((".json", ".json.gz")))
 
 
 
