@@ -363,12 +363,12 @@ def _library_calls(ops: List[str], tokens: str, **dims: Any) -> list:
 def _model_calls(model: str, phase: str, batch: str, seq: str, cache: str, dtype: str, **given: Any) -> list:
     """The calls of ``model``'s decoder layer over the ranges (``tiletune tune --model M``); bad values end the
     command with one line."""
-    from tiletune.lab.fill import MODEL_SHAPES, PHASES, layer_calls, model_dims, parse_range
+    from tiletune.lab.fill import PHASES, layer_calls, model_dims, parse_range
 
     try:
         dims = model_dims(model, **given)
-    except ValueError:
-        _fail(f"--model {model!r}: unknown model", hint=f"choose from {', '.join(MODEL_SHAPES)}")
+    except ValueError as exc:
+        _fail(f"--model: {exc}")
     phases = [p.strip() for p in phase.split(",") if p.strip()]
     if not phases or any(p not in PHASES for p in phases):
         _fail(f"--phase {phase!r}: expected prefill, decode or both (comma-separated)")
@@ -388,8 +388,10 @@ def tune_cmd(
                                         help="A JSON (or TOML) file of calls: {\"calls\": [{\"op\": \"pkg.mod:fn\", "
                                              "\"args\": [...], \"kwargs\": {...}}]} (see tiletune.lab.fill)."),
     tokens: str = typer.Option("1,8,128", help="Comma-separated token counts (rows) for the library ops."),
-    model: Optional[str] = typer.Option(None, help="Shapes of a model: llama3-8b, mistral-7b or qwen2.5-7b "
-                                        "(the size options below override single dimensions)."),
+    model: Optional[str] = typer.Option(None, help="Shapes of a model: a name (llama3-8b, llama3-70b, llama3.2-1b, "
+                                        "llama3.2-3b, mistral-7b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, "
+                                        "gemma2-9b, phi3-mini) or the path of its Hugging Face config.json (or of "
+                                        "the folder holding it); the size options below override single dimensions."),
     projections: bool = typer.Option(False, "--projections", help="matmul: the four projections of a decoder "
                                      "layer (qkv, output, gate-up, down) instead of one hidden x hidden."),
     linear_weights: bool = typer.Option(False, "--linear-weights", help="matmul weights in nn.Linear's layout "
@@ -449,13 +451,13 @@ def tune_cmd(
         calls = _model_calls(model, phase, batch, seq, cache, dtype, hidden=hidden, intermediate=intermediate,
                              heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     else:
-        from tiletune.lab.fill import MODEL_SHAPES, model_dims
+        from tiletune.lab.fill import model_dims
 
         try:
             dims = model_dims(model, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads,
                               head_dim=head_dim, vocab=vocab)
-        except ValueError:
-            _fail(f"--model {model!r}: unknown model", hint=f"choose from {', '.join(MODEL_SHAPES)}")
+        except ValueError as exc:
+            _fail(f"--model: {exc}")
         calls = _library_calls(ops or [], tokens, dtype=dtype, projections=projections,
                                linear_weights=linear_weights, **dims)
     _need_gpu(device, "tune")

@@ -155,24 +155,106 @@ LLM_OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "swiglu", "
 
 #: Decoder shapes of common models, as :func:`llm_calls` keyword arguments (``--model`` of ``tiletune
 #: tune`` and ``benchmarks/make_table.py``). Without a model, llm_calls uses Llama-class shapes with a
-#: 32000-word vocabulary.
+#: 32000-word vocabulary. Any other model: its Hugging Face ``config.json`` (:func:`hf_config_dims`).
 MODEL_SHAPES: dict[str, dict[str, int]] = {
     "llama3-8b": dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256),
+    "llama3-70b": dict(hidden=8192, intermediate=28672, heads=64, kv_heads=8, head_dim=128, vocab=128256),
+    "llama3.2-1b": dict(hidden=2048, intermediate=8192, heads=32, kv_heads=8, head_dim=64, vocab=128256),
+    "llama3.2-3b": dict(hidden=3072, intermediate=8192, heads=24, kv_heads=8, head_dim=128, vocab=128256),
     "mistral-7b": dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=32768),
     "qwen2.5-7b": dict(hidden=3584, intermediate=18944, heads=28, kv_heads=4, head_dim=128, vocab=152064),
+    "qwen2.5-14b": dict(hidden=5120, intermediate=13824, heads=40, kv_heads=8, head_dim=128, vocab=152064),
+    "qwen2.5-32b": dict(hidden=5120, intermediate=27648, heads=40, kv_heads=8, head_dim=128, vocab=152064),
+    "qwen2.5-72b": dict(hidden=8192, intermediate=29568, heads=64, kv_heads=8, head_dim=128, vocab=152064),
     # head dims 256 and 96: their matmul, norm and activation shapes (K.attention takes head dims 64 and 128)
     "gemma2-9b": dict(hidden=3584, intermediate=14336, heads=16, kv_heads=8, head_dim=256, vocab=256000),
     "phi3-mini": dict(hidden=3072, intermediate=8192, heads=32, kv_heads=32, head_dim=96, vocab=32064),
 }
 
+#: :func:`hf_config_dims`: each dimension and the Hugging Face config fields it is read from, first found
+HF_FIELDS: dict[str, tuple[str, ...]] = {
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "intermediate": ("intermediate_size", "ffn_dim", "n_inner"),
+    "heads": ("num_attention_heads", "n_head"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "head_dim": ("head_dim",),
+    "vocab": ("vocab_size",),
+}
+
+
+def hf_config_dims(path: str | pathlib.Path) -> dict[str, int]:
+    """:func:`llm_calls` keyword arguments read from a Hugging Face ``config.json`` (the file, or a folder
+    holding one: a downloaded model). A config that nests its decoder's fields under ``text_config`` (the
+    multimodal ones) is read there. ``num_key_value_heads`` defaults to the query heads (no GQA) and
+    ``head_dim`` to ``hidden_size / num_attention_heads``, as in ``transformers``. ValueError, naming the
+    file and the field, for anything missing or not a positive integer, and for query heads that are not a
+    multiple of the key/value heads."""
+    p = pathlib.Path(path).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{p}: no such file (a model of the Hugging Face hub: give the path of its downloaded "
+                         "config.json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{p}: not a readable JSON config ({type(exc).__name__}: {exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{p}: expected a JSON object, got {type(raw).__name__}")
+    cfg = raw
+    if "hidden_size" not in raw and isinstance(raw.get("text_config"), dict):
+        cfg = raw["text_config"]
+
+    def field_of(dim: str, required: bool = True) -> int | None:
+        for name in HF_FIELDS[dim]:
+            v = cfg.get(name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{p}: {name} must be a positive integer, got {v!r}")
+            return v
+        if required:
+            raise ValueError(f"{p}: no {' / '.join(HF_FIELDS[dim])} (is this a decoder model's config.json?)")
+        return None
+
+    dims = {d: field_of(d) for d in ("hidden", "intermediate", "heads", "vocab")}
+    heads = dims["heads"]
+    kv_heads = field_of("kv_heads", required=False) or heads
+    if heads % kv_heads:
+        raise ValueError(f"{p}: {heads} query heads are not a multiple of {kv_heads} key/value heads")
+    head_dim = field_of("head_dim", required=False)
+    if head_dim is None:
+        if dims["hidden"] % heads:
+            raise ValueError(f"{p}: no head_dim, and hidden_size {dims['hidden']} is not a multiple of "
+                             f"{heads} heads")
+        head_dim = dims["hidden"] // heads
+    return {"hidden": dims["hidden"], "intermediate": dims["intermediate"], "heads": heads, "kv_heads": kv_heads,
+            "head_dim": head_dim, "vocab": dims["vocab"]}
+
+
+def _is_config_path(model: str) -> bool:
+    if model.endswith(".json") or "/" in model or "\\" in model:
+        return True
+    try:
+        return pathlib.Path(model).expanduser().is_dir()
+    except (OSError, ValueError):  # a name no file system takes (a NUL byte, too long)
+        return False
+
 
 def model_dims(model: str | None = None, **given: int | None) -> dict[str, int]:
-    """:func:`llm_calls` keyword arguments: ``model``'s :data:`MODEL_SHAPES` (none: llm_calls' own
-    defaults), then each of ``given`` that is not None (``hidden=3584``, ...). ValueError for an
-    unknown model."""
-    if model is not None and model not in MODEL_SHAPES:
-        raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODEL_SHAPES)}")
-    dims = dict(MODEL_SHAPES[model]) if model is not None else {}
+    """:func:`llm_calls` keyword arguments: ``model``'s dimensions (a name of :data:`MODEL_SHAPES`, or the
+    path of a Hugging Face ``config.json`` or of a folder holding one: :func:`hf_config_dims`; none:
+    llm_calls' own defaults), then each of ``given`` that is not None (``hidden=3584``, ...). ValueError
+    for an unknown model or a config that cannot be read."""
+    if model is None:
+        dims: dict[str, int] = {}
+    elif model in MODEL_SHAPES:
+        dims = dict(MODEL_SHAPES[model])
+    elif _is_config_path(model):
+        dims = hf_config_dims(model)
+    else:
+        raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODEL_SHAPES)}, or give the path of "
+                         "a Hugging Face config.json")
     dims.update({k: v for k, v in given.items() if v is not None})
     return dims
 
