@@ -1,7 +1,7 @@
 """The race of a miss (tiletune.resolve.nearest.race), on the fake backend: the compiled configs are timed
 first (on the guard bands' twins, never on the caller's tensors) and checked fastest first, so only the
-winner is checked when it passes; configs no compile cache holds are not compiled beside the nearest
-one; a clear leader stops the sampling early; a neighbour at distance 0 is not raced."""
+winner is checked when it passes; of the configs no compile cache holds only the two nearest are compiled
+(together); a clear leader stops the sampling early; a neighbour at distance 0 is not raced."""
 
 from __future__ import annotations
 
@@ -121,17 +121,19 @@ def test_without_twins_every_config_is_checked_before_it_is_timed(tmp_path):
     assert op.config_for(x, y)["K"] == 4 and torch.equal(y, want)
 
 
-def test_with_a_cold_compile_cache_only_the_nearest_config_is_compiled(tmp_path):
+def test_with_a_cold_compile_cache_the_two_nearest_configs_compile_together_and_race(tmp_path):
+    """Nothing compiled yet: the two nearest configs compile together (in parallel, as the fallback's
+    background compile does), so the nearest one is not served unraced; the default config is not compiled."""
     path = tmp_path / "t.db"
     _tuned(path)
     backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4), cached=lambda c: False)
     op = _op(path, backend)
     x, y = torch.randn(100), torch.empty(100)
     op(x, y)
-    assert [c["K"] for c in backend.compiled] == [2]  # the nearest alone: K=4 and the default never compiled
-    assert op.config_for(x, y)["K"] == 2 and op.tuning_count == 0 and len(op.provisional) == 1
+    assert [c["K"] for c in backend.compiled] == [2, 4]  # the nearest and the next; the default never compiled
+    assert op.config_for(x, y)["K"] == 4 and op.tuning_count == 0 and len(op.provisional) == 1
     s = _race_session(backend)
-    assert s.checked == [0] and s.timed == []
+    assert sorted(set(s.timed)) == [0, 1] and s.checked == [1]  # both timed, the faster one checked
 
 
 def test_configs_a_compile_cache_holds_are_raced_beside_the_nearest(tmp_path):
@@ -150,13 +152,13 @@ def test_when_the_nearest_fails_cold_the_skipped_configs_are_compiled_next(tmp_p
     path = tmp_path / "t.db"
     _tuned(path)
     backend = FakeBackend(lambda c: 10.0 + abs(c.K - 4), cached=lambda c: False,
-                          failures=lambda c: SimulatedCandidate(tt.Status.MISMATCH) if c.K == 2 else None)
+                          failures=lambda c: SimulatedCandidate(tt.Status.MISMATCH) if c.K in (2, 4) else None)
     op = _op(path, backend)
     x, y = torch.randn(100), torch.empty(100)
     op(x, y)
-    assert [c["K"] for c in backend.compiled] == [2, 4, 0]
-    assert op.config_for(x, y)["K"] == 4 and op.tuning_count == 0
-    assert _race_session(backend).checked == [0, 1]
+    assert [c["K"] for c in backend.compiled] == [2, 4, 0]  # the two nearest fail: the default compiles next
+    assert op.config_for(x, y)["K"] == 0 and op.tuning_count == 0 and torch.equal(y, x * 2)
+    assert _race_session(backend).checked == [1, 0, 2]  # fastest first
 
 
 def test_a_clear_leader_stops_the_sampling_early(tmp_path):

@@ -530,7 +530,7 @@ def frontend_cache() -> bool:
 
 def nearest_race() -> int:
     """``TILETUNE_NEAREST_RACE``: how many distinct configs of the nearest neighbours a new shape races
-    (the default config beside them; only the nearest is compiled, the others raced when a compile cache
+    (the default config beside them; the two nearest are compiled, the others raced when a compile cache
     holds them; timed on copies of its written arguments, then checked fastest first); 1: the nearest
     one only, checked, no timing (default 3)."""
     got = count("TILETUNE_NEAREST_RACE")

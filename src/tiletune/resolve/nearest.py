@@ -15,7 +15,7 @@ beside them, and for the library's ops up to ``TILETUNE_NEAREST_VARIANTS`` confi
 nearest one's that a compile cache holds: :func:`variants`) race on the caller's arguments in this process
 (the configs ran correctly on neighbours of the same kernel, and a worker's start would cost more than the
 answer is worth): :func:`race` compiles
-the nearest one and those of the others a compile cache holds, times them on copies of the written
+the two nearest ones (together) and those of the others a compile cache holds, times them on copies of the written
 arguments, and checks them fastest first; one that fails its check is passed over. The answer is
 provisional: the key is recorded as pending (:mod:`tiletune.resolve.pending`) and tuned later
 (``tiletune tune --pending``, :meth:`tiletune.TunedOp.tune_pending`, or in the background).
@@ -426,7 +426,11 @@ class NearestSource:
             elif got.won is None:
                 got = None
         if got is None:
-            got = race(problem, cfgs, spares=same, optional=optional)
+            # the two nearest configs compile together (in parallel: about the wall time of one), as the
+            # fallback's background compile does, so a new shape whose nearest config compiles cold is raced
+            # against the next one instead of served unraced; a same-size neighbour's config is compiled alone
+            cold = 1 if same else min(main, fallback.AHEAD_CONFIGS)
+            got = race(problem, cfgs, cold=cold, spares=same, optional=optional)
         won = got.won
         raced = tuple(Raced(cfg, n.key if n is not None else None, n.distance if n is not None else None,
                             got.medians.get(i), got.verdict(i), n is not None and n.variant)
