@@ -193,6 +193,39 @@ def test_the_launch_signature_takes_convention_v2_only_when_a_constraint_needs_i
     assert launch_signature(old, object(), (1,)).conv == "v1"
 
 
+def test_the_launch_signature_is_named_once_without_cutiles_self_check(monkeypatch):
+    """``from_kernel_args`` asked for no symbol mangles the kernel's name and demangles it again to check
+    itself, for each convention tried: the pool asks for a placeholder and names the signature it keeps once
+    (``frontend_cache.kernel_symbol``, the same string)."""
+    from tiletune.devices import frontend_cache
+    from tiletune.devices.compile_pool import launch_signature
+
+    calls, named = [], []
+
+    class Sig(SimpleNamespace):
+        def with_symbol(self, symbol):
+            return Sig(**{**vars(self), "symbol": symbol})
+
+    def from_kernel_args(kernel, args, conv, *, symbol=None):
+        calls.append((conv, symbol))
+        return Sig(conv=conv, parameters=[SimpleNamespace(shape_constant=(None,))], symbol=symbol)
+
+    monkeypatch.setattr(frontend_cache, "kernel_symbol", lambda name, sig: named.append(name) or f"{name}_K{sig.conv}")
+    kernel = SimpleNamespace(_annotated_function=SimpleNamespace(pyfunc=SimpleNamespace(__name__="rms")))
+    ints = SimpleNamespace(convention="v1", convention_v2="v2", KernelSignature=SimpleNamespace(
+        from_kernel_args=from_kernel_args))
+    sig = launch_signature(ints, kernel, (1,))
+    assert sig.conv == "v1" and sig.symbol == "rms_Kv1"
+    assert calls == [("v2", "_"), ("v1", "_")] and named == ["rms"]  # both unnamed, the kept one named once
+    # a from_kernel_args that raises for another reason is not asked again without the symbol
+    def broken(kernel, args, conv, *, symbol=None):
+        raise TypeError("unsupported argument type: dict")
+
+    with pytest.raises(TypeError, match="unsupported argument"):
+        launch_signature(SimpleNamespace(convention="v1", KernelSignature=SimpleNamespace(from_kernel_args=broken)),
+                         kernel, ({},))
+
+
 class FakeTicket:
     """A front-end cache entry held in a dict (``store``): what ``frontend_cache.ticket`` returns."""
 

@@ -448,3 +448,28 @@ def test_the_toolchain_versions_are_read_once_while_two_threads_ask(monkeypatch)
         assert len(reads) == 1 and len(got) == 2 and got[0] == got[1] and got[0]["tileiras"] == "13.4.0"
     finally:
         backend.software_versions.cache_clear()
+
+
+def test_kernel_symbol_is_cutiles_mangled_name_for_every_catalogue_signature(monkeypatch):
+    """The name the front-end cache keys on and the launcher's signature carries, made without
+    ``mangle_kernel_name``'s demangling self-check: the same string for every config of every catalogue
+    space and problem variant, and cuTile's own function where its mangling parts are not there."""
+    from cuda.tile.compilation import mangle_kernel_name
+
+    sys.path.insert(0, str(SRC.parent / "tools"))
+    try:
+        import compile_check_all as cca
+    finally:
+        sys.path.remove(str(SRC.parent / "tools"))
+    n = 0
+    for space in cca.DEFAULT_SPACES:
+        sd = cca.space_defs()[space]
+        name = sd.kernel._annotated_function.pyfunc.__name__
+        for var in sd.variants:
+            for cfg in list(sd.space.configs("sm_90"))[::7]:
+                sig = cca.signature(var.make_args(cfg))
+                assert frontend_cache.kernel_symbol(name, sig) == mangle_kernel_name(name, sig)
+                n += 1
+    assert n > 100
+    monkeypatch.setattr(frontend_cache, "_mangler", False)  # other internals: the public function
+    assert frontend_cache.kernel_symbol(name, sig) == mangle_kernel_name(name, sig)

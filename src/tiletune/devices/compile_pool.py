@@ -916,12 +916,38 @@ def launch_signature(ints: Any, kernel: Any, args: Sequence[Any]) -> Any:
     v2 = getattr(ints, "convention_v2", None)
     if v2 is not None:
         try:
-            sig = ints.KernelSignature.from_kernel_args(kernel, args, v2)
+            sig = _unnamed_signature(ints, kernel, args, v2)
         except Exception:  # arguments v2 cannot express: the launcher signs them with v1 as well
             sig = None
         if sig is not None and any(_needs_v2(c) for c in getattr(sig, "parameters", ())):
-            return sig
-    return ints.KernelSignature.from_kernel_args(kernel, args, ints.convention)
+            return _named(kernel, sig)
+    return _named(kernel, _unnamed_signature(ints, kernel, args, ints.convention))
+
+
+#: the placeholder symbol of a signature :func:`_named` names
+_UNNAMED = "_"
+
+
+def _unnamed_signature(ints: Any, kernel: Any, args: Sequence[Any], convention: Any) -> Any:
+    """``from_kernel_args`` with a placeholder symbol: asked for none, it mangles the kernel's name and then
+    demangles it again to check itself (most of a lookup's cost); :func:`_named` names it without the check.
+    A ``from_kernel_args`` that takes no symbol names the signature itself."""
+    try:
+        return ints.KernelSignature.from_kernel_args(kernel, args, convention, symbol=_UNNAMED)
+    except TypeError as exc:
+        if "symbol" not in str(exc):
+            raise
+        return ints.KernelSignature.from_kernel_args(kernel, args, convention)
+
+
+def _named(kernel: Any, sig: Any) -> Any:
+    """``sig`` with the mangled name the launcher's signature carries (:func:`~tiletune.devices.frontend_cache.
+    kernel_symbol`), where :func:`_unnamed_signature` left the placeholder."""
+    if getattr(sig, "symbol", None) != _UNNAMED:
+        return sig
+    from tiletune.devices.frontend_cache import kernel_symbol
+
+    return sig.with_symbol(kernel_symbol(kernel._annotated_function.pyfunc.__name__, sig))
 
 
 def _describe(exc: BaseException) -> str:
