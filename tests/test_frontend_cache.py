@@ -473,3 +473,16 @@ def test_kernel_symbol_is_cutiles_mangled_name_for_every_catalogue_signature(mon
     assert n > 100
     monkeypatch.setattr(frontend_cache, "_mangler", False)  # other internals: the public function
     assert frontend_cache.kernel_symbol(name, sig) == mangle_kernel_name(name, sig)
+
+
+def test_the_signature_naming_benchmark_writes_its_rows(tmp_path):
+    sys.path.insert(0, str(SRC.parent / "benchmarks"))
+    try:
+        import signature_naming
+    finally:
+        sys.path.remove(str(SRC.parent / "benchmarks"))
+    assert signature_naming.main(["--out", str(tmp_path), "--spaces", "layernorm", "--rounds", "1",
+                                  "--stride", "40"]) == 0
+    (row,) = json.loads((tmp_path / "signature_naming.json").read_text())["rows"]
+    assert row["space"] == "layernorm" and row["signatures"] > 0 and row["same_names"] is True
+    assert row["mangle_us"] > 0 and row["kernel_symbol_us"] > 0
