@@ -66,7 +66,8 @@ def test_a_config_that_cannot_give_the_layer_says_which_field(tmp_path, change, 
         fill.hf_config_dims(write(tmp_path, cfg))
 
 
-def test_unreadable_configs_and_unknown_names(tmp_path):
+def test_unreadable_configs_and_unknown_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not a readable JSON config"):
@@ -74,12 +75,36 @@ def test_unreadable_configs_and_unknown_names(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected a JSON object, got list"):
         fill.model_dims(str(tmp_path))
-    with pytest.raises(ValueError, match="no such file .*hub: give the path of its downloaded config.json"):
+    with pytest.raises(ValueError, match="no such file, and the Hugging Face cache .* holds no download of "
+                                         "'meta-llama/Llama-3.1-8B'"):
         fill.model_dims("meta-llama/Llama-3.1-8B")
     with pytest.raises(ValueError, match="unknown model 'gpt-5'; choose from llama3-8b, .*config.json"):
         fill.model_dims("gpt-5")
     with pytest.raises(ValueError, match="unknown model"):
         fill.model_dims("x\0y")
+
+
+def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    """``org/name`` of a model downloaded with huggingface_hub: the snapshot ``refs/main`` names, no network."""
+    hub = tmp_path / "hf" / "hub"
+    folder = hub / "models--Qwen--Qwen2.5-7B-Instruct"
+    for rev, cfg in (("aaa", LLAMA_70B), ("bbb", QWEN25_7B)):
+        (folder / "snapshots" / rev).mkdir(parents=True)
+        write(folder / "snapshots" / rev, cfg)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("bbb\n")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert fill.model_dims("Qwen/Qwen2.5-7B-Instruct") == fill.MODEL_SHAPES["qwen2.5-7b"]
+    (folder / "refs" / "main").write_text("gone")  # a ref without its snapshot: the newest snapshot
+    import os
+
+    os.utime(folder / "snapshots" / "aaa" / "config.json", (2e9, 2e9))
+    assert fill.model_dims("Qwen/Qwen2.5-7B-Instruct") == fill.MODEL_SHAPES["llama3-70b"]
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))  # HF_HUB_CACHE first
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
+    assert fill.hub_config("Qwen/Qwen2.5-7B-Instruct") is not None
+    assert fill.hub_config("Qwen/not-downloaded") is None
 
 
 def test_tune_model_from_a_config_warms_the_presets_keys(tmp_path, monkeypatch):

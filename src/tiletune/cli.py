@@ -390,8 +390,9 @@ def tune_cmd(
     tokens: str = typer.Option("1,8,128", help="Comma-separated token counts (rows) for the library ops."),
     model: Optional[str] = typer.Option(None, help="Shapes of a model: a name (llama3-8b, llama3-70b, llama3.2-1b, "
                                         "llama3.2-3b, mistral-7b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, "
-                                        "gemma2-9b, phi3-mini) or the path of its Hugging Face config.json (or of "
-                                        "the folder holding it); the size options below override single dimensions."),
+                                        "gemma2-9b, phi3-mini), the path of its Hugging Face config.json (or of the "
+                                        "folder holding it), or its hub id (org/name) where the Hugging Face cache "
+                                        "holds it; the size options below override single dimensions."),
     projections: bool = typer.Option(False, "--projections", help="matmul: the four projections of a decoder "
                                      "layer (qkv, output, gate-up, down) instead of one hidden x hidden."),
     linear_weights: bool = typer.Option(False, "--linear-weights", help="matmul weights in nn.Linear's layout "

@@ -27,7 +27,9 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import pathlib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -182,21 +184,58 @@ HF_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: a model id of the Hugging Face hub (``org/name``)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _hub_cache() -> pathlib.Path:
+    """Where ``huggingface_hub`` keeps downloads: ``HF_HUB_CACHE``, else ``HF_HOME``/hub, else
+    ``~/.cache/huggingface/hub``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return pathlib.Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return pathlib.Path(home).expanduser() / "hub"
+
+
+def hub_config(model_id: str) -> pathlib.Path | None:
+    """The ``config.json`` of a downloaded hub model (``org/name``) in the Hugging Face cache, without any
+    network: the snapshot ``refs/main`` names, else the newest snapshot that holds one; None when none does."""
+    folder = _hub_cache() / ("models--" + model_id.replace("/", "--"))
+    snapshots = folder / "snapshots"
+    try:
+        ref = (folder / "refs" / "main").read_text().strip()
+    except OSError:
+        ref = ""
+    if ref and (snapshots / ref / "config.json").is_file():
+        return snapshots / ref / "config.json"
+    try:
+        found = [d / "config.json" for d in snapshots.iterdir() if (d / "config.json").is_file()]
+    except OSError:
+        return None
+    return max(found, key=lambda c: c.stat().st_mtime) if found else None
+
+
 def hf_config_dims(path: str | pathlib.Path) -> dict[str, int]:
-    """:func:`llm_calls` keyword arguments read from a Hugging Face ``config.json`` (the file, or a folder
-    holding one: a downloaded model). A config that nests its decoder's fields under ``text_config`` (the
+    """:func:`llm_calls` keyword arguments read from a Hugging Face ``config.json`` (the file, a folder
+    holding one, or the id of a hub model the Hugging Face cache holds: :func:`hub_config`). A config that nests its decoder's fields under ``text_config`` (the
     multimodal ones) is read there. ``num_key_value_heads`` defaults to the query heads (no GQA) and
     ``head_dim`` to ``hidden_size / num_attention_heads``, as in ``transformers``. ValueError, naming the
     file and the field, for anything missing or not a positive integer, and for query heads that are not a
     multiple of the key/value heads."""
     p = pathlib.Path(path).expanduser()
+    if not p.exists() and isinstance(path, str) and _HUB_ID.match(path):
+        found = hub_config(path)
+        if found is None:
+            raise ValueError(f"{path}: no such file, and the Hugging Face cache ({_hub_cache()}) holds no download "
+                             f"of {path!r} (download its config.json, e.g. `huggingface-cli download {path} "
+                             "config.json`, or give the path of one)")
+        p = found
     if p.is_dir():
         p = p / "config.json"
     try:
         raw = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{p}: no such file (a model of the Hugging Face hub: give the path of its downloaded "
-                         "config.json)") from None
+        raise ValueError(f"{p}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{p}: not a readable JSON config ({type(exc).__name__}: {exc})") from None
     if not isinstance(raw, dict):
