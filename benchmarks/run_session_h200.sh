@@ -18,7 +18,8 @@
 # bi (2026-12-08) = the fault space, then nearest quality of the eight memory-bound families; bj = first forward,
 # then nearest quality of the GEMM and attention families; bk = bi with a shorter budget, then first forward;
 # bl = the held race's GPU test, then nearest quality of all ten families after it (seed $SEED, default 103); bm = the fault space and
-# first forward (for an H200).
+# first forward (for an H200); bn = the race and compile-ahead GPU tests, first forward and nearest quality of all
+# ten families in one call (seed $SEED, default 107: the next session's first call, on any GPU).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -176,6 +177,20 @@ bm)
   (cd benchmarks && timeout 70 python fault_matrix.py --fault-space --out $TSO > $TSO/fault.log 2>&1; head -1 $TSO/fault.log | cut -c1-300)
   (cd benchmarks && timeout $(( ${FF_S:-220} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
     --seed ${SEED:-103} --budget-s ${FF_S:-220} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
+  ;;
+bn)
+  # 2026-12-08 (second session, no device lent): one call for whatever GPU comes first. The held race's GPU test and
+  # the compile-ahead test (signatures now named without cuTile's self-check: every first launch still a prefetch
+  # hit), a model's first forward (warm rows: the lookups' naming; seed $SEED), then nearest-neighbour quality of all
+  # ten families (the two nearest configs compile together on a cold compile cache)
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  timeout -s INT -k 15 ${TEST_S:-100} python -m pytest -m gpu -v -rfEs --tb=short -p no:cacheprovider tests/test_gpu_race.py \
+    tests/test_gpu_compile_pool.py > $TSO/pytest_bn.txt 2>&1; grep -E "^E |passed|failed" $TSO/pytest_bn.txt | tail -8
+  (cd benchmarks && timeout $(( ${FF_S:-130} + 30 )) python first_forward.py --out $TSO --shapes 4 --tuned-rows 1 \
+    --seed ${SEED:-107} --budget-s ${FF_S:-130} > $TSO/ff.log 2>&1; tail -2 $TSO/ff.log | cut -c1-300)
+  (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-107} \
+    --families rms_norm,swiglu,softmax,rope,rms_norm_residual,layer_norm,geglu,cross_entropy,attention,matmul_linear \
+    --budget-s $(( ${NQ_S:-280} - 40 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
   ;;
 be)
   # suite1's 16 failures of 2026-12-07 20:00 (6 xdist workers on one GPU), one process, with their reasons: is it the
