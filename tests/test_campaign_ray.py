@@ -46,7 +46,8 @@ def test_a_campaign_on_ray_actors_picks_what_the_local_pool_picks(tmp_path):
     try:
         # a local cluster with 2 logical GPUs: the actors ask for num_gpus=1 each, as on a GPU cluster
         got = run_campaign(spec, db=ray_db, ray=True, lookahead=1,
-                           ray_init={"num_cpus": 2, "num_gpus": 2, "logging_level": "ERROR"}).report
+                           ray_init={"num_cpus": 2, "num_gpus": 2, "logging_level": "ERROR",
+                                     "include_dashboard": False}).report
         assert ray.cluster_resources().get("GPU") == 2
     finally:
         ray.shutdown()
