@@ -306,10 +306,14 @@ def _cutile_session(args, writes, plan, launched, *, inplace=(), fail=()):
     class Timer:
         def __init__(self):
             self.batches = []
+            self.uncovered = 0  # how many next batches the "host" enqueues slower than their spin
+            self.hold_covered = None
 
         def time_each(self, fns, hold=False):
             assert hold  # the race's batches are held: no sample encloses the host's launch
             self.batches.append(len(fns))
+            self.hold_covered = self.uncovered <= 0
+            self.uncovered -= 1
             out = []
             for fn in fns:
                 before = len(launched)
@@ -346,6 +350,21 @@ def test_the_live_session_times_unchecked_configs_on_twins_interleaved():
     launched.clear()
     assert s.race_samples(cands[1:], 2) == {1: [2.0] * 2, 2: [3.0] * 2}
     assert len(launched) == 4  # no second warm-up
+
+
+def test_a_race_batch_the_host_outlasted_its_spin_is_taken_again_once():
+    from tiletune.devices.backends.base import Candidate
+
+    x, y = torch.randn(64), torch.zeros(64)
+    launched = []
+    s = _cutile_session((x, y), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched)
+    s.timer.uncovered = 1
+    cands = [Candidate(SPACE.config(K=k), i) for i, k in enumerate((5, 2))]
+    assert s.race_samples(cands, 3) == {0: [5.0] * 3, 1: [2.0] * 3}
+    assert s.timer.batches == [6, 6] and s.stats["race_hold_retakes"] == 1
+    s.timer.uncovered = 5  # still uncovered after the retake: its samples are kept (one retake per batch)
+    assert s.race_samples(cands, 2) == {0: [5.0] * 2, 1: [2.0] * 2}
+    assert s.timer.batches == [6, 6, 4, 4] and s.stats["race_hold_retakes"] == 2
 
 
 def test_the_live_session_reports_a_launch_failure_and_refuses_without_twins():

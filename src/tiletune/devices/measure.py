@@ -15,18 +15,36 @@ GPU waits on it while the host enqueues the call, so the events time the device 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Sequence
 
-#: spin-kernel cycles queued per launch before a *held* batch (``time_each(..., hold=True)``): about 60 us
-#: a launch at an H200's working clock (1980 MHz), longer while the clock is still low, so the host enqueues
-#: the whole batch (a Python launch wrapper, the memset, two events: 30-60 us a sample) while the GPU waits
+#: spin-kernel cycles queued per launch before a *held* batch (``time_each(..., hold=True)``), to start with:
+#: about 60 us a launch at an H200's working clock (1980 MHz), longer while the clock is still low, so the host
+#: enqueues the whole batch (a Python launch wrapper, the memset, two events: 25-60 us a sample) while the GPU
+#: waits. A batch whose host outlasted its spin raises it for the process (:data:`HOLD_COVER`)
 HOLD_CYCLES_PER_LAUNCH = 120_000
-#: at most this many cycles in all (about 4 ms at the working clock; a race's batch of 12 configs x 5 samples)
-HOLD_MAX_CYCLES = 8_000_000
+#: at most this many cycles per launch (about 0.5 ms at the working clock) ...
+HOLD_MAX_CYCLES_PER_LAUNCH = 1_000_000
+#: ... and this many in all (about 16 ms at the working clock)
+HOLD_MAX_CYCLES = 32_000_000
+#: a held batch is *covered* when the host enqueued it within this share of the spin's time on the GPU; past it,
+#: its last samples may have been enqueued after the GPU reached them (the host's time in their events), and the
+#: next held batch's spin is longer
+HOLD_COVER = 0.8
+
+
+def hold_cycles(n: int, per_launch: int) -> int:
+    """Spin cycles before a held batch of ``n`` launches."""
+    return min(HOLD_MAX_CYCLES, per_launch * n)
 
 
 class ColdL2Timer:
     """Times a zero-argument launch function on one device and stream with a cold L2."""
+
+    #: spin cycles per launch of a held batch, as this process has learnt them (see :data:`HOLD_COVER`)
+    hold_per_launch = HOLD_CYCLES_PER_LAUNCH
+    #: ``(host enqueue us, spin us)`` of this timer's last held batch, None before one (or without its events)
+    last_hold: tuple[float, float] | None = None
 
     def __init__(self, device_index: int, flush: bool = True, backlog_us: float = 0.0) -> None:
         import torch
@@ -78,20 +96,28 @@ class ColdL2Timer:
     def time_each(self, launches: Sequence[Callable[[], None]], hold: bool = False) -> list[float]:
         """One sample of each launch, in order, in microseconds (one synchronisation at the end).
 
-        ``hold``: a spin kernel first (:data:`HOLD_CYCLES_PER_LAUNCH` a launch) keeps the GPU waiting while
+        ``hold``: a spin kernel first (:attr:`hold_per_launch` cycles a launch) keeps the GPU waiting while
         the host enqueues the batch, so no sample's events enclose host time: without it a launch whose host
         side outlasts the memset (a small kernel behind a Python wrapper) is timed with the host's gap, and
-        the batch's first sample, enqueued while the GPU is idle, with more of it."""
+        the batch's first sample, enqueued while the GPU is idle, with more of it. The spin is timed between
+        two events: :attr:`hold_covered` then says whether the host enqueued the batch within it, and a
+        batch it did not cover lengthens the spin of the process's later batches."""
         if not launches:
             return []
         pairs = self._pairs(len(launches))
         buf = self._buffer
+        spin = None
         if hold and buf is not None:
             try:
+                E = self.torch.cuda.Event
+                spin = (E(enable_timing=True), E(enable_timing=True))
                 with self.torch.cuda.device(self.device):
-                    self.torch.cuda._sleep(min(HOLD_MAX_CYCLES, HOLD_CYCLES_PER_LAUNCH * len(launches)))
+                    spin[0].record()
+                    self.torch.cuda._sleep(hold_cycles(len(launches), type(self).hold_per_launch))
+                    spin[1].record()
             except Exception:  # noqa: BLE001 - no spin kernel: the samples are taken as without the hold
-                pass
+                spin = None
+        t0 = time.perf_counter()
         for (start, end), launch in zip(pairs, launches):
             if buf is not None:
                 buf.zero_()
@@ -100,8 +126,31 @@ class ColdL2Timer:
             start.record()
             launch()
             end.record()
+        host_us = (time.perf_counter() - t0) * 1e6
         pairs[-1][1].synchronize()
+        if spin is not None:
+            self._learn_hold(host_us, spin[0].elapsed_time(spin[1]) * 1000.0, len(launches))
         return [start.elapsed_time(end) * 1000.0 for start, end in pairs]
+
+    @property
+    def hold_covered(self) -> bool | None:
+        """Whether the last held batch was enqueued within its spin (:data:`HOLD_COVER`); None: no held batch
+        measured yet."""
+        if self.last_hold is None:
+            return None
+        host_us, spin_us = self.last_hold
+        return host_us <= HOLD_COVER * spin_us
+
+    def _learn_hold(self, host_us: float, spin_us: float, n: int) -> None:
+        """Record the batch's hold; where the host outlasted the spin, give later held batches of this process
+        the spin the host needed, with half as much again to spare (within the caps)."""
+        self.last_hold = (host_us, spin_us)
+        if host_us <= HOLD_COVER * spin_us or spin_us <= 0.0:
+            return
+        cls = type(self)
+        spun = hold_cycles(n, cls.hold_per_launch) / n  # cycles per launch this batch had
+        want = int(spun * 1.5 * host_us / spin_us)
+        cls.hold_per_launch = max(cls.hold_per_launch, min(HOLD_MAX_CYCLES_PER_LAUNCH, want))
 
     def spin(self, seconds: float = 0.05) -> None:
         """Keep the GPU busy for about ``seconds`` so its clocks leave their idle state before timing."""
