@@ -124,3 +124,20 @@ def test_the_spin_learnt_is_what_the_host_needed_and_half_again():
     t._learn_hold(host_us=50.0, spin_us=100.0, n=10)  # covered: never shortened
     assert measure.ColdL2Timer.hold_per_launch == int(measure.HOLD_CYCLES_PER_LAUNCH * 1.5 * 3)
     assert t.hold_covered is True
+
+
+def test_unreadable_spin_events_leave_the_samples_and_learn_nothing():
+    log = []
+    t = _timer(log, ms=0.02)
+    calls = []
+
+    class Odd(_Event):
+        def elapsed_time(self, other):
+            calls.append(1)
+            if len(calls) == 1:  # the spin's pair is read first
+                raise RuntimeError("event not recorded")
+            return 0.02
+
+    t.torch.cuda.Event = lambda enable_timing=True: Odd(log, ms=0.02)
+    assert t.time_each([_launch(log, "k")] * 2, hold=True) == [20.0, 20.0]
+    assert t.last_hold is None and t.hold_covered is None

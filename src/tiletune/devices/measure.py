@@ -129,7 +129,12 @@ class ColdL2Timer:
         host_us = (time.perf_counter() - t0) * 1e6
         pairs[-1][1].synchronize()
         if spin is not None:
-            self._learn_hold(host_us, spin[0].elapsed_time(spin[1]) * 1000.0, len(launches))
+            try:
+                spin_us = spin[0].elapsed_time(spin[1]) * 1000.0
+            except Exception:  # noqa: BLE001 - the spin's events unreadable: the samples stand, nothing learnt
+                spin_us = None
+            if spin_us is not None:
+                self._learn_hold(host_us, spin_us, len(launches))
         return [start.elapsed_time(end) * 1000.0 for start, end in pairs]
 
     @property
