@@ -143,6 +143,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     snap = log.snapshot()
     out["log_sources"], out["log_tuned_ops"], out["log_warnings"] = snap["sources"], snap["tuned_ops"], snap["warnings"]
     out["compiler_imported"] = "cuda.tile._compile" in sys.modules
+    from tiletune.devices.measure import HOLD_CYCLES_PER_LAUNCH, ColdL2Timer
+
+    # the race's spin per launch the process learnt (above the default: a host that outlasted a batch's spin)
+    out["race_hold_per_launch"] = ColdL2Timer.hold_per_launch
+    out["race_hold_raised"] = ColdL2Timer.hold_per_launch > HOLD_CYCLES_PER_LAUNCH
 
     with torch.no_grad():
         t0 = time.perf_counter()

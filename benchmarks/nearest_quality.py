@@ -628,6 +628,9 @@ def _measure(row: dict[str, Any], shape: dict[str, Any], tmp: Path, index: int, 
             _, rec = record_launches(call)
             torch.cuda.synchronize()
             row["served_first_call_s"] = round(time.perf_counter() - t0, 3)
+        from tiletune.devices.measure import ColdL2Timer
+
+        row["race_hold_per_launch"] = ColdL2Timer.hold_per_launch  # learnt so far in this process
         served_k = kernels_of(rec, log)
         del rec
         if not served_k:
