@@ -121,6 +121,7 @@ def test_tune_model_from_a_config_warms_the_presets_keys(tmp_path, monkeypatch):
     for model in (str(write(tmp_path, QWEN25_7B)), "qwen2.5-7b"):
         r = CliRunner().invoke(cli.app, ["tune", "--model", model, *args])
         assert r.exit_code == 0, r.output
+        assert f"{model}: hidden 3584, intermediate 18944, heads 28/4, head dim 128, vocab 152064: " in r.output
     by_config, by_name = ([c.describe() for c in calls] for calls in seen)
     assert by_config == by_name and by_config
 

@@ -360,6 +360,13 @@ def _library_calls(ops: List[str], tokens: str, **dims: Any) -> list:
     return llm_calls(names, counts, **dims)
 
 
+def _model_line(model: str, dims: dict, n: int) -> str:
+    """What ``tiletune tune --model`` read of the model, before it tunes: a config's dimensions can be checked."""
+    return (f"{model}: hidden {dims.get('hidden', 4096)}, intermediate {dims.get('intermediate', 14336)}, heads "
+            f"{dims.get('heads', 32)}/{dims.get('kv_heads', 8)}, head dim {dims.get('head_dim', 128)}, vocab "
+            f"{dims.get('vocab', 32000)}: {n} call(s)")
+
+
 def _model_calls(model: str, phase: str, batch: str, seq: str, cache: str, dtype: str, **given: Any) -> list:
     """The calls of ``model``'s decoder layer over the ranges (``tiletune tune --model M``); bad values end the
     command with one line."""
@@ -377,7 +384,9 @@ def _model_calls(model: str, phase: str, batch: str, seq: str, cache: str, dtype
         lengths = {"prefill": parse_range(seq, "--seq"), "decode": parse_range(cache, "--cache")}
     except ValueError as exc:
         _fail(str(exc))
-    return [c for p in phases for c in layer_calls(dims, p, b, lengths[p], dtype=dtype)]
+    calls = [c for p in phases for c in layer_calls(dims, p, b, lengths[p], dtype=dtype)]
+    console.print(safe(_model_line(model, dims, len(calls))))
+    return calls
 
 
 @app.command("tune")
@@ -461,6 +470,8 @@ def tune_cmd(
             _fail(f"--model: {exc}")
         calls = _library_calls(ops or [], tokens, dtype=dtype, projections=projections,
                                linear_weights=linear_weights, **dims)
+        if model is not None:
+            console.print(safe(_model_line(model, dims, len(calls))))
     _need_gpu(device, "tune")
     report = run_calls(calls, device=device, on_row=lambda r: console.print(safe(
         f"{'ok ' if r['ok'] else 'ERR'} {r['seconds']:8.2f} s  {r['call']}" + ("" if r["ok"] else f"  {r['error']}"))))
