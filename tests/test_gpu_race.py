@@ -2,8 +2,8 @@
 
 2026-12-08 (H100): race samples of small memory-bound kernels read 2-5x their ``do_bench`` time, and the batch's
 first candidate the most: each sample's events enclosed cuTile's Python launch. The race now holds each batch
-behind a spin kernel (``ColdL2Timer.time_each(..., hold=True)``); this test compares its samples with
-``triton.testing.do_bench`` (cold L2 as well) config by config."""
+behind a spin kernel (``ColdL2Timer.time_each(..., hold=True)``), and so does a tuning session; this test compares
+both sessions' samples with ``triton.testing.do_bench`` (cold L2 as well) config by config."""
 
 from __future__ import annotations
 
@@ -41,17 +41,21 @@ def test_race_samples_of_a_small_kernel_track_do_bench_for_every_candidate():
         assert samples is not None
         # (host enqueue us, spin us) of the last held batch, and how many batches were taken again
         hold = (session.timer.last_hold, session.stats.get("race_hold_retakes", 0))
+        tuning = {c.order: statistics.median(session.sample(c, 10)) for c in ready}  # a tuning session's samples
     finally:
         session.finish(None)
-    ratios = {}
+    ratios, tuned = {}, {}
     for c in ready:
         parts, grid, kargs = op.launch_parts(c.config, args)
         launch, stream, kernel, dev = parts
         bench = triton_testing.do_bench(lambda: launch(stream(dev), grid, kernel, kargs), warmup=5, rep=20) * 1000.0
         ratios[c.order] = statistics.median(samples[c.order]) / bench
+        tuned[c.order] = tuning[c.order] / bench
     # the race's median of each config within a third of do_bench's (it was 2-5x before the hold), and the
     # batch's first candidate no further off than the others
     assert all(0.67 <= r <= 1.5 for r in ratios.values()), (ratios, hold)
     first = ratios[ready[0].order]
     assert first <= 1.25 * max(r for o, r in ratios.items() if o != ready[0].order), (ratios, hold)
     assert hold[0] is not None and session.timer.hold_covered, hold  # the last batch was enqueued within its spin
+    # a tuning session's held samples track do_bench as well (its picks are the ones a table keeps)
+    assert all(0.67 <= r <= 1.5 for r in tuned.values()), (tuned, hold)

@@ -308,9 +308,17 @@ def _cutile_session(args, writes, plan, launched, *, inplace=(), fail=()):
             self.batches = []
             self.uncovered = 0  # how many next batches the "host" enqueues slower than their spin
             self.hold_covered = None
+            self.warmups = []
+
+        def spin(self, seconds=0.05):
+            pass
+
+        def time(self, fn, n):  # unheld: only a candidate's warm-up samples, discarded
+            self.warmups.append(n)
+            return [0.0] * n
 
         def time_each(self, fns, hold=False):
-            assert hold  # the race's batches are held: no sample encloses the host's launch
+            assert hold  # the race's and tuning's batches are held: no sample encloses the host's launch
             self.batches.append(len(fns))
             self.hold_covered = self.uncovered <= 0
             self.uncovered -= 1
@@ -329,6 +337,7 @@ def _cutile_session(args, writes, plan, launched, *, inplace=(), fail=()):
     s.guard = ArgGuard(args, writes, inplace)
     s.timer = Timer()
     s._kernels, s._race_warm, s.stats = {}, set(), {}
+    s._launchers, s._warm = {}, set()
     return s
 
 
@@ -365,6 +374,19 @@ def test_a_race_batch_the_host_outlasted_its_spin_is_taken_again_once():
     s.timer.uncovered = 5  # still uncovered after the retake: its samples are kept (one retake per batch)
     assert s.race_samples(cands, 2) == {0: [5.0] * 2, 1: [2.0] * 2}
     assert s.timer.batches == [6, 6, 4, 4] and s.stats["race_hold_retakes"] == 2
+
+
+def test_tuning_samples_are_held_batches_after_unheld_warm_ups():
+    """A tuning session's samples (``sample``) are held like the race's: a small kernel's sample would otherwise
+    hold the host's launch whenever the host falls behind (the worker's compile threads share its interpreter)."""
+    from tiletune.devices.backends.base import Candidate
+
+    x, y = torch.randn(64), torch.zeros(64)
+    launched = []
+    s = _cutile_session((x, y), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched)
+    c = Candidate(SPACE.config(K=3), 0)
+    assert s.sample(c, 4) == [3.0] * 4 and s.sample(c, 2) == [3.0] * 2
+    assert s.timer.warmups == [2] and s.timer.batches == [4, 2]  # one warm-up, then held batches
 
 
 def test_the_live_session_reports_a_launch_failure_and_refuses_without_twins():

@@ -390,7 +390,9 @@ class CutileSession:
         if candidate.order not in self._warm:
             self._warm.add(candidate.order)
             self.timer.time(fn, 2)  # warm-up samples are discarded
-        return self.timer.time(fn, n)
+        # held, as the race's batches are: a small kernel's sample would otherwise hold the host's launch whenever
+        # the host falls behind the memset (the worker's compile threads share its interpreter while it times)
+        return self.timer.time_each([fn] * n, hold=True)
 
     def finish(self, winner: Candidate | None) -> None:
         self.stats["prefetch_hits"] = sum(getattr(k, "prefetch_hits", 0) - h0 for k, h0, _ in self._kernels.values())
