@@ -389,6 +389,28 @@ def test_tuning_samples_are_held_batches_after_unheld_warm_ups():
     assert s.timer.warmups == [2] and s.timer.batches == [4, 2]  # one warm-up, then held batches
 
 
+def test_a_launch_that_fails_inside_a_timed_batch_sends_the_race_to_check_first():
+    """A config whose warm-up launch ran but whose launch fails inside the timed batch: which config failed is not
+    known there, so the session declines to time (None) and the race checks each config first, where a failure is
+    the config's own; nothing reaches the caller."""
+    from tiletune.devices.backends.base import Candidate
+
+    x, y = torch.randn(64), torch.zeros(64)
+    launched, calls = [], []
+    s = _cutile_session((x, y), (1,), lambda cfg, x, y: tt.Launch(f"k{cfg.K}", (1,), (x, y)), launched)
+    real = s.backend.ct.launch
+
+    def flaky(stream, grid, kernel, kargs):
+        calls.append(kernel)
+        if kernel == "k4" and calls.count("k4") == 2:  # the warm-up passes, the first timed launch fails
+            raise RuntimeError("launch failed")
+        real(stream, grid, kernel, kargs)
+
+    s.backend.ct.launch = flaky
+    got = s.race_samples([Candidate(SPACE.config(K=4), 0), Candidate(SPACE.config(K=1), 1)], 2)
+    assert got is None and "launch failed" in s.stats["race_batch_error"]
+
+
 def test_the_live_session_reports_a_launch_failure_and_refuses_without_twins():
     from tiletune.devices.backends.base import Candidate
 

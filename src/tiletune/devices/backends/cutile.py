@@ -373,12 +373,16 @@ class CutileSession:
             # held: the race's launches go through cuTile's Python launch, which can outlast the memset of a
             # small kernel's sample; the GPU waits while they are enqueued, so no sample holds host time
             batch = [fns[o] for _ in range(n) for o in orders]
-            got = self.timer.time_each(batch, hold=True)
-            if getattr(self.timer, "hold_covered", None) is False:
-                # the host outlasted the spin (a busy host, a slow launch): the batch again, held longer (the
-                # timer has learnt the spin this host needs)
-                self.stats["race_hold_retakes"] = self.stats.get("race_hold_retakes", 0) + 1
+            try:
                 got = self.timer.time_each(batch, hold=True)
+                if getattr(self.timer, "hold_covered", None) is False:
+                    # the host outlasted the spin (a busy host, a slow launch): the batch again, held longer (the
+                    # timer has learnt the spin this host needs)
+                    self.stats["race_hold_retakes"] = self.stats.get("race_hold_retakes", 0) + 1
+                    got = self.timer.time_each(batch, hold=True)
+            except Exception as exc:  # noqa: BLE001 - a launch that failed inside the batch: whose is unknown
+                self.stats["race_batch_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                return None  # the race checks each config before it times it instead (a failure is then its own)
             for i, o in enumerate(orders):
                 out[o] = got[i::len(orders)]
         return out
