@@ -14,9 +14,9 @@ The distinct configs of the nearest neighbours (``TILETUNE_NEAREST_RACE``, the s
 beside them, and for the library's ops up to ``TILETUNE_NEAREST_VARIANTS`` configs of the space next to the
 nearest one's that a compile cache holds: :func:`variants`) race on the caller's arguments in this process
 (the configs ran correctly on neighbours of the same kernel, and a worker's start would cost more than the
-answer is worth): :func:`race` compiles
-the two nearest ones (together) and those of the others a compile cache holds, times them on copies of the written
-arguments, and checks them fastest first; one that fails its check is passed over. The answer is
+answer is worth): :func:`race` compiles the two nearest ones (together) and those of the others a compile
+cache holds, times them on copies of the written arguments, and checks them fastest first; one that fails its
+check is passed over. The answer is
 provisional: the key is recorded as pending (:mod:`tiletune.resolve.pending`) and tuned later
 (``tiletune tune --pending``, :meth:`tiletune.TunedOp.tune_pending`, or in the background).
 
