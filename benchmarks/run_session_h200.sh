@@ -19,7 +19,8 @@
 # then nearest quality of the GEMM and attention families; bk = bi with a shorter budget, then first forward;
 # bl = the held race's GPU test, then nearest quality of all ten families after it (seed $SEED, default 103); bm = the fault space and
 # first forward (for an H200); bn = the race and compile-ahead GPU tests, first forward and nearest quality of all
-# ten families in one call (seed $SEED, default 107: the next session's first call, on any GPU).
+# ten families in one call (seed $SEED, default 107: the next session's first call, on any GPU); bo = a warm first
+# forward under cProfile (where its misses go).
 # Results under $OUT/r (tarred by the caller).
 set -u
 source .gpu/activate.sh
@@ -191,6 +192,13 @@ bn)
   (cd benchmarks && timeout ${NQ_S:-280} python nearest_quality.py --out $TSO --per-family 40 --seed ${SEED:-107} \
     --families rms_norm,swiglu,softmax,rope,rms_norm_residual,layer_norm,geglu,cross_entropy,attention,matmul_linear \
     --budget-s $(( ${NQ_S:-280} - 40 )) > $TSO/nq.log 2>&1; tail -2 $TSO/nq.log | cut -c1-300)
+  ;;
+bo)
+  # where a warm first forward's misses go, under cProfile (the rows' times are the profiler's, not figures to quote):
+  # one model, two shapes, after the naming, hold and compile changes of 2026-12-08
+  TSO=${OUT:-/tmp/out}/r; mkdir -p $TSO
+  (cd benchmarks && timeout $(( ${FF_S:-150} + 30 )) python first_forward.py --out $TSO --shapes 2 --tuned-rows 0 \
+    --models ${MODELS:-llama3-8b} --seed ${SEED:-109} --budget-s ${FF_S:-150} --profile > $TSO/ffp.log 2>&1; tail -2 $TSO/ffp.log | cut -c1-300)
   ;;
 be)
   # suite1's 16 failures of 2026-12-07 20:00 (6 xdist workers on one GPU), one process, with their reasons: is it the
