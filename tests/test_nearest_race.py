@@ -308,17 +308,17 @@ def _cutile_session(args, writes, plan, launched, *, inplace=(), fail=()):
             self.batches = []
             self.uncovered = 0  # how many next batches the "host" enqueues slower than their spin
             self.hold_covered = None
-            self.warmups = []
+            self.warmups, self.holds, self.warmup_us = [], [], 6.0
 
         def spin(self, seconds=0.05):
             pass
 
         def time(self, fn, n):  # unheld: only a candidate's warm-up samples, discarded
             self.warmups.append(n)
-            return [0.0] * n
+            return [self.warmup_us] * n
 
         def time_each(self, fns, hold=False):
-            assert hold  # the race's and tuning's batches are held: no sample encloses the host's launch
+            self.holds.append(hold)
             self.batches.append(len(fns))
             self.hold_covered = self.uncovered <= 0
             self.uncovered -= 1
@@ -337,7 +337,7 @@ def _cutile_session(args, writes, plan, launched, *, inplace=(), fail=()):
     s.guard = ArgGuard(args, writes, inplace)
     s.timer = Timer()
     s._kernels, s._race_warm, s.stats = {}, set(), {}
-    s._launchers, s._warm = {}, set()
+    s._launchers, s._warm, s._long = {}, set(), set()
     return s
 
 
@@ -350,7 +350,7 @@ def test_the_live_session_times_unchecked_configs_on_twins_interleaved():
     cands = [Candidate(SPACE.config(K=k), i) for i, k in enumerate((5, 2, 3))]
     got = s.race_samples(cands, 3)
     assert got == {0: [5.0] * 3, 1: [2.0] * 3, 2: [3.0] * 3}
-    assert s.timer.batches == [9]  # one batch, one synchronisation
+    assert s.timer.batches == [9] and s.timer.holds == [True]  # one held batch, one synchronisation
     assert [k for k, _ in launched] == ["k5", "k2", "k3"] + ["k5", "k2", "k3"] * 3  # warm-ups, then rounds
     for _, kargs in launched:  # never the caller's output: its twin, same shape and strides
         assert kargs[0] is x and kargs[1].untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
@@ -379,6 +379,7 @@ def test_a_race_batch_the_host_outlasted_its_spin_is_taken_again_once():
 def test_tuning_samples_are_held_batches_after_unheld_warm_ups():
     """A tuning session's samples (``sample``) are held like the race's: a small kernel's sample would otherwise
     hold the host's launch whenever the host falls behind (the worker's compile threads share its interpreter)."""
+    from tiletune.devices.backends import cutile
     from tiletune.devices.backends.base import Candidate
 
     x, y = torch.randn(64), torch.zeros(64)
@@ -387,6 +388,13 @@ def test_tuning_samples_are_held_batches_after_unheld_warm_ups():
     c = Candidate(SPACE.config(K=3), 0)
     assert s.sample(c, 4) == [3.0] * 4 and s.sample(c, 2) == [3.0] * 2
     assert s.timer.warmups == [2] and s.timer.batches == [4, 2]  # one warm-up, then held batches
+    assert s.timer.holds == [True, True]
+    # a kernel whose warm-ups took 250 us or more keeps the GPU ahead of the host: its batches are not held
+    s.timer.warmup_us = cutile.UNHELD_FROM_US
+    long = Candidate(SPACE.config(K=5), 1)
+    s.sample(long, 3)
+    s.sample(c, 2)
+    assert s.timer.holds == [True, True, False, True]
 
 
 def test_a_launch_that_fails_inside_a_timed_batch_sends_the_race_to_check_first():

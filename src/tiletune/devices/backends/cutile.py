@@ -59,6 +59,11 @@ class HintedKernels:
         return k
 
 
+#: a tuning candidate whose warm-up samples took at least this long (us) is sampled in unheld batches: the host
+#: enqueues a sample in 25-60 us, so such a kernel keeps the GPU ahead of it after each batch's first sample
+UNHELD_FROM_US = 250.0
+
+
 class CutileBackend:
     """Compiles in parallel, verifies and times cuTile kernels on the GPU; launches tuned ones."""
 
@@ -213,6 +218,7 @@ class CutileSession:
         # (the objects are shared by every session of the process, so the counters are cumulative)
         self._kernels: dict[int, tuple[Any, int, int]] = {}
         self._warm: set[int] = set()
+        self._long: set[int] = set()  # candidates whose warm-up samples say their tuning batches need no hold
         self._race_warm: set[int] = set()
         # "parallel_compile" / "why_serial" are added by compile(): asking loads cuTile's compiler, which a
         # session answered by the front-end cache never needs
@@ -393,10 +399,12 @@ class CutileSession:
             self.timer.spin(0.05)  # clocks up before the first timed sample of the session
         if candidate.order not in self._warm:
             self._warm.add(candidate.order)
-            self.timer.time(fn, 2)  # warm-up samples are discarded
-        # held, as the race's batches are: a small kernel's sample would otherwise hold the host's launch whenever
-        # the host falls behind the memset (the worker's compile threads share its interpreter while it times)
-        return self.timer.time_each([fn] * n, hold=True)
+            warm = self.timer.time(fn, 2)  # warm-up samples are discarded
+            self._long.update({candidate.order} if warm and min(warm) >= UNHELD_FROM_US else ())
+        # held, as the race's batches are: a short kernel's sample would otherwise hold the host's launch whenever
+        # the host falls behind the memset (the worker's compile threads share its interpreter while it times); a
+        # long one keeps the GPU ahead of the host after a batch's first sample, and the spin would only wait
+        return self.timer.time_each([fn] * n, hold=candidate.order not in self._long)
 
     def finish(self, winner: Candidate | None) -> None:
         self.stats["prefetch_hits"] = sum(getattr(k, "prefetch_hits", 0) - h0 for k, h0, _ in self._kernels.values())
